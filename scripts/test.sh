@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Run the test suite: every GoogleTest suite through CTest, then the end-to-end server test with the
+# official OpenAI Node SDK (tests/e2e). Builds first if needed (scripts/setup.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x build/dsv4 ] || scripts/setup.sh
+cmake --build build -j"$(nproc)"
+# OpenMP worker threads sleep instead of spinning between parallel regions (shared CI cores).
+export OMP_WAIT_POLICY=passive
+ctest --test-dir build --output-on-failure -j"$(nproc)" --timeout 900
+if [ -f tests/e2e/package.json ]; then
+  (cd tests/e2e && { [ -d node_modules ] || npm ci --no-audit --no-fund --loglevel=error; } && node --test)
+fi

@@ -1,0 +1,52 @@
+// dsv4 command-line entry point: dispatches to the subcommands registered in src/cli/cmd_*.cpp.
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <exception>
+#include <map>
+
+#include "cli/command.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace dsv4::cli {
+std::vector<Command>& registry() {
+  static std::vector<Command> r;
+  return r;
+}
+}  // namespace dsv4::cli
+
+int main(int argc, char** argv) {
+  using namespace dsv4;
+  std::signal(SIGPIPE, SIG_IGN);
+  CLI::App app{"dsv4: DeepSeek V4 inference engine"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "dsv4 0.1.0");
+  int verbosity = 0;
+  app.add_flag("-v,--verbose", verbosity, "more logging on stderr (-v info, -vv debug)");
+
+  auto& cmds = cli::registry();
+  std::sort(cmds.begin(), cmds.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  std::map<CLI::App*, cli::Runner> runners;
+  for (auto& c : cmds) {
+    CLI::App* sub = app.add_subcommand(c.name, c.help);
+    c.setup(*sub, runners[sub]);
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  log::set_verbosity(verbosity);
+  try {
+    for (auto& [sub, run] : runners)
+      if (sub->parsed()) return run ? run() : 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "dsv4: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dsv4: internal error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}
