@@ -3,6 +3,7 @@
 //   dsv4 detokenize (--tokenizer FILE | -m MODEL_DIR) IDS...                   (ids as numbers, "-" = stdin)
 //   dsv4 render [--tokenizer FILE | -m MODEL_DIR] [--ids] [--json] REQUEST.json ("-" = stdin; a bare JSON array
 //     is taken as the messages)
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <iterator>
@@ -108,7 +109,10 @@ void setup_detokenize(CLI::App& app, dsv4::cli::Runner& run) {
       if (all[j] == '-') ++j;
       while (j < all.size() && all[j] >= '0' && all[j] <= '9') ++j;
       const std::string num = all.substr(i, j - i);
-      if (num.empty() || num == "-" || num.size() > 11) dsv4::fail("'{}' is not a token id", all.substr(i, 20));
+      if (num.empty() || num == "-" || num.size() > 11) {
+        const size_t end = std::min(all.find_first_of(" ,[]\n\t\r", i), i + 20);  // quote one word, one line
+        dsv4::fail("'{}' is not a token id", all.substr(i, end - i));
+      }
       ids.push_back(static_cast<int32_t>(std::stoll(num)));
       i = j;
     }
