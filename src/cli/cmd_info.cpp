@@ -1,0 +1,174 @@
+// `dsv4 info -m MODEL_DIR [--json]`: open and validate a checkpoint folder (config.json + safetensors), then print
+// the architecture, layer schedule, parameter counts, bytes by dtype, weight formats and decode-state sizes.
+// Reads only the headers (weights are memory-mapped, never touched), so it is fast on a 160 GB checkpoint.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "core/error.h"
+#include "loader/config.h"
+#include "loader/safetensors.h"
+#include "loader/state_size.h"
+#include "loader/summary.h"
+#include "loader/weights.h"
+
+namespace dsv4::cli {
+namespace {
+
+struct InfoOpts {
+  std::string model;
+  bool json = false;
+};
+
+std::string group3(uint64_t v) {
+  std::string s = std::to_string(v), r;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i && (s.size() - i) % 3 == 0) r += ',';
+    r += s[i];
+  }
+  return r;
+}
+
+std::string schedule_str(const ModelConfig& c) {
+  // Run-length view: "0-1:0 2:4 3:128 ..." compacted to alternating patterns where possible.
+  std::string s;
+  int l = 0;
+  const int n = c.num_hidden_layers;
+  while (l < n) {
+    int e = l;
+    while (e + 1 < n && c.compress_ratios[e + 1] == c.compress_ratios[l]) ++e;
+    if (e == l && l + 3 < n && c.compress_ratios[l + 2] == c.compress_ratios[l] &&
+        c.compress_ratios[l + 1] != c.compress_ratios[l] && c.compress_ratios[l + 3] == c.compress_ratios[l + 1]) {
+      // alternating pair run
+      int p = l;
+      while (p + 3 < n && c.compress_ratios[p + 2] == c.compress_ratios[l] && c.compress_ratios[p + 3] == c.compress_ratios[l + 1])
+        p += 2;
+      s += fmt::format("{}{}-{}:[{},{}]", s.empty() ? "" : " ", l, p + 1, c.compress_ratios[l], c.compress_ratios[l + 1]);
+      l = p + 2;
+      continue;
+    }
+    s += fmt::format("{}{}{}:{}", s.empty() ? "" : " ", l, e > l ? "-" + std::to_string(e) : "", c.compress_ratios[l]);
+    l = e + 1;
+  }
+  for (int k = 0; k < c.num_mtp_layers(); ++k) s += fmt::format(" mtp{}:{}", k, c.compress_ratios[n + k]);
+  return s;
+}
+
+std::string expert_format(const ModelWeights& w) {
+  for (const auto& L : w.layers)
+    if (!L.ffn.experts.empty()) return weight_format_name(L.ffn.experts[0].w1.fmt);
+  return "none";
+}
+
+int run_info(const InfoOpts& o) {
+  const std::filesystem::path dir = o.model;
+  const ModelConfig cfg = load_config(dir / "config.json");
+  const SafetensorsSet set = SafetensorsSet::open(dir);
+  const ModelWeights w = bind_weights(set, cfg);
+  const CheckpointSummary s = summarize(set, cfg, w);
+  const double per_tok = state_bytes_per_token(cfg);
+  const uint64_t fixed = state_bytes_fixed_per_sequence(cfg);
+  const int n_swa = cfg.count_layers_with_ratio(0), n_csa = cfg.count_layers_with_ratio(4),
+            n_hca = cfg.count_layers_with_ratio(128);
+  const std::string dense_fmt = weight_format_name(w.layers.empty() ? WeightFormat::BF16 : w.layers[0].attn.wq_a.fmt);
+  const std::string exp_fmt = expert_format(w);
+
+  if (o.json) {
+    nlohmann::json j;
+    j["model_dir"] = dir.string();
+    j["model_type"] = cfg.model_type;
+    j["architectures"] = cfg.architectures;
+    j["num_hidden_layers"] = cfg.num_hidden_layers;
+    j["num_mtp_layers"] = cfg.num_mtp_layers();
+    j["mtp_bound"] = !w.mtp.empty();
+    j["dspark_drafter"] = cfg.dspark.present;
+    j["compress_ratios"] = cfg.compress_ratios;
+    j["layer_kinds"] = {{"sliding_window", n_swa}, {"csa_ratio4", n_csa}, {"hca_ratio128", n_hca}};
+    j["num_hash_layers"] = cfg.num_hash_layers;
+    j["hidden_size"] = cfg.hidden_size;
+    j["num_attention_heads"] = cfg.num_attention_heads;
+    j["head_dim"] = cfg.head_dim;
+    j["vocab_size"] = cfg.vocab_size;
+    j["n_routed_experts"] = cfg.n_routed_experts;
+    j["num_experts_per_tok"] = cfg.num_experts_per_tok;
+    j["max_position_embeddings"] = cfg.max_position_embeddings;
+    j["params_main"] = s.params_main;
+    j["params_mtp"] = s.params_mtp;
+    j["params_total"] = s.params_total;
+    j["params_routed_experts"] = s.params_routed;
+    j["params_active"] = s.params_active;
+    j["bytes_total"] = s.bytes_total;
+    j["bytes_main"] = s.bytes_main;
+    j["bytes_by_dtype"] = s.bytes_by_dtype;
+    j["n_tensors"] = s.n_tensors;
+    j["n_files"] = s.n_files;
+    const auto& q = cfg.quantization;
+    j["quantization"] = {{"present", q.present},
+                         {"quant_method", q.quant_method},
+                         {"fmt", q.fmt},
+                         {"scale_fmt", q.scale_fmt},
+                         {"weight_block_size", {q.weight_block_rows, q.weight_block_cols}},
+                         {"expert_dtype", q.expert_dtype},
+                         {"dense_linear_format", dense_fmt},
+                         {"expert_format", exp_fmt},
+                         {"weights_by_format", s.weights_by_format}};
+    j["state_bytes_per_token"] = per_tok;
+    j["state_bytes_fixed_per_sequence"] = fixed;
+    j["state_dtype"] = "f32";
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+
+  auto gb = [](double v) { return fmt::format("{:.2f}B", v / 1e9); };
+  auto gib = [](double v) { return fmt::format("{:.2f} GiB", v / double(1ull << 30)); };
+  std::printf("model        %s\n", dir.string().c_str());
+  std::printf("architecture %s (%s)%s\n", cfg.model_type.c_str(),
+              cfg.architectures.empty() ? "-" : cfg.architectures[0].c_str(),
+              cfg.dspark.present ? ", mtp.* = DSpark drafter (unused)" : "");
+  std::printf("layers       %d main + %d MTP: %d sliding-window only, %d CSA (ratio 4), %d HCA (ratio 128); "
+              "hash-routed: first %d\n",
+              cfg.num_hidden_layers, cfg.num_mtp_layers(), n_swa, n_csa, n_hca, cfg.num_hash_layers);
+  std::printf("schedule     %s\n", schedule_str(cfg).c_str());
+  std::printf("dims         hidden %lld, %d heads x %d (rope %d), q_lora %lld, o %d groups x %lld, window %d, "
+              "vocab %lld, context %lld\n",
+              (long long)cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim, cfg.qk_rope_head_dim,
+              (long long)cfg.q_lora_rank, cfg.o_groups, (long long)cfg.o_lora_rank, cfg.sliding_window,
+              (long long)cfg.vocab_size, (long long)cfg.max_position_embeddings);
+  std::printf("moe          %d routed (top %d, inter %lld) + %d shared, %s, scale %g; indexer %d x %d top %d; "
+              "mHC %d streams\n",
+              cfg.n_routed_experts, cfg.num_experts_per_tok, (long long)cfg.moe_intermediate_size,
+              cfg.n_shared_experts, cfg.scoring_func.c_str(), cfg.routed_scaling_factor, cfg.index_n_heads,
+              cfg.index_head_dim, cfg.index_topk, cfg.hc_mult);
+  std::printf("params       %s main (%s), %s with MTP (%s), %s active per token\n", gb(double(s.params_main)).c_str(),
+              group3(s.params_main).c_str(), gb(double(s.params_total)).c_str(), group3(s.params_total).c_str(),
+              gb(double(s.params_active)).c_str());
+  std::string by;
+  for (const auto& [k, v] : s.bytes_by_dtype) by += fmt::format("{}{} {}", by.empty() ? "" : ", ", k, gib(double(v)));
+  std::printf("bytes        %s (%s) in %zu files, %zu tensors; %s\n", group3(s.bytes_total).c_str(),
+              gib(double(s.bytes_total)).c_str(), s.n_files, s.n_tensors, by.c_str());
+  std::printf("weights      dense linears %s, routed experts %s, scales %s (block %lldx%lld); memory-mapped %s\n",
+              dense_fmt.c_str(), exp_fmt.c_str(), cfg.quantization.scale_fmt.empty() ? "-" : cfg.quantization.scale_fmt.c_str(),
+              (long long)cfg.quantization.weight_block_rows, (long long)cfg.quantization.weight_block_cols,
+              gib(double(s.bytes_total)).c_str());
+  std::printf("state (f32)  %s B/token + %s B fixed per sequence (%s at %lld tokens)\n",
+              group3(uint64_t(per_tok)).c_str(), group3(fixed).c_str(),
+              gib(double(state_bytes_total(cfg, cfg.max_position_embeddings))).c_str(),
+              (long long)cfg.max_position_embeddings);
+  return 0;
+}
+
+void setup_info(CLI::App& app, Runner& run) {
+  auto o = std::make_shared<InfoOpts>();
+  app.add_option("-m,--model", o->model, "checkpoint folder (config.json + safetensors)")->required();
+  app.add_flag("--json", o->json, "print one JSON object");
+  run = [o] { return run_info(*o); };
+}
+
+}  // namespace
+
+DSV4_COMMAND(info, "Summarise and validate a checkpoint folder", setup_info);
+
+}  // namespace dsv4::cli
