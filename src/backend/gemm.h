@@ -1,0 +1,91 @@
+// Linear layers y = x · Wᵀ over weights in the checkpoint formats (spec §3.6), with the reference's quantization
+// points (spec §4.3–§4.5, §8) selected by LinearOpts. CPU kernels (AVX-512 / AVX2+FMA+F16C chosen at run time,
+// scalar fallback), OpenMP over output rows. Weights are streamed from their storage (the mmap); no dequantized copy
+// of a weight is ever materialised beyond a small per-thread tile.
+//
+// Exact semantics (the "summation order" is part of the contract; the SIMD kernels reproduce it bitwise, and the
+// result does not depend on the thread count, the SIMD level or n_tok — row t of y depends only on row t of x):
+//
+// (Q) quantized product, opts.act_quant_fp8 = true (reference FP8/FP4 GEMMs, spec §4.5); W must be FP8 or FP4:
+//     every row of x is act_quant'ed per 128 columns (§4.3) to e4m3 values qa with power-of-two scales sa.
+//     FP8 W (blocks 128x128 or br x 128):    K-blocks kb of 128 columns
+//     FP4 W (1x32 blocks):                   K-blocks kb of 32 columns
+//       s   = 0;  for k in kb ascending:  s = fma(qa[m,k], qw[n,k], s)        (fp32; every product is exact)
+//       acc = acc + s * (sa[m, k/128] * sw[n, kb])                             (fp32, blocks ascending, acc0 = 0)
+//     qw = e4m3 / e2m1 code value, sw = the block scale (E8M0 2^(e-127), or F32 for FP8).
+// (D) dense product, opts.act_quant_fp8 = false (any format):
+//       acc = 0;  for k = 0..cols-1:  acc = fma(x[m,k], Wd[n,k], acc)          (fp32, one chain over all of K)
+//     Wd = the exactly dequantized weight (qw * sw; bf16 / f32 as stored); with opts.weight_as_bf16, Wd = bf16(qw*sw)
+//     (reference wo_a: FP8 weight dequantized to bf16 at load, bf16 x bf16 product with fp32 accumulation, §3.6).
+// y[m, n - row_begin] = opts.out_bf16 ? bf16(acc) : acc.
+//
+// Partial edge blocks (rows or cols not multiples of the block) use the elements present (ceil-div scale grids).
+// E4M3 NaN codes (0x7F/0xFF) in a weight are not supported (the SIMD decoders map them to +-480).
+//
+// Kernels (gemm_kernels.h): output rows are SIMD lanes (16-row panels), so each output accumulates sequentially in k
+// whatever the vector width. One token (decode): a fused GEMV streams 64 rows at a time straight from the weight
+// bytes (32-bit-word transposes, per-code decode, four FMA chains). Several tokens (prefill): 16-row x 512-column
+// weight tiles are decoded once into fp32 and reused by a 4-token x 64-row micro-kernel, over tiles of <= 256 tokens.
+// Work is split statically over (64-row group, token tile) units; scratch is per thread (thread_local).
+// Errors (dsv4::Error): unbound / inconsistent weight, act_quant_fp8 with a BF16/F32 weight, FP8 block_cols != 128
+// with act_quant_fp8, bad row range.
+#pragma once
+#include <cstdint>
+#include <span>
+
+#include "backend/numerics.h"
+#include "format/dtype.h"
+#include "loader/weights.h"
+
+namespace dsv4 {
+
+// Options of one linear(). Each flag names the spec rule it implements; the model chooses them per call site.
+struct LinearOpts {
+  // §4.3 + §4.5: quantize each row of x to FP8 (e4m3, ue8m0 scale per 128) and run the block-scaled FP8/FP4 product
+  // (semantics (Q) above). Reference numerics for every FP8 linear and the FP4 experts, except wo_a.
+  bool act_quant_fp8 = false;
+  // §4.5 / §8: round the output to bf16 (reference: every FP8/FP4 GEMM and the bf16 F.linear outputs).
+  bool out_bf16 = false;
+  // §3.6 (1): use bf16(dequantized weight) — the reference wo_a (FP8 -> BF16 at load, bf16 einsum, no act quant).
+  bool weight_as_bf16 = false;
+  // Output-row subrange [row_begin, row_end) of W (row_end = -1: W.rows), e.g. one wo_a group of o_lora_rank rows.
+  int64_t row_begin = 0;
+  int64_t row_end = -1;
+};
+
+// The options of an FP8/FP4 checkpoint linear (wq_a, wq_b, wkv, wo_b, shared/routed experts, indexer.wq_b,
+// e_proj/h_proj): reference -> {act_quant_fp8, out_bf16}; dense -> {} (fp32, exact dequantized weight).
+LinearOpts quantized_linear_opts(Numerics n);
+
+// Raw view of a weight, independent of the loader (benchmarks and tests build these over their own buffers).
+enum class GemmFormat { bf16, f32, fp8, fp4 };
+struct GemmWeight {
+  GemmFormat fmt = GemmFormat::f32;
+  const uint8_t* w = nullptr;      // row-major [rows, cols] elements (fp4: [rows, cols/2] bytes, lo nibble = even col)
+  const uint8_t* scale = nullptr;  // fp8: [ceil(rows/block_rows), ceil(cols/block_cols)]; fp4: [rows, ceil(cols/32)]
+  bool scale_f32 = false;          // scale elements are F32 (fp8 only), else E8M0 bytes
+  int64_t rows = 0, cols = 0;      // logical [out, in]
+  int64_t block_rows = 128, block_cols = 128;  // fp8 scale block; fp4 is always 1 x 32
+};
+
+// View of a bound loader weight (BF16, F32, FP8_BLOCK128, FP4_BLOCK32); dsv4::Error for other formats.
+GemmWeight gemm_weight(const WeightRef& W);
+
+// y[n_tok, row_end-row_begin] = x[n_tok, W.cols] · W[row_begin:row_end]ᵀ with the semantics above.
+// x and y must not overlap. Runs on the OpenMP thread pool (omp_get_max_threads()).
+void linear(const GemmWeight& W, const float* x, int64_t n_tok, float* y, const LinearOpts& opts);
+void linear(const WeightRef& W, const float* x, int64_t n_tok, float* y, const LinearOpts& opts);
+inline void linear(const WeightRef& W, std::span<const float> x, int64_t n_tok, std::span<float> y,
+                   const LinearOpts& opts) {
+  linear(W, x.data(), n_tok, y.data(), opts);
+}
+
+// Kernel selection (tests / benchmarks): the SIMD level linear() uses. Default: the best the CPU supports.
+enum class SimdLevel { scalar, avx2, avx512 };
+const char* simd_level_name(SimdLevel l);  // "scalar", "avx2", "avx512"
+SimdLevel best_simd_level();               // what this CPU supports (and this build compiled)
+// Force a level (clamped to best_simd_level()); returns the level now in use. Not thread-safe against running GEMMs.
+SimdLevel set_simd_level(SimdLevel l);
+SimdLevel simd_level();
+
+}  // namespace dsv4

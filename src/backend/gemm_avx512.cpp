@@ -1,0 +1,562 @@
+// AVX-512 (F+BW+VL, with AVX2/FMA/F16C) GEMM kernels, compiled with a target pragma and chosen at run time.
+// They reproduce gemm_scalar.cpp bitwise: lanes are output rows, so every output's sum runs sequentially in k.
+#include <cstdint>
+#include <cstring>
+
+#include "backend/act_quant.h"
+#include "backend/gemm_kernels.h"
+#include "format/numeric.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+// GCC 12's avx512fintrin.h trips -Wuninitialized on its own _mm512_undefined_*() helpers (false positive).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+
+namespace dsv4::gemm_detail {
+namespace {
+
+// 16 E4M3FN bytes -> 16 floats (exact): byte -> f16 bits (sign << 8 | magnitude << 7), f16 -> f32, * 2^8.
+inline __m512 dec_fp8(__m128i b) {
+  __m256i w = _mm256_cvtepi8_epi16(b);
+  w = _mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16(static_cast<short>(0xBF80)));
+  return _mm512_mul_ps(_mm512_cvtph_ps(w), _mm512_set1_ps(256.0f));
+}
+
+// 8 packed FP4 bytes -> 16 floats (element 2j = low nibble of byte j).
+inline __m512 dec_fp4(__m128i b8, __m512 lut) {
+  const __m128i w = _mm_cvtepu8_epi16(b8);
+  const __m128i n = _mm_or_si128(_mm_and_si128(w, _mm_set1_epi16(0x0F)), _mm_slli_epi16(_mm_srli_epi16(w, 4), 8));
+  return _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(n), lut);
+}
+
+inline __m512 round_bf16(__m512 v) {
+  __m512i b = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  b = _mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+  return _mm512_castsi512_ps(_mm512_and_si512(b, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+// Decode one row's columns [k0, k0+kc) into out[0..kc_pad) (zeros past kc).
+void decode_row(const PanelSrc& s, int64_t r, int64_t k0, int kc, float* out) {
+  const uint8_t* row = s.w + r * s.row_bytes;
+  const int kc_pad = (kc + 15) & ~15;
+  switch (s.fmt) {
+    case GemmFormat::fp8: {
+      const uint8_t* p = row + k0;
+      for (int k = 0; k < kc_pad; k += 16) {
+        const int n = kc - k < 16 ? kc - k : 16;
+        const __m128i b = n == 16 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + k))
+                                  : _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << n) - 1), p + k);
+        _mm512_storeu_ps(out + k, dec_fp8(b));
+      }
+      break;
+    }
+    case GemmFormat::fp4: {
+      const __m512 lut = _mm512_loadu_ps(e2m1_lut());
+      const uint8_t* p = row + k0 / 2;
+      for (int k = 0; k < kc_pad; k += 16) {
+        const int nb = (kc - k) / 2 < 8 ? (kc - k) / 2 : 8;
+        const __m128i b = nb == 8 ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + k / 2))
+                                  : _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << nb) - 1), p + k / 2);
+        __m512 v = dec_fp4(b, lut);
+        if (nb < 8) v = _mm512_maskz_mov_ps(static_cast<__mmask16>((1u << (2 * nb)) - 1), v);  // code 0 is +0 anyway
+        _mm512_storeu_ps(out + k, v);
+      }
+      break;
+    }
+    case GemmFormat::bf16: {
+      const uint8_t* p = row + 2 * k0;
+      for (int k = 0; k < kc_pad; k += 16) {
+        const int n = kc - k < 16 ? kc - k : 16;
+        const __m256i h = n == 16 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * k))
+                                  : _mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << n) - 1), p + 2 * k);
+        _mm512_storeu_ps(out + k, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+      }
+      break;
+    }
+    case GemmFormat::f32: {
+      const float* p = reinterpret_cast<const float*>(row) + k0;
+      for (int k = 0; k < kc_pad; k += 16) {
+        const int n = kc - k < 16 ? kc - k : 16;
+        _mm512_storeu_ps(out + k, _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1), p + k));
+      }
+      break;
+    }
+  }
+  const bool quantized = s.fmt == GemmFormat::fp8 || s.fmt == GemmFormat::fp4;
+  if (quantized && s.dequant) {
+    if (s.bc % 16 == 0) {
+      for (int k = 0; k < kc; k += 16)  // a vector never straddles a scale block (k0, k multiples of 16)
+        _mm512_storeu_ps(out + k, _mm512_mul_ps(_mm512_loadu_ps(out + k), _mm512_set1_ps(weight_scale(s, r, k0 + k))));
+    } else {
+      for (int k = 0; k < kc; ++k) out[k] = out[k] * weight_scale(s, r, k0 + k);
+    }
+  }
+  if (s.round_bf16)
+    for (int k = 0; k < kc_pad; k += 16) _mm512_storeu_ps(out + k, round_bf16(_mm512_loadu_ps(out + k)));
+}
+
+// P[k][0..16) = tmp[0..16)[k] for one 16x16 block.
+inline void transpose16(const float* tmp, int64_t ld, float* P) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(tmp + i * ld);
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m512 v0 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88), v1 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xDD);
+    const __m512 w0 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
+    const __m512 w1 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xDD);
+    _mm512_storeu_ps(P + (j)*16, _mm512_shuffle_f32x4(v0, w0, 0x88));
+    _mm512_storeu_ps(P + (8 + j) * 16, _mm512_shuffle_f32x4(v0, w0, 0xDD));
+    _mm512_storeu_ps(P + (4 + j) * 16, _mm512_shuffle_f32x4(v1, w1, 0x88));
+    _mm512_storeu_ps(P + (12 + j) * 16, _mm512_shuffle_f32x4(v1, w1, 0xDD));
+  }
+}
+
+// In-register 16x16 transpose of 32-bit elements: r[i] = row i on entry, r[c] = column c (element i = row i) on exit.
+inline void transpose16_regs(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m512 v0 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88), v1 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xDD);
+    const __m512 w0 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
+    const __m512 w1 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xDD);
+    t[j] = _mm512_shuffle_f32x4(v0, w0, 0x88);
+    t[8 + j] = _mm512_shuffle_f32x4(v0, w0, 0xDD);
+    t[4 + j] = _mm512_shuffle_f32x4(v1, w1, 0x88);
+    t[12 + j] = _mm512_shuffle_f32x4(v1, w1, 0xDD);
+  }
+  for (int i = 0; i < 16; ++i) r[i] = t[i];
+}
+
+// Software prefetch of the 16 rows' bytes kPrefetchBytes ahead of the 64 bytes about to be loaded: the group walks
+// 64 rows in parallel, too many streams for the hardware prefetchers. (Past a row's end it touches the next row:
+// harmless; prefetches never fault.)
+constexpr int64_t kPrefetchBytes = 512;
+inline void prefetch_rows(const uint8_t* p, int64_t row_bytes) {
+  for (int i = 0; i < 16; ++i)
+    _mm_prefetch(reinterpret_cast<const char*>(p + i * row_bytes + kPrefetchBytes), _MM_HINT_T0);
+}
+
+// Dense-mode post-processing of one decoded P row (16 rows at chunk column k): block scale, bf16 rounding.
+template <bool DEQ, bool RND>
+inline __m512 finish(__m512 v, const float* Ps, int k, int sblk) {
+  if constexpr (DEQ) v = _mm512_mul_ps(v, _mm512_loadu_ps(Ps + (k / sblk) * kPanel));
+  if constexpr (RND) v = round_bf16(v);
+  return v;
+}
+
+// Full 16-row panels, kc a multiple of 16 elements per 64 loaded bytes: the raw rows are transposed as 32-bit words
+// (16 rows x 64 bytes -> 16 vectors, lane i = 4 bytes of row i), then every code inside a word is decoded across the
+// 16 lanes at once: FP4 8 nibbles (k, k+1, ... = low nibble first), FP8 4 bytes, BF16 2 halves — little-endian order
+// is the column order, so P rows come out in natural k order.
+template <bool DEQ, bool RND>
+void decode_panel_fast_t(const PanelSrc& s, int64_t r0, int64_t k0, int kc, const float* Ps, float* P) {
+  const uint8_t* base = s.w + r0 * s.row_bytes;
+  const int sblk = static_cast<int>(s.bc);
+  __m512 r[16];
+  switch (s.fmt) {
+    case GemmFormat::fp4: {  // 64 bytes = 128 columns per row per step; word c holds columns 8c..8c+7
+      const __m512 lut = _mm512_loadu_ps(e2m1_lut());
+      for (int kb = 0; kb < kc; kb += 128) {
+        prefetch_rows(base + (k0 + kb) / 2, s.row_bytes);
+        for (int i = 0; i < 16; ++i)
+          r[i] = _mm512_loadu_ps(reinterpret_cast<const float*>(base + i * s.row_bytes + (k0 + kb) / 2));
+        transpose16_regs(r);
+        for (int c = 0; c < 16; ++c) {
+          const __m512i v = _mm512_castps_si512(r[c]);
+          float* out = P + (kb + 8 * c) * kPanel;
+          // permutexvar uses the low 4 bits of each index: nibble q of the word after a 4q shift
+          _mm512_storeu_ps(out + 0 * kPanel, finish<DEQ, RND>(_mm512_permutexvar_ps(v, lut), Ps, kb + 8 * c + 0, sblk));
+          _mm512_storeu_ps(out + 1 * kPanel, finish<DEQ, RND>(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut), Ps,
+                                                              kb + 8 * c + 1, sblk));
+          _mm512_storeu_ps(out + 2 * kPanel, finish<DEQ, RND>(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 8), lut), Ps,
+                                                              kb + 8 * c + 2, sblk));
+          _mm512_storeu_ps(out + 3 * kPanel, finish<DEQ, RND>(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 12), lut), Ps,
+                                                              kb + 8 * c + 3, sblk));
+          _mm512_storeu_ps(out + 4 * kPanel, finish<DEQ, RND>(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 16), lut), Ps,
+                                                              kb + 8 * c + 4, sblk));
+          _mm512_storeu_ps(out + 5 * kPanel, finish<DEQ, RND>(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 20), lut), Ps,
+                                                              kb + 8 * c + 5, sblk));
+          _mm512_storeu_ps(out + 6 * kPanel, finish<DEQ, RND>(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 24), lut), Ps,
+                                                              kb + 8 * c + 6, sblk));
+          _mm512_storeu_ps(out + 7 * kPanel, finish<DEQ, RND>(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 28), lut), Ps,
+                                                              kb + 8 * c + 7, sblk));
+        }
+      }
+      break;
+    }
+    case GemmFormat::fp8: {  // 64 columns per step; word c holds columns 4c..4c+3
+      // byte q moved to the top (bits 24..31), arithmetic shift by 4 and mask 0x87F00000 -> sign | e << 23 | m << 20,
+      // i.e. the fp32 2^(e-127)*1.m (or the subnormal m*2^-129 for e = 0); * 2^120 rebiases exactly to e4m3.
+      const __m512i keep = _mm512_set1_epi32(static_cast<int>(0x87F00000u));
+      const __m512 rebias = _mm512_set1_ps(0x1p120f);
+      for (int kb = 0; kb < kc; kb += 64) {
+        prefetch_rows(base + k0 + kb, s.row_bytes);
+        for (int i = 0; i < 16; ++i)
+          r[i] = _mm512_loadu_ps(reinterpret_cast<const float*>(base + i * s.row_bytes + k0 + kb));
+        transpose16_regs(r);
+        for (int c = 0; c < 16; ++c) {
+          const __m512i v = _mm512_castps_si512(r[c]);
+          float* out = P + (kb + 4 * c) * kPanel;
+          auto dec = [&](__m512i top) {
+            return _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_srai_epi32(top, 4), keep)), rebias);
+          };
+          _mm512_storeu_ps(out + 0 * kPanel, finish<DEQ, RND>(dec(_mm512_slli_epi32(v, 24)), Ps, kb + 4 * c + 0, sblk));
+          _mm512_storeu_ps(out + 1 * kPanel, finish<DEQ, RND>(dec(_mm512_slli_epi32(v, 16)), Ps, kb + 4 * c + 1, sblk));
+          _mm512_storeu_ps(out + 2 * kPanel, finish<DEQ, RND>(dec(_mm512_slli_epi32(v, 8)), Ps, kb + 4 * c + 2, sblk));
+          _mm512_storeu_ps(out + 3 * kPanel, finish<DEQ, RND>(dec(v), Ps, kb + 4 * c + 3, sblk));
+        }
+      }
+      break;
+    }
+    case GemmFormat::bf16: {  // 32 columns per step; word c holds columns 2c, 2c+1
+      const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+      for (int kb = 0; kb < kc; kb += 32) {
+        prefetch_rows(base + 2 * (k0 + kb), s.row_bytes);
+        for (int i = 0; i < 16; ++i)
+          r[i] = _mm512_loadu_ps(reinterpret_cast<const float*>(base + i * s.row_bytes + 2 * (k0 + kb)));
+        transpose16_regs(r);
+        for (int c = 0; c < 16; ++c) {
+          const __m512i v = _mm512_castps_si512(r[c]);
+          float* out = P + (kb + 2 * c) * kPanel;
+          _mm512_storeu_ps(out, finish<DEQ, RND>(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), nullptr, 0, 1));
+          _mm512_storeu_ps(out + kPanel, finish<DEQ, RND>(_mm512_castsi512_ps(_mm512_and_si512(v, hi)), nullptr, 0, 1));
+        }
+      }
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+void decode_panel_fast(const PanelSrc& s, int64_t r0, int64_t k0, int kc, const float* Ps, float* P) {
+  const bool deq = s.dequant && s.fmt != GemmFormat::bf16;
+  if (deq)
+    s.round_bf16 ? decode_panel_fast_t<true, true>(s, r0, k0, kc, Ps, P)
+                 : decode_panel_fast_t<true, false>(s, r0, k0, kc, Ps, P);
+  else
+    s.round_bf16 ? decode_panel_fast_t<false, true>(s, r0, k0, kc, Ps, P)
+                 : decode_panel_fast_t<false, false>(s, r0, k0, kc, Ps, P);
+}
+
+void decode_panel(const PanelSrc& s, int64_t r0, int nrows, int64_t k0, int kc, const float* Ps, float* P) {
+  const int kc_pad = (kc + 15) & ~15;
+  if (nrows == kPanel) {
+    const bool quantized = s.fmt == GemmFormat::fp4 || s.fmt == GemmFormat::fp8;
+    const bool fits = (s.fmt == GemmFormat::fp4 && kc % 128 == 0) || (s.fmt == GemmFormat::fp8 && kc % 64 == 0) ||
+                      (s.fmt == GemmFormat::bf16 && kc % 32 == 0);
+    if (fits && (!quantized || !s.dequant || Ps != nullptr)) return decode_panel_fast(s, r0, k0, kc, Ps, P);
+  }
+  alignas(64) static thread_local float tmp[kPanel * kChunk];
+  for (int j = 0; j < kPanel; ++j) {
+    if (j < nrows)
+      decode_row(s, r0 + j, k0, kc, tmp + j * kc_pad);
+    else
+      std::memset(tmp + j * kc_pad, 0, sizeof(float) * kc_pad);
+  }
+  for (int k = 0; k < kc_pad; k += 16) transpose16(tmp + k, kc_pad, P + k * kPanel);
+}
+
+// E8M0 scales of 16 rows x nps blocks (nps multiple of 4): one 32-bit gather per 4 blocks, decoded bitwise like
+// e8m0_to_float (e = 0 -> 2^-127, e = 255 -> NaN).
+void fp4_panel_scales(const PanelSrc& s, int64_t r0, int64_t k0, int nps, float* Ps) {
+  const int64_t stride = s.scale_cols;  // bytes per scale row
+  const uint8_t* base = s.scale + r0 * stride + k0 / 32;
+  const __m512i vidx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32(static_cast<int>(stride)));
+  const __m512i ff = _mm512_set1_epi32(0xFF), zero = _mm512_setzero_si512();
+  for (int b = 0; b < nps; b += 4) {
+    const __m512i v = _mm512_i32gather_epi32(vidx, base + b, 1);
+    for (int q = 0; q < 4; ++q) {
+      const __m512i e = _mm512_and_si512(_mm512_srli_epi32(v, 8 * q), ff);
+      __m512i bits = _mm512_slli_epi32(e, 23);
+      bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(e, zero), _mm512_set1_epi32(0x00400000));
+      bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(e, ff), _mm512_set1_epi32(0x7FC00000));
+      _mm512_storeu_si512(Ps + (b + q) * kPanel, bits);
+    }
+  }
+}
+
+// act_quant_fp8(x, n, 128, q, s) (spec §4.3), vectorized; same operations as act_quant.cpp, so bitwise equal.
+void act_quant_row(const float* x, int64_t n, float* q, float* s_out) {
+  const __m512i absmask = _mm512_set1_epi32(0x7FFFFFFF), signmask = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+  const __m512 lo = _mm512_set1_ps(-448.0f), hi = _mm512_set1_ps(448.0f), magic = _mm512_set1_ps(16384.0f);
+  const __m512i half = _mm512_set1_epi32(0x7FFFF), one = _mm512_set1_epi32(1),
+                keep = _mm512_set1_epi32(static_cast<int>(~0xFFFFFu));
+  const __m512i minnorm = _mm512_set1_epi32(0x3C800000);
+  for (int64_t b0 = 0, bi = 0; b0 < n; b0 += 128, ++bi) {
+    const int len = static_cast<int>(n - b0 < 128 ? n - b0 : 128);
+    __m512 m = _mm512_setzero_ps();
+    for (int i = 0; i < len; i += 16) {
+      const __mmask16 k = len - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (len - i)) - 1);
+      const __m512 a =
+          _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(_mm512_maskz_loadu_ps(k, x + b0 + i)), absmask));
+      m = _mm512_max_ps(a, m);  // NaN elements are ignored, as the scalar a > m ? a : m
+    }
+    const float s = fp8_act_scale(_mm512_reduce_max_ps(m)), inv = 1.0f / s;
+    const __m512 vinv = _mm512_set1_ps(inv);
+    for (int i = 0; i < len; i += 16) {
+      const __mmask16 k = len - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (len - i)) - 1);
+      __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + b0 + i), vinv);
+      v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
+      const __m512i vb = _mm512_castps_si512(v), ab = _mm512_and_si512(vb, absmask);
+      const __m512i sub = _mm512_castps_si512(_mm512_sub_ps(_mm512_add_ps(_mm512_castsi512_ps(ab), magic), magic));
+      const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(ab, 20), one);
+      const __m512i nor = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(ab, half), odd), keep);
+      const __m512i r = _mm512_mask_mov_epi32(nor, _mm512_cmplt_epu32_mask(ab, minnorm), sub);
+      _mm512_mask_storeu_ps(q + b0 + i, k, _mm512_castsi512_ps(_mm512_or_si512(r, _mm512_and_si512(vb, signmask))));
+    }
+    s_out[bi] = s;
+  }
+}
+
+// ---- fused GEMV (one token, one 64-row group) ----
+// Raw words of 4 panels x 64 bytes per row are transposed into T (L1), then decoded and multiplied in k order with
+// four independent accumulation chains (one per panel), exactly the order of mk_q / mk_d.
+constexpr int kG = kGroupPanels;
+
+inline void load_transposed(const uint8_t* base, int64_t row_bytes, int64_t byte_off, __m512 T[16]) {
+  prefetch_rows(base + byte_off, row_bytes);
+  for (int i = 0; i < 16; ++i) T[i] = _mm512_loadu_ps(reinterpret_cast<const float*>(base + i * row_bytes + byte_off));
+  transpose16_regs(T);
+}
+
+// FP8 block scales of 16 rows (r0..r0+15) at scale column c: per-row, or one broadcast when the panel lies in one
+// row block.
+inline __m512 fp8_panel_scale(const PanelSrc& s, int64_t r0, int64_t c) {
+  if (r0 / s.br == (r0 + 15) / s.br) return _mm512_set1_ps(weight_scale(s, r0, c * s.bc));
+  alignas(64) float v[16];
+  for (int j = 0; j < 16; ++j) v[j] = weight_scale(s, r0 + j, c * s.bc);
+  return _mm512_load_ps(v);
+}
+
+// MODE: 0 = quantized (Q: block partial sums scaled by sa * sw), 1 = dense (D: one chain over K with w * sw),
+// 2 = dense with bf16(w * sw) (weight_as_bf16).
+template <int MODE>
+void gemv_fp4(const PanelSrc& s, int64_t n0, const float* a, const float* sa, __m512 accv[kG]) {
+  const int64_t K = s.cols;
+  const __m512 lut = _mm512_loadu_ps(e2m1_lut());
+  alignas(64) __m512 T[kG][16];
+  alignas(64) float Ps[kG][4 * kPanel];
+  __m512 sv[kG];
+  for (int64_t k0 = 0; k0 < K; k0 += 128) {
+    for (int p = 0; p < kG; ++p) {
+      load_transposed(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, k0 / 2, T[p]);
+      fp4_panel_scales(s, n0 + p * kPanel, k0, 4, Ps[p]);
+    }
+    for (int blk = 0; blk < 4; ++blk) {
+      __m512 sw[kG];
+      for (int p = 0; p < kG; ++p) {
+        sw[p] = _mm512_load_ps(Ps[p] + blk * kPanel);
+        sv[p] = MODE == 0 ? _mm512_setzero_ps() : accv[p];
+      }
+      for (int c = 4 * blk; c < 4 * blk + 4; ++c) {
+        const float* ak = a + k0 + 8 * c;
+        for (int qq = 0; qq < 8; ++qq) {
+          const __m512 ab = _mm512_set1_ps(ak[qq]);
+          for (int p = 0; p < kG; ++p) {
+            __m512 w = _mm512_permutexvar_ps(_mm512_srli_epi32(_mm512_castps_si512(T[p][c]), 4 * qq), lut);
+            if constexpr (MODE >= 1) w = _mm512_mul_ps(w, sw[p]);
+            if constexpr (MODE == 2) w = round_bf16(w);
+            sv[p] = _mm512_fmadd_ps(ab, w, sv[p]);
+          }
+        }
+      }
+      if constexpr (MODE == 0) {
+        const __m512 sab = _mm512_set1_ps(sa[(k0 + 32 * blk) / 128]);
+        for (int p = 0; p < kG; ++p) accv[p] = _mm512_add_ps(accv[p], _mm512_mul_ps(sv[p], _mm512_mul_ps(sab, sw[p])));
+      } else {
+        for (int p = 0; p < kG; ++p) accv[p] = sv[p];
+      }
+    }
+  }
+}
+
+template <int MODE>
+void gemv_fp8(const PanelSrc& s, int64_t n0, const float* a, const float* sa, __m512 accv[kG]) {
+  const int64_t K = s.cols;
+  const __m512i keep = _mm512_set1_epi32(static_cast<int>(0x87F00000u));
+  const __m512 rebias = _mm512_set1_ps(0x1p120f);
+  alignas(64) __m512 T[kG][16];
+  __m512 sv[kG], sw[kG];
+  for (int64_t kb = 0; kb < K; kb += 128) {
+    for (int p = 0; p < kG; ++p) {
+      sw[p] = fp8_panel_scale(s, n0 + p * kPanel, kb / 128);
+      sv[p] = MODE == 0 ? _mm512_setzero_ps() : accv[p];
+    }
+    for (int h = 0; h < 2; ++h) {
+      const int64_t k0 = kb + 64 * h;
+      for (int p = 0; p < kG; ++p) load_transposed(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, k0, T[p]);
+      for (int c = 0; c < 16; ++c) {
+        const float* ak = a + k0 + 4 * c;
+        for (int qq = 0; qq < 4; ++qq) {
+          const __m512 ab = _mm512_set1_ps(ak[qq]);
+          for (int p = 0; p < kG; ++p) {
+            const __m512i top = _mm512_slli_epi32(_mm512_castps_si512(T[p][c]), 24 - 8 * qq);
+            __m512 w = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_srai_epi32(top, 4), keep)), rebias);
+            if constexpr (MODE >= 1) w = _mm512_mul_ps(w, sw[p]);
+            if constexpr (MODE == 2) w = round_bf16(w);
+            sv[p] = _mm512_fmadd_ps(ab, w, sv[p]);
+          }
+        }
+      }
+    }
+    if constexpr (MODE == 0) {
+      const __m512 sab = _mm512_set1_ps(sa[kb / 128]);
+      for (int p = 0; p < kG; ++p) accv[p] = _mm512_add_ps(accv[p], _mm512_mul_ps(sv[p], _mm512_mul_ps(sab, sw[p])));
+    } else {
+      for (int p = 0; p < kG; ++p) accv[p] = sv[p];
+    }
+  }
+}
+
+void gemv_bf16(const PanelSrc& s, int64_t n0, const float* a, __m512 accv[kG]) {
+  const int64_t K = s.cols;
+  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  alignas(64) __m512 T[kG][16];
+  for (int64_t k0 = 0; k0 < K; k0 += 32) {
+    for (int p = 0; p < kG; ++p) load_transposed(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, 2 * k0, T[p]);
+    for (int c = 0; c < 16; ++c) {
+      const __m512 a0 = _mm512_set1_ps(a[k0 + 2 * c]), a1 = _mm512_set1_ps(a[k0 + 2 * c + 1]);
+      for (int p = 0; p < kG; ++p)
+        accv[p] =
+            _mm512_fmadd_ps(a0, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_castps_si512(T[p][c]), 16)), accv[p]);
+      for (int p = 0; p < kG; ++p)
+        accv[p] = _mm512_fmadd_ps(a1, _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(T[p][c]), hi)), accv[p]);
+    }
+  }
+}
+
+bool gemv_group(const PanelSrc& s, int64_t n0, const float* a, const float* sa, bool q, float* acc) {
+  const int64_t K = s.cols;
+  __m512 accv[kG];
+  for (int p = 0; p < kG; ++p) accv[p] = _mm512_setzero_ps();
+  const int mode = q ? 0 : (s.round_bf16 ? 2 : 1);
+  if (s.fmt == GemmFormat::fp4 && K % 128 == 0) {
+    if (mode == 0) gemv_fp4<0>(s, n0, a, sa, accv);
+    if (mode == 1) gemv_fp4<1>(s, n0, a, sa, accv);
+    if (mode == 2) gemv_fp4<2>(s, n0, a, sa, accv);
+  } else if (s.fmt == GemmFormat::fp8 && K % 128 == 0 && s.bc == 128) {
+    if (mode == 0) gemv_fp8<0>(s, n0, a, sa, accv);
+    if (mode == 1) gemv_fp8<1>(s, n0, a, sa, accv);
+    if (mode == 2) gemv_fp8<2>(s, n0, a, sa, accv);
+  } else if (!q && s.fmt == GemmFormat::bf16 && K % 32 == 0) {
+    gemv_bf16(s, n0, a, accv);  // bf16(w) == w: weight_as_bf16 changes nothing
+  } else {
+    return false;
+  }
+  for (int p = 0; p < kG; ++p) _mm512_storeu_ps(acc + p * kPanel, accv[p]);
+  return true;
+}
+
+// ---- micro-kernels: MR tokens x NP panels ----
+template <int MR, int NP>
+inline void tile_q(const MkArgs& A, int64_t m0, int p0) {
+  for (int b = 0; b < A.nbk; ++b) {
+    const int kb0 = b * A.bk, kb1 = kb0 + A.bk < A.kc ? kb0 + A.bk : A.kc;
+    __m512 s[MR][NP];
+    for (int m = 0; m < MR; ++m)
+      for (int p = 0; p < NP; ++p) s[m][p] = _mm512_setzero_ps();
+    const float* a = A.a + m0 * A.lda;
+    for (int k = kb0; k < kb1; ++k) {
+      __m512 w[NP];
+      for (int p = 0; p < NP; ++p) w[p] = _mm512_loadu_ps(A.P + (static_cast<int64_t>(p0 + p) * A.kc_pad + k) * kPanel);
+      for (int m = 0; m < MR; ++m) {
+        const __m512 av = _mm512_set1_ps(a[m * A.lda + k]);
+        for (int p = 0; p < NP; ++p) s[m][p] = _mm512_fmadd_ps(av, w[p], s[m][p]);
+      }
+    }
+    for (int m = 0; m < MR; ++m) {
+      const __m512 sav = _mm512_set1_ps(A.sa[(m0 + m) * A.ldsa + (A.k0 + kb0) / 128]);
+      for (int p = 0; p < NP; ++p) {
+        const __m512 sc = _mm512_mul_ps(sav, _mm512_loadu_ps(A.Ps + (p0 + p) * A.ldps + b * kPanel));
+        float* acc = A.acc + (m0 + m) * A.ldacc + (p0 + p) * kPanel;
+        _mm512_storeu_ps(acc, _mm512_add_ps(_mm512_loadu_ps(acc), _mm512_mul_ps(s[m][p], sc)));
+      }
+    }
+  }
+}
+
+template <int MR, int NP>
+inline void tile_d(const MkArgs& A, int64_t m0, int p0) {
+  __m512 s[MR][NP];
+  for (int m = 0; m < MR; ++m)
+    for (int p = 0; p < NP; ++p) s[m][p] = _mm512_loadu_ps(A.acc + (m0 + m) * A.ldacc + (p0 + p) * kPanel);
+  const float* a = A.a + m0 * A.lda;
+  for (int k = 0; k < A.kc; ++k) {
+    __m512 w[NP];
+    for (int p = 0; p < NP; ++p) w[p] = _mm512_loadu_ps(A.P + (static_cast<int64_t>(p0 + p) * A.kc_pad + k) * kPanel);
+    for (int m = 0; m < MR; ++m) {
+      const __m512 av = _mm512_set1_ps(a[m * A.lda + k]);
+      for (int p = 0; p < NP; ++p) s[m][p] = _mm512_fmadd_ps(av, w[p], s[m][p]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int p = 0; p < NP; ++p) _mm512_storeu_ps(A.acc + (m0 + m) * A.ldacc + (p0 + p) * kPanel, s[m][p]);
+}
+
+template <bool Q, int MR, int NP>
+inline void tile(const MkArgs& A, int64_t m0, int p0) {
+  if constexpr (Q)
+    tile_q<MR, NP>(A, m0, p0);
+  else
+    tile_d<MR, NP>(A, m0, p0);
+}
+
+template <bool Q>
+void mk(const MkArgs& A) {
+  int64_t m = 0;
+  if (A.np == kGroupPanels) {
+    for (; m + 4 <= A.mr; m += 4) tile<Q, 4, 4>(A, m, 0);
+    for (; m < A.mr; ++m) tile<Q, 1, 4>(A, m, 0);
+  } else {
+    for (; m + 4 <= A.mr; m += 4)
+      for (int p = 0; p < A.np; ++p) tile<Q, 4, 1>(A, m, p);
+    for (; m < A.mr; ++m)
+      for (int p = 0; p < A.np; ++p) tile<Q, 1, 1>(A, m, p);
+  }
+}
+
+void mk_q(const MkArgs& A) { mk<true>(A); }
+void mk_d(const MkArgs& A) { mk<false>(A); }
+
+}  // namespace
+}  // namespace dsv4::gemm_detail
+
+#pragma GCC pop_options
+
+namespace dsv4::gemm_detail {
+const Kernels* avx512_kernels() {
+  static const Kernels k{decode_panel, fp4_panel_scales, act_quant_row, gemv_group, mk_q, mk_d};
+  return &k;
+}
+}  // namespace dsv4::gemm_detail
+
+#else
+namespace dsv4::gemm_detail {
+const Kernels* avx512_kernels() { return nullptr; }
+}  // namespace dsv4::gemm_detail
+#endif

@@ -1,0 +1,83 @@
+// Internal interface between the GEMM driver (gemm.cpp) and its per-ISA kernels (gemm_scalar.cpp, gemm_avx2.cpp,
+// gemm_avx512.cpp). Not part of the backend API.
+//
+// Data layout of one work item: a group of up to kGroupPanels panels of kPanel consecutive output rows. For a K chunk
+// [k0, k0+kc) the weights are decoded into a panel tile P[np][kc][kPanel] (fp32, "transposed": lanes = rows), so that
+// every output element accumulates its products sequentially in k (the order the header documents), whatever the
+// vector width. Rows past the weight's end are zero.
+#pragma once
+#include <cstdint>
+
+#include "backend/gemm.h"
+
+namespace dsv4::gemm_detail {
+
+constexpr int kPanel = 16;        // output rows per panel (one zmm / two ymm)
+constexpr int kGroupPanels = 4;   // panels per work item
+constexpr int kGroupRows = kPanel * kGroupPanels;
+constexpr int kChunk = 512;       // K chunk (multiple of 128 so no quantization block straddles chunks)
+
+// Where a panel's weights come from.
+struct PanelSrc {
+  GemmFormat fmt;
+  const uint8_t* w;        // element (r, k) of the full weight
+  int64_t row_bytes;       // stride between rows of w
+  int64_t rows, cols;      // full logical shape
+  bool dequant;            // multiply by the block scale (dense product), else raw code values (quantized product)
+  bool round_bf16;         // then round to bf16 (weight_as_bf16)
+  const uint8_t* scale;
+  bool scale_f32;
+  int64_t br, bc;          // scale block (fp4: 1 x 32)
+  int64_t scale_cols;      // columns of the scale grid
+};
+
+// Block scale of weight element (r, k) as fp32 (E8M0 decoded bitwise, or F32).
+float weight_scale(const PanelSrc& s, int64_t r, int64_t k);
+// Scales of row r for the scale-grid columns [c0, c0 + n) into out[i * stride] (one division per call).
+void weight_scales_row(const PanelSrc& s, int64_t r, int64_t c0, int n, float* out, int stride);
+
+// Arguments of the micro-kernels (one group, tokens [0, mr), one K chunk).
+struct MkArgs {
+  const float* a;     // activations of token 0 at column k0; token m at a + m*lda
+  int64_t lda;
+  const float* sa;    // (Q) act scales of token 0, per 128 absolute columns; token m at sa + m*ldsa
+  int64_t ldsa;
+  int64_t k0;         // chunk start (multiple of kChunk)
+  int kc;             // chunk length (<= kChunk)
+  int bk;             // (Q) K-block of the weight: 128 (fp8) or 32 (fp4)
+  const float* P;     // [np][kc_pad][kPanel], kc_pad = kc rounded up to 16
+  int kc_pad;
+  const float* Ps;    // (Q) weight block scales: block b of panel p at Ps + p*ldps + b*kPanel, b < nbk = ceil(kc / bk)
+  int64_t ldps;
+  int nbk;
+  int np;             // panels in the group (1..kGroupPanels)
+  int64_t mr;         // tokens
+  float* acc;         // [mr][ldacc]; panel p of token m at acc + m*ldacc + p*kPanel
+  int64_t ldacc;
+};
+
+struct Kernels {
+  // Decode rows [r0, r0 + nrows) (nrows <= kPanel), columns [k0, k0+kc) into P[kc_pad][kPanel] (zero padding).
+  // Ps: when not null, the block scales of this panel for the chunk, Ps[b][j] = scale(r0 + j, k0 + b*sblk) with
+  // sblk = s.bc (fp4: 32), for the dense dequantization (kernels may also look scales up themselves).
+  void (*decode_panel)(const PanelSrc& s, int64_t r0, int nrows, int64_t k0, int kc, const float* Ps, float* P);
+  // Optional (may be null): Ps[b][j] = scale(r0 + j, k0 + b*32) for a full FP4 panel (16 rows, E8M0), b < nps.
+  void (*fp4_panel_scales)(const PanelSrc& s, int64_t r0, int64_t k0, int nps, float* Ps);
+  // Optional (may be null): act_quant_fp8(x, n, 128, q, s) of act_quant.h, bitwise identical.
+  void (*act_quant_row)(const float* x, int64_t n, float* q, float* s);
+  // Optional (may be null): one token against one full group (kGroupRows rows from n0) over all of K, fused decode +
+  // FMA without the panel tile; same semantics and order as mk_q / mk_d. acc[kGroupRows] starts at 0.
+  // Returns false (having done nothing) when this format / mode / shape is not handled.
+  bool (*gemv_group)(const PanelSrc& s, int64_t n0, const float* a, const float* sa, bool q, float* acc);
+  void (*mk_q)(const MkArgs& a);   // semantics (Q) of gemm.h for this chunk
+  void (*mk_d)(const MkArgs& a);   // semantics (D) of gemm.h for this chunk
+};
+
+const Kernels& scalar_kernels();
+const Kernels* avx2_kernels();    // nullptr when not compiled in
+const Kernels* avx512_kernels();  // nullptr when not compiled in
+
+// Round a dequantized value to bf16 exactly as the SIMD kernels do (RNE on the bit pattern; weights are finite).
+inline uint32_t bf16_round_bits(uint32_t b) { return (b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u; }
+
+}  // namespace dsv4::gemm_detail

@@ -1,0 +1,384 @@
+// `dsv4 bench <kind>`: performance measurements of the CPU backend (never part of the test suite).
+//   dsv4 bench gemm [--threads N] [--seconds S] [--prefill-tokens T] [--experts-alloc E] [--no-head] [--json]
+//     1. machine bandwidth: parallel memcpy of a large buffer ("copy", STREAM convention: read + write bytes / s)
+//        and a parallel read-only sweep ("read"), in the same run;
+//     2. decode: one token through one V4-Flash MoE layer's active weights — 6 routed experts (FP4 w1/w3 [2048,4096],
+//        w2 [4096,2048], E8M0 per 32) + the shared expert (FP8 128x128 blocks) — with the reference quantization
+//        (act_quant per 128, bf16 outputs); reports weight-streaming GB/s and its % of the copy bandwidth;
+//        plus the BF16 lm head GEMV [129280, 4096] (fp32 logits) unless --no-head;
+//     3. prefill: a T-token chunk through the same layer (T*6/256 tokens per routed expert, all 256 experts + shared),
+//        reporting tokens/s and GFLOP/s.
+//   Weights are random bytes in the official formats (no checkpoint needed). Each decode token uses a different set of
+//   experts among --experts-alloc allocated ones, so weights stream from memory, not from the caches.
+// Hook: add another benchmark kind (e.g. `dsv4 bench layer`, model engineer) as one more entry of kBenchKinds below.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "backend/act_quant.h"
+#include "backend/cpu_features.h"
+#include "backend/gemm.h"
+#include "cli/command.h"
+#include "core/error.h"
+#include "format/numeric.h"
+
+namespace dsv4::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// ---- random weights in the official formats --------------------------------------------------------------------
+uint64_t splitmix(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Fill with random bytes (parallel, deterministic per 64 KiB chunk).
+void fill_random(uint8_t* p, size_t n, uint64_t seed) {
+  const int64_t chunks = static_cast<int64_t>((n + 65535) / 65536);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    uint64_t s = seed * 1000003ull + static_cast<uint64_t>(c);
+    const size_t b = static_cast<size_t>(c) * 65536, e = std::min(n, b + 65536);
+    for (size_t i = b; i < e; i += 8) {
+      const uint64_t v = splitmix(s);
+      std::memcpy(p + i, &v, std::min<size_t>(8, e - i));
+    }
+  }
+}
+
+struct OwnedWeight {
+  std::vector<uint8_t> w, scale;
+  GemmWeight g;
+  size_t bytes() const { return w.size() + scale.size(); }
+};
+
+OwnedWeight make_fp8(int64_t rows, int64_t cols, uint64_t seed) {
+  OwnedWeight o;
+  o.w.resize(static_cast<size_t>(rows * cols));
+  fill_random(o.w.data(), o.w.size(), seed);
+  for (auto& b : o.w)
+    if ((b & 0x7F) == 0x7F) b ^= 0x01;  // no NaN codes
+  o.scale.resize(static_cast<size_t>(((rows + 127) / 128) * ((cols + 127) / 128)));
+  for (size_t i = 0; i < o.scale.size(); ++i) o.scale[i] = static_cast<uint8_t>(118 + (i * 7 + seed) % 6);
+  o.g = GemmWeight{GemmFormat::fp8, o.w.data(), o.scale.data(), false, rows, cols, 128, 128};
+  return o;
+}
+
+OwnedWeight make_fp4(int64_t rows, int64_t cols, uint64_t seed) {
+  OwnedWeight o;
+  o.w.resize(static_cast<size_t>(rows * cols / 2));
+  fill_random(o.w.data(), o.w.size(), seed);
+  o.scale.resize(static_cast<size_t>(rows * ((cols + 31) / 32)));
+  for (size_t i = 0; i < o.scale.size(); ++i) o.scale[i] = static_cast<uint8_t>(119 + (i * 13 + seed) % 6);
+  o.g = GemmWeight{GemmFormat::fp4, o.w.data(), o.scale.data(), false, rows, cols, 1, 32};
+  return o;
+}
+
+OwnedWeight make_bf16(int64_t rows, int64_t cols, uint64_t seed) {
+  OwnedWeight o;
+  o.w.resize(static_cast<size_t>(rows * cols * 2));
+  fill_random(o.w.data(), o.w.size(), seed);
+  for (size_t i = 1; i < o.w.size(); i += 2) o.w[i] = static_cast<uint8_t>((o.w[i] & 0x80) | 0x3C);  // |w| ~ 2^-7
+  o.g = GemmWeight{GemmFormat::bf16, o.w.data(), nullptr, false, rows, cols, 128, 128};
+  return o;
+}
+
+struct Expert {
+  OwnedWeight w1, w2, w3;
+  size_t bytes() const { return w1.bytes() + w2.bytes() + w3.bytes(); }
+};
+
+// SwiGLU expert (spec §5.7): h = bf16(silu(min(g,10)) * clamp(up,-10,10)); y = w2(h). Scratch sized by the caller.
+void run_expert(const Expert& e, const float* x, int64_t n, const LinearOpts& o, std::vector<float>& g,
+                std::vector<float>& up, std::vector<float>& y) {
+  const int64_t inter = e.w1.g.rows;
+  g.resize(static_cast<size_t>(n * inter));
+  up.resize(g.size());
+  y.resize(static_cast<size_t>(n * e.w2.g.rows));
+  linear(e.w1.g, x, n, g.data(), o);
+  linear(e.w3.g, x, n, up.data(), o);
+  const int64_t total = n * inter;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < total; ++i) {
+    const float gv = std::min(g[i], 10.0f), uv = std::clamp(up[i], -10.0f, 10.0f);
+    g[i] = round_to_bf16(gv / (1.0f + std::exp(-gv)) * uv);
+  }
+  linear(e.w2.g, g.data(), n, y.data(), o);
+}
+
+// ---- bandwidth -------------------------------------------------------------------------------------------------
+struct Bandwidth {
+  double copy_gbs = 0, read_gbs = 0;
+};
+
+Bandwidth measure_bandwidth(size_t bytes, int reps) {
+  std::unique_ptr<uint8_t[]> src(new uint8_t[bytes]), dst(new uint8_t[bytes]);
+  const int nt = omp_get_max_threads();
+  // first touch by the threads that will use the memory
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num();
+    const size_t b = bytes * t / nt, e = bytes * (t + 1) / nt;
+    std::memset(src.get() + b, 1 + t, e - b);
+    std::memset(dst.get() + b, 0, e - b);
+  }
+  Bandwidth bw;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+#pragma omp parallel num_threads(nt)
+    {
+      const int t = omp_get_thread_num();
+      const size_t b = bytes * t / nt, e = bytes * (t + 1) / nt;
+      std::memcpy(dst.get() + b, src.get() + b, e - b);
+    }
+    bw.copy_gbs = std::max(bw.copy_gbs, 2.0 * static_cast<double>(bytes) / seconds_since(t0) / 1e9);
+  }
+  uint64_t sink = 0;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    uint64_t total = 0;
+#pragma omp parallel num_threads(nt) reduction(+ : total)
+    {
+      const int t = omp_get_thread_num();
+      const size_t b = (bytes / 64) * t / nt * 64, e = (bytes / 64) * (t + 1) / nt * 64;
+      uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
+      const uint64_t* p = reinterpret_cast<const uint64_t*>(src.get() + b);
+      for (size_t i = 0; i < (e - b) / 8; i += 8) {
+        a0 += p[i], a1 += p[i + 1], a2 += p[i + 2], a3 += p[i + 3];
+        a4 += p[i + 4], a5 += p[i + 5], a6 += p[i + 6], a7 += p[i + 7];
+      }
+      total += a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
+    }
+    sink += total;
+    bw.read_gbs = std::max(bw.read_gbs, static_cast<double>(bytes) / seconds_since(t0) / 1e9);
+  }
+  if (sink == 42) std::fprintf(stderr, " ");  // keep the sum alive
+  return bw;
+}
+
+// ---- dsv4 bench gemm -------------------------------------------------------------------------------------------
+struct GemmBenchOpts {
+  int threads = 0;
+  double seconds = 2.0;
+  int64_t prefill_tokens = 2048;
+  int experts_alloc = 48;
+  int64_t mem_mib = 1024;
+  std::string numerics = "reference";
+  bool no_head = false;
+  bool json = false;
+};
+
+int run_gemm_bench(const GemmBenchOpts& o) {
+  if (o.threads > 0) omp_set_num_threads(o.threads);
+  const auto num = parse_numerics(o.numerics);
+  if (!num) fail("bench gemm: --numerics must be reference or dense, got '{}'", o.numerics);
+  if (o.experts_alloc < 6) fail("bench gemm: --experts-alloc must be >= 6");
+  if (o.prefill_tokens < 1) fail("bench gemm: --prefill-tokens must be >= 1");
+  const LinearOpts lo = quantized_linear_opts(*num);
+  const int nt = omp_get_max_threads();
+  const int64_t D = 4096, I = 2048, E = 256, topk = 6;
+  nlohmann::json out;
+  out["threads"] = nt;
+  out["simd"] = simd_level_name(simd_level());
+  out["cpu_features"] = cpu_features_string();
+  out["numerics"] = o.numerics;
+  auto say = [&](const std::string& s) {  // human-readable lines (stderr with --json, so stdout stays one object)
+    std::fprintf(o.json ? stderr : stdout, "%s\n", s.c_str());
+    std::fflush(o.json ? stderr : stdout);
+  };
+  say(fmt::format("dsv4 bench gemm: {} threads, kernels {}, cpu [{}], numerics {}", nt, simd_level_name(simd_level()),
+                  cpu_features_string(), o.numerics));
+
+  const Bandwidth bw = measure_bandwidth(static_cast<size_t>(o.mem_mib) << 20, 5);
+  out["copy_GBps"] = bw.copy_gbs;
+  out["read_GBps"] = bw.read_gbs;
+  say(fmt::format("memory: copy {:.1f} GB/s (read+write bytes, {} MiB memcpy), read {:.1f} GB/s", bw.copy_gbs,
+                  o.mem_mib, bw.read_gbs));
+
+  // weights
+  auto t_init = Clock::now();
+  std::vector<Expert> experts(static_cast<size_t>(o.experts_alloc));
+  for (int e = 0; e < o.experts_alloc; ++e) {
+    experts[e].w1 = make_fp4(I, D, 3 * e + 1);
+    experts[e].w3 = make_fp4(I, D, 3 * e + 2);
+    experts[e].w2 = make_fp4(D, I, 3 * e + 3);
+  }
+  Expert shared{make_fp8(I, D, 9001), make_fp8(D, I, 9002), make_fp8(I, D, 9003)};
+  say(fmt::format("weights: {} routed experts x {:.1f} MB (FP4) + shared {:.1f} MB (FP8), made in {:.1f} s",
+                  o.experts_alloc, experts[0].bytes() / 1e6, shared.bytes() / 1e6, seconds_since(t_init)));
+
+  std::vector<float> x(static_cast<size_t>(std::max<int64_t>(o.prefill_tokens, 1) * D));
+  {
+    uint64_t s = 77;
+    for (auto& v : x) v = round_to_bf16(static_cast<float>(static_cast<int64_t>(splitmix(s) % 2001) - 1000) * 1e-3f);
+  }
+  std::vector<float> g, up, y, acc(static_cast<size_t>(D));
+
+  // decode: one token, 6 routed experts (a different set each step) + shared
+  const size_t layer_bytes = topk * experts[0].bytes() + shared.bytes();
+  int64_t steps = 0;
+  int next = 0;
+  double t_dec = 0;
+  for (int warm = 0; warm < 2; ++warm) {
+    steps = 0;
+    const auto t0 = Clock::now();
+    do {
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int k = 0; k < topk; ++k) {
+        run_expert(experts[next], x.data(), 1, lo, g, up, y);
+        next = (next + 1) % o.experts_alloc;
+        for (int64_t d = 0; d < D; ++d) acc[d] += y[d];
+      }
+      run_expert(shared, x.data(), 1, lo, g, up, y);
+      ++steps;
+    } while (seconds_since(t0) < (warm == 0 ? 0.2 : o.seconds));
+    t_dec = seconds_since(t0) / static_cast<double>(steps);
+  }
+  const double dec_gbs = static_cast<double>(layer_bytes) / t_dec / 1e9;
+  out["decode_moe_layer"] = {{"bytes", layer_bytes},
+                             {"ms_per_token", t_dec * 1e3},
+                             {"GBps", dec_gbs},
+                             {"pct_of_copy", 100.0 * dec_gbs / bw.copy_gbs},
+                             {"pct_of_read", 100.0 * dec_gbs / bw.read_gbs}};
+  say(fmt::format(
+      "decode MoE layer (6 routed FP4 + shared FP8, {:.1f} MB/token): {:.3f} ms/token, {:.1f} GB/s "
+      "= {:.0f}% of copy, {:.0f}% of read bandwidth",
+      layer_bytes / 1e6, t_dec * 1e3, dec_gbs, 100.0 * dec_gbs / bw.copy_gbs, 100.0 * dec_gbs / bw.read_gbs));
+
+  // per-format GEMV rates (same weights; FP4 routed only / FP8 shared only)
+  {
+    auto rate = [&](auto&& fn, size_t bytes_per_call) {
+      int64_t n = 0;
+      const auto t0 = Clock::now();
+      do fn(), ++n;
+      while (seconds_since(t0) < o.seconds / 2);
+      return static_cast<double>(bytes_per_call) * n / seconds_since(t0) / 1e9;
+    };
+    std::vector<float> yy(static_cast<size_t>(D));
+    int e = 0;
+    const double fp4 = rate(
+        [&] {
+          linear(experts[e].w1.g, x.data(), 1, yy.data(), lo);
+          e = (e + 1) % o.experts_alloc;
+        },
+        experts[0].w1.bytes());
+    const double fp8 = rate([&] { linear(shared.w1.g, x.data(), 1, yy.data(), lo); }, shared.w1.bytes());
+    out["decode_gemv_GBps"] = {{"fp4_expert_w1", fp4}, {"fp8_shared_w1_cached", fp8}};
+    say(fmt::format("decode GEMV: FP4 expert w1 {:.1f} GB/s (streamed), FP8 shared w1 {:.1f} GB/s (8 MB, cache-warm)",
+                    fp4, fp8));
+    // thread scaling of the streamed FP4 GEMV (per-core rate and where memory bandwidth takes over)
+    std::string line;
+    nlohmann::json sc = nlohmann::json::object();
+    std::vector<int> counts;
+    for (int t = 1; t < nt; t *= 2) counts.push_back(t);
+    counts.push_back(nt);
+    for (int t : counts) {
+      omp_set_num_threads(t);
+      const double r = rate(
+          [&] {
+            linear(experts[e].w1.g, x.data(), 1, yy.data(), lo);
+            e = (e + 1) % o.experts_alloc;
+          },
+          experts[0].w1.bytes());
+      sc[std::to_string(t)] = r;
+      line += fmt::format(" {}t {:.1f}", t, r);
+    }
+    omp_set_num_threads(nt);
+    out["decode_gemv_fp4_scaling_GBps"] = sc;
+    say("decode GEMV FP4 streamed GB/s by threads:" + line);
+  }
+
+  if (!o.no_head) {
+    OwnedWeight head = make_bf16(129280, D, 4242);
+    std::vector<float> logits(129280);
+    LinearOpts ho;  // fp32 logits from the upcast bf16 head (spec §5.8)
+    int64_t n = 0;
+    linear(head.g, x.data(), 1, logits.data(), ho);
+    const auto t0 = Clock::now();
+    do linear(head.g, x.data(), 1, logits.data(), ho), ++n;
+    while (seconds_since(t0) < o.seconds / 2);
+    const double t = seconds_since(t0) / static_cast<double>(n);
+    const double gbs = static_cast<double>(head.bytes()) / t / 1e9;
+    out["decode_head_bf16"] = {{"ms", t * 1e3}, {"GBps", gbs}, {"pct_of_copy", 100.0 * gbs / bw.copy_gbs}};
+    say(fmt::format("decode lm head BF16 [129280, 4096] GEMV: {:.2f} ms, {:.1f} GB/s = {:.0f}% of copy", t * 1e3, gbs,
+                    100.0 * gbs / bw.copy_gbs));
+  }
+
+  // prefill: T tokens, T*6/256 per routed expert over all 256 experts (weights cycled over the allocated ones)
+  {
+    const int64_t T = o.prefill_tokens;
+    const int64_t per = std::max<int64_t>(1, T * topk / E);
+    const auto t0 = Clock::now();
+    run_expert(shared, x.data(), T, lo, g, up, y);
+    for (int64_t e = 0; e < E; ++e) run_expert(experts[e % o.experts_alloc], x.data(), per, lo, g, up, y);
+    const double t = seconds_since(t0);
+    const double flops = 2.0 * 3.0 * static_cast<double>(I * D) * static_cast<double>(T + per * E);
+    out["prefill_moe_layer"] = {{"tokens", T},
+                                {"tokens_per_expert", per},
+                                {"seconds", t},
+                                {"tokens_per_s", static_cast<double>(T) / t},
+                                {"GFLOPs", flops / t / 1e9}};
+    say(
+        fmt::format("prefill MoE layer, {} tokens ({} per routed expert x 256 + shared): {:.3f} s, {:.0f} tokens/s, "
+                    "{:.0f} GFLOP/s",
+                    T, per, t, static_cast<double>(T) / t, flops / t / 1e9));
+  }
+  if (o.json) std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}
+
+void setup_gemm(CLI::App& app, Runner& run) {
+  auto o = std::make_shared<GemmBenchOpts>();
+  app.add_option("--threads", o->threads, "OpenMP threads (default: all)");
+  app.add_option("--seconds", o->seconds, "measuring time per decode figure (s)")->check(CLI::PositiveNumber);
+  app.add_option("--prefill-tokens", o->prefill_tokens, "prefill chunk length")->check(CLI::PositiveNumber);
+  app.add_option("--experts-alloc", o->experts_alloc, "distinct routed experts allocated (>= 6)");
+  app.add_option("--mem-mib", o->mem_mib, "bandwidth buffer size (MiB)")->check(CLI::PositiveNumber);
+  app.add_option("--numerics", o->numerics, "reference (FP8 act quant, bf16 out) or dense (fp32)");
+  app.add_flag("--no-head", o->no_head, "skip the BF16 lm-head GEMV (1 GB)");
+  app.add_flag("--json", o->json, "print one JSON object");
+  run = [o] { return run_gemm_bench(*o); };
+}
+
+// Benchmark kinds of `dsv4 bench`. Add one line per kind (name, help, setup).
+struct BenchKind {
+  const char* name;
+  const char* help;
+  void (*setup)(CLI::App&, Runner&);
+};
+const BenchKind kBenchKinds[] = {
+    {"gemm", "memory bandwidth, MoE-layer decode GEMV and prefill GEMM on random V4-Flash-shaped weights", setup_gemm},
+};
+
+void setup_bench(CLI::App& app, Runner& run) {
+  app.require_subcommand(1);
+  auto runners = std::make_shared<std::vector<std::pair<CLI::App*, Runner>>>();
+  for (const BenchKind& k : kBenchKinds) {
+    CLI::App* sub = app.add_subcommand(k.name, k.help);
+    runners->emplace_back(sub, Runner{});
+    k.setup(*sub, runners->back().second);
+  }
+  run = [runners] {
+    for (auto& [sub, r] : *runners)
+      if (sub->parsed() && r) return r();
+    return 0;
+  };
+}
+
+}  // namespace
+
+DSV4_COMMAND(bench, "Performance benchmarks of the CPU backend (bench gemm)", setup_bench);
+
+}  // namespace dsv4::cli

@@ -1,0 +1,379 @@
+// GEMM exactness: every kernel (scalar / AVX2 / AVX-512) and thread count must reproduce, bit for bit, a slow scalar
+// formula written from spec §3.6 / §4.3 / §4.5 (and the summation order documented in backend/gemm.h).
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/act_quant.h"
+#include "backend/cpu_features.h"
+#include "backend/gemm.h"
+#include "core/error.h"
+#include "format/numeric.h"
+
+namespace dsv4 {
+namespace {
+
+// ---- test weights in the official storage formats ----------------------------------------------------------------
+struct TestWeight {
+  GemmFormat fmt;
+  int64_t rows, cols, br = 128, bc = 128;
+  bool scale_f32 = false;
+  std::vector<uint8_t> w, scale;
+  GemmWeight view() const {
+    GemmWeight g;
+    g.fmt = fmt;
+    g.w = w.data();
+    g.scale = scale.empty() ? nullptr : scale.data();
+    g.scale_f32 = scale_f32;
+    g.rows = rows;
+    g.cols = cols;
+    g.block_rows = br;
+    g.block_cols = bc;
+    return g;
+  }
+  // Exact dequantized value (spec §3.6), from format/numeric.h decoders.
+  float code(int64_t r, int64_t c) const {
+    switch (fmt) {
+      case GemmFormat::fp8:
+        return e4m3fn_to_float(w[r * cols + c]);
+      case GemmFormat::fp4: {
+        const uint8_t b = w[r * (cols / 2) + c / 2];
+        return e2m1_to_float(c % 2 == 0 ? (b & 0xF) : (b >> 4));
+      }
+      case GemmFormat::bf16: {
+        uint16_t h;
+        std::memcpy(&h, &w[2 * (r * cols + c)], 2);
+        return bf16_to_float(h);
+      }
+      case GemmFormat::f32: {
+        float f;
+        std::memcpy(&f, &w[4 * (r * cols + c)], 4);
+        return f;
+      }
+    }
+    return 0;
+  }
+  float wscale(int64_t r, int64_t c) const {
+    if (fmt == GemmFormat::fp4) return e8m0_to_float(scale[r * ((cols + 31) / 32) + c / 32]);
+    const int64_t i = (r / br) * ((cols + bc - 1) / bc) + c / bc;
+    if (scale_f32) {
+      float f;
+      std::memcpy(&f, &scale[4 * i], 4);
+      return f;
+    }
+    return e8m0_to_float(scale[i]);
+  }
+  float dequant(int64_t r, int64_t c) const {
+    return (fmt == GemmFormat::fp8 || fmt == GemmFormat::fp4) ? code(r, c) * wscale(r, c) : code(r, c);
+  }
+};
+
+TestWeight make_weight(GemmFormat fmt, int64_t rows, int64_t cols, std::mt19937& rng, bool scale_f32 = false,
+                       int64_t br = 128) {
+  TestWeight t;
+  t.fmt = fmt;
+  t.rows = rows;
+  t.cols = cols;
+  t.br = br;
+  t.scale_f32 = scale_f32;
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::normal_distribution<float> nd(0.0f, 0.05f);
+  switch (fmt) {
+    case GemmFormat::fp8: {
+      t.w.resize(rows * cols);
+      for (auto& b : t.w) {
+        do b = static_cast<uint8_t>(byte(rng));
+        while ((b & 0x7F) == 0x7F);  // no NaN codes
+      }
+      const int64_t n = ((rows + br - 1) / br) * ((cols + 127) / 128);
+      if (scale_f32) {
+        t.scale.resize(4 * n);
+        std::uniform_real_distribution<float> u(1e-4f, 3e-3f);
+        for (int64_t i = 0; i < n; ++i) {
+          const float f = u(rng);
+          std::memcpy(&t.scale[4 * i], &f, 4);
+        }
+      } else {
+        t.scale.resize(n);
+        for (auto& s : t.scale) s = static_cast<uint8_t>(112 + byte(rng) % 12);
+      }
+      break;
+    }
+    case GemmFormat::fp4: {
+      t.br = 1;
+      t.bc = 32;
+      t.w.resize(rows * cols / 2);
+      for (auto& b : t.w) b = static_cast<uint8_t>(byte(rng));
+      t.scale.resize(rows * ((cols + 31) / 32));
+      for (auto& s : t.scale) s = static_cast<uint8_t>(115 + byte(rng) % 10);
+      break;
+    }
+    case GemmFormat::bf16: {
+      t.w.resize(2 * rows * cols);
+      for (int64_t i = 0; i < rows * cols; ++i) {
+        const uint16_t h = float_to_bf16_rne(nd(rng));
+        std::memcpy(&t.w[2 * i], &h, 2);
+      }
+      break;
+    }
+    case GemmFormat::f32: {
+      t.w.resize(4 * rows * cols);
+      for (int64_t i = 0; i < rows * cols; ++i) {
+        const float f = nd(rng);
+        std::memcpy(&t.w[4 * i], &f, 4);
+      }
+      break;
+    }
+  }
+  return t;
+}
+
+std::vector<float> make_x(int64_t n, std::mt19937& rng, bool bf16) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<float> mag(-6.0f, 3.0f);
+  std::vector<float> x(n);
+  for (auto& v : x) {
+    v = nd(rng) * std::exp2(mag(rng));
+    if (bf16) v = round_to_bf16(v);
+  }
+  if (n > 3) x[n / 3] = 0.0f;
+  return x;
+}
+
+// ---- the slow formula, written from the spec --------------------------------------------------------------------
+// §4.3: s = 2^ceil(log2(max(amax,1e-4) * fp32(1/448))), q = e4m3_rne_satfinite(clamp(x/s, ±448)).
+void slow_act_quant(const float* x, int64_t n, std::vector<float>& q, std::vector<float>& s) {
+  q.assign(n, 0.0f);
+  s.assign((n + 127) / 128, 0.0f);
+  for (int64_t b = 0; b * 128 < n; ++b) {
+    const int64_t e = std::min<int64_t>(n, b * 128 + 128);
+    float amax = 0;
+    for (int64_t i = b * 128; i < e; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float t = std::max(amax, 1e-4f) * (1.0f / 448.0f);
+    int ex;
+    const float m = std::frexp(t, &ex);  // t = m 2^ex, m in [0.5, 1): ceil(log2 t) = ex-1 if m == 0.5 else ex
+    const float sc = std::ldexp(1.0f, m == 0.5f ? ex - 1 : ex);
+    s[b] = sc;
+    for (int64_t i = b * 128; i < e; ++i)
+      q[i] = e4m3fn_to_float(float_to_e4m3fn_rne_satfinite(std::clamp(x[i] / sc, -448.0f, 448.0f)));
+  }
+}
+
+std::vector<float> slow_linear(const TestWeight& W, const std::vector<float>& x, int64_t n_tok, const LinearOpts& o) {
+  const int64_t K = W.cols, r0 = o.row_begin, r1 = o.row_end < 0 ? W.rows : o.row_end;
+  std::vector<float> y(n_tok * (r1 - r0));
+  std::vector<float> q, s;
+  for (int64_t m = 0; m < n_tok; ++m) {
+    if (o.act_quant_fp8) slow_act_quant(&x[m * K], K, q, s);
+    for (int64_t n = r0; n < r1; ++n) {
+      float acc = 0.0f;
+      if (o.act_quant_fp8) {
+        const int64_t bk = W.fmt == GemmFormat::fp4 ? 32 : 128;
+        for (int64_t kb = 0; kb < K; kb += bk) {
+          float part = 0.0f;
+          for (int64_t k = kb; k < std::min(K, kb + bk); ++k) part = std::fma(q[k], W.code(n, k), part);
+          const float sc = s[kb / 128] * W.wscale(n, kb);
+          acc = acc + part * sc;
+        }
+      } else {
+        for (int64_t k = 0; k < K; ++k) {
+          const float wd = o.weight_as_bf16 ? round_to_bf16(W.dequant(n, k)) : W.dequant(n, k);
+          acc = std::fma(x[m * K + k], wd, acc);
+        }
+      }
+      y[m * (r1 - r0) + (n - r0)] = o.out_bf16 ? round_to_bf16(acc) : acc;
+    }
+  }
+  return y;
+}
+
+std::vector<SimdLevel> levels() {
+  std::vector<SimdLevel> v{SimdLevel::scalar};
+  if (static_cast<int>(best_simd_level()) >= static_cast<int>(SimdLevel::avx2)) v.push_back(SimdLevel::avx2);
+  if (best_simd_level() == SimdLevel::avx512) v.push_back(SimdLevel::avx512);
+  return v;
+}
+
+struct LevelGuard {
+  ~LevelGuard() {
+    set_simd_level(best_simd_level());
+    omp_set_num_threads(omp_get_num_procs());
+  }
+};
+
+void expect_bitwise(const std::vector<float>& want, const std::vector<float>& got, const std::string& what) {
+  ASSERT_EQ(want.size(), got.size()) << what;
+  int64_t bad = 0, first = -1;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (std::memcmp(&want[i], &got[i], 4) != 0) {
+      if (first < 0) first = static_cast<int64_t>(i);
+      ++bad;
+    }
+  EXPECT_EQ(bad, 0) << what << ": first mismatch at " << first << " want " << (first >= 0 ? want[first] : 0) << " got "
+                    << (first >= 0 ? got[first] : 0);
+}
+
+struct Case {
+  GemmFormat fmt;
+  int64_t rows, cols, n_tok;
+  LinearOpts opts;
+  bool scale_f32 = false;
+  int64_t br = 128;
+};
+
+std::string fmt_name(GemmFormat f) {
+  switch (f) {
+    case GemmFormat::fp8:
+      return "fp8";
+    case GemmFormat::fp4:
+      return "fp4";
+    case GemmFormat::bf16:
+      return "bf16";
+    case GemmFormat::f32:
+      return "f32";
+  }
+  return "?";
+}
+
+void run_case(const Case& c, std::mt19937& rng) {
+  LevelGuard guard;
+  const TestWeight W = make_weight(c.fmt, c.rows, c.cols, rng, c.scale_f32, c.br);
+  const std::vector<float> x = make_x(c.n_tok * c.cols, rng, c.opts.act_quant_fp8 || c.opts.weight_as_bf16);
+  const std::vector<float> want = slow_linear(W, x, c.n_tok, c.opts);
+  const int64_t nout = (c.opts.row_end < 0 ? c.rows : c.opts.row_end) - c.opts.row_begin;
+  for (SimdLevel l : levels()) {
+    ASSERT_EQ(set_simd_level(l), l);
+    for (int th : {1, 2, 3}) {
+      omp_set_num_threads(th);
+      std::vector<float> y(c.n_tok * nout, -1.0f);
+      linear(W.view(), x.data(), c.n_tok, y.data(), c.opts);
+      expect_bitwise(want, y,
+                     fmt::format("{} [{}x{}] n_tok={} q={} bf16out={} wbf16={} rows[{},{}) level={} threads={}",
+                                 fmt_name(c.fmt), c.rows, c.cols, c.n_tok, c.opts.act_quant_fp8, c.opts.out_bf16,
+                                 c.opts.weight_as_bf16, c.opts.row_begin, c.opts.row_end, simd_level_name(l), th));
+    }
+  }
+}
+
+LinearOpts Q(bool bf16_out = true) {
+  LinearOpts o;
+  o.act_quant_fp8 = true;
+  o.out_bf16 = bf16_out;
+  return o;
+}
+LinearOpts D(bool bf16_out = false, bool wbf16 = false, int64_t rb = 0, int64_t re = -1) {
+  LinearOpts o;
+  o.out_bf16 = bf16_out;
+  o.weight_as_bf16 = wbf16;
+  o.row_begin = rb;
+  o.row_end = re;
+  return o;
+}
+
+TEST(Gemm, Fp8QuantizedMatchesSpecFormula) {
+  std::mt19937 rng(1);
+  for (const Case& c :
+       {Case{GemmFormat::fp8, 64, 256, 1, Q()}, Case{GemmFormat::fp8, 130, 300, 3, Q()},
+        Case{GemmFormat::fp8, 17, 1100, 7, Q(false)}, Case{GemmFormat::fp8, 256, 128, 13, Q()},
+        Case{GemmFormat::fp8, 70, 200, 2, Q(), true}, Case{GemmFormat::fp8, 90, 640, 5, Q(), false, 64}})
+    run_case(c, rng);
+}
+
+TEST(Gemm, Fp4QuantizedMatchesSpecFormula) {
+  std::mt19937 rng(2);
+  for (const Case& c : {Case{GemmFormat::fp4, 64, 256, 1, Q()}, Case{GemmFormat::fp4, 33, 1090, 4, Q()},
+                        Case{GemmFormat::fp4, 200, 96, 9, Q(false)}, Case{GemmFormat::fp4, 16, 650, 1, Q()},
+                        Case{GemmFormat::fp4, 64, 128, 300, Q()}})
+    run_case(c, rng);
+}
+
+TEST(Gemm, DenseMatchesSpecFormula) {
+  std::mt19937 rng(3);
+  for (const Case& c : {Case{GemmFormat::fp8, 100, 300, 3, D()}, Case{GemmFormat::fp8, 64, 1030, 1, D(true)},
+                        Case{GemmFormat::fp8, 70, 256, 2, D(false), true}, Case{GemmFormat::fp4, 48, 544, 5, D()},
+                        Case{GemmFormat::bf16, 129, 77, 6, D()}, Case{GemmFormat::bf16, 64, 1024, 1, D(true)},
+                        Case{GemmFormat::f32, 31, 515, 4, D()}, Case{GemmFormat::f32, 5, 3, 2, D()}})
+    run_case(c, rng);
+}
+
+TEST(Gemm, WeightAsBf16AndRowRange) {
+  std::mt19937 rng(4);
+  for (const Case& c : {Case{GemmFormat::fp8, 256, 384, 3, D(true, true, 128, 256)},
+                        Case{GemmFormat::fp8, 200, 256, 1, D(true, true, 0, 100)},
+                        Case{GemmFormat::fp8, 200, 256, 2, D(false, false, 37, 171)},
+                        Case{GemmFormat::fp4, 96, 128, 2, D(false, false, 50, 51)}})
+    run_case(c, rng);
+  Case c{GemmFormat::fp8, 256, 384, 4, Q()};
+  c.opts.row_begin = 100;
+  c.opts.row_end = 230;
+  run_case(c, rng);
+}
+
+TEST(Gemm, DecodeShapes) {
+  // One token against full 64-row groups: the fused GEMV kernels (FP4/FP8 quantized, BF16 dense), incl. FP8 scale
+  // grids whose row blocks do not align with 16-row panels.
+  std::mt19937 rng(7);
+  for (const Case& c :
+       {Case{GemmFormat::fp4, 128, 1024, 1, Q()}, Case{GemmFormat::fp8, 192, 512, 1, Q(), true, 8},
+        Case{GemmFormat::fp8, 128, 384, 1, Q(), false, 24}, Case{GemmFormat::bf16, 128, 512, 1, D()},
+        Case{GemmFormat::fp8, 256, 256, 1, D(true, true)}, Case{GemmFormat::fp4, 64, 512, 1, D()},
+        Case{GemmFormat::fp8, 128, 512, 1, D(false, false), true, 64},
+        Case{GemmFormat::fp4, 128, 256, 1, D(false, true)}, Case{GemmFormat::bf16, 64, 96, 1, D(true, true)}})
+    run_case(c, rng);
+}
+
+TEST(Gemm, RowOfOutputIndependentOfBatch) {
+  // Row t of y depends only on row t of x: a 1-token call equals the same row of a 37-token call.
+  std::mt19937 rng(5);
+  const TestWeight W = make_weight(GemmFormat::fp4, 96, 512, rng);
+  const std::vector<float> x = make_x(37 * 512, rng, true);
+  std::vector<float> y(37 * 96), y1(96);
+  linear(W.view(), x.data(), 37, y.data(), Q());
+  for (int64_t t : {0, 17, 36}) {
+    linear(W.view(), x.data() + t * 512, 1, y1.data(), Q());
+    EXPECT_EQ(std::memcmp(y1.data(), y.data() + t * 96, 96 * 4), 0) << t;
+  }
+}
+
+TEST(Gemm, RejectsBadArguments) {
+  std::mt19937 rng(6);
+  const TestWeight W = make_weight(GemmFormat::bf16, 8, 16, rng);
+  const TestWeight W8 = make_weight(GemmFormat::fp8, 8, 16, rng);
+  std::vector<float> x(16), y(8);
+  EXPECT_THROW(linear(W.view(), x.data(), 1, y.data(), Q()), Error);  // act quant of a bf16 weight
+  EXPECT_THROW(linear(W.view(), x.data(), 1, y.data(), D(false, false, 4, 2)), Error);
+  EXPECT_THROW(linear(W.view(), x.data(), 1, y.data(), D(false, false, 0, 9)), Error);
+  GemmWeight g = W8.view();
+  g.block_cols = 64;
+  EXPECT_THROW(linear(g, x.data(), 1, y.data(), Q()), Error);
+  g = W8.view();
+  g.scale = nullptr;
+  EXPECT_THROW(linear(g, x.data(), 1, y.data(), D()), Error);
+  EXPECT_NO_THROW(linear(W.view(), x.data(), 0, y.data(), D()));
+}
+
+TEST(Gemm, SimdLevelSelection) {
+  LevelGuard guard;
+  EXPECT_EQ(set_simd_level(SimdLevel::scalar), SimdLevel::scalar);
+  EXPECT_EQ(simd_level(), SimdLevel::scalar);
+  // asking for more than the CPU has is clamped to the best available level
+  EXPECT_EQ(set_simd_level(SimdLevel::avx512), best_simd_level());
+  EXPECT_STREQ(simd_level_name(SimdLevel::avx2), "avx2");
+}
+
+TEST(Gemm, NumericsNames) {
+  EXPECT_EQ(parse_numerics("reference"), Numerics::reference);
+  EXPECT_EQ(parse_numerics("dense"), Numerics::dense);
+  EXPECT_FALSE(parse_numerics("Dense").has_value());
+  EXPECT_EQ(numerics_name(Numerics::dense), "dense");
+  EXPECT_TRUE(quantized_linear_opts(Numerics::reference).act_quant_fp8);
+  EXPECT_FALSE(quantized_linear_opts(Numerics::dense).act_quant_fp8);
+  EXPECT_FALSE(quantized_linear_opts(Numerics::dense).out_bf16);
+}
+
+}  // namespace
+}  // namespace dsv4
