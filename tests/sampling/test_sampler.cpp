@@ -1,0 +1,192 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "core/error.h"
+#include "sampling/sampler.h"
+
+using namespace dsv4;
+
+namespace {
+
+SamplingParams params(float temp, uint64_t seed = 1) {
+  SamplingParams p;
+  p.temperature = temp;
+  p.seed = seed;
+  return p;
+}
+
+// Draw n tokens from fixed logits and count them.
+std::vector<int> histogram(Sampler& s, const std::vector<float>& logits, int n) {
+  std::vector<int> h(logits.size(), 0);
+  for (int i = 0; i < n; ++i) {
+    std::vector<float> l = logits;
+    ++h[s.sample(l)];
+  }
+  return h;
+}
+
+std::vector<float> softmax(const std::vector<float>& l, float t) {
+  float m = *std::max_element(l.begin(), l.end());
+  std::vector<float> p(l.size());
+  double z = 0;
+  for (size_t i = 0; i < l.size(); ++i) z += p[i] = std::exp((l[i] - m) / t);
+  for (auto& x : p) x = static_cast<float>(x / z);
+  return p;
+}
+
+}  // namespace
+
+TEST(Sampler, GreedyPicksArgmaxLowestIdOnTies) {
+  Sampler s(params(0.0f), 5);
+  std::vector<float> l{0.1f, 3.0f, -1.0f, 3.0f, 2.9f};
+  EXPECT_EQ(s.sample(l), 1);
+  EXPECT_EQ(argmax(std::vector<float>{-5.f, -5.f}), 0);
+}
+
+TEST(Sampler, TemperatureMatchesSoftmaxDistribution) {
+  const std::vector<float> logits{1.0f, 2.0f, 0.0f, 2.5f, -1.0f, 1.5f};
+  for (float t : {0.5f, 1.0f, 2.0f}) {
+    Sampler s(params(t, 42), 6);
+    const int n = 20000;
+    auto h = histogram(s, logits, n);
+    auto p = softmax(logits, t);
+    for (size_t i = 0; i < p.size(); ++i) {
+      double sd = std::sqrt(n * p[i] * (1 - p[i]));
+      EXPECT_NEAR(h[i], n * p[i], 5 * sd + 2) << "t=" << t << " token " << i;
+    }
+  }
+}
+
+TEST(Sampler, SameSeedSameSequenceDifferentSeedDiffers) {
+  std::vector<float> logits(1000);
+  for (int i = 0; i < 1000; ++i) logits[i] = std::sin(i * 0.37f) * 3;
+  auto run = [&](uint64_t seed) {
+    Sampler s(params(1.0f, seed), 1000);
+    std::vector<int32_t> out;
+    for (int i = 0; i < 64; ++i) {
+      auto l = logits;
+      out.push_back(s.sample(l));
+    }
+    return out;
+  };
+  EXPECT_EQ(run(7), run(7));
+  EXPECT_NE(run(7), run(8));
+}
+
+TEST(Sampler, TopKKeepsOnlyKMostLikely) {
+  const std::vector<float> logits{0.0f, 3.0f, 1.0f, 2.0f, 2.0f, -1.0f};
+  SamplingParams p = params(1.0f, 3);
+  p.top_k = 2;
+  Sampler s(p, 6);
+  auto h = histogram(s, logits, 5000);
+  // top-2 is {1 (3.0), 3 (2.0)}: among the tied 3 and 4 the lower id wins.
+  EXPECT_GT(h[1], 0);
+  EXPECT_GT(h[3], 0);
+  EXPECT_EQ(h[1] + h[3], 5000);
+  double expected_1 = 5000 / (1 + std::exp(-1.0));
+  EXPECT_NEAR(h[1], expected_1, 150);
+}
+
+TEST(Sampler, TopPKeepsSmallestNucleus) {
+  // probabilities 0.5, 0.3, 0.15, 0.05 -> top_p 0.75 keeps {0, 1}; 0.81 keeps {0, 1, 2}.
+  const std::vector<float> logits{std::log(0.5f), std::log(0.3f), std::log(0.15f), std::log(0.05f)};
+  {
+    SamplingParams p = params(1.0f, 5);
+    p.top_p = 0.75f;
+    Sampler s(p, 4);
+    auto h = histogram(s, logits, 8000);
+    EXPECT_EQ(h[2] + h[3], 0);
+    EXPECT_NEAR(h[0], 8000 * 0.5 / 0.8, 200);
+  }
+  {
+    SamplingParams p = params(1.0f, 5);
+    p.top_p = 0.81f;
+    Sampler s(p, 4);
+    auto h = histogram(s, logits, 8000);
+    EXPECT_GT(h[2], 0);
+    EXPECT_EQ(h[3], 0);
+  }
+}
+
+TEST(Sampler, TopPOnLargeVocabGrowsTheSortedHead) {
+  // A flat distribution over 5000 tokens: the nucleus needs far more than the first 256 candidates.
+  std::vector<float> logits(5000, 0.0f);
+  SamplingParams p = params(1.0f, 9);
+  p.top_p = 0.9f;
+  Sampler s(p, 5000);
+  auto h = histogram(s, logits, 4000);
+  int used = 0, beyond = 0;
+  for (int i = 0; i < 5000; ++i) {
+    used += h[i] > 0;
+    if (i >= 4500) beyond += h[i];
+  }
+  EXPECT_GT(used, 1000);  // way more than the first 256 candidates can be chosen
+  EXPECT_EQ(beyond, 0);   // ties sort by id: the top 4500 ids form the nucleus
+}
+
+TEST(Sampler, MinPDropsUnlikelyTokens) {
+  // p ~ 0.6, 0.3, 0.1: min_p 0.2 -> threshold 0.12 drops token 2.
+  const std::vector<float> logits{std::log(0.6f), std::log(0.3f), std::log(0.1f)};
+  SamplingParams p = params(1.0f, 11);
+  p.min_p = 0.2f;
+  Sampler s(p, 3);
+  auto h = histogram(s, logits, 6000);
+  EXPECT_EQ(h[2], 0);
+  EXPECT_NEAR(h[0], 4000, 180);
+}
+
+TEST(Sampler, RepetitionPenaltyAppliesToPromptAndOutput) {
+  SamplingParams p = params(0.0f);
+  p.repetition_penalty = 2.0f;
+  Sampler s(p, 4);
+  std::vector<int32_t> prompt{0};
+  s.set_prompt(prompt);
+  std::vector<float> l{3.0f, 2.0f, -1.0f, 1.0f};
+  EXPECT_EQ(s.sample(l), 1);  // 3.0 / 2 = 1.5 < 2.0
+  EXPECT_FLOAT_EQ(l[0], 1.5f);
+  s.accept(1);
+  std::vector<float> l2{2.0f, 2.0f, -1.0f, 1.2f};
+  EXPECT_EQ(s.sample(l2), 3);  // 1.0, 1.0, -1, 1.2
+  std::vector<float> l3{-1.0f, -2.0f, -1.5f, -3.0f};
+  EXPECT_EQ(s.sample(l3), 2);  // -2, -4, -1.5, -3
+}
+
+TEST(Sampler, PresenceAndFrequencyPenaltiesCountOutputOnly) {
+  SamplingParams p = params(0.0f);
+  p.presence_penalty = 0.5f;
+  p.frequency_penalty = 0.25f;
+  Sampler s(p, 3);
+  std::vector<int32_t> prompt{2, 2, 2};
+  s.set_prompt(prompt);  // not penalised by presence/frequency
+  s.accept(0);
+  s.accept(0);
+  std::vector<float> l{2.0f, 1.5f, 1.0f};
+  EXPECT_EQ(s.sample(l), 1);
+  EXPECT_FLOAT_EQ(l[0], 2.0f - 0.5f - 0.5f);
+  EXPECT_FLOAT_EQ(l[2], 1.0f);
+}
+
+TEST(Sampler, RejectsBadParametersAndSizes) {
+  SamplingParams p;
+  p.top_p = 0.0f;
+  EXPECT_THROW(Sampler(p, 10), Error);
+  p = {};
+  p.temperature = -1.0f;
+  EXPECT_THROW(Sampler(p, 10), Error);
+  p = {};
+  p.presence_penalty = 3.0f;
+  EXPECT_THROW(Sampler(p, 10), Error);
+  p = {};
+  p.repetition_penalty = 0.0f;
+  EXPECT_THROW(Sampler(p, 10), Error);
+  p = {};
+  p.min_p = NAN;
+  EXPECT_THROW(Sampler(p, 10), Error);
+  Sampler s(SamplingParams{}, 4);
+  std::vector<float> l(3);
+  EXPECT_THROW(s.sample(l), Error);
+  EXPECT_THROW(s.accept(4), Error);
+}
