@@ -1,0 +1,401 @@
+// CPU ops of the DeepSeek V4 forward pass (see ops.h for the contract, spec §4/§5 for the math).
+#include "backend/cpu_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "backend/act_quant.h"
+#include "core/error.h"
+#include "format/numeric.h"
+
+namespace dsv4 {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Parallelize a loop only when it carries enough work to amortize the OpenMP fork/join (tiny models, decode).
+// Results do not depend on it: every output element is computed by one thread in a fixed order either way.
+inline bool par(int64_t work) { return work >= (int64_t(1) << 16); }
+
+inline float bf(float x) { return round_to_bf16(x); }
+inline float maybe_bf(float x, bool b) { return b ? round_to_bf16(x) : x; }
+
+// Dot product with 8 fixed partial sums (deterministic, vectorizable).
+inline float dot(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
+  for (int l = 0; i < n; ++i, ++l) acc[l] += a[i] * b[i];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+inline float sum_sq(const float* a, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += double(a[i]) * double(a[i]);
+  return float(s);
+}
+
+inline float sigmoidf(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+// Mixing coefficients of one token from the fp32 streams x [hc*dim] (spec §5.3): mix = (fn @ x) * rsqrt(mean(x²)+eps).
+void hc_mix(const float* x, int64_t width, const float* fn, int64_t n_mix, float norm_eps, float* mix) {
+  const float r = 1.0f / std::sqrt(sum_sq(x, width) / float(width) + norm_eps);
+  for (int64_t m = 0; m < n_mix; ++m) mix[m] = dot(fn + m * width, x, width) * r;
+}
+
+}  // namespace
+
+void CpuOps::linear(const WeightRef& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o) const {
+  dsv4::linear(W, x, n_tok, y, o);
+}
+
+void CpuOps::round_bf16(float* x, int64_t n) const { round_bf16_inplace(x, n); }
+
+void CpuOps::embed(const WeightRef& table, const int32_t* ids, int64_t n_tok, float* out) const {
+  const int64_t dim = table.cols;
+  for (int64_t t = 0; t < n_tok; ++t)
+    if (ids[t] < 0 || ids[t] >= table.rows) fail("token id {} outside the vocabulary [0, {})", ids[t], table.rows);
+  const uint64_t rb = table.row_bytes();
+#pragma omp parallel for schedule(static) if (par(n_tok * dim))
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const uint8_t* row = table.w->data + uint64_t(ids[t]) * rb;
+    float* o = out + t * dim;
+    if (table.fmt == WeightFormat::BF16) {
+      for (int64_t i = 0; i < dim; ++i) {
+        uint16_t h;
+        std::memcpy(&h, row + 2 * i, 2);
+        o[i] = bf16_to_float(h);
+      }
+    } else if (table.fmt == WeightFormat::F32) {
+      std::memcpy(o, row, size_t(dim) * 4);
+    } else {
+      dequant_row(table, ids[t], std::span<float>(o, size_t(dim)));
+    }
+  }
+}
+
+void CpuOps::rmsnorm(const float* x, int64_t n_rows, int64_t dim, const float* w, float eps, bool bf16,
+                     float* y) const {
+#pragma omp parallel for schedule(static) if (par(n_rows * dim))
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float* xr = x + r * dim;
+    float* yr = y + r * dim;
+    const float var = sum_sq(xr, dim) / float(dim);
+    const float s = 1.0f / std::sqrt(var + eps);
+    for (int64_t i = 0; i < dim; ++i) {
+      const float t = xr[i] * s;
+      yr[i] = maybe_bf(w ? w[i] * t : t, bf16);
+    }
+  }
+}
+
+void CpuOps::head_rms(float* x, int64_t n_rows, int64_t dim, float eps, bool bf16) const {
+#pragma omp parallel for schedule(static) if (par(n_rows * dim))
+  for (int64_t r = 0; r < n_rows; ++r) {
+    float* xr = x + r * dim;
+    if (bf16) {
+      // q.square() -> bf16; .mean() -> fp32 accumulation rounded to bf16; + eps -> bf16; rsqrt -> bf16; q * r -> bf16
+      double s = 0;
+      for (int64_t i = 0; i < dim; ++i) s += double(bf(xr[i] * xr[i]));
+      const float mean = bf(float(s / double(dim)));
+      const float t = bf(mean + eps);
+      const float rs = bf(1.0f / std::sqrt(t));
+      for (int64_t i = 0; i < dim; ++i) xr[i] = bf(xr[i] * rs);
+    } else {
+      const float rs = 1.0f / std::sqrt(sum_sq(xr, dim) / float(dim) + eps);
+      for (int64_t i = 0; i < dim; ++i) xr[i] = xr[i] * rs;
+    }
+  }
+}
+
+void CpuOps::rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, int64_t rd, const float* cos_sin,
+                  bool inverse, bool bf16) const {
+  const int64_t half = rd / 2, off = head_dim - rd;
+#pragma omp parallel for schedule(static) if (par(n_tok * n_heads * rd))
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const float* cs = cos_sin + t * rd;
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float* v = x + (t * n_heads + h) * head_dim + off;
+      for (int64_t i = 0; i < half; ++i) {
+        const float c = cs[2 * i], s = inverse ? -cs[2 * i + 1] : cs[2 * i + 1];
+        const float a = v[2 * i], b = v[2 * i + 1];
+        const float re = a * c - b * s;
+        const float im = a * s + b * c;
+        v[2 * i] = maybe_bf(re, bf16);
+        v[2 * i + 1] = maybe_bf(im, bf16);
+      }
+    }
+  }
+}
+
+void CpuOps::fp8_sim(float* x, int64_t n_rows, int64_t row_stride, int64_t n_cols, int64_t block) const {
+#pragma omp parallel for schedule(static) if (par(n_rows * n_cols))
+  for (int64_t r = 0; r < n_rows; ++r) act_quant_fp8_inplace(x + r * row_stride, n_cols, block);
+}
+
+void CpuOps::fp4_sim(float* x, int64_t n_rows, int64_t dim) const {
+#pragma omp parallel for schedule(static) if (par(n_rows * dim))
+  for (int64_t r = 0; r < n_rows; ++r) fp4_act_quant_inplace(x + r * dim, dim);
+}
+
+void CpuOps::hadamard(float* x, int64_t n_rows, int64_t dim, bool bf16) const {
+  if (dim <= 0 || (dim & (dim - 1)) != 0) fail("hadamard: dimension {} is not a power of two", dim);
+  const float scale = float(1.0 / std::sqrt(double(dim)));
+#pragma omp parallel for schedule(static) if (par(n_rows * dim * 8))
+  for (int64_t r = 0; r < n_rows; ++r) {
+    float* v = x + r * dim;
+    for (int64_t h = 1; h < dim; h *= 2)
+      for (int64_t i = 0; i < dim; i += 2 * h)
+        for (int64_t j = i; j < i + h; ++j) {
+          const float a = v[j], b = v[j + h];
+          v[j] = a + b;
+          v[j + h] = a - b;
+        }
+    for (int64_t i = 0; i < dim; ++i) v[i] = maybe_bf(v[i] * scale, bf16);
+  }
+}
+
+void CpuOps::hc_pre(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale,
+                    const float* base, int sinkhorn_iters, float hc_eps, float norm_eps, bool bf16, float* u,
+                    float* post, float* comb) const {
+  const int64_t width = int64_t(hc) * dim, n_mix = int64_t(2 + hc) * hc;
+#pragma omp parallel for schedule(static) if (par(n_tok * width * 24))
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const float* x = X + t * width;
+    std::vector<float> mix(static_cast<size_t>(n_mix));
+    hc_mix(x, width, fn, n_mix, norm_eps, mix.data());
+    std::vector<float> pre(static_cast<size_t>(hc));
+    for (int j = 0; j < hc; ++j) pre[j] = sigmoidf(mix[j] * scale[0] + base[j]) + hc_eps;
+    for (int j = 0; j < hc; ++j) post[t * hc + j] = 2.0f * sigmoidf(mix[hc + j] * scale[1] + base[hc + j]);
+    float* C = comb + t * hc * hc;
+    for (int j = 0; j < hc; ++j) {
+      float* row = C + j * hc;
+      float mx = kNegInf;
+      for (int k = 0; k < hc; ++k) {
+        row[k] = mix[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k];
+        mx = std::max(mx, row[k]);
+      }
+      float s = 0;
+      for (int k = 0; k < hc; ++k) {
+        row[k] = std::exp(row[k] - mx);
+        s += row[k];
+      }
+      for (int k = 0; k < hc; ++k) row[k] = row[k] / s + hc_eps;
+    }
+    auto col_norm = [&] {
+      for (int k = 0; k < hc; ++k) {
+        float s = 0;
+        for (int j = 0; j < hc; ++j) s += C[j * hc + k];
+        for (int j = 0; j < hc; ++j) C[j * hc + k] /= (s + hc_eps);
+      }
+    };
+    auto row_norm = [&] {
+      for (int j = 0; j < hc; ++j) {
+        float s = 0;
+        for (int k = 0; k < hc; ++k) s += C[j * hc + k];
+        for (int k = 0; k < hc; ++k) C[j * hc + k] /= (s + hc_eps);
+      }
+    };
+    col_norm();
+    for (int it = 1; it < sinkhorn_iters; ++it) {
+      row_norm();
+      col_norm();
+    }
+    float* ut = u + t * dim;
+    for (int64_t d = 0; d < dim; ++d) {
+      float s = 0;
+      for (int j = 0; j < hc; ++j) s += pre[j] * x[j * dim + d];
+      ut[d] = maybe_bf(s, bf16);
+    }
+  }
+}
+
+void CpuOps::hc_post(const float* f, const float* X, const float* post, const float* comb, int64_t n_tok, int hc,
+                     int64_t dim, bool bf16, float* Xout) const {
+  const int64_t width = int64_t(hc) * dim;
+#pragma omp parallel for schedule(static) if (par(n_tok * width * 4))
+  for (int64_t t = 0; t < n_tok; ++t) {
+    std::vector<float> tmp(static_cast<size_t>(width));
+    const float* x = X + t * width;
+    const float* C = comb + t * hc * hc;
+    const float* ft = f + t * dim;
+    for (int k = 0; k < hc; ++k) {
+      const float pk = post[t * hc + k];
+      for (int64_t d = 0; d < dim; ++d) {
+        float s = 0;
+        for (int j = 0; j < hc; ++j) s += C[j * hc + k] * x[j * dim + d];
+        tmp[k * dim + d] = maybe_bf(pk * ft[d] + s, bf16);
+      }
+    }
+    std::memcpy(Xout + t * width, tmp.data(), size_t(width) * 4);
+  }
+}
+
+void CpuOps::hc_head(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale,
+                     const float* base, float hc_eps, float norm_eps, bool bf16, float* u) const {
+  const int64_t width = int64_t(hc) * dim;
+#pragma omp parallel for schedule(static) if (par(n_tok * width * 4))
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const float* x = X + t * width;
+    std::vector<float> mix(static_cast<size_t>(hc));
+    hc_mix(x, width, fn, hc, norm_eps, mix.data());
+    for (int j = 0; j < hc; ++j) mix[j] = sigmoidf(mix[j] * scale[0] + base[j]) + hc_eps;
+    for (int64_t d = 0; d < dim; ++d) {
+      float s = 0;
+      for (int j = 0; j < hc; ++j) s += mix[j] * x[j * dim + d];
+      u[t * dim + d] = maybe_bf(s, bf16);
+    }
+  }
+}
+
+void CpuOps::sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, const RowSource& kv,
+                              const int32_t* idx, int64_t k, const float* sink, float scale, bool bf16,
+                              float* out) const {
+  const int64_t dim = kv.dim;
+  constexpr int64_t kBlock = 64;
+#pragma omp parallel for schedule(static) if (par(n_tok * n_heads * k * dim))
+  for (int64_t th = 0; th < n_tok * n_heads; ++th) {
+    const int64_t t = th / n_heads, h = th % n_heads;
+    const float* qv = q + th * dim;
+    const int32_t* list = idx + t * k;
+    std::vector<float> acc(static_cast<size_t>(dim), 0.0f);
+    float s_blk[kBlock];
+    float m = kNegInf, sum = 0.0f;
+    for (int64_t b0 = 0; b0 < k; b0 += kBlock) {
+      const int64_t b1 = std::min(k, b0 + kBlock);
+      float bm = kNegInf;
+      for (int64_t j = b0; j < b1; ++j) {
+        if (list[j] < 0) continue;
+        s_blk[j - b0] = dot(qv, kv.row(list[j]), dim) * scale;
+        bm = std::max(bm, s_blk[j - b0]);
+      }
+      if (bm == kNegInf) continue;
+      const float m_new = std::max(m, bm);
+      const float alpha = m == kNegInf ? 0.0f : std::exp(m - m_new);
+      if (alpha != 1.0f)
+        for (int64_t d = 0; d < dim; ++d) acc[d] *= alpha;
+      sum *= alpha;
+      for (int64_t j = b0; j < b1; ++j) {
+        if (list[j] < 0) continue;
+        const float p = std::exp(s_blk[j - b0] - m_new);
+        sum += p;
+        const float pv = maybe_bf(p, bf16);
+        const float* row = kv.row(list[j]);
+        for (int64_t d = 0; d < dim; ++d) acc[d] += pv * row[d];
+      }
+      m = m_new;
+    }
+    float* o = out + th * dim;
+    if (m == kNegInf) {
+      std::fill(o, o + dim, 0.0f);
+      continue;
+    }
+    const float den = sum + std::exp(sink[h] - m);
+    for (int64_t d = 0; d < dim; ++d) o[d] = maybe_bf(acc[d] / den, bf16);
+  }
+}
+
+void CpuOps::softmax_pool(const float* kv, const float* s, int64_t n_cand, int64_t dim, float* out) const {
+  for (int64_t d = 0; d < dim; ++d) {
+    float mx = kNegInf;
+    for (int64_t r = 0; r < n_cand; ++r) mx = std::max(mx, s[r * dim + d]);
+    float sum = 0;
+    for (int64_t r = 0; r < n_cand; ++r) sum += std::exp(s[r * dim + d] - mx);
+    float o = 0;
+    for (int64_t r = 0; r < n_cand; ++r) {
+      const float sc = s[r * dim + d];
+      if (sc == kNegInf) continue;
+      o += kv[r * dim + d] * (std::exp(sc - mx) / sum);
+    }
+    out[d] = o;
+  }
+}
+
+void CpuOps::indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_t dim, const float* keys,
+                          const int64_t* n_visible, const float* w, int64_t topk, bool bf16, int32_t* sel) const {
+#pragma omp parallel for schedule(static) if (par(n_tok * n_heads * dim * 64))
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const int64_t nv = n_visible[t];
+    std::vector<float> score(static_cast<size_t>(std::max<int64_t>(nv, 0)));
+    const float* qt = q + t * n_heads * dim;
+    const float* wt = w + t * n_heads;
+    for (int64_t j = 0; j < nv; ++j) {
+      const float* kj = keys + j * dim;
+      float s = 0;
+      for (int64_t h = 0; h < n_heads; ++h) {
+        float d = maybe_bf(dot(qt + h * dim, kj, dim), bf16);
+        d = d > 0.0f ? d : 0.0f;
+        s += maybe_bf(d * wt[h], bf16);
+      }
+      score[j] = maybe_bf(s, bf16);
+    }
+    const int64_t kk = std::min(topk, nv);
+    std::vector<int32_t> order(static_cast<size_t>(nv));
+    std::iota(order.begin(), order.end(), 0);
+    auto better = [&](int32_t a, int32_t b) { return score[a] > score[b] || (score[a] == score[b] && a < b); };
+    std::partial_sort(order.begin(), order.begin() + kk, order.end(), better);
+    int32_t* st = sel + t * topk;
+    for (int64_t i = 0; i < topk; ++i) st[i] = i < kk ? order[i] : -1;
+  }
+}
+
+void CpuOps::route(const float* logits, int64_t n_tok, int64_t n_experts, int64_t k, const float* bias,
+                   const int32_t* hash_ids, float route_scale, int32_t* ids_out, float* w_out) const {
+  if (hash_ids)
+    for (int64_t i = 0; i < n_tok * k; ++i)
+      if (hash_ids[i] < 0 || hash_ids[i] >= n_experts)
+        fail("hash routing: expert id {} outside [0, {})", hash_ids[i], n_experts);
+#pragma omp parallel for schedule(static) if (par(n_tok * n_experts * 8))
+  for (int64_t t = 0; t < n_tok; ++t) {
+    std::vector<float> sc(static_cast<size_t>(n_experts)), sel(static_cast<size_t>(n_experts));
+    for (int64_t e = 0; e < n_experts; ++e) {
+      const float l = logits[t * n_experts + e];
+      const float sp = l > 20.0f ? l : std::log1p(std::exp(l));
+      sc[e] = std::sqrt(sp);
+      sel[e] = bias ? sc[e] + bias[e] : sc[e];
+    }
+    int32_t* ids = ids_out + t * k;
+    if (hash_ids) {
+      for (int64_t i = 0; i < k; ++i) ids[i] = hash_ids[t * k + i];
+    } else {
+      std::vector<int32_t> order(static_cast<size_t>(n_experts));
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [&](int32_t a, int32_t b) { return sel[a] > sel[b] || (sel[a] == sel[b] && a < b); });
+      for (int64_t i = 0; i < k; ++i) ids[i] = order[i];
+    }
+    float* wt = w_out + t * k;
+    float s = 0;
+    for (int64_t i = 0; i < k; ++i) s += sc[ids[i]];
+    for (int64_t i = 0; i < k; ++i) wt[i] = (sc[ids[i]] / s) * route_scale;
+  }
+}
+
+void CpuOps::swiglu(const float* g, const float* up, int64_t n_rows, int64_t dim, float limit, const float* row_w,
+                    bool bf16, float* h) const {
+#pragma omp parallel for schedule(static) if (par(n_rows * dim * 8))
+  for (int64_t r = 0; r < n_rows; ++r) {
+    for (int64_t i = 0; i < dim; ++i) {
+      float gv = g[r * dim + i], uv = up[r * dim + i];
+      if (limit > 0) {
+        uv = std::min(std::max(uv, -limit), limit);
+        gv = std::min(gv, limit);
+      }
+      float v = (gv / (1.0f + std::exp(-gv))) * uv;
+      if (row_w) v = row_w[r] * v;
+      h[r * dim + i] = maybe_bf(v, bf16);
+    }
+  }
+}
+
+const Ops& cpu_ops() {
+  static const CpuOps ops;
+  return ops;
+}
+
+}  // namespace dsv4

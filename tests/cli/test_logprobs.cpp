@@ -1,0 +1,83 @@
+// `dsv4 logprobs`: JSON shape, agreement with the in-process model, chunked feeding, one-line errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "model/model.h"
+
+namespace {
+
+struct Result {
+  int rc = -1;
+  std::string out;
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = std::string(DSV4_BINARY) + " " + args + " 2>&1";
+  Result r;
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) r.out.append(buf, n);
+  const int st = pclose(f);
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+const std::string kModel = std::string(DSV4_SOURCE_DIR) + "/tests/data/tiny-a";
+const std::string kIds = "3,17,250,9,9,41,100,7,5,88,12";
+
+TEST(CliLogprobs, JsonMatchesInProcessModelAndChunking) {
+  for (const char* num : {"reference", "dense"}) {
+    const Result a = run("logprobs -m " + kModel + " --prompt-ids " + kIds + " --top-k 5 --json --numerics " + num);
+    ASSERT_EQ(a.rc, 0) << a.out;
+    const auto j = nlohmann::json::parse(a.out);
+    ASSERT_EQ(j.at("positions").size(), 11u);
+    dsv4::ModelOptions o;
+    o.numerics = *dsv4::parse_numerics(num);
+    auto m = dsv4::Model::load(kModel, o);
+    const std::vector<int32_t> ids{3, 17, 250, 9, 9, 41, 100, 7, 5, 88, 12};
+    const auto lg = m->logits_all(ids);
+    for (size_t p = 0; p < ids.size(); ++p) {
+      const auto& e = j["positions"][p];
+      const auto top = e.at("top_ids").get<std::vector<int>>();
+      const auto lp = e.at("top_logprobs").get<std::vector<double>>();
+      ASSERT_EQ(top.size(), 5u);
+      const float* row = &lg[p * size_t(m->n_vocab())];
+      double mx = -INFINITY, s = 0;
+      for (int v = 0; v < m->n_vocab(); ++v) mx = std::max(mx, double(row[v]));
+      for (int v = 0; v < m->n_vocab(); ++v) s += std::exp(double(row[v]) - mx);
+      for (size_t i = 0; i < 5; ++i) {
+        EXPECT_NEAR(lp[i], double(row[top[i]]) - mx - std::log(s), 1e-9);
+        EXPECT_LE(lp[i], 0.0);
+        if (i) EXPECT_LE(lp[i], lp[i - 1]);
+      }
+    }
+    const Result b = run("logprobs -m " + kModel + " --prompt-ids " + kIds + " --top-k 5 --json --chunk 3 --numerics " +
+                         num);
+    ASSERT_EQ(b.rc, 0) << b.out;
+    EXPECT_EQ(nlohmann::json::parse(b.out), j);
+  }
+}
+
+TEST(CliLogprobs, TableAndErrors) {
+  const Result t = run("logprobs -m " + kModel + " --prompt-ids 1,2,3");
+  ASSERT_EQ(t.rc, 0) << t.out;
+  EXPECT_NE(t.out.find("pos"), std::string::npos);
+  for (const std::string bad : {"--prompt-ids 1,x", "--prompt-ids 1,,2", "--prompt-ids 1,256", "--prompt-ids 1 --numerics fp8"}) {
+    const Result r = run("logprobs -m " + kModel + " " + bad);
+    EXPECT_EQ(r.rc, 1) << bad << ": " << r.out;
+    EXPECT_NE(r.out.find("dsv4: error:"), std::string::npos) << r.out;
+  }
+  const Result r = run("logprobs -m /nonexistent --prompt-ids 1");
+  EXPECT_EQ(r.rc, 1) << r.out;
+}
+
+}  // namespace
