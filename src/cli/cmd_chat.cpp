@@ -1,0 +1,155 @@
+// `dsv4 chat`: interactive chat in the terminal. History is kept (and its KV state reused between turns through
+// the engine's prefix reuse); reasoning is shown apart from the answer. Commands: /think on|off, /reset, /exit.
+// EOF (Ctrl-D) exits; Ctrl-C stops the current answer (and exits when pressed at the prompt).
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <random>
+#include <string>
+
+#include "chat/chat_encoding.h"
+#include "chat/output_parser.h"
+#include "cli/command.h"
+#include "core/error.h"
+#include "engine/engine.h"
+#include "engine/model_loader.h"
+
+namespace {
+
+std::atomic<bool> g_generating{false};
+std::atomic<bool> g_cancel{false};
+void on_sigint(int) {
+  if (g_generating) {
+    g_cancel = true;
+  } else {
+    const char nl = '\n';
+    (void)!write(STDOUT_FILENO, &nl, 1);
+    _exit(130);
+  }
+}
+
+struct Opts {
+  std::string model, numerics = "reference", system;
+  int64_t n = 4096, ctx = 32768, seed = -1;
+  float temp = 1.0f, top_p = 1.0f, min_p = 0.0f;
+  int top_k = 0, threads = 0;
+  bool think = false;
+};
+
+void setup_chat(CLI::App& app, dsv4::cli::Runner& run) {
+  auto o = std::make_shared<Opts>();
+  app.add_option("-m,--model", o->model, "model folder (config.json, safetensors, tokenizer.json)")->required();
+  app.add_option("-n,--max-tokens", o->n, "tokens per answer at most (default 4096)")->check(CLI::PositiveNumber);
+  app.add_option("--ctx", o->ctx, "context size in tokens (default 32768)")
+      ->check(CLI::Range(int64_t(2), int64_t(1) << 40));
+  app.add_option("--temp", o->temp, "temperature (0 = greedy; default 1)");
+  app.add_option("--top-p", o->top_p, "nucleus sampling mass (default 1)");
+  app.add_option("--top-k", o->top_k, "top-k (default 0 = off)");
+  app.add_option("--min-p", o->min_p, "min-p (default 0 = off)");
+  app.add_option("--seed", o->seed, "random seed (default: random)");
+  app.add_option("--system", o->system, "system prompt");
+  app.add_flag("--think", o->think, "start with thinking mode on (toggle with /think on|off)");
+  app.add_option("--numerics", o->numerics, "reference | dense (default reference)");
+  app.add_option("--threads", o->threads, "compute threads (default: all cores)");
+  run = [o] {
+    using namespace dsv4;
+    std::fprintf(stderr, "loading %s ...\n", o->model.c_str());
+    LoadedModel lm = load_model(o->model, o->numerics, o->threads);
+    if (!lm.tokenizer) fail("{}: no tokenizer.json (chat needs one)", o->model);
+    const Tokenizer& tok = *lm.tokenizer;
+    Engine engine(lm.model, std::min(o->ctx, lm.model->max_context()));
+    SamplingParams sp;
+    sp.temperature = o->temp;
+    sp.top_p = o->top_p;
+    sp.top_k = o->top_k;
+    sp.min_p = o->min_p;
+    sp.seed = o->seed >= 0 ? static_cast<uint64_t>(o->seed) : std::random_device{}();
+    sp.validate();
+    const bool tty = isatty(STDOUT_FILENO);
+    const char* dim = tty ? "\x1b[2m" : "";
+    const char* reset = tty ? "\x1b[0m" : "";
+    bool think = o->think;
+    OrderedJson messages = OrderedJson::array();
+    if (!o->system.empty()) messages.push_back({{"role", "system"}, {"content", o->system}});
+    std::signal(SIGINT, on_sigint);
+    std::fprintf(stderr, "dsv4 chat: %s. /think on|off, /reset, /exit; Ctrl-D exits.\n", lm.name.c_str());
+    std::string line;
+    for (;;) {
+      std::printf("%s> ", think ? "[think] " : "");
+      std::fflush(stdout);
+      if (!std::getline(std::cin, line)) break;
+      if (line.empty()) continue;
+      if (line == "/exit" || line == "/quit") break;
+      if (line == "/think on" || line == "/think off") {
+        think = line == "/think on";
+        continue;
+      }
+      if (line == "/reset") {
+        messages = OrderedJson::array();
+        if (!o->system.empty()) messages.push_back({{"role", "system"}, {"content", o->system}});
+        continue;
+      }
+      if (line[0] == '/') {
+        std::printf("commands: /think on|off, /reset, /exit\n");
+        continue;
+      }
+      messages.push_back({{"role", "user"}, {"content", line}});
+      OrderedJson req = {{"messages", messages}, {"thinking", {{"type", think ? "enabled" : "disabled"}}}};
+      ChatPrompt prompt = render_chat(req);
+      GenerationRequest gr;
+      gr.prompt = tokenize_prompt(tok, prompt);
+      gr.sampling = sp;
+      gr.sampling.seed = sp.seed + messages.size();
+      gr.max_tokens = std::min<int64_t>(o->n, engine.n_ctx() - static_cast<int64_t>(gr.prompt.size()));
+      if (gr.max_tokens < 1) {
+        std::printf("(the conversation fills the context; /reset to start over)\n");
+        messages.erase(messages.size() - 1);
+        continue;
+      }
+      OutputParser parser(prompt.thinking);
+      bool in_reasoning = false;
+      auto show = [&](const ChatDelta& d) {
+        if (!d.reasoning.empty()) {
+          if (!in_reasoning) std::printf("%s[thinking]\n", dim);
+          in_reasoning = true;
+          std::printf("%s%s", dim, d.reasoning.c_str());
+        }
+        if (!d.content.empty() || !d.tool_calls.empty()) {
+          if (in_reasoning) std::printf("%s\n[answer]\n", reset);
+          in_reasoning = false;
+          std::printf("%s", d.content.c_str());
+          for (const auto& t : d.tool_calls) std::printf("\n[tool call] %s(%s)", t.name.c_str(), t.arguments.c_str());
+        }
+        std::fflush(stdout);
+      };
+      GenerationCallbacks cb;
+      cb.on_token = [&](int32_t, std::string_view text) {
+        show(parser.push(text));
+        return true;
+      };
+      cb.should_cancel = [] { return g_cancel.load(); };
+      g_cancel = false;
+      g_generating = true;
+      GenerationResult r = engine.generate(gr, &tok, cb);
+      g_generating = false;
+      show(parser.finish());
+      std::printf("%s\n", reset);
+      std::fprintf(stderr, "%s[%zu tokens, prefill %.1f tok/s (%lld cached), decode %.2f tok/s%s]%s\n", dim,
+                   r.ids.size(), r.timings.prefill_tokens_per_s(), static_cast<long long>(r.timings.cached_tokens),
+                   r.timings.decode_tokens_per_s(), r.finish == FinishReason::cancelled ? ", interrupted" : "", reset);
+      OrderedJson msg = {{"role", "assistant"}, {"content", parser.content()}};
+      if (!parser.reasoning().empty()) msg["reasoning_content"] = parser.reasoning();
+      messages.push_back(msg);
+    }
+    std::printf("\n");
+    return 0;
+  };
+}
+
+}  // namespace
+
+DSV4_COMMAND(chat, "Interactive chat in the terminal", setup_chat);

@@ -1,0 +1,155 @@
+// `dsv4 generate`: raw text completion from a prompt (text with BOS prepended, or token ids as given).
+// Text streams to stdout as it is produced; progress and prefill/decode speed go to stderr; --json prints one
+// object instead. Ctrl-C stops the generation and prints what was produced.
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+#include "core/error.h"
+#include "engine/engine.h"
+#include "engine/model_loader.h"
+
+namespace {
+
+std::atomic<bool> g_interrupted{false};
+void on_sigint(int) { g_interrupted = true; }
+
+struct Opts {
+  std::string model, prompt, prompt_ids, numerics = "reference";
+  int64_t n = 128, ctx = 0, seed = -1;
+  float temp = 1.0f, top_p = 1.0f, min_p = 0.0f, repeat = 1.0f, presence = 0.0f, frequency = 0.0f;
+  int top_k = 0, threads = 0;
+  std::vector<std::string> stop;
+  bool json = false, ignore_eos = false;
+};
+
+std::vector<int32_t> parse_id_list(const std::string& s) {
+  std::vector<int32_t> out;
+  size_t i = 0;
+  while (i <= s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    std::string t = s.substr(i, j - i);
+    t.erase(0, t.find_first_not_of(" \t"));
+    t.erase(t.find_last_not_of(" \t") + 1);
+    char* end = nullptr;
+    long long v = t.empty() ? -1 : std::strtoll(t.c_str(), &end, 10);
+    if (t.empty() || *end != '\0' || v < 0 || v > INT32_MAX) dsv4::fail("--prompt-ids: '{}' is not a token id", t);
+    out.push_back(static_cast<int32_t>(v));
+    i = j + 1;
+  }
+  return out;
+}
+
+void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
+  auto o = std::make_shared<Opts>();
+  app.add_option("-m,--model", o->model, "model folder (config.json, safetensors, tokenizer.json)")->required();
+  auto* p = app.add_option("-p,--prompt", o->prompt, "prompt text (BOS is prepended; special tokens are parsed)");
+  auto* ids = app.add_option("--prompt-ids", o->prompt_ids, "comma-separated prompt token ids (used as given)");
+  p->excludes(ids);
+  app.add_option("-n,--max-tokens", o->n, "tokens to generate at most (-1: until the context is full)")
+      ->check(CLI::Range(int64_t(-1), int64_t(1) << 40));
+  app.add_option("--temp", o->temp, "temperature (0 = greedy; default 1)");
+  app.add_option("--top-p", o->top_p, "nucleus sampling mass (default 1 = off)");
+  app.add_option("--top-k", o->top_k, "keep the k most likely tokens (default 0 = off)");
+  app.add_option("--min-p", o->min_p, "drop tokens below min_p * p_max (default 0 = off)");
+  app.add_option("--seed", o->seed, "random seed (default: random)");
+  app.add_option("--stop", o->stop, "stop string (repeatable); not printed");
+  app.add_option("--repeat-penalty", o->repeat, "repetition penalty on prompt + output tokens (default 1 = off)");
+  app.add_option("--presence-penalty", o->presence, "presence penalty on output tokens (default 0)");
+  app.add_option("--frequency-penalty", o->frequency, "frequency penalty on output tokens (default 0)");
+  app.add_option("--numerics", o->numerics, "reference | dense (default reference)");
+  app.add_option("--threads", o->threads, "compute threads (default: all cores)");
+  app.add_option("--ctx", o->ctx, "context size in tokens (default: the model's maximum)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--ignore-eos", o->ignore_eos, "keep generating after the end-of-sequence token");
+  app.add_flag("--json", o->json,
+               "print one JSON object {prompt_ids, ids, text, finish_reason, timings} instead of streaming text");
+  run = [o] {
+    using namespace dsv4;
+    if (o->prompt.empty() && o->prompt_ids.empty()) fail("give a prompt with -p TEXT or --prompt-ids LIST");
+    std::fprintf(stderr, "loading %s ...\n", o->model.c_str());
+    LoadedModel lm = load_model(o->model, o->numerics, o->threads);
+    const Tokenizer* tok = lm.tokenizer.get();
+    GenerationRequest req;
+    if (!o->prompt_ids.empty()) {
+      req.prompt = parse_id_list(o->prompt_ids);
+    } else {
+      if (!tok) fail("{}: no tokenizer.json; use --prompt-ids", o->model);
+      req.prompt = tok->encode(o->prompt, true);
+      if (req.prompt.empty() || req.prompt.front() != lm.model->bos_id())
+        req.prompt.insert(req.prompt.begin(), lm.model->bos_id());
+    }
+    if (!o->stop.empty() && !tok) fail("{}: no tokenizer.json, --stop needs one", o->model);
+    req.max_tokens = o->n;
+    req.stop = o->stop;
+    req.ignore_eos = o->ignore_eos;
+    auto& s = req.sampling;
+    s.temperature = o->temp;
+    s.top_p = o->top_p;
+    s.top_k = o->top_k;
+    s.min_p = o->min_p;
+    s.repetition_penalty = o->repeat;
+    s.presence_penalty = o->presence;
+    s.frequency_penalty = o->frequency;
+    s.seed = o->seed >= 0 ? static_cast<uint64_t>(o->seed) : std::random_device{}();
+    s.validate();
+
+    Engine engine(lm.model, o->ctx);
+    std::signal(SIGINT, on_sigint);
+    GenerationCallbacks cb;
+    size_t n_out = 0;
+    cb.on_token = [&](int32_t id, std::string_view text) {
+      if (!o->json) {
+        if (tok) {
+          std::fwrite(text.data(), 1, text.size(), stdout);
+        } else if (id >= 0) {
+          std::printf("%s%d", n_out ? "," : "", id);
+        }
+        std::fflush(stdout);
+      }
+      if (id >= 0) ++n_out;
+      return true;
+    };
+    cb.should_cancel = [] { return g_interrupted.load(); };
+    std::fprintf(stderr, "prompt: %zu tokens\n", req.prompt.size());
+    GenerationResult r = engine.generate(req, tok, cb);
+    std::signal(SIGINT, SIG_DFL);
+    const auto& t = r.timings;
+    if (o->json) {
+      nlohmann::json j = {{"prompt_ids", req.prompt},
+                          {"ids", r.ids},
+                          {"text", r.text},
+                          {"finish_reason", to_string(r.finish)},
+                          {"timings",
+                           {{"prompt_tokens", t.prompt_tokens},
+                            {"prefill_tokens", t.prefill_tokens},
+                            {"prefill_ms", t.prefill_ms},
+                            {"prefill_tokens_per_s", t.prefill_tokens_per_s()},
+                            {"generated_tokens", r.ids.size()},
+                            {"decode_tokens", t.decode_tokens},
+                            {"decode_ms", t.decode_ms},
+                            {"decode_tokens_per_s", t.decode_tokens_per_s()}}}};
+      std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    } else {
+      std::printf("\n");
+    }
+    std::fflush(stdout);
+    std::fprintf(stderr,
+                 "prefill: %lld tokens in %.1f ms (%.2f tok/s); decode: %zu tokens in %.1f ms (%.2f tok/s); "
+                 "finish: %s\n",
+                 static_cast<long long>(t.prefill_tokens), t.prefill_ms, t.prefill_tokens_per_s(), r.ids.size(),
+                 t.decode_ms, t.decode_tokens_per_s(), to_string(r.finish));
+    return r.finish == FinishReason::cancelled ? 130 : 0;
+  };
+}
+
+}  // namespace
+
+DSV4_COMMAND(generate, "Generate a raw text completion", setup_generate);

@@ -1,0 +1,45 @@
+// Generation requests, results and timings of the engine (src/engine/engine.h). Plain data, no tensors.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "sampling/sampling_params.h"
+
+namespace dsv4 {
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;  // token ids, non-empty, each in [0, n_vocab); BOS already included if wanted
+  SamplingParams sampling;
+  int64_t max_tokens = -1;        // generated tokens at most; -1: until the context is full
+  std::vector<std::string> stop;  // text-level stop strings (need a tokenizer), excluded from the output
+  bool ignore_eos = false;        // keep generating after the model's EOS token (benchmarks)
+};
+
+enum class FinishReason {
+  stop,       // EOS or a stop string
+  length,     // max_tokens reached or the context is full
+  cancelled,  // the cancel callback fired (client went away, Ctrl-C)
+};
+const char* to_string(FinishReason r);
+
+struct GenerationTimings {
+  int64_t prompt_tokens = 0;   // length of the request's prompt
+  int64_t cached_tokens = 0;   // prompt tokens reused from the previous sequence (prefix reuse), not recomputed
+  int64_t prefill_tokens = 0;  // prompt tokens actually computed (prompt_tokens - cached_tokens)
+  double prefill_ms = 0.0;
+  int64_t decode_tokens = 0;  // forward steps after the prefill (one per generated token but the last)
+  double decode_ms = 0.0;     // forward steps + sampling after the prefill
+  double prefill_tokens_per_s() const { return prefill_ms > 0 ? prefill_tokens * 1e3 / prefill_ms : 0.0; }
+  double decode_tokens_per_s() const { return decode_ms > 0 ? decode_tokens * 1e3 / decode_ms : 0.0; }
+};
+
+struct GenerationResult {
+  std::vector<int32_t> ids;  // generated tokens (EOS excluded; the token that completed a stop string included)
+  std::string text;          // decoded text of `ids`, cut before the stop string (empty without a tokenizer)
+  FinishReason finish = FinishReason::length;
+  std::string stop_matched;  // the stop string that ended generation, if any
+  GenerationTimings timings;
+};
+
+}  // namespace dsv4

@@ -1,0 +1,26 @@
+// Loading a checkpoint folder for generation: the model (dsv4::Model behind the LanguageModel interface) and its
+// tokenizer.json (optional: tiny test models have none). Used by `dsv4 generate`, `chat` and `serve`.
+#pragma once
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "model/language_model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace dsv4 {
+
+struct LoadedModel {
+  std::shared_ptr<const LanguageModel> model;
+  std::shared_ptr<const Tokenizer> tokenizer;  // null when the folder has no tokenizer.json
+  std::string name;                            // the folder name (e.g. "DeepSeek-V4-Flash")
+};
+
+// numerics: "reference" | "dense"; threads: compute threads (<= 0: all cores).
+// Throws dsv4::Error for a missing folder, bad numerics name, or any load failure (message names the file).
+LoadedModel load_model(const std::filesystem::path& dir, const std::string& numerics, int threads);
+
+// Folder name of `dir`, ignoring trailing slashes ("models/foo/" -> "foo").
+std::string model_folder_name(const std::filesystem::path& dir);
+
+}  // namespace dsv4

@@ -1,0 +1,119 @@
+// `dsv4 generate` end to end: the tiny test model (token ids, no tokenizer) and the demo model (text).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/run_child.h"
+
+namespace {
+using namespace dsv4::clitest;
+using json = nlohmann::json;
+
+const std::string kTiny = std::string(DSV4_SOURCE_DIR) + "/tests/data/tiny-a";
+const std::string kDemo = std::string(DSV4_SOURCE_DIR) + "/models/dsv4-demo";
+
+json run_json(std::vector<std::string> args) {
+  args.insert(args.begin(), "generate");
+  args.push_back("--json");
+  args.push_back("--threads");
+  args.push_back("1");
+  ProcResult r = run_dsv4(args, "gen");
+  EXPECT_EQ(r.code, 0) << r.err;
+  return json::parse(r.out);
+}
+
+TEST(CliGenerate, TinyModelGreedyJsonIsDeterministic) {
+  auto a = run_json({"-m", kTiny, "--prompt-ids", "0,5,7,9", "-n", "6", "--temp", "0"});
+  auto b = run_json({"-m", kTiny, "--prompt-ids", "0, 5,7,9", "-n", "6", "--temp", "0"});
+  EXPECT_EQ(a["prompt_ids"], json({0, 5, 7, 9}));  // as given: no BOS added
+  ASSERT_EQ(a["ids"].size(), 6u);
+  EXPECT_EQ(a["ids"], b["ids"]);
+  EXPECT_EQ(a["finish_reason"], "length");
+  EXPECT_EQ(a["text"], "");  // no tokenizer.json
+  for (const char* k : {"prefill_ms", "prefill_tokens_per_s", "decode_ms", "decode_tokens_per_s", "prompt_tokens"})
+    EXPECT_TRUE(a["timings"].contains(k)) << k;
+  EXPECT_EQ(a["timings"]["prompt_tokens"], 4);
+}
+
+TEST(CliGenerate, SeededSamplingIsReproducible) {
+  std::vector<std::string> base{"-m", kTiny, "--prompt-ids", "0,3", "-n", "12", "--temp", "1.5", "--top-k", "50"};
+  auto with_seed = [&](const char* s) {
+    auto args = base;
+    args.insert(args.end(), {"--seed", s});
+    return run_json(args)["ids"];
+  };
+  EXPECT_EQ(with_seed("11"), with_seed("11"));
+  EXPECT_NE(with_seed("11"), with_seed("12"));
+}
+
+TEST(CliGenerate, StreamsIdsWithoutTokenizerAndReportsSpeed) {
+  ProcResult r = run_dsv4({"generate", "-m", kTiny, "--prompt-ids", "0,5", "-n", "3", "--temp", "0", "--threads", "1"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = run_json({"-m", kTiny, "--prompt-ids", "0,5", "-n", "3", "--temp", "0"});
+  std::string ids;
+  for (const auto& id : j["ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int>());
+  EXPECT_EQ(r.out, ids + "\n");
+  EXPECT_NE(r.err.find("prefill:"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("tok/s"), std::string::npos) << r.err;
+}
+
+TEST(CliGenerate, BadArgumentsGiveOneLineErrors) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string needle;
+  };
+  std::vector<Case> cases{
+      {{"-m", "/nonexistent/model", "--prompt-ids", "0"}, "not a model folder"},
+      {{"-m", kTiny, "--prompt-ids", "0", "--numerics", "fast"}, "numerics"},
+      {{"-m", kTiny}, "prompt"},
+      {{"-m", kTiny, "-p", "hello"}, "tokenizer.json"},
+      {{"-m", kTiny, "--prompt-ids", "0,x"}, "--prompt-ids"},
+      {{"-m", kTiny, "--prompt-ids", "0,999999"}, "vocabulary"},
+      {{"-m", kTiny, "--prompt-ids", "0", "--top-p", "2"}, "top_p"},
+      {{"-m", kTiny, "--prompt-ids", "0", "--temp", "-1"}, "temperature"},
+  };
+  for (const auto& c : cases) {
+    auto args = c.args;
+    args.insert(args.begin(), "generate");
+    ProcResult r = run_dsv4(args, "generr");
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_NE(r.err.find("dsv4: error:"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+  }
+}
+
+TEST(CliGenerate, DemoModelTextStreamsAndStops) {
+  ASSERT_TRUE(std::filesystem::exists(kDemo + "/tokenizer.json")) << "demo model missing: " << kDemo;
+  auto j = run_json({"-m", kDemo, "-p", "The president", "-n", "10", "--temp", "0"});
+  ASSERT_GE(j["prompt_ids"].size(), 2u);
+  EXPECT_EQ(j["prompt_ids"][0], 0);  // BOS prepended to -p text
+  const std::string text = j["text"];
+  ASSERT_FALSE(text.empty());
+  // Plain mode streams the same text to stdout.
+  ProcResult r =
+      run_dsv4({"generate", "-m", kDemo, "-p", "The president", "-n", "10", "--temp", "0", "--threads", "1"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, text + "\n");
+  // A stop string taken from the greedy text cuts it there.
+  size_t sp = text.find(' ', 1);
+  ASSERT_NE(sp, std::string::npos) << text;
+  std::string stop = text.substr(sp, 4);
+  auto s = run_json({"-m", kDemo, "-p", "The president", "-n", "10", "--temp", "0", "--stop", stop});
+  EXPECT_EQ(s["text"], text.substr(0, text.find(stop)));
+  EXPECT_EQ(s["finish_reason"], "stop");
+}
+
+TEST(CliChat, KeepsHistoryTogglesThinkingAndExitsOnEof) {
+  ASSERT_TRUE(std::filesystem::exists(kDemo + "/tokenizer.json")) << "demo model missing: " << kDemo;
+  ProcResult r = run_dsv4({"chat", "-m", kDemo, "-n", "4", "--temp", "0", "--threads", "1"}, "chat",
+                          "Tell me about Congress\n/think on\nWhy?\n/help\n");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("[thinking]"), std::string::npos) << r.out;  // the second turn reasons, shown apart
+  EXPECT_NE(r.out.find("commands:"), std::string::npos) << r.out;
+  // The second turn reuses the first turn's prompt from the cached sequence.
+  EXPECT_EQ(r.err.find("(0 cached)", r.err.find("(0 cached)") + 1), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(" cached)"), std::string::npos) << r.err;
+}
+
+}  // namespace

@@ -1,0 +1,491 @@
+// In-process server tests on an ephemeral port, against the FakeLm test double and a tiny byte-level tokenizer.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "chat/chat_encoding.h"
+#include "common/fake_lm.h"
+#include "common/tiny_tokenizer.h"
+#include "server/server.h"
+
+using namespace dsv4;
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+namespace {
+
+const char* kDsmlCall =
+    "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" "
+    "string=\"true\">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void start(int queue = 4, int64_t n_ctx = 2048) {
+    tok = std::make_shared<Tokenizer>(Tokenizer::from_json_text(test::tiny_tokenizer_json()));
+    lm = std::make_shared<test::FakeLm>(tok->n_vocab(), 8192);
+    script("Hello world");
+    ServerOptions o;
+    o.port = 0;
+    o.n_ctx = n_ctx;
+    o.queue = queue;
+    o.model_name = "test-model";
+    o.keepalive_s = 0.05;
+    server = std::make_unique<Server>(o, lm, tok);
+    port = server->bind();
+    th = std::thread([this] { server->serve(); });
+    for (int i = 0; i < 200 && !client().Get("/health"); ++i) std::this_thread::sleep_for(5ms);
+  }
+  void SetUp() override { start(); }
+  void TearDown() override {
+    server->stop();
+    th.join();
+  }
+  void script(const std::string& text) {
+    lm->set_script(tok->encode(text, true), *tok->token_id("<｜Assistant｜>"),
+                   {*tok->token_id("<think>"), *tok->token_id("</think>")});
+  }
+  httplib::Client client() {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(20, 0);
+    return c;
+  }
+  httplib::Result post(const std::string& path, const std::string& body) {
+    return client().Post(path.c_str(), body, "application/json");
+  }
+  json post_json(const std::string& path, const json& body, int want_status = 200) {
+    auto r = post(path, body.dump());
+    EXPECT_TRUE(r) << path;
+    if (!r) return {};
+    EXPECT_EQ(r->status, want_status) << r->body;
+    return json::parse(r->body);
+  }
+  // Splits an SSE body into its data payloads; counts comment lines.
+  static std::vector<std::string> sse_data(const std::string& body, int* comments = nullptr) {
+    std::vector<std::string> out;
+    size_t pos = 0;
+    while (pos < body.size()) {
+      size_t end = body.find("\n\n", pos);
+      if (end == std::string::npos) end = body.size();
+      std::string ev = body.substr(pos, end - pos);
+      pos = end + 2;
+      if (ev.rfind("data: ", 0) == 0)
+        out.push_back(ev.substr(6));
+      else if (ev.rfind(":", 0) == 0 && comments)
+        ++*comments;
+    }
+    return out;
+  }
+  size_t prompt_len(const json& req) {
+    return tokenize_prompt(*tok, render_chat(OrderedJson::parse(req.dump()))).size();
+  }
+  void wait_idle() {
+    for (int i = 0; i < 400; ++i) {
+      auto h = client().Get("/health");
+      if (h && h->status == 200) {
+        auto j = json::parse(h->body);
+        if (!j["busy"].get<bool>() && j["waiting"] == 0) return;
+      }
+      std::this_thread::sleep_for(5ms);
+    }
+    FAIL() << "server did not become idle";
+  }
+
+  std::shared_ptr<Tokenizer> tok;
+  std::shared_ptr<test::FakeLm> lm;
+  std::unique_ptr<Server> server;
+  std::thread th;
+  int port = 0;
+};
+
+json chat_req(const std::string& user, bool thinking = false) {
+  return {{"model", "x"},
+          {"messages", {{{"role", "user"}, {"content", user}}}},
+          {"thinking", {{"type", thinking ? "enabled" : "disabled"}}}};
+}
+
+void expect_error_shape(const json& j, const std::string& param) {
+  ASSERT_TRUE(j.contains("error")) << j.dump();
+  const auto& e = j["error"];
+  EXPECT_TRUE(e["message"].is_string() && !e["message"].get<std::string>().empty());
+  EXPECT_TRUE(e["type"].is_string());
+  EXPECT_TRUE(e.contains("param"));
+  EXPECT_TRUE(e.contains("code"));
+  if (!param.empty()) {
+    EXPECT_EQ(e["param"], param) << j.dump();
+  }
+}
+
+}  // namespace
+
+TEST_F(ServerTest, HealthAndModels) {
+  auto h = client().Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  EXPECT_EQ(json::parse(h->body)["status"], "ok");
+  auto m = client().Get("/v1/models");
+  ASSERT_TRUE(m);
+  auto j = json::parse(m->body);
+  EXPECT_EQ(j["object"], "list");
+  EXPECT_EQ(j["data"][0]["id"], "test-model");
+  auto nf = client().Get("/v1/nothing");
+  ASSERT_TRUE(nf);
+  EXPECT_EQ(nf->status, 404);
+  expect_error_shape(json::parse(nf->body), "");
+}
+
+TEST_F(ServerTest, ChatCompletionWithUsageAndPrefixCache) {
+  auto req = chat_req("hi there");
+  req["temperature"] = 0;
+  auto j = post_json("/v1/chat/completions", req);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["model"], "test-model");
+  const auto& c = j["choices"][0];
+  EXPECT_EQ(c["message"]["role"], "assistant");
+  EXPECT_EQ(c["message"]["content"], "Hello world");
+  EXPECT_FALSE(c["message"].contains("reasoning_content"));
+  EXPECT_EQ(c["finish_reason"], "stop");
+  const size_t n_prompt = prompt_len(req);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], n_prompt);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 11);
+  EXPECT_EQ(j["usage"]["total_tokens"], n_prompt + 11);
+  EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  // The same request again: everything but the last prompt token comes from the cached sequence.
+  auto j2 = post_json("/v1/chat/completions", req);
+  EXPECT_EQ(j2["choices"][0]["message"]["content"], "Hello world");
+  EXPECT_EQ(j2["usage"]["prompt_tokens_details"]["cached_tokens"], n_prompt - 1);
+  EXPECT_EQ(j2["usage"]["prompt_cache_hit_tokens"], n_prompt - 1);
+  EXPECT_EQ(j2["usage"]["prompt_cache_miss_tokens"], 1);
+}
+
+TEST_F(ServerTest, ThinkingModeSplitsReasoning) {
+  script("Let me see.</think>Hello");
+  auto j = post_json("/v1/chat/completions", chat_req("q", true));
+  const auto& m = j["choices"][0]["message"];
+  EXPECT_EQ(m["reasoning_content"], "Let me see.");
+  EXPECT_EQ(m["content"], "Hello");
+  EXPECT_GT(j["usage"]["completion_tokens_details"]["reasoning_tokens"].get<int>(), 0);
+
+  // Streaming: reasoning_content deltas, then content deltas.
+  auto req = chat_req("q", true);
+  req["stream"] = true;
+  auto r = post("/v1/chat/completions", req.dump());
+  ASSERT_TRUE(r);
+  std::string reasoning, content;
+  for (const auto& d : sse_data(r->body)) {
+    if (d == "[DONE]") break;
+    auto ch = json::parse(d);
+    const auto& delta = ch["choices"][0]["delta"];
+    if (delta.contains("reasoning_content")) reasoning += delta["reasoning_content"].get<std::string>();
+    if (delta.contains("content")) content += delta["content"].get<std::string>();
+  }
+  EXPECT_EQ(reasoning, "Let me see.");
+  EXPECT_EQ(content, "Hello");
+}
+
+TEST_F(ServerTest, StreamingShapeWithUsage) {
+  auto req = chat_req("hi");
+  req["stream"] = true;
+  req["stream_options"] = {{"include_usage", true}};
+  auto r = post("/v1/chat/completions", req.dump());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_NE(r->get_header_value("Content-Type").find("text/event-stream"), std::string::npos);
+  auto data = sse_data(r->body);
+  ASSERT_GE(data.size(), 4u);
+  EXPECT_EQ(data.back(), "[DONE]");
+  auto first = json::parse(data[0]);
+  const std::string id = first["id"];
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(first["choices"][0]["delta"]["content"], "");
+  std::string content;
+  std::string finish;
+  json usage;
+  for (size_t i = 0; i + 1 < data.size(); ++i) {
+    auto ch = json::parse(data[i]);
+    EXPECT_EQ(ch["id"], id);
+    EXPECT_EQ(ch["created"], first["created"]);
+    ASSERT_TRUE(ch.contains("usage"));
+    if (ch["choices"].empty()) {
+      usage = ch["usage"];
+      EXPECT_EQ(i, data.size() - 2) << "the usage chunk comes last";
+      continue;
+    }
+    EXPECT_TRUE(ch["usage"].is_null());
+    const auto& choice = ch["choices"][0];
+    if (choice["delta"].contains("content")) content += choice["delta"]["content"].get<std::string>();
+    if (!choice["finish_reason"].is_null()) {
+      finish = choice["finish_reason"];
+      EXPECT_TRUE(choice["delta"].empty());
+    }
+  }
+  EXPECT_EQ(content, "Hello world");
+  EXPECT_EQ(finish, "stop");
+  EXPECT_EQ(usage["completion_tokens"], 11);
+  EXPECT_EQ(usage["prompt_tokens"], prompt_len(req));
+}
+
+TEST_F(ServerTest, ToolCallsStreamedAndWhole) {
+  script(std::string("Checking.") + kDsmlCall);
+  json req = chat_req("weather in Paris?");
+  req["tools"] = json::array(
+      {{{"type", "function"},
+        {"function",
+         {{"name", "get_weather"},
+          {"description", "Weather of a city"},
+          {"parameters",
+           {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}, {"required", {"city"}}}}}}}});
+  auto j = post_json("/v1/chat/completions", req);
+  const auto& c = j["choices"][0];
+  EXPECT_EQ(c["finish_reason"], "tool_calls");
+  EXPECT_EQ(c["message"]["content"], "Checking.");
+  ASSERT_EQ(c["message"]["tool_calls"].size(), 1u);
+  const auto& call = c["message"]["tool_calls"][0];
+  EXPECT_EQ(call["type"], "function");
+  EXPECT_EQ(call["function"]["name"], "get_weather");
+  EXPECT_EQ(json::parse(call["function"]["arguments"].get<std::string>()), json({{"city", "Paris"}}));
+  EXPECT_FALSE(call["id"].get<std::string>().empty());
+
+  req["stream"] = true;
+  auto r = post("/v1/chat/completions", req.dump());
+  ASSERT_TRUE(r);
+  int n_tool_deltas = 0;
+  std::string finish, content;
+  for (const auto& d : sse_data(r->body)) {
+    if (d == "[DONE]") break;
+    auto ch = json::parse(d);
+    const auto& choice = ch["choices"][0];
+    if (choice["delta"].contains("content")) content += choice["delta"]["content"].get<std::string>();
+    if (choice["delta"].contains("tool_calls")) {
+      for (const auto& t : choice["delta"]["tool_calls"]) {
+        ++n_tool_deltas;
+        EXPECT_EQ(t["index"], 0);
+        EXPECT_EQ(t["type"], "function");
+        EXPECT_TRUE(t["id"].is_string());
+        EXPECT_EQ(t["function"]["name"], "get_weather");
+        EXPECT_EQ(json::parse(t["function"]["arguments"].get<std::string>()), json({{"city", "Paris"}}));
+      }
+    }
+    if (!choice["finish_reason"].is_null()) finish = choice["finish_reason"];
+  }
+  EXPECT_EQ(n_tool_deltas, 1);
+  EXPECT_EQ(content, "Checking.");
+  EXPECT_EQ(finish, "tool_calls");
+
+  // Round trip: the assistant tool call and the tool result go back into the prompt.
+  script("It is sunny.");
+  json follow = chat_req("weather in Paris?");
+  follow["tools"] = req["tools"];
+  follow["messages"].push_back(
+      {{"role", "assistant"}, {"content", "Checking."}, {"tool_calls", c["message"]["tool_calls"]}});
+  follow["messages"].push_back({{"role", "tool"}, {"tool_call_id", call["id"]}, {"content", "{\"sky\": \"clear\"}"}});
+  auto j3 = post_json("/v1/chat/completions", follow);
+  EXPECT_EQ(j3["choices"][0]["message"]["content"], "It is sunny.");
+}
+
+TEST_F(ServerTest, CompletionEndpointStopAndMaxTokens) {
+  auto j = post_json("/v1/completions", {{"prompt", "Say:<｜Assistant｜>"}, {"temperature", 0}});
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["choices"][0]["text"], "Hello world");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 1 + 4 + 1);  // BOS + "Say:" + marker
+
+  j = post_json("/v1/completions", {{"prompt", "Say:<｜Assistant｜>"}, {"stop", {"wor", "zz"}}});
+  EXPECT_EQ(j["choices"][0]["text"], "Hello ");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  j = post_json("/v1/completions", {{"prompt", "Say:<｜Assistant｜>"}, {"max_tokens", 3}});
+  EXPECT_EQ(j["choices"][0]["text"], "Hel");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["completion_tokens"], 3);
+
+  auto r =
+      post("/v1/completions", json({{"prompt", "Say:<｜Assistant｜>"}, {"stream", true}, {"max_tokens", 5}}).dump());
+  ASSERT_TRUE(r);
+  std::string text;
+  auto data = sse_data(r->body);
+  EXPECT_EQ(data.back(), "[DONE]");
+  for (size_t i = 0; i + 1 < data.size(); ++i) text += json::parse(data[i])["choices"][0]["text"].get<std::string>();
+  EXPECT_EQ(text, "Hello");
+
+  // Token-id prompts are used as given (no BOS added).
+  std::vector<int> ids;
+  for (int32_t t : tok->encode("x<｜Assistant｜>", true)) ids.push_back(t);
+  j = post_json("/v1/completions", {{"prompt", ids}, {"max_tokens", 2}});
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 2);
+  EXPECT_EQ(j["choices"][0]["text"], "He");
+}
+
+TEST_F(ServerTest, SeededSamplingIsReproducible) {
+  lm->set_script({});
+  auto ask = [&](int seed) {
+    json req = {{"prompt", "abc"}, {"max_tokens", 24}, {"temperature", 2.0}, {"top_k", 200}, {"seed", seed}};
+    return post_json("/v1/completions", req)["choices"][0]["text"].get<std::string>();
+  };
+  EXPECT_EQ(ask(42), ask(42));
+  EXPECT_NE(ask(42), ask(43));
+}
+
+TEST_F(ServerTest, BadRequestsGetOpenAIErrors) {
+  struct Case {
+    std::string path, body, param;
+    int status;
+  };
+  const std::string long_text(2100, 'x');
+  std::vector<Case> cases{
+      {"/v1/chat/completions", "{bad json", "", 400},
+      {"/v1/chat/completions", "[1,2]", "", 400},
+      {"/v1/chat/completions", R"({"model":"m"})", "messages", 400},
+      {"/v1/chat/completions", R"({"messages":"hi"})", "messages", 400},
+      {"/v1/chat/completions", R"({"messages":[]})", "messages", 400},
+      {"/v1/chat/completions", R"({"messages":[{"role":"robot","content":"x"}]})", "", 400},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"temperature":"hot"})", "temperature",
+       400},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"temperature":3})", "temperature", 400},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"top_p":0})", "top_p", 400},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"max_tokens":0})", "max_tokens", 400},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"max_tokens":"9"})", "max_tokens", 400},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"max_tokens":100000})", "max_tokens",
+       400},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"max_completion_tokens":1.5})",
+       "max_completion_tokens", 400},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":")" + long_text + R"("}]})", "messages", 400},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"stream":"yes"})", "stream", 400},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"stop":5})", "stop", 400},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"stop":[""]})", "stop", 400},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"seed":"s"})", "seed", 400},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"presence_penalty":5})",
+       "presence_penalty", 400},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"n":2})", "n", 400},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})", "logprobs", 400},
+      {"/v1/chat/completions",
+       R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})", "response_format",
+       400},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required"})",
+       "tool_choice", 400},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"model":7})", "model", 400},
+      {"/v1/completions", R"({"max_tokens":3})", "prompt", 400},
+      {"/v1/completions", R"({"prompt":[]})", "prompt", 400},
+      {"/v1/completions", R"({"prompt":""})", "prompt", 400},
+      {"/v1/completions", R"({"prompt":["a","b"]})", "prompt", 400},
+      {"/v1/completions", R"({"prompt":[1,-3]})", "prompt", 400},
+      {"/v1/completions", R"({"prompt":"a","echo":true})", "echo", 400},
+      {"/v1/completions", R"({"prompt":")" + long_text + R"("})", "prompt", 400},
+  };
+  for (const auto& c : cases) {
+    auto r = post(c.path, c.body);
+    ASSERT_TRUE(r) << c.body;
+    EXPECT_EQ(r->status, c.status) << c.body << " -> " << r->body;
+    json j = json::parse(r->body, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << r->body;
+    expect_error_shape(j, c.param);
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error") << c.body;
+  }
+  auto j = post_json("/v1/chat/completions",
+                     json::parse(R"({"messages":[{"role":"user","content":"x"}],"max_tokens":100000})"), 400);
+  EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
+  // Unknown fields are ignored; the server still serves.
+  auto ok = post_json("/v1/chat/completions",
+                      json::parse(R"({"messages":[{"role":"user","content":"x"}],"user":"u","metadata":{"a":1},
+                                      "frobnicate":true,"max_tokens":4,"thinking":{"type":"disabled"}})"));
+  EXPECT_EQ(ok["choices"][0]["message"]["content"], "Hell");
+}
+
+TEST_F(ServerTest, QueueFullAnswers503AndRequestsRunOneAtATime) {
+  TearDown();
+  start(/*queue=*/2);
+  lm->set_delay(15ms);
+  std::vector<std::future<httplib::Result>> fs;
+  for (int i = 0; i < 7; ++i)
+    fs.push_back(std::async(std::launch::async, [&] {
+      return post("/v1/completions", json({{"prompt", "Say:<｜Assistant｜>"}, {"max_tokens", 8}}).dump());
+    }));
+  int ok = 0, busy = 0;
+  for (auto& f : fs) {
+    auto r = f.get();
+    ASSERT_TRUE(r);
+    if (r->status == 200) {
+      ++ok;
+      EXPECT_EQ(json::parse(r->body)["choices"][0]["text"], "Hello wo");
+    } else {
+      EXPECT_EQ(r->status, 503);
+      EXPECT_EQ(r->get_header_value("Retry-After"), "1");
+      expect_error_shape(json::parse(r->body), "");
+      ++busy;
+    }
+  }
+  EXPECT_GE(ok, 3);    // one running + two waiting
+  EXPECT_GE(busy, 1);  // 7 arrive within a few ms while each takes > 100 ms
+  EXPECT_EQ(lm->max_in_flight, 1);
+  wait_idle();
+}
+
+TEST_F(ServerTest, ClientDisconnectCancelsGeneration) {
+  lm->set_script({});
+  lm->set_delay(10ms);
+  // Streaming: read the first frames, then hang up.
+  {
+    httplib::Client c("127.0.0.1", port);
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = json({{"prompt", "abc"}, {"max_tokens", 200}, {"stream", true}}).dump();
+    req.set_header("Content-Type", "application/json");
+    int frames = 0;
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++frames < 3; };
+    c.send(req);
+  }
+  wait_idle();
+  int64_t after = lm->appended_tokens;
+  EXPECT_LT(after, 100);  // far fewer than 1000 tokens: cancelled right after the client left
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(lm->appended_tokens, after);
+
+  // Non-streaming: the client times out and closes while the request runs.
+  {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(0, 150000);
+    auto r = c.Post("/v1/completions", json({{"prompt", "abcd"}, {"max_tokens", 200}}).dump(), "application/json");
+    EXPECT_FALSE(r);
+  }
+  wait_idle();
+  EXPECT_LT(lm->appended_tokens - after, 100);
+  // Still healthy and serving.
+  lm->set_delay(0ms);
+  script("ok");
+  EXPECT_EQ(post_json("/v1/completions", {{"prompt", "<｜Assistant｜>"}})["choices"][0]["text"], "ok");
+}
+
+TEST_F(ServerTest, KeepaliveCommentsWhileWaiting) {
+  lm->set_delay(120ms);
+  auto req = chat_req("hi");
+  req["stream"] = true;
+  req["max_tokens"] = 2;
+  auto r = post("/v1/chat/completions", req.dump());
+  ASSERT_TRUE(r);
+  int comments = 0;
+  auto data = sse_data(r->body, &comments);
+  EXPECT_GE(comments, 1);
+  EXPECT_EQ(data.back(), "[DONE]");
+}
+
+TEST_F(ServerTest, StopCancelsInFlightRequests) {
+  lm->set_script({});
+  lm->set_delay(10ms);
+  auto f = std::async(std::launch::async, [&] {
+    return post("/v1/completions", json({{"prompt", "abc"}, {"max_tokens", 240}}).dump());
+  });
+  std::this_thread::sleep_for(100ms);
+  auto t0 = std::chrono::steady_clock::now();
+  server->stop();
+  th.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  auto r = f.get();
+  if (r) {
+    EXPECT_EQ(r->status, 503);
+  }
+  th = std::thread([] {});  // for TearDown
+}
