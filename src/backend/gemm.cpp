@@ -195,7 +195,10 @@ void linear(const GemmWeight& W, const float* x, int64_t n_tok, float* y, const 
   // Results do not depend on it (blocks never straddle a chunk; the dense chain continues across chunks).
   const int64_t chunk = tile <= 4 ? 128 : kChunk;
 
-#pragma omp parallel for schedule(static)
+  // Small products (tiny models, short rows) run on the calling thread: forking the pool would cost more than the
+  // work. Every unit is computed the same way either way, so results do not change.
+  const bool parallel = n_tok * K * (r1 - r0) >= (int64_t{1} << 21);
+#pragma omp parallel for schedule(static) if (parallel)
   for (int64_t u = 0; u < n_units; ++u) {
     static thread_local std::vector<float> Pbuf, Psbuf, accbuf;
     const int64_t g = u / n_tiles, ti = u % n_tiles;
