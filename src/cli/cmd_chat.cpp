@@ -48,13 +48,13 @@ void setup_chat(CLI::App& app, dsv4::cli::Runner& run) {
       ->check(CLI::Range(int64_t(2), int64_t(1) << 40));
   app.add_option("--temp", o->temp, "temperature (0 = greedy; default 1)");
   app.add_option("--top-p", o->top_p, "nucleus sampling mass (default 1)");
-  app.add_option("--top-k", o->top_k, "top-k (default 0 = off)");
+  app.add_option("--top-k", o->top_k, "top-k (default 0 = off; -1 = off)")->check(CLI::Range(-1, 1 << 30));
   app.add_option("--min-p", o->min_p, "min-p (default 0 = off)");
   app.add_option("--seed", o->seed, "random seed (default: random)");
   app.add_option("--system", o->system, "system prompt");
   app.add_flag("--think", o->think, "start with thinking mode on (toggle with /think on|off)");
   app.add_option("--numerics", o->numerics, "reference | dense (default reference)");
-  app.add_option("--threads", o->threads, "compute threads (default: all cores)");
+  app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")->check(CLI::NonNegativeNumber);
   run = [o] {
     using namespace dsv4;
     std::fprintf(stderr, "loading %s ...\n", o->model.c_str());

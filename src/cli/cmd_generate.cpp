@@ -57,7 +57,8 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
       ->check(CLI::Range(int64_t(-1), int64_t(1) << 40));
   app.add_option("--temp", o->temp, "temperature (0 = greedy; default 1)");
   app.add_option("--top-p", o->top_p, "nucleus sampling mass (default 1 = off)");
-  app.add_option("--top-k", o->top_k, "keep the k most likely tokens (default 0 = off)");
+  app.add_option("--top-k", o->top_k, "keep the k most likely tokens (default 0 = off; -1 = off)")
+      ->check(CLI::Range(-1, 1 << 30));
   app.add_option("--min-p", o->min_p, "drop tokens below min_p * p_max (default 0 = off)");
   app.add_option("--seed", o->seed, "random seed (default: random)");
   app.add_option("--stop", o->stop, "stop string (repeatable); not printed");
@@ -65,8 +66,8 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
   app.add_option("--presence-penalty", o->presence, "presence penalty on output tokens (default 0)");
   app.add_option("--frequency-penalty", o->frequency, "frequency penalty on output tokens (default 0)");
   app.add_option("--numerics", o->numerics, "reference | dense (default reference)");
-  app.add_option("--threads", o->threads, "compute threads (default: all cores)");
-  app.add_option("--ctx", o->ctx, "context size in tokens (default: the model's maximum)")
+  app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("--ctx", o->ctx, "context size in tokens (default 0: the model's maximum)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--ignore-eos", o->ignore_eos, "keep generating after the end-of-sequence token");
   app.add_flag("--json", o->json,
@@ -142,10 +143,11 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
     }
     std::fflush(stdout);
     std::fprintf(stderr,
-                 "prefill: %lld tokens in %.1f ms (%.2f tok/s); decode: %zu tokens in %.1f ms (%.2f tok/s); "
-                 "finish: %s\n",
-                 static_cast<long long>(t.prefill_tokens), t.prefill_ms, t.prefill_tokens_per_s(), r.ids.size(),
-                 t.decode_ms, t.decode_tokens_per_s(), to_string(r.finish));
+                 "prefill: %lld tokens in %.1f ms (%.2f tok/s); decode: %lld steps in %.1f ms (%.2f tok/s); "
+                 "generated %zu tokens, finish: %s\n",
+                 static_cast<long long>(t.prefill_tokens), t.prefill_ms, t.prefill_tokens_per_s(),
+                 static_cast<long long>(t.decode_tokens), t.decode_ms, t.decode_tokens_per_s(), r.ids.size(),
+                 to_string(r.finish));
     return r.finish == FinishReason::cancelled ? 130 : 0;
   };
 }

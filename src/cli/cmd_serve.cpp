@@ -34,7 +34,7 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
   app.add_option("--queue", o->queue, "requests that may wait behind the running one (default 16)")
       ->check(CLI::Range(0, 4096));
   app.add_option("--numerics", o->numerics, "reference | dense (default reference)");
-  app.add_option("--threads", o->threads, "compute threads (default: all cores)");
+  app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")->check(CLI::NonNegativeNumber);
   app.add_option("--model-name", o->model_name, "model id reported by the API (default: the folder name)");
   app.add_option("--keepalive", o->keepalive, "seconds between SSE keepalive comments while waiting (default 5)")
       ->check(CLI::Range(0.01, 3600.0));

@@ -34,8 +34,16 @@ int main(int argc, char** argv) {
   }
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // Usage errors: one line, like every other dsv4 error, and exit 2.
+    std::fprintf(stderr, "dsv4: error: %s (see --help)\n", e.what());
+    return 2;
   }
   log::set_verbosity(verbosity);
   try {

@@ -1,5 +1,6 @@
 #include "server/openai_request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <random>
@@ -82,7 +83,10 @@ void parse_common(const J& body, ApiRequest& r, int64_t n_ctx, const char* promp
   s.presence_penalty = static_cast<float>(number(body, "presence_penalty", -2, 2).value_or(0.0));
   s.frequency_penalty = static_cast<float>(number(body, "frequency_penalty", -2, 2).value_or(0.0));
   s.repetition_penalty = static_cast<float>(number(body, "repetition_penalty", 0, 10, true).value_or(1.0));
-  if (auto k = integer(body, "top_k")) s.top_k = static_cast<int32_t>(std::clamp<int64_t>(*k, -1, 1 << 30));
+  if (auto k = integer(body, "top_k")) {
+    if (*k < -1) bad_request("top_k", fmt::format("'top_k' must be >= -1 (0 or -1: off), got {}", *k));
+    s.top_k = static_cast<int32_t>(std::min<int64_t>(*k, 1 << 30));
+  }
   if (auto seed = integer(body, "seed")) {
     s.seed = static_cast<uint64_t>(*seed);
   } else {

@@ -51,7 +51,10 @@ TEST(CliGenerate, StreamsIdsWithoutTokenizerAndReportsSpeed) {
   ASSERT_EQ(r.code, 0) << r.err;
   auto j = run_json({"-m", kTiny, "--prompt-ids", "0,5", "-n", "3", "--temp", "0"});
   std::string ids;
-  for (const auto& id : j["ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int>());
+  for (const auto& id : j["ids"]) {
+    if (!ids.empty()) ids += ',';
+    ids += std::to_string(id.get<int>());
+  }
   EXPECT_EQ(r.out, ids + "\n");
   EXPECT_NE(r.err.find("prefill:"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("tok/s"), std::string::npos) << r.err;

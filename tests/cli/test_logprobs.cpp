@@ -57,7 +57,9 @@ TEST(CliLogprobs, JsonMatchesInProcessModelAndChunking) {
       for (size_t i = 0; i < 5; ++i) {
         EXPECT_NEAR(lp[i], double(row[top[i]]) - mx - std::log(s), 1e-9);
         EXPECT_LE(lp[i], 0.0);
-        if (i) EXPECT_LE(lp[i], lp[i - 1]);
+        if (i) {
+          EXPECT_LE(lp[i], lp[i - 1]);
+        }
       }
     }
     const Result b = run("logprobs -m " + kModel + " --prompt-ids " + kIds + " --top-k 5 --json --chunk 3 --numerics " +

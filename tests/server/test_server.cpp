@@ -346,6 +346,7 @@ TEST_F(ServerTest, BadRequestsGetOpenAIErrors) {
        400},
       {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"temperature":3})", "temperature", 400},
       {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"top_p":0})", "top_p", 400},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"top_k":-5})", "top_k", 400},
       {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"max_tokens":0})", "max_tokens", 400},
       {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"max_tokens":"9"})", "max_tokens", 400},
       {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"max_tokens":100000})", "max_tokens",

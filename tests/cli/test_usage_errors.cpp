@@ -1,0 +1,45 @@
+// Usage errors (unknown flags, missing subcommand, out-of-range values) are one-line `dsv4: error:` messages with a
+// non-zero exit, like every other dsv4 error; --help still prints help and exits 0.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "cli/run_child.h"
+
+namespace {
+using dsv4::clitest::ProcResult;
+using dsv4::clitest::run_dsv4;
+
+const std::string kDemo = std::string(DSV4_SOURCE_DIR) + "/models/dsv4-demo";
+
+void expect_one_line_error(const std::vector<std::string>& args) {
+  ProcResult r = run_dsv4(args);
+  std::string joined;
+  for (const auto& a : args) joined += a + " ";
+  EXPECT_NE(r.code, 0) << joined;
+  EXPECT_EQ(r.err.rfind("dsv4: error: ", 0), 0u) << joined << "\n" << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << joined << "\n" << r.err;
+}
+
+TEST(CliUsage, ParseErrorsAreOneLine) {
+  expect_one_line_error({});
+  expect_one_line_error({"generate", "-m", kDemo, "-p", "hi", "--bogus"});
+  expect_one_line_error({"serve", "-m", kDemo, "--port", "70000"});
+  expect_one_line_error({"logprobs", "-m", kDemo, "--prompt-ids", "1", "--top-k", "0"});
+}
+
+TEST(CliUsage, ImpossibleValuesAreRejected) {
+  expect_one_line_error({"generate", "-m", kDemo, "-p", "hi", "-n", "3", "--top-k", "-5"});
+  expect_one_line_error({"generate", "-m", kDemo, "-p", "hi", "-n", "3", "--threads", "-3"});
+  expect_one_line_error({"chat", "-m", kDemo, "--ctx", "0"});
+}
+
+TEST(CliUsage, HelpStillWorks) {
+  ProcResult r = run_dsv4({"generate", "--help"});
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("--top-k"), std::string::npos);
+}
+
+}  // namespace
