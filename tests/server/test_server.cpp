@@ -418,7 +418,9 @@ TEST_F(ServerTest, QueueFullAnswers503AndRequestsRunOneAtATime) {
       ++busy;
     }
   }
-  EXPECT_GE(ok, 3);    // one running + two waiting
+  // At least the queue's capacity is served; a third only if the worker took one off the queue before the burst
+  // ended (timing-dependent, so not asserted).
+  EXPECT_GE(ok, 2);
   EXPECT_GE(busy, 1);  // 7 arrive within a few ms while each takes > 100 ms
   EXPECT_EQ(lm->max_in_flight, 1);
   wait_idle();
