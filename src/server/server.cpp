@@ -183,6 +183,7 @@ struct Server::Impl {
   RequestQueue queue;
   httplib::Server http;
   std::atomic<bool> stopping{false};
+  std::atomic<int> open_streams{0};  // SSE responses not yet completely written (see stop())
   std::atomic<bool> bound{false};
   int port = -1;
 
@@ -273,11 +274,15 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
     }
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
-    res.set_chunked_content_provider("text/event-stream", [this, ar, ticket, mon](size_t, httplib::DataSink& sink) {
-      bool ok = stream(*ar, *ticket, *mon, sink);
-      if (ok) sink.done();
-      return ok;
-    });
+    ++open_streams;
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, ar, ticket, mon](size_t, httplib::DataSink& sink) {
+          bool ok = stream(*ar, *ticket, *mon, sink);
+          if (ok) sink.done();
+          return ok;
+        },
+        [this](bool) { --open_streams; });  // called once the response has been written out (or abandoned)
   } catch (const ApiError& e) {
     log::info("{} {}: {} {}", req.method, req.path, e.status(), e.what());
     send_error(res, e);
@@ -402,8 +407,9 @@ bool Server::Impl::stream(ApiRequest& ar, RequestQueue::Ticket& ticket, Connecti
   }
   if (r.finish == FinishReason::cancelled) {
     log::info("stream cancelled after {} tokens", r.ids.size());
-    if (stopping) send_error_event(ApiError(503, "the server is shutting down", "server_error", "", "shutting_down"));
-    return false;
+    if (!stopping) return false;  // the client went away: nothing more to write
+    send_error_event(ApiError(503, "the server is shutting down", "server_error", "", "shutting_down"));
+    return w.ok();  // end the chunked body properly after [DONE]
   }
   send_delta(out.finish());
   if (ar.chat)
@@ -462,6 +468,10 @@ void Server::serve() {
 void Server::stop() {
   if (!impl_) return;
   impl_->stopping = true;
+  // Running streams see `stopping` within one token and end with an error event and [DONE]; give them a moment to
+  // finish writing the chunked body before the sockets close, so clients see a complete response.
+  for (int i = 0; i < 200 && impl_->open_streams.load() > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   impl_->http.stop();
 }
 

@@ -475,6 +475,23 @@ TEST_F(ServerTest, KeepaliveCommentsWhileWaiting) {
   EXPECT_EQ(data.back(), "[DONE]");
 }
 
+TEST_F(ServerTest, StopEndsRunningStreamWithACompleteBody) {
+  lm->set_script({});
+  lm->set_delay(10ms);
+  auto f = std::async(std::launch::async, [&] {
+    return post("/v1/completions", json({{"prompt", "abc"}, {"max_tokens", 240}, {"stream", true}}).dump());
+  });
+  std::this_thread::sleep_for(150ms);
+  server->stop();
+  th.join();
+  auto r = f.get();
+  // The chunked body is terminated properly: the client gets a complete response, not a broken connection.
+  ASSERT_TRUE(r) << "stream cut off: " << httplib::to_string(r.error());
+  EXPECT_NE(r->body.find("shutting_down"), std::string::npos) << r->body;
+  EXPECT_NE(r->body.find("data: [DONE]"), std::string::npos) << r->body;
+  th = std::thread([] {});  // for TearDown
+}
+
 TEST_F(ServerTest, StopCancelsInFlightRequests) {
   lm->set_script({});
   lm->set_delay(10ms);
