@@ -14,6 +14,7 @@
 #include "chat/chat_encoding.h"
 #include "chat/output_parser.h"
 #include "cli/command.h"
+#include "cli/sampling_options.h"
 #include "core/error.h"
 #include "engine/engine.h"
 #include "engine/model_loader.h"
@@ -34,9 +35,9 @@ void on_sigint(int) {
 
 struct Opts {
   std::string model, numerics = "reference", system;
-  int64_t n = 4096, ctx = 32768, seed = -1;
-  float temp = 1.0f, top_p = 1.0f, min_p = 0.0f;
-  int top_k = 0, threads = 0;
+  int64_t n = 4096, ctx = 32768;
+  dsv4::cli::SamplingOptions sampling;
+  int threads = 0;
   bool think = false;
 };
 
@@ -46,11 +47,7 @@ void setup_chat(CLI::App& app, dsv4::cli::Runner& run) {
   app.add_option("-n,--max-tokens", o->n, "tokens per answer at most (default 4096)")->check(CLI::PositiveNumber);
   app.add_option("--ctx", o->ctx, "context size in tokens (default 32768)")
       ->check(CLI::Range(int64_t(2), int64_t(1) << 40));
-  app.add_option("--temp", o->temp, "temperature (0 = greedy; default 1)");
-  app.add_option("--top-p", o->top_p, "nucleus sampling mass (default 1)");
-  app.add_option("--top-k", o->top_k, "top-k (default 0 = off; -1 = off)")->check(CLI::Range(-1, 1 << 30));
-  app.add_option("--min-p", o->min_p, "min-p (default 0 = off)");
-  app.add_option("--seed", o->seed, "random seed (default: random)");
+  dsv4::cli::add_sampling_options(app, o->sampling);
   app.add_option("--system", o->system, "system prompt");
   app.add_flag("--think", o->think, "start with thinking mode on (toggle with /think on|off)");
   app.add_option("--numerics", o->numerics, "reference | dense (default reference)");
@@ -62,12 +59,7 @@ void setup_chat(CLI::App& app, dsv4::cli::Runner& run) {
     if (!lm.tokenizer) fail("{}: no tokenizer.json (chat needs one)", o->model);
     const Tokenizer& tok = *lm.tokenizer;
     Engine engine(lm.model, std::min(o->ctx, lm.model->max_context()));
-    SamplingParams sp;
-    sp.temperature = o->temp;
-    sp.top_p = o->top_p;
-    sp.top_k = o->top_k;
-    sp.min_p = o->min_p;
-    sp.seed = o->seed >= 0 ? static_cast<uint64_t>(o->seed) : std::random_device{}();
+    SamplingParams sp = o->sampling.params();
     sp.validate();
     const bool tty = isatty(STDOUT_FILENO);
     const char* dim = tty ? "\x1b[2m" : "";

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/sampling_options.h"
 #include "core/error.h"
 #include "engine/engine.h"
 #include "engine/model_loader.h"
@@ -22,9 +23,10 @@ void on_sigint(int) { g_interrupted = true; }
 
 struct Opts {
   std::string model, prompt, prompt_ids, numerics = "reference";
-  int64_t n = 128, ctx = 0, seed = -1;
-  float temp = 1.0f, top_p = 1.0f, min_p = 0.0f, repeat = 1.0f, presence = 0.0f, frequency = 0.0f;
-  int top_k = 0, threads = 0;
+  int64_t n = 128, ctx = 0;
+  dsv4::cli::SamplingOptions sampling;
+  float repeat = 1.0f, presence = 0.0f, frequency = 0.0f;
+  int threads = 0;
   std::vector<std::string> stop;
   bool json = false, ignore_eos = false;
 };
@@ -55,12 +57,7 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
   p->excludes(ids);
   app.add_option("-n,--max-tokens", o->n, "tokens to generate at most (-1: until the context is full)")
       ->check(CLI::Range(int64_t(-1), int64_t(1) << 40));
-  app.add_option("--temp", o->temp, "temperature (0 = greedy; default 1)");
-  app.add_option("--top-p", o->top_p, "nucleus sampling mass (default 1 = off)");
-  app.add_option("--top-k", o->top_k, "keep the k most likely tokens (default 0 = off; -1 = off)")
-      ->check(CLI::Range(-1, 1 << 30));
-  app.add_option("--min-p", o->min_p, "drop tokens below min_p * p_max (default 0 = off)");
-  app.add_option("--seed", o->seed, "random seed (default: random)");
+  dsv4::cli::add_sampling_options(app, o->sampling);
   app.add_option("--stop", o->stop, "stop string (repeatable); not printed");
   app.add_option("--repeat-penalty", o->repeat, "repetition penalty on prompt + output tokens (default 1 = off)");
   app.add_option("--presence-penalty", o->presence, "presence penalty on output tokens (default 0)");
@@ -92,14 +89,10 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
     req.stop = o->stop;
     req.ignore_eos = o->ignore_eos;
     auto& s = req.sampling;
-    s.temperature = o->temp;
-    s.top_p = o->top_p;
-    s.top_k = o->top_k;
-    s.min_p = o->min_p;
+    s = o->sampling.params();
     s.repetition_penalty = o->repeat;
     s.presence_penalty = o->presence;
     s.frequency_penalty = o->frequency;
-    s.seed = o->seed >= 0 ? static_cast<uint64_t>(o->seed) : std::random_device{}();
     s.validate();
 
     Engine engine(lm.model, o->ctx);
