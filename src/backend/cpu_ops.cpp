@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/act_quant.h"
+#include "backend/gemm.h"
 #include "core/error.h"
 #include "format/numeric.h"
 
@@ -16,6 +17,8 @@ namespace dsv4 {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int kMaxHc = 16;                        // hc_mult bound of the fixed-size per-token arrays
+constexpr int kMaxMix = (2 + kMaxHc) * kMaxHc;
 
 // Parallelize a loop only when it carries enough work to amortize the OpenMP fork/join (tiny models, decode).
 // Results do not depend on it: every output element is computed by one thread in a fixed order either way.
@@ -50,32 +53,35 @@ void hc_mix(const float* x, int64_t width, const float* fn, int64_t n_mix, float
 
 }  // namespace
 
-void CpuOps::linear(const WeightRef& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o) const {
+void CpuOps::linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o) const {
   dsv4::linear(W, x, n_tok, y, o);
 }
 
+void CpuOps::fill(float* x, int64_t n, float value) const { std::fill(x, x + n, value); }
+
 void CpuOps::round_bf16(float* x, int64_t n) const { round_bf16_inplace(x, n); }
 
-void CpuOps::embed(const WeightRef& table, const int32_t* ids, int64_t n_tok, float* out) const {
+void CpuOps::scale(float* x, int64_t n, float alpha, bool bf16) const {
+  for (int64_t i = 0; i < n; ++i) x[i] = maybe_bf(x[i] * alpha, bf16);
+}
+
+void CpuOps::embed(const WeightView& table, const int32_t* ids, int64_t n_tok, int copies, float* out) const {
   const int64_t dim = table.cols;
-  for (int64_t t = 0; t < n_tok; ++t)
-    if (ids[t] < 0 || ids[t] >= table.rows) fail("token id {} outside the vocabulary [0, {})", ids[t], table.rows);
-  const uint64_t rb = table.row_bytes();
+  const int64_t rb = table.row_bytes();
 #pragma omp parallel for schedule(static) if (par(n_tok * dim))
   for (int64_t t = 0; t < n_tok; ++t) {
-    const uint8_t* row = table.w->data + uint64_t(ids[t]) * rb;
-    float* o = out + t * dim;
-    if (table.fmt == WeightFormat::BF16) {
+    const uint8_t* row = table.w + int64_t(ids[t]) * rb;
+    float* o = out + t * copies * dim;
+    if (table.fmt == GemmFormat::bf16) {
       for (int64_t i = 0; i < dim; ++i) {
         uint16_t h;
         std::memcpy(&h, row + 2 * i, 2);
         o[i] = bf16_to_float(h);
       }
-    } else if (table.fmt == WeightFormat::F32) {
-      std::memcpy(o, row, size_t(dim) * 4);
     } else {
-      dequant_row(table, ids[t], std::span<float>(o, size_t(dim)));
+      std::memcpy(o, row, size_t(dim) * 4);
     }
+    for (int c = 1; c < copies; ++c) std::memcpy(o + c * dim, o, size_t(dim) * 4);
   }
 }
 
@@ -160,16 +166,47 @@ void CpuOps::hadamard(float* x, int64_t n_rows, int64_t dim, bool bf16) const {
   }
 }
 
+void CpuOps::check_finite(const float* x, int64_t n_rows, int64_t dim, int32_t* bad) const {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    int32_t b = 0;
+    for (int64_t i = 0; i < dim; ++i) b |= std::isfinite(x[r * dim + i]) ? 0 : 1;
+    bad[r] = b;
+  }
+}
+
+void CpuOps::gather_rows(const float* a, int64_t n_a, const float* b, const int32_t* idx, int64_t n, int64_t dim,
+                         float* out) const {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t j = idx[i];
+    const float* src = j < n_a ? a + j * dim : b + (j - n_a) * dim;
+    std::memcpy(out + i * dim, src, size_t(dim) * 4);
+  }
+}
+
+void CpuOps::scatter_rows(const float* src, const int32_t* src_idx, float* dst, const int32_t* dst_idx, int64_t n,
+                          int64_t dim) const {
+  for (int64_t i = 0; i < n; ++i)
+    std::memcpy(dst + int64_t(dst_idx[i]) * dim, src + int64_t(src_idx[i]) * dim, size_t(dim) * 4);
+}
+
+void CpuOps::add_rows(float* x, int64_t n, int64_t dim, const float* table, const int32_t* rows) const {
+  for (int64_t t = 0; t < n; ++t) {
+    const float* r = table + int64_t(rows[t]) * dim;
+    float* xt = x + t * dim;
+    for (int64_t d = 0; d < dim; ++d) xt[d] += r[d];
+  }
+}
+
 void CpuOps::hc_pre(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale,
                     const float* base, int sinkhorn_iters, float hc_eps, float norm_eps, bool bf16, float* u,
                     float* post, float* comb) const {
   const int64_t width = int64_t(hc) * dim, n_mix = int64_t(2 + hc) * hc;
+  if (hc > kMaxHc) fail("hc_pre: hc_mult {} > {}", hc, kMaxHc);
 #pragma omp parallel for schedule(static) if (par(n_tok * width * 24))
   for (int64_t t = 0; t < n_tok; ++t) {
     const float* x = X + t * width;
-    std::vector<float> mix(static_cast<size_t>(n_mix));
-    hc_mix(x, width, fn, n_mix, norm_eps, mix.data());
-    std::vector<float> pre(static_cast<size_t>(hc));
+    float mix[kMaxMix], pre[kMaxHc];
+    hc_mix(x, width, fn, n_mix, norm_eps, mix);
     for (int j = 0; j < hc; ++j) pre[j] = sigmoidf(mix[j] * scale[0] + base[j]) + hc_eps;
     for (int j = 0; j < hc; ++j) post[t * hc + j] = 2.0f * sigmoidf(mix[hc + j] * scale[1] + base[hc + j]);
     float* C = comb + t * hc * hc;
@@ -220,7 +257,8 @@ void CpuOps::hc_post(const float* f, const float* X, const float* post, const fl
   const int64_t width = int64_t(hc) * dim;
 #pragma omp parallel for schedule(static) if (par(n_tok * width * 4))
   for (int64_t t = 0; t < n_tok; ++t) {
-    std::vector<float> tmp(static_cast<size_t>(width));
+    static thread_local std::vector<float> tmp;
+    tmp.resize(static_cast<size_t>(width));
     const float* x = X + t * width;
     const float* C = comb + t * hc * hc;
     const float* ft = f + t * dim;
@@ -239,11 +277,12 @@ void CpuOps::hc_post(const float* f, const float* X, const float* post, const fl
 void CpuOps::hc_head(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale,
                      const float* base, float hc_eps, float norm_eps, bool bf16, float* u) const {
   const int64_t width = int64_t(hc) * dim;
+  if (hc > kMaxHc) fail("hc_head: hc_mult {} > {}", hc, kMaxHc);
 #pragma omp parallel for schedule(static) if (par(n_tok * width * 4))
   for (int64_t t = 0; t < n_tok; ++t) {
     const float* x = X + t * width;
-    std::vector<float> mix(static_cast<size_t>(hc));
-    hc_mix(x, width, fn, hc, norm_eps, mix.data());
+    float mix[kMaxHc];
+    hc_mix(x, width, fn, hc, norm_eps, mix);
     for (int j = 0; j < hc; ++j) mix[j] = sigmoidf(mix[j] * scale[0] + base[j]) + hc_eps;
     for (int64_t d = 0; d < dim; ++d) {
       float s = 0;
@@ -253,25 +292,37 @@ void CpuOps::hc_head(const float* X, int64_t n_tok, int hc, int64_t dim, const f
   }
 }
 
-void CpuOps::sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, const RowSource& kv,
-                              const int32_t* idx, int64_t k, const float* sink, float scale, bool bf16,
-                              float* out) const {
-  const int64_t dim = kv.dim;
+void CpuOps::sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, const KvRows& kv,
+                              const int32_t* win_idx, int64_t k_win, const int32_t* comp_idx, int64_t k_comp,
+                              const float* sink, float scale, bool bf16, float* out) const {
+  const int64_t dim = kv.dim, k = k_win + k_comp;
   constexpr int64_t kBlock = 64;
+  // entry j of token t's concatenated candidate list -> its row, or nullptr when unused
+  auto row_of = [&](int64_t t, int64_t j) -> const float* {
+    if (j < k_win) {
+      const int32_t i = win_idx[t * k_win + j];
+      if (i < 0) return nullptr;
+      return i < kv.n_ring ? kv.ring + int64_t(i) * dim : kv.fresh + (int64_t(i) - kv.n_ring) * dim;
+    }
+    const int32_t i = comp_idx[t * k_comp + (j - k_win)];
+    return i < 0 ? nullptr : kv.comp + int64_t(i) * dim;
+  };
 #pragma omp parallel for schedule(static) if (par(n_tok * n_heads * k * dim))
   for (int64_t th = 0; th < n_tok * n_heads; ++th) {
     const int64_t t = th / n_heads, h = th % n_heads;
     const float* qv = q + th * dim;
-    const int32_t* list = idx + t * k;
-    std::vector<float> acc(static_cast<size_t>(dim), 0.0f);
+    static thread_local std::vector<float> acc;
+    acc.assign(static_cast<size_t>(dim), 0.0f);
     float s_blk[kBlock];
+    const float* r_blk[kBlock];
     float m = kNegInf, sum = 0.0f;
     for (int64_t b0 = 0; b0 < k; b0 += kBlock) {
       const int64_t b1 = std::min(k, b0 + kBlock);
       float bm = kNegInf;
       for (int64_t j = b0; j < b1; ++j) {
-        if (list[j] < 0) continue;
-        s_blk[j - b0] = dot(qv, kv.row(list[j]), dim) * scale;
+        r_blk[j - b0] = row_of(t, j);
+        if (!r_blk[j - b0]) continue;
+        s_blk[j - b0] = dot(qv, r_blk[j - b0], dim) * scale;
         bm = std::max(bm, s_blk[j - b0]);
       }
       if (bm == kNegInf) continue;
@@ -281,11 +332,11 @@ void CpuOps::sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, co
         for (int64_t d = 0; d < dim; ++d) acc[d] *= alpha;
       sum *= alpha;
       for (int64_t j = b0; j < b1; ++j) {
-        if (list[j] < 0) continue;
+        const float* row = r_blk[j - b0];
+        if (!row) continue;
         const float p = std::exp(s_blk[j - b0] - m_new);
         sum += p;
         const float pv = maybe_bf(p, bf16);
-        const float* row = kv.row(list[j]);
         for (int64_t d = 0; d < dim; ++d) acc[d] += pv * row[d];
       }
       m = m_new;
@@ -300,28 +351,50 @@ void CpuOps::sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, co
   }
 }
 
-void CpuOps::softmax_pool(const float* kv, const float* s, int64_t n_cand, int64_t dim, float* out) const {
-  for (int64_t d = 0; d < dim; ++d) {
-    float mx = kNegInf;
-    for (int64_t r = 0; r < n_cand; ++r) mx = std::max(mx, s[r * dim + d]);
-    float sum = 0;
-    for (int64_t r = 0; r < n_cand; ++r) sum += std::exp(s[r * dim + d] - mx);
-    float o = 0;
-    for (int64_t r = 0; r < n_cand; ++r) {
-      const float sc = s[r * dim + d];
-      if (sc == kNegInf) continue;
-      o += kv[r * dim + d] * (std::exp(sc - mx) / sum);
+void CpuOps::compress_pool(const float* kv, const float* score, int64_t n_tok, const float* state_kv,
+                           const float* state_score, const int32_t* cand, int64_t n_emit, int64_t n_cand, int coff,
+                           int64_t c, float* out) const {
+  const int64_t width = int64_t(coff) * c, half = n_cand / 2;
+#pragma omp parallel for schedule(static) if (par(n_emit * n_cand * c * 4))
+  for (int64_t e = 0; e < n_emit; ++e) {
+    const int32_t* ce = cand + e * n_cand;
+    static thread_local std::vector<const float*> rk, rs;
+    rk.assign(static_cast<size_t>(n_cand), nullptr);
+    rs.assign(static_cast<size_t>(n_cand), nullptr);
+    for (int64_t j = 0; j < n_cand; ++j) {
+      const int64_t i = ce[j];
+      if (i < 0) continue;
+      const int64_t col = (coff == 2 && j >= half) ? c : 0;
+      rk[size_t(j)] = (i < n_tok ? kv + i * width : state_kv + (i - n_tok) * width) + col;
+      rs[size_t(j)] = (i < n_tok ? score + i * width : state_score + (i - n_tok) * width) + col;
     }
-    out[d] = o;
+    float* o = out + e * c;
+    for (int64_t d = 0; d < c; ++d) {
+      auto sc = [&](int64_t j) { return rs[size_t(j)] ? rs[size_t(j)][d] : kNegInf; };
+      float mx = kNegInf;
+      for (int64_t j = 0; j < n_cand; ++j) mx = std::max(mx, sc(j));
+      float sum = 0;
+      for (int64_t j = 0; j < n_cand; ++j) sum += std::exp(sc(j) - mx);
+      float acc = 0;
+      for (int64_t j = 0; j < n_cand; ++j) {
+        const float v = sc(j);
+        if (v == kNegInf) continue;
+        acc += rk[size_t(j)][d] * (std::exp(v - mx) / sum);
+      }
+      o[d] = acc;
+    }
   }
 }
 
 void CpuOps::indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_t dim, const float* keys,
-                          const int64_t* n_visible, const float* w, int64_t topk, bool bf16, int32_t* sel) const {
+                          const int32_t* n_visible, int64_t max_visible, const float* w, int64_t topk, bool bf16,
+                          int32_t* sel) const {
 #pragma omp parallel for schedule(static) if (par(n_tok * n_heads * dim * 64))
   for (int64_t t = 0; t < n_tok; ++t) {
-    const int64_t nv = n_visible[t];
-    std::vector<float> score(static_cast<size_t>(std::max<int64_t>(nv, 0)));
+    const int64_t nv = std::max<int64_t>(n_visible[t], 0);
+    static thread_local std::vector<float> score;
+    static thread_local std::vector<int32_t> order;
+    score.resize(static_cast<size_t>(nv));
     const float* qt = q + t * n_heads * dim;
     const float* wt = w + t * n_heads;
     for (int64_t j = 0; j < nv; ++j) {
@@ -332,47 +405,50 @@ void CpuOps::indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_
         d = d > 0.0f ? d : 0.0f;
         s += maybe_bf(d * wt[h], bf16);
       }
-      score[j] = maybe_bf(s, bf16);
+      score[size_t(j)] = maybe_bf(s, bf16);
     }
     const int64_t kk = std::min(topk, nv);
-    std::vector<int32_t> order(static_cast<size_t>(nv));
+    order.resize(static_cast<size_t>(nv));
     std::iota(order.begin(), order.end(), 0);
-    auto better = [&](int32_t a, int32_t b) { return score[a] > score[b] || (score[a] == score[b] && a < b); };
+    auto better = [&](int32_t a, int32_t b) {
+      return score[size_t(a)] > score[size_t(b)] || (score[size_t(a)] == score[size_t(b)] && a < b);
+    };
     std::partial_sort(order.begin(), order.begin() + kk, order.end(), better);
     int32_t* st = sel + t * topk;
-    for (int64_t i = 0; i < topk; ++i) st[i] = i < kk ? order[i] : -1;
+    for (int64_t i = 0; i < topk; ++i) st[i] = i < kk ? order[size_t(i)] : -1;
   }
 }
 
 void CpuOps::route(const float* logits, int64_t n_tok, int64_t n_experts, int64_t k, const float* bias,
-                   const int32_t* hash_ids, float route_scale, int32_t* ids_out, float* w_out) const {
-  if (hash_ids)
-    for (int64_t i = 0; i < n_tok * k; ++i)
-      if (hash_ids[i] < 0 || hash_ids[i] >= n_experts)
-        fail("hash routing: expert id {} outside [0, {})", hash_ids[i], n_experts);
+                   const int32_t* tid2eid, const int32_t* tokens, float route_scale, int32_t* ids_out,
+                   float* w_out) const {
 #pragma omp parallel for schedule(static) if (par(n_tok * n_experts * 8))
   for (int64_t t = 0; t < n_tok; ++t) {
-    std::vector<float> sc(static_cast<size_t>(n_experts)), sel(static_cast<size_t>(n_experts));
+    static thread_local std::vector<float> sc, sel;
+    static thread_local std::vector<int32_t> order;
+    sc.resize(static_cast<size_t>(n_experts));
+    sel.resize(static_cast<size_t>(n_experts));
     for (int64_t e = 0; e < n_experts; ++e) {
       const float l = logits[t * n_experts + e];
       const float sp = l > 20.0f ? l : std::log1p(std::exp(l));
-      sc[e] = std::sqrt(sp);
-      sel[e] = bias ? sc[e] + bias[e] : sc[e];
+      sc[size_t(e)] = std::sqrt(sp);
+      sel[size_t(e)] = bias ? sc[size_t(e)] + bias[e] : sc[size_t(e)];
     }
     int32_t* ids = ids_out + t * k;
-    if (hash_ids) {
-      for (int64_t i = 0; i < k; ++i) ids[i] = hash_ids[t * k + i];
+    if (tid2eid) {
+      for (int64_t i = 0; i < k; ++i) ids[i] = tid2eid[int64_t(tokens[t]) * k + i];
     } else {
-      std::vector<int32_t> order(static_cast<size_t>(n_experts));
+      order.resize(static_cast<size_t>(n_experts));
       std::iota(order.begin(), order.end(), 0);
-      std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                        [&](int32_t a, int32_t b) { return sel[a] > sel[b] || (sel[a] == sel[b] && a < b); });
-      for (int64_t i = 0; i < k; ++i) ids[i] = order[i];
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+        return sel[size_t(a)] > sel[size_t(b)] || (sel[size_t(a)] == sel[size_t(b)] && a < b);
+      });
+      for (int64_t i = 0; i < k; ++i) ids[i] = order[size_t(i)];
     }
     float* wt = w_out + t * k;
     float s = 0;
-    for (int64_t i = 0; i < k; ++i) s += sc[ids[i]];
-    for (int64_t i = 0; i < k; ++i) wt[i] = (sc[ids[i]] / s) * route_scale;
+    for (int64_t i = 0; i < k; ++i) s += sc[size_t(ids[i])];
+    for (int64_t i = 0; i < k; ++i) wt[i] = (sc[size_t(ids[i])] / s) * route_scale;
   }
 }
 
@@ -393,9 +469,57 @@ void CpuOps::swiglu(const float* g, const float* up, int64_t n_rows, int64_t dim
   }
 }
 
-const Ops& cpu_ops() {
-  static const CpuOps ops;
-  return ops;
+void CpuOps::moe(const MoeWeights& w, const float* x, int64_t n_tok, const int32_t* ids, const float* wts, int64_t k,
+                 float swiglu_limit, const LinearOpts& q, bool bf16, float* y) const {
+  const int64_t D = n_tok > 0 && w.n_experts > 0 ? w.experts[0].w1.cols : 0;
+  const int64_t E = w.n_experts;
+  // bucket (token, slot) pairs by expert, in pair order (so a token's duplicates of one expert stay in slot order)
+  static thread_local std::vector<int64_t> count, start, list;
+  count.assign(static_cast<size_t>(E + 1), 0);
+  for (int64_t i = 0; i < n_tok * k; ++i) ++count[size_t(ids[i]) + 1];
+  start.assign(count.begin(), count.end());
+  for (int64_t e = 0; e < E; ++e) start[size_t(e + 1)] += start[size_t(e)];
+  list.resize(static_cast<size_t>(n_tok * k));
+  {
+    static thread_local std::vector<int64_t> fillp;
+    fillp.assign(start.begin(), start.end() - 1);
+    for (int64_t i = 0; i < n_tok * k; ++i) list[size_t(fillp[size_t(ids[i])]++)] = i;
+  }
+  static thread_local std::vector<float> acc, xe, g, up, oe, rw;
+  acc.assign(static_cast<size_t>(n_tok * D), 0.0f);
+  auto run_expert = [&](const ExpertView& ew, int64_t ne, const float* xin, const float* row_w) {
+    const int64_t inter = ew.w1.rows;
+    g.resize(static_cast<size_t>(ne * inter));
+    up.resize(static_cast<size_t>(ne * inter));
+    oe.resize(static_cast<size_t>(ne * D));
+    dsv4::linear(ew.w1, xin, ne, g.data(), q);
+    dsv4::linear(ew.w3, xin, ne, up.data(), q);
+    swiglu(g.data(), up.data(), ne, inter, swiglu_limit, row_w, bf16, g.data());
+    dsv4::linear(ew.w2, g.data(), ne, oe.data(), q);
+  };
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t s0 = start[size_t(e)], ne = start[size_t(e + 1)] - s0;
+    if (ne == 0) continue;
+    xe.resize(static_cast<size_t>(ne * D));
+    rw.resize(static_cast<size_t>(ne));
+    for (int64_t i = 0; i < ne; ++i) {
+      const int64_t pair = list[size_t(s0 + i)];
+      std::memcpy(&xe[size_t(i * D)], x + (pair / k) * D, size_t(D) * 4);
+      rw[size_t(i)] = wts[pair];
+    }
+    run_expert(w.experts[e], ne, xe.data(), rw.data());
+    for (int64_t i = 0; i < ne; ++i) {
+      float* yt = &acc[size_t((list[size_t(s0 + i)] / k) * D)];
+      const float* o = &oe[size_t(i * D)];
+      for (int64_t d = 0; d < D; ++d) yt[d] += o[d];
+    }
+  }
+  if (w.shared) {
+    run_expert(*w.shared, n_tok, x, nullptr);
+    for (int64_t i = 0; i < n_tok * D; ++i) acc[size_t(i)] += oe[size_t(i)];
+  }
+  if (bf16) round_bf16_inplace(acc.data(), n_tok * D);
+  std::memcpy(y, acc.data(), size_t(n_tok * D) * 4);
 }
 
 }  // namespace dsv4

@@ -17,15 +17,6 @@ namespace dsv4 {
 
 using namespace gemm_detail;
 
-LinearOpts quantized_linear_opts(Numerics n) {
-  LinearOpts o;
-  if (n == Numerics::reference) {
-    o.act_quant_fp8 = true;
-    o.out_bf16 = true;
-  }
-  return o;
-}
-
 GemmWeight gemm_weight(const WeightRef& W) {
   if (!W.bound() || W.w->data == nullptr) fail("linear: weight is not bound");
   GemmWeight g;

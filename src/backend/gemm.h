@@ -34,39 +34,11 @@
 #include <span>
 
 #include "backend/numerics.h"
+#include "backend/weight_view.h"
 #include "format/dtype.h"
 #include "loader/weights.h"
 
 namespace dsv4 {
-
-// Options of one linear(). Each flag names the spec rule it implements; the model chooses them per call site.
-struct LinearOpts {
-  // §4.3 + §4.5: quantize each row of x to FP8 (e4m3, ue8m0 scale per 128) and run the block-scaled FP8/FP4 product
-  // (semantics (Q) above). Reference numerics for every FP8 linear and the FP4 experts, except wo_a.
-  bool act_quant_fp8 = false;
-  // §4.5 / §8: round the output to bf16 (reference: every FP8/FP4 GEMM and the bf16 F.linear outputs).
-  bool out_bf16 = false;
-  // §3.6 (1): use bf16(dequantized weight) — the reference wo_a (FP8 -> BF16 at load, bf16 einsum, no act quant).
-  bool weight_as_bf16 = false;
-  // Output-row subrange [row_begin, row_end) of W (row_end = -1: W.rows), e.g. one wo_a group of o_lora_rank rows.
-  int64_t row_begin = 0;
-  int64_t row_end = -1;
-};
-
-// The options of an FP8/FP4 checkpoint linear (wq_a, wq_b, wkv, wo_b, shared/routed experts, indexer.wq_b,
-// e_proj/h_proj): reference -> {act_quant_fp8, out_bf16}; dense -> {} (fp32, exact dequantized weight).
-LinearOpts quantized_linear_opts(Numerics n);
-
-// Raw view of a weight, independent of the loader (benchmarks and tests build these over their own buffers).
-enum class GemmFormat { bf16, f32, fp8, fp4 };
-struct GemmWeight {
-  GemmFormat fmt = GemmFormat::f32;
-  const uint8_t* w = nullptr;      // row-major [rows, cols] elements (fp4: [rows, cols/2] bytes, lo nibble = even col)
-  const uint8_t* scale = nullptr;  // fp8: [ceil(rows/block_rows), ceil(cols/block_cols)]; fp4: [rows, ceil(cols/32)]
-  bool scale_f32 = false;          // scale elements are F32 (fp8 only), else E8M0 bytes
-  int64_t rows = 0, cols = 0;      // logical [out, in]
-  int64_t block_rows = 128, block_cols = 128;  // fp8 scale block; fp4 is always 1 x 32
-};
 
 // View of a bound loader weight (BF16, F32, FP8_BLOCK128, FP4_BLOCK32); dsv4::Error for other formats.
 GemmWeight gemm_weight(const WeightRef& W);

@@ -1,70 +1,104 @@
 // Device-neutral op interface of the DeepSeek V4 forward pass (spec §4, §5). The model (src/model/) is written once
-// against `Ops`; the CPU implementation is `cpu_ops()` (cpu_ops.h), a CUDA backend will implement the same interface.
+// against `Ops`; each Backend (backend.h) provides an implementation: CpuOps (cpu_ops.h, the reference) and CudaOps
+// (cuda/cuda_ops.h).
 //
 // Conventions (every op):
+// * Every pointer lives on the backend's device. Ops are queued in order; none reads device data back to the host
+//   (the two data-dependent steps of V4, indexer top-k and MoE routing, happen inside ops), so a forward step runs
+//   without a host round trip until its logits are copied out.
 // * Activations are fp32 buffers, row-major, with the token index outermost ([n_tok, ...]); nothing assumes
-//   n_tok == 1 or a single sequence (index lists carry the per-query visibility).
+//   n_tok == 1 or a single sequence: index lists (built by the step plan, model/step_plan.h) carry positions,
+//   visibility and state addressing.
 // * `bf16 == true` ("reference" numerics, spec §8): the op reproduces the reference's bf16 tensor semantics — inputs
 //   are already bf16-representable and every output the reference stores as bf16 is rounded to bf16 (RNE).
 //   `bf16 == false` ("dense" numerics): plain fp32 math, no rounding, no quantization simulation.
-// * Results are bitwise independent of the thread count: every output element is computed by one thread with a fixed
-//   reduction order (static partitioning over rows/tokens).
-// * Shapes are validated by the caller (the model); ops assume consistent arguments.
+// * Row t of an output depends only on row t of the inputs and the rows its index lists name (never on n_tok).
+//   The CPU backend is bitwise independent of the thread count (static partitioning, fixed reduction orders).
+// * Shapes are validated by the caller (the model); ops assume consistent arguments. Scratch comes from the
+//   backend's Workspace.
 #pragma once
 #include <cstdint>
-#include <span>
 
-#include "backend/gemm.h"
-#include "backend/numerics.h"
-#include "loader/weights.h"
+#include "backend/weight_view.h"
 
 namespace dsv4 {
 
-// A set of K/V rows addressed by one index space: index i < n_a is row a[i], otherwise row b[i - n_a].
-// (The attention pool = raw window rows of the ubatch followed by the layer's compressed rows, without copying the
-// compressed rows out of the sequence state.)
-struct RowSource {
-  const float* a = nullptr;
-  int64_t n_a = 0;
-  const float* b = nullptr;
-  int64_t n_b = 0;
-  int64_t dim = 0;  // row width (elements); rows are contiguous
-  const float* row(int64_t i) const { return i < n_a ? a + i * dim : b + (i - n_a) * dim; }
+// The K = V rows one sparse_attention call reads, in three segments addressed by two index lists.
+struct KvRows {
+  const float* ring = nullptr;   // window rows kept from earlier steps (the sliding-window ring)
+  int64_t n_ring = 0;
+  const float* fresh = nullptr;  // window rows computed in this step (one per token)
+  int64_t n_fresh = 0;
+  const float* comp = nullptr;   // compressed rows
+  int64_t n_comp = 0;
+  int64_t dim = 0;               // row width (elements); rows are contiguous
+  // win index i: i < n_ring -> ring[i], else fresh[i - n_ring].
+};
+
+// One routed or shared SwiGLU expert: w2( silu(w1 x) * (w3 x) ).
+struct ExpertView {
+  WeightView w1, w2, w3;
+};
+
+// The experts of one MoE layer, resident on the backend's device.
+struct MoeWeights {
+  const ExpertView* experts = nullptr;  // host array [n_experts] of device views
+  int64_t n_experts = 0;
+  const void* device_table = nullptr;   // the same ExpertView array copied to the device (read by device code)
+  const ExpertView* shared = nullptr;   // host pointer to the shared expert's views, or nullptr
 };
 
 class Ops {
  public:
   virtual ~Ops() = default;
 
-  // ---- GEMM (task C2's kernels; the caller chooses the spec's quantization points through LinearOpts) ----------
-  // y[n_tok, rows-subrange] = x[n_tok, W.cols] · Wᵀ. Row t of y depends only on row t of x (never on n_tok).
-  virtual void linear(const WeightRef& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o) const = 0;
+  // ---- GEMM ------------------------------------------------------------------------------------------------------
+  // y[n_tok, row_end-row_begin] = x[n_tok, W.cols] · W[row_begin:row_end]ᵀ with the semantics of backend/gemm.h
+  // ((Q): FP8 act_quant per 128 + block-scaled product; (D): fp32 x exactly dequantized weight). x, y don't overlap.
+  virtual void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o) const = 0;
 
   // ---- elementwise / per-row -----------------------------------------------------------------------------------
-  // x ← bf16(x).
+  // x <- value.
+  virtual void fill(float* x, int64_t n, float value) const = 0;
+  // x <- bf16(x).
   virtual void round_bf16(float* x, int64_t n) const = 0;
-  // Embedding rows (spec §5.1): out[t, :] = float(table[ids[t], :]); table BF16 or F32 [vocab, dim].
-  // Throws dsv4::Error for an id outside [0, vocab).
-  virtual void embed(const WeightRef& table, const int32_t* ids, int64_t n_tok, float* out) const = 0;
+  // x <- x * alpha (fp32), then bf16 when bf16.
+  virtual void scale(float* x, int64_t n, float alpha, bool bf16) const = 0;
+  // Embedding rows (spec §5.1), repeated into `copies` streams: out[t, c, :] = float(table[ids[t], :]) for every
+  // c < copies. table: BF16 or F32 [vocab, dim]; ids are in [0, vocab) (checked by the caller).
+  virtual void embed(const WeightView& table, const int32_t* ids, int64_t n_tok, int copies, float* out) const = 0;
   // RMSNorm with weight (spec §4.1): y = w * (x * rsqrt(mean(x²) + eps)) in fp32, bf16(y) when bf16. y may alias x.
-  // x, y: [n_rows, dim]; w: [dim] fp32.
+  // x, y: [n_rows, dim]; w: [dim] fp32 (nullptr: no weight).
   virtual void rmsnorm(const float* x, int64_t n_rows, int64_t dim, const float* w, float eps, bool bf16,
                        float* y) const = 0;
   // Unweighted per-head RMS of the query (spec §4.2), in place on x [n_rows, dim]. bf16: every tensor op rounds to
   // bf16 as the reference (square, mean, +eps, rsqrt, multiply); else fp32.
   virtual void head_rms(float* x, int64_t n_rows, int64_t dim, float eps, bool bf16) const = 0;
   // Interleaved (GPT-J) RoPE on the last `rd` dims of every head (spec §4.7), in place.
-  // x: [n_tok, n_heads, head_dim]; cos_sin: [n_tok, rd/2, 2] (cos, sin) fp32 for the token's position;
+  // x: [n_tok, n_heads, head_dim]; cos_sin: [n_tok, rd/2, 2] (cos, sin) fp32 of the token's position (step plan);
   // inverse: multiply by the conjugate. Pairs (x[2i], x[2i+1]) of the rotated slice are complex numbers.
   virtual void rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, int64_t rd, const float* cos_sin,
                     bool inverse, bool bf16) const = 0;
   // In-place FP8 e4m3 "QAT" simulation (spec §4.3, act_quant inplace=True): per row of x [n_rows, row_stride],
-  // columns [0, n_cols) in blocks of `block`; x ← bf16(e4m3(clamp(x/s)) · s) with s = 2^ceil(log2(max(amax,1e-4)/448)).
+  // columns [0, n_cols) in blocks of `block`; x <- bf16(e4m3(clamp(x/s)) · s) with s = 2^ceil(log2(max(amax,1e-4)/448)).
   virtual void fp8_sim(float* x, int64_t n_rows, int64_t row_stride, int64_t n_cols, int64_t block) const = 0;
   // In-place FP4 e2m1 simulation (spec §4.4, fp4_act_quant inplace=True), blocks of 32 over rows of width dim.
   virtual void fp4_sim(float* x, int64_t n_rows, int64_t dim) const = 0;
   // Walsh–Hadamard rotation (spec §4.6) of every row of x [n_rows, dim] (dim a power of two), scaled by dim^-0.5.
   virtual void hadamard(float* x, int64_t n_rows, int64_t dim, bool bf16) const = 0;
+  // Non-finite check of the logits: bad[r] = 1 if row r of x [n_rows, dim] holds a NaN or inf, else 0.
+  virtual void check_finite(const float* x, int64_t n_rows, int64_t dim, int32_t* bad) const = 0;
+
+  // ---- rows ------------------------------------------------------------------------------------------------------
+  // out[i, :] = src(idx[i]) for i < n, where src(j) = a[j, :] for j < n_a, else b[j - n_a, :] (rows of width dim).
+  // out must not overlap a or b.
+  virtual void gather_rows(const float* a, int64_t n_a, const float* b, const int32_t* idx, int64_t n, int64_t dim,
+                           float* out) const = 0;
+  // dst[dst_idx[i], :] = src[src_idx[i], :] for i < n (distinct destinations; src and dst do not overlap).
+  virtual void scatter_rows(const float* src, const int32_t* src_idx, float* dst, const int32_t* dst_idx, int64_t n,
+                            int64_t dim) const = 0;
+  // x[t, :] += table[rows[t], :] for t < n (rows of width dim).
+  virtual void add_rows(float* x, int64_t n, int64_t dim, const float* table, const int32_t* rows) const = 0;
 
   // ---- hyper-connections (spec §5.3) -----------------------------------------------------------------------------
   // X: [n_tok, hc, dim] streams. fn: [mix, hc*dim] fp32 with mix = (2+hc)*hc; scale: [3]; base: [mix].
@@ -80,42 +114,55 @@ class Ops {
                        const float* base, float hc_eps, float norm_eps, bool bf16, float* u) const = 0;
 
   // ---- attention (spec §4.8, §5.4) -------------------------------------------------------------------------------
-  // Sparse attention with a per-head sink. q: [n_tok, n_heads, dim]; kv: K = V rows; idx: [n_tok, k] indices into
-  // kv (-1 = unused slot); sink: [n_heads] logits (not scaled); out: [n_tok, n_heads, dim].
-  // bf16: online softmax over blocks of 64 list entries, P rounded to bf16 for the PV product, bf16 output;
-  // else exact fp32 softmax. The sink only enters the denominator.
-  virtual void sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, const RowSource& kv,
-                                const int32_t* idx, int64_t k, const float* sink, float scale, bool bf16,
-                                float* out) const = 0;
+  // Sparse attention with a per-head sink. q: [n_tok, n_heads, kv.dim]; out: [n_tok, n_heads, kv.dim].
+  // The candidate list of token t is win_idx[t, 0..k_win) (see KvRows) followed by comp_idx[t, 0..k_comp) (rows of
+  // kv.comp); -1 = unused slot. sink: [n_heads] logits (not scaled).
+  // bf16: online softmax over blocks of 64 entries of the concatenated list, P rounded to bf16 for the PV product,
+  // bf16 output; else the same blocked online softmax in fp32. The sink only enters the denominator. A token with
+  // no valid entry gets a zero output.
+  virtual void sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, const KvRows& kv,
+                                const int32_t* win_idx, int64_t k_win, const int32_t* comp_idx, int64_t k_comp,
+                                const float* sink, float scale, bool bf16, float* out) const = 0;
 
   // ---- compressor (spec §5.5) ----------------------------------------------------------------------------------
-  // Gated softmax pooling: out[d] = Σ_r softmax_r(s[r, d]) · kv[r, d] over n_cand candidate rows (fp32; -inf scores
-  // get weight 0). kv, s: [n_cand, dim]; out: [dim].
-  virtual void softmax_pool(const float* kv, const float* s, int64_t n_cand, int64_t dim, float* out) const = 0;
+  // Gated softmax pooling of n_emit compressed rows. Rows of width coff*c come from two sources: this step's
+  // projections kv/score [n_tok, coff*c] and the compressor frontier state_kv/state_score [*, coff*c]; candidate j of
+  // emitted row e is row cand[e, j] of [kv | state] (index < n_tok: this step, else state row index - n_tok;
+  // -1: an empty slot, score -inf). coff == 2 (overlapping, ratio 4): candidates j < n_cand/2 read columns [0, c) of
+  // their row, the others [c, 2c); coff == 1: columns [0, c).
+  // out[e, d] = Σ_j softmax_j(score_j[d]) · kv_j[d] (fp32, in candidate order; -inf scores weigh 0). out: [n_emit, c].
+  virtual void compress_pool(const float* kv, const float* score, int64_t n_tok, const float* state_kv,
+                             const float* state_score, const int32_t* cand, int64_t n_emit, int64_t n_cand, int coff,
+                             int64_t c, float* out) const = 0;
 
   // ---- lightning indexer (spec §5.6) ----------------------------------------------------------------------------
   // For each query t: score_j = Σ_h relu(q[t,h,:]·keys[j,:]) · w[t,h] over j < n_visible[t]; writes the indices of
   // the top min(topk, n_visible[t]) scores (descending; ties -> lower index first) to sel[t, :], padding with -1.
-  // q: [n_tok, n_heads, dim]; keys: [n_keys, dim]; w: [n_tok, n_heads]; sel: [n_tok, topk].
-  // bf16: each dot product, relu·w product and the head sum are rounded to bf16 (reference einsum in bf16).
-  // Scratch is per thread and O(n_keys) (no [n_tok, n_keys] matrix).
+  // q: [n_tok, n_heads, dim]; keys: [>= max n_visible, dim]; w: [n_tok, n_heads]; n_visible: [n_tok];
+  // max_visible >= every n_visible[t] (known to the host from positions; sizes device scratch).
+  // sel: [n_tok, topk]. bf16: each dot product, relu·w product and the head sum are rounded to bf16 (reference
+  // einsum in bf16).
   virtual void indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_t dim, const float* keys,
-                            const int64_t* n_visible, const float* w, int64_t topk, bool bf16,
-                            int32_t* sel) const = 0;
+                            const int32_t* n_visible, int64_t max_visible, const float* w, int64_t topk,
+                            bool bf16, int32_t* sel) const = 0;
 
   // ---- MoE (spec §5.7) -------------------------------------------------------------------------------------------
-  // Router: sc = sqrt(softplus(logits)) (fp32). Expert ids: hash_ids[t, :] when hash_ids != nullptr, else the top-k
-  // of sc + bias (bias may be nullptr; ties -> lower id). Weights: sc[id] / Σ sc[ids] · route_scale.
-  // logits: [n_tok, n_experts]; hash_ids: [n_tok, k]; ids_out: [n_tok, k]; w_out: [n_tok, k].
+  // Router: sc = sqrt(softplus(logits)) (fp32). Expert ids: tid2eid[tokens[t], :] when tid2eid != nullptr (hash
+  // layers; table [vocab, k] of valid ids), else the top-k of sc + bias (bias may be nullptr; ties -> lower id).
+  // Weights: sc[id] / Σ sc[ids] · route_scale. logits: [n_tok, n_experts]; ids_out, w_out: [n_tok, k].
   virtual void route(const float* logits, int64_t n_tok, int64_t n_experts, int64_t k, const float* bias,
-                     const int32_t* hash_ids, float route_scale, int32_t* ids_out, float* w_out) const = 0;
+                     const int32_t* tid2eid, const int32_t* tokens, float route_scale, int32_t* ids_out,
+                     float* w_out) const = 0;
   // SwiGLU with clamp (spec §5.7): g = min(g, limit), up = clamp(up, -limit, limit) when limit > 0;
   // h = silu(g) · up · row_w[r] (row_w may be nullptr), bf16(h) when bf16. g, up, h: [n_rows, dim]; h may alias g.
   virtual void swiglu(const float* g, const float* up, int64_t n_rows, int64_t dim, float limit, const float* row_w,
                       bool bf16, float* h) const = 0;
+  // Routed + shared experts (spec §5.7): for every token t, each slot i < k runs expert ids[t, i] on x[t]:
+  //   g = w1 x, up = w3 x (linear with `q`), h = swiglu(g, up, limit, wts[t, i]) (bf16 when bf16), o = w2 h (`q`);
+  // y[t] = Σ o over the slots in ascending (expert id, slot) order, then + the shared expert's o (no weight), all
+  // fp32; bf16(y) when bf16. x, y: [n_tok, D]; ids, wts: [n_tok, k].
+  virtual void moe(const MoeWeights& w, const float* x, int64_t n_tok, const int32_t* ids, const float* wts, int64_t k,
+                   float swiglu_limit, const LinearOpts& q, bool bf16, float* y) const = 0;
 };
-
-// The CPU implementation (OpenMP, deterministic).
-const Ops& cpu_ops();
 
 }  // namespace dsv4

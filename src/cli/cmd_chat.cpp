@@ -14,6 +14,7 @@
 #include "chat/chat_encoding.h"
 #include "chat/output_parser.h"
 #include "cli/command.h"
+#include "cli/device_option.h"
 #include "cli/sampling_options.h"
 #include "core/error.h"
 #include "engine/engine.h"
@@ -38,6 +39,7 @@ struct Opts {
   int64_t n = 4096, ctx = 32768;
   dsv4::cli::SamplingOptions sampling;
   int threads = 0;
+  std::string device;
   bool think = false;
 };
 
@@ -52,10 +54,12 @@ void setup_chat(CLI::App& app, dsv4::cli::Runner& run) {
   app.add_flag("--think", o->think, "start with thinking mode on (toggle with /think on|off)");
   app.add_option("--numerics", o->numerics, "reference | dense (default reference)");
   app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")->check(CLI::NonNegativeNumber);
+  dsv4::cli::add_device_option(app, o->device);
   run = [o] {
     using namespace dsv4;
     std::fprintf(stderr, "loading %s ...\n", o->model.c_str());
-    LoadedModel lm = load_model(o->model, o->numerics, o->threads);
+    LoadedModel lm = load_model(o->model, o->numerics, o->threads, dsv4::cli::resolve_device(o->device));
+    std::fprintf(stderr, "device: %s\n", lm.device.c_str());
     if (!lm.tokenizer) fail("{}: no tokenizer.json (chat needs one)", o->model);
     const Tokenizer& tok = *lm.tokenizer;
     Engine engine(lm.model, std::min(o->ctx, lm.model->max_context()));

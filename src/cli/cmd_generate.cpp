@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/device_option.h"
 #include "cli/sampling_options.h"
 #include "core/error.h"
 #include "engine/engine.h"
@@ -27,6 +28,7 @@ struct Opts {
   dsv4::cli::SamplingOptions sampling;
   float repeat = 1.0f, presence = 0.0f, frequency = 0.0f;
   int threads = 0;
+  std::string device;
   std::vector<std::string> stop;
   bool json = false, ignore_eos = false;
 };
@@ -64,6 +66,7 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
   app.add_option("--frequency-penalty", o->frequency, "frequency penalty on output tokens (default 0)");
   app.add_option("--numerics", o->numerics, "reference | dense (default reference)");
   app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")->check(CLI::NonNegativeNumber);
+  dsv4::cli::add_device_option(app, o->device);
   app.add_option("--ctx", o->ctx, "context size in tokens (default 0: the model's maximum)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--ignore-eos", o->ignore_eos, "keep generating after the end-of-sequence token");
@@ -73,7 +76,8 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
     using namespace dsv4;
     if (o->prompt.empty() && o->prompt_ids.empty()) fail("give a prompt with -p TEXT or --prompt-ids LIST");
     std::fprintf(stderr, "loading %s ...\n", o->model.c_str());
-    LoadedModel lm = load_model(o->model, o->numerics, o->threads);
+    LoadedModel lm = load_model(o->model, o->numerics, o->threads, dsv4::cli::resolve_device(o->device));
+    std::fprintf(stderr, "device: %s\n", lm.device.c_str());
     const Tokenizer* tok = lm.tokenizer.get();
     GenerationRequest req;
     if (!o->prompt_ids.empty()) {

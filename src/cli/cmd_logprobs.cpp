@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/device_option.h"
 #include "core/error.h"
 #include "model/model.h"
 #include "model/sequence.h"
@@ -22,6 +23,7 @@ struct Opts {
   std::string ids;
   int top_k = 20;
   std::string numerics = "reference";
+  std::string device;
   int64_t chunk = 0;
   bool json = false;
 };
@@ -77,6 +79,7 @@ void setup_logprobs(CLI::App& app, dsv4::cli::Runner& run) {
   app.add_option("--numerics", o->numerics, "reference | dense (default reference)");
   app.add_option("--chunk", o->chunk, "feed the prompt in chunks of N tokens (default: one prefill)")
       ->check(CLI::NonNegativeNumber);
+  dsv4::cli::add_device_option(app, o->device);
   app.add_flag("--json", o->json, "print JSON {\"positions\": [{\"top_ids\", \"top_logprobs\"}, ...]}");
   run = [o] {
     const auto num = dsv4::parse_numerics(o->numerics);
@@ -84,7 +87,9 @@ void setup_logprobs(CLI::App& app, dsv4::cli::Runner& run) {
     const std::vector<int32_t> ids = parse_ids(o->ids);
     dsv4::ModelOptions mo;
     mo.numerics = *num;
+    mo.device = dsv4::cli::resolve_device(o->device);
     auto model = dsv4::Model::load(o->model, mo);
+    std::fprintf(stderr, "device: %s\n", model->backend().description().c_str());
     dsv4::ModelSequence seq(*model);
     std::vector<PosResult> res(ids.size());
     const int64_t chunk = o->chunk > 0 ? o->chunk : int64_t(ids.size());

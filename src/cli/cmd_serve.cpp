@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "cli/command.h"
+#include "cli/device_option.h"
 #include "core/error.h"
 #include "engine/model_loader.h"
 #include "server/server.h"
@@ -20,6 +21,7 @@ namespace {
 struct Opts {
   std::string model, host = "127.0.0.1", numerics = "reference", model_name;
   int port = 8080, queue = 16, threads = 0;
+  std::string device;
   int64_t ctx = 32768;
   double keepalive = 5.0;
 };
@@ -35,6 +37,7 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
       ->check(CLI::Range(0, 4096));
   app.add_option("--numerics", o->numerics, "reference | dense (default reference)");
   app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")->check(CLI::NonNegativeNumber);
+  dsv4::cli::add_device_option(app, o->device);
   app.add_option("--model-name", o->model_name, "model id reported by the API (default: the folder name)");
   app.add_option("--keepalive", o->keepalive, "seconds between SSE keepalive comments while waiting (default 5)")
       ->check(CLI::Range(0.01, 3600.0));
@@ -48,7 +51,8 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
     pthread_sigmask(SIG_BLOCK, &set, nullptr);
 
     std::fprintf(stderr, "loading %s ...\n", o->model.c_str());
-    LoadedModel lm = load_model(o->model, o->numerics, o->threads);
+    LoadedModel lm = load_model(o->model, o->numerics, o->threads, dsv4::cli::resolve_device(o->device));
+    std::fprintf(stderr, "device: %s\n", lm.device.c_str());
     if (!lm.tokenizer) fail("{}: no tokenizer.json (the server needs one)", o->model);
     ServerOptions so;
     so.host = o->host;

@@ -16,7 +16,8 @@ std::string model_folder_name(const std::filesystem::path& dir) {
   return name.empty() ? std::string("dsv4") : name;
 }
 
-LoadedModel load_model(const std::filesystem::path& dir, const std::string& numerics, int threads) {
+LoadedModel load_model(const std::filesystem::path& dir, const std::string& numerics, int threads,
+                       const Device& device) {
   auto num = parse_numerics(numerics);
   if (!num) fail("--numerics must be 'reference' or 'dense', got '{}'", numerics);
   if (!std::filesystem::is_directory(dir)) fail("{}: not a model folder (no such directory)", dir.string());
@@ -24,7 +25,10 @@ LoadedModel load_model(const std::filesystem::path& dir, const std::string& nume
   LoadedModel out;
   ModelOptions mo;
   mo.numerics = *num;
-  out.model = Model::load(dir, mo);
+  mo.device = device;
+  auto model = Model::load(dir, mo);
+  out.device = model->backend().description();
+  out.model = std::move(model);
   const auto tj = dir / "tokenizer.json";
   if (std::filesystem::exists(tj)) {
     out.tokenizer = std::make_shared<Tokenizer>(Tokenizer::from_file(tj));

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "core/device.h"
 #include "model/language_model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -14,11 +15,14 @@ struct LoadedModel {
   std::shared_ptr<const LanguageModel> model;
   std::shared_ptr<const Tokenizer> tokenizer;  // null when the folder has no tokenizer.json
   std::string name;                            // the folder name (e.g. "DeepSeek-V4-Flash")
+  std::string device;                          // the backend's description (e.g. "cuda:0 NVIDIA H200, ...")
 };
 
-// numerics: "reference" | "dense"; threads: compute threads (<= 0: all cores).
-// Throws dsv4::Error for a missing folder, bad numerics name, or any load failure (message names the file).
-LoadedModel load_model(const std::filesystem::path& dir, const std::string& numerics, int threads);
+// numerics: "reference" | "dense"; threads: CPU compute threads (<= 0: all cores); device: where the model runs.
+// Throws dsv4::Error for a missing folder, bad numerics name, an unusable device, a model that does not fit, or any
+// load failure (message names the file).
+LoadedModel load_model(const std::filesystem::path& dir, const std::string& numerics, int threads,
+                       const Device& device = Device{});
 
 // Folder name of `dir`, ignoring trailing slashes ("models/foo/" -> "foo").
 std::string model_folder_name(const std::filesystem::path& dir);

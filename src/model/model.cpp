@@ -1,8 +1,7 @@
-// Model loading: config, weight binding, fp32 copies of the small tensors, RoPE tables (spec §2, §3).
+// Model loading: config, weight binding, resident copies on the backend, RoPE tables (spec §2, §3).
 #include "model/model.h"
 
-#include <omp.h>
-
+#include "backend/gemm.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "model/sequence.h"
@@ -10,22 +9,152 @@
 namespace dsv4 {
 
 namespace {
-std::vector<float> f32(const WeightRef& w) { return w.bound() ? dequant_all(w) : std::vector<float>{}; }
+double gib(size_t b) { return double(b) / double(size_t(1) << 30); }
 
-void need_len(const std::vector<float>& v, size_t n, const char* what, int layer) {
-  if (v.size() != n) fail("layer {}: {} has {} elements, expected {}", layer, what, v.size(), n);
+void need_len(size_t have, size_t n, const char* what, int layer) {
+  if (have != n) fail("layer {}: {} has {} elements, expected {}", layer, what, have, n);
 }
 }  // namespace
 
-Model::~Model() = default;
+Model::~Model() {
+  // Resident buffers go back to the backend before an owned backend is destroyed.
+  params_.clear();
+  if (be_) be_->synchronize();
+}
+
+const float* Model::upload_f32(const WeightRef& w, size_t expect, const char* what, int layer) {
+  if (!w.bound()) return nullptr;
+  const std::vector<float> v = dequant_all(w);
+  if (expect) need_len(v.size(), expect, what, layer);
+  params_.push_back(be_->upload_vector(v, what));
+  return params_.back().as<float>();
+}
+
+void Model::make_resident() {
+  const ModelConfig& c = cfg_;
+  const int64_t D = c.hidden_size, HC = c.hc_mult;
+  // Fits? Weight bytes as the backend stores them, plus an allowance for small tensors, workspace and one sequence.
+  size_t need = 0;
+  ModelWeights main = w_;
+  main.mtp.clear();  // the MTP block is not run yet, so not made resident
+  for_each_weight(main, [&](const WeightRef& r) {
+    if (r.fmt == WeightFormat::BF16 || r.fmt == WeightFormat::F32 || r.fmt == WeightFormat::FP8_BLOCK128 ||
+        r.fmt == WeightFormat::FP4_BLOCK32)
+      need += be_->resident_bytes(gemm_weight(r));
+  });
+  if (need > 0) {
+    const MemoryInfo mi = be_->memory();
+    const size_t slack = size_t(1) << 30;  // workspace + state of a first sequence + small tensors
+    if (need + slack > mi.free)
+      fail("the model in {} needs {:.2f} GiB on {} ({} bytes of weights + ~1 GiB of workspace and state) but only "
+           "{:.2f} GiB of {:.2f} GiB are free; use --device cpu or a machine with more GPU memory",
+           c.origin, gib(need + slack), be_->device().name(), need, gib(mi.free), gib(mi.total));
+  }
+  auto res = [&](const WeightRef& r) -> WeightView {
+    if (!r.bound()) return {};
+    const WeightView h = gemm_weight(r);
+    resident_bytes_ += be_->resident_bytes(h);
+    return be_->upload(h, params_);
+  };
+  embed_ = res(w_.embed);
+  if (embed_.fmt != GemmFormat::bf16 && embed_.fmt != GemmFormat::f32)
+    fail("{}: embed.weight must be BF16 or F32", c.origin);
+  head_ = res(w_.head);
+  norm_ = upload_f32(w_.norm, size_t(D), "norm", -1);
+  hc_head_fn_ = upload_f32(w_.hc_head_fn, size_t(HC * HC * D), "hc_head_fn", -1);
+  hc_head_base_ = upload_f32(w_.hc_head_base, size_t(HC), "hc_head_base", -1);
+  hc_head_scale_ = upload_f32(w_.hc_head_scale, 1, "hc_head_scale", -1);
+
+  lr_.resize(static_cast<size_t>(c.num_hidden_layers));
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& lw = w_.layers[size_t(l)];
+    LayerResident& p = lr_[size_t(l)];
+    p.ratio = c.compress_ratio(l);
+    p.hash = c.is_hash_layer(l);
+    const size_t mixw = size_t(c.hc_mix_dim() * HC * D);
+    p.hc_attn_fn = upload_f32(lw.hc_attn_fn, mixw, "hc_attn_fn", l);
+    p.hc_attn_base = upload_f32(lw.hc_attn_base, size_t(c.hc_mix_dim()), "hc_attn_base", l);
+    p.hc_attn_scale = upload_f32(lw.hc_attn_scale, 3, "hc_attn_scale", l);
+    p.hc_ffn_fn = upload_f32(lw.hc_ffn_fn, mixw, "hc_ffn_fn", l);
+    p.hc_ffn_base = upload_f32(lw.hc_ffn_base, size_t(c.hc_mix_dim()), "hc_ffn_base", l);
+    p.hc_ffn_scale = upload_f32(lw.hc_ffn_scale, 3, "hc_ffn_scale", l);
+    p.attn_norm = upload_f32(lw.attn_norm, size_t(D), "attn_norm", l);
+    p.ffn_norm = upload_f32(lw.ffn_norm, size_t(D), "ffn_norm", l);
+    const AttentionWeights& aw = lw.attn;
+    p.q_norm = upload_f32(aw.q_norm, size_t(c.q_lora_rank), "q_norm", l);
+    p.kv_norm = upload_f32(aw.kv_norm, size_t(c.head_dim), "kv_norm", l);
+    p.attn_sink = upload_f32(aw.attn_sink, size_t(c.num_attention_heads), "attn_sink", l);
+    p.wq_a = res(aw.wq_a);
+    p.wq_b = res(aw.wq_b);
+    p.wkv = res(aw.wkv);
+    p.wo_a = res(aw.wo_a);
+    p.wo_b = res(aw.wo_b);
+    if (p.ratio > 0) {
+      const CompressorWeights& cw = aw.compressor;
+      p.cmp.wkv = res(cw.wkv);
+      p.cmp.wgate = res(cw.wgate);
+      p.cmp.ape = upload_f32(cw.ape, size_t(p.ratio) * size_t(ModelConfig::compressor_coff(p.ratio) * c.head_dim),
+                             "compressor.ape", l);
+      p.cmp.norm = upload_f32(cw.norm, size_t(c.head_dim), "compressor.norm", l);
+    }
+    if (p.ratio == 4) {
+      const IndexerWeights& iw = aw.indexer;
+      p.idx_cmp.wkv = res(iw.compressor.wkv);
+      p.idx_cmp.wgate = res(iw.compressor.wgate);
+      p.idx_cmp.ape = upload_f32(iw.compressor.ape, size_t(4 * 2 * c.index_head_dim), "indexer.compressor.ape", l);
+      p.idx_cmp.norm = upload_f32(iw.compressor.norm, size_t(c.index_head_dim), "indexer.compressor.norm", l);
+      p.idx_wq_b = res(iw.wq_b);
+      p.idx_weights_proj = res(iw.weights_proj);
+    }
+    const FfnWeights& fw = lw.ffn;
+    p.gate = res(fw.gate);
+    if (p.hash) {
+      const WeightRef& t = fw.tid2eid;
+      if (!t.bound()) fail("layer {}: hash layer without ffn.gate.tid2eid", l);
+      std::vector<int32_t> tab(static_cast<size_t>(t.rows * t.cols));
+      for (int64_t r = 0; r < t.rows; ++r)
+        for (int64_t k = 0; k < t.cols; ++k) {
+          const int64_t e = read_int(t, r, k);
+          if (e < 0 || e >= c.n_routed_experts)
+            fail("layer {}: ffn.gate.tid2eid[{}][{}] = {} is not an expert id", l, r, k, e);
+          tab[size_t(r * t.cols + k)] = int32_t(e);
+        }
+      if (t.rows != c.vocab_size || t.cols != c.num_experts_per_tok)
+        fail("layer {}: ffn.gate.tid2eid is [{}, {}], expected [{}, {}]", l, t.rows, t.cols, c.vocab_size,
+             c.num_experts_per_tok);
+      params_.push_back(be_->upload_vector(tab, "tid2eid"));
+      p.tid2eid = params_.back().as<int32_t>();
+    } else {
+      p.gate_bias = upload_f32(fw.gate_bias, size_t(c.n_routed_experts), "gate.bias", l);
+    }
+    p.experts.resize(fw.experts.size());
+    for (size_t e = 0; e < fw.experts.size(); ++e)
+      p.experts[e] = ExpertView{res(fw.experts[e].w1), res(fw.experts[e].w2), res(fw.experts[e].w3)};
+    if (fw.shared.w1.bound()) {
+      p.shared = ExpertView{res(fw.shared.w1), res(fw.shared.w2), res(fw.shared.w3)};
+      p.has_shared = true;
+    }
+    if (!p.experts.empty()) {
+      const ExpertView& e0 = p.experts[0];
+      for (const ExpertView& e : p.experts)
+        if (e.w1.fmt != e0.w1.fmt || e.w1.rows != e0.w1.rows || e.w1.cols != e0.w1.cols || e.w2.fmt != e0.w2.fmt ||
+            e.w3.fmt != e0.w3.fmt)
+          fail("layer {}: routed experts must share one format and shape", l);
+      params_.push_back(be_->upload_vector(p.experts, "expert table"));
+    }
+    p.moe.experts = p.experts.data();
+    p.moe.n_experts = int64_t(p.experts.size());
+    p.moe.device_table = p.experts.empty() ? nullptr : params_.back().data();
+    p.moe.shared = p.has_shared ? &p.shared : nullptr;
+  }
+  be_->synchronize();
+}
 
 std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const ModelOptions& opts) {
   std::unique_ptr<Model> m(new Model());
   m->opts_ = opts;
   if (m->opts_.ubatch < 1) fail("ubatch must be >= 1 (got {})", m->opts_.ubatch);
-  m->ops_ = opts.ops ? opts.ops : &cpu_ops();
   if (opts.n_threads < 0) fail("n_threads must be >= 0 (got {})", opts.n_threads);
-  if (opts.n_threads > 0) omp_set_num_threads(opts.n_threads);
   m->cfg_ = load_config(dir / "config.json");
   const ModelConfig& c = m->cfg_;
   if (c.scoring_func != "sqrtsoftplus") fail("{}: scoring_func '{}' is not supported (sqrtsoftplus)", c.origin, c.scoring_func);
@@ -34,65 +163,23 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const Model
   for (int l = 0; l < c.num_hidden_layers; ++l)
     if (c.compress_ratio(l) == 4 && (c.index_head_dim & (c.index_head_dim - 1)) != 0)
       fail("{}: index_head_dim {} must be a power of two (Hadamard)", c.origin, c.index_head_dim);
+  if (c.num_attention_heads % c.o_groups != 0)
+    fail("{}: num_attention_heads {} is not a multiple of o_groups {}", c.origin, c.num_attention_heads, c.o_groups);
   m->set_ = std::make_unique<SafetensorsSet>(SafetensorsSet::open(dir));
   m->w_ = bind_weights(*m->set_, c);
-  const int64_t D = c.hidden_size, HC = c.hc_mult;
-  m->lp_.resize(static_cast<size_t>(c.num_hidden_layers));
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const LayerWeights& lw = m->w_.layers[size_t(l)];
-    LayerParams& p = m->lp_[size_t(l)];
-    p.ratio = c.compress_ratio(l);
-    p.hash = c.is_hash_layer(l);
-    p.hc_attn_fn = f32(lw.hc_attn_fn);
-    p.hc_attn_base = f32(lw.hc_attn_base);
-    p.hc_attn_scale = f32(lw.hc_attn_scale);
-    p.hc_ffn_fn = f32(lw.hc_ffn_fn);
-    p.hc_ffn_base = f32(lw.hc_ffn_base);
-    p.hc_ffn_scale = f32(lw.hc_ffn_scale);
-    need_len(p.hc_attn_fn, size_t(c.hc_mix_dim() * HC * D), "hc_attn_fn", l);
-    need_len(p.hc_ffn_fn, size_t(c.hc_mix_dim() * HC * D), "hc_ffn_fn", l);
-    need_len(p.hc_attn_scale, 3, "hc_attn_scale", l);
-    need_len(p.hc_ffn_scale, 3, "hc_ffn_scale", l);
-    p.attn_norm = f32(lw.attn_norm);
-    p.ffn_norm = f32(lw.ffn_norm);
-    p.q_norm = f32(lw.attn.q_norm);
-    p.kv_norm = f32(lw.attn.kv_norm);
-    p.attn_sink = f32(lw.attn.attn_sink);
-    need_len(p.attn_sink, size_t(c.num_attention_heads), "attn_sink", l);
-    if (p.ratio > 0) {
-      p.cmp.ape = f32(lw.attn.compressor.ape);
-      p.cmp.norm = f32(lw.attn.compressor.norm);
-      need_len(p.cmp.ape, size_t(p.ratio) * size_t(ModelConfig::compressor_coff(p.ratio) * c.head_dim),
-               "compressor.ape", l);
-    }
-    if (p.ratio == 4) {
-      p.idx_cmp.ape = f32(lw.attn.indexer.compressor.ape);
-      p.idx_cmp.norm = f32(lw.attn.indexer.compressor.norm);
-      need_len(p.idx_cmp.ape, size_t(4 * 2 * c.index_head_dim), "indexer.compressor.ape", l);
-    }
-    if (p.hash) {
-      const WeightRef& t = lw.ffn.tid2eid;
-      if (!t.bound()) fail("layer {}: hash layer without ffn.gate.tid2eid", l);
-      p.tid2eid.resize(static_cast<size_t>(t.rows * t.cols));
-      for (int64_t r = 0; r < t.rows; ++r)
-        for (int64_t k = 0; k < t.cols; ++k) {
-          const int64_t e = read_int(t, r, k);
-          if (e < 0 || e >= c.n_routed_experts)
-            fail("layer {}: ffn.gate.tid2eid[{}][{}] = {} is not an expert id", l, r, k, e);
-          p.tid2eid[size_t(r * t.cols + k)] = int32_t(e);
-        }
-    } else {
-      p.gate_bias = f32(lw.ffn.gate_bias);
-    }
+  if (opts.backend) {
+    m->be_ = opts.backend;
+  } else {
+    BackendOptions bo;
+    bo.n_threads = opts.n_threads;
+    m->owned_be_ = make_backend(opts.device, bo);
+    m->be_ = m->owned_be_.get();
   }
-  m->norm_ = f32(m->w_.norm);
-  m->hc_head_fn_ = f32(m->w_.hc_head_fn);
-  m->hc_head_base_ = f32(m->w_.hc_head_base);
-  m->hc_head_scale_ = f32(m->w_.hc_head_scale);
   m->rope_plain_ = RopeTable::for_ratio(c, 0);
   m->rope_yarn_ = RopeTable::for_ratio(c, 4);
-  log::info("loaded {}: {} layers, hidden {}, vocab {}, numerics {}", dir.string(), c.num_hidden_layers, D,
-            c.vocab_size, numerics_name(opts.numerics));
+  m->make_resident();
+  log::info("loaded {}: {} layers, hidden {}, vocab {}, numerics {}, on {}", dir.string(), c.num_hidden_layers,
+            c.hidden_size, c.vocab_size, numerics_name(opts.numerics), m->be_->description());
   return m;
 }
 

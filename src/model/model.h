@@ -1,65 +1,85 @@
 // dsv4::Model: a DeepSeek V4 checkpoint (any V4-family config: tiny test models, Flash, Pro) loaded for inference on
-// the op interface of src/backend/ops.h, implementing the engine contract (language_model.h).
+// one backend (backend/backend.h: the CPU or a CUDA GPU), implementing the engine contract (language_model.h).
 //
 // Forward pass: spec §5 (embedding, 4-stream hyper-connections, attention with window + compressed KV + indexer, MoE,
-// head). Numerics (ONE switch, backend/numerics.h): `reference` reproduces every quantization point of the official
+// head), written once against the op interface (backend/ops.h). Each step is planned on the host from positions
+// (model/step_plan.h) and then runs entirely on the backend's device; only the wanted logits come back.
+// Numerics (ONE switch, backend/numerics.h): `reference` reproduces every quantization point of the official
 // implementation (§8), `dense` is fp32 with exactly dequantized weights (what HF transformers computes).
-// Results are independent of how a sequence is split into append() calls (any chunking, decode) and of the thread
-// count: every op is per-row/per-token with fixed reduction orders and visibility is position based (§5.4-4, §5.10).
+// Results are independent of how a sequence is split into append() calls (any chunking, decode) and, on the CPU, of
+// the thread count: every op is per-row/per-token with fixed reduction orders and visibility is position based.
 //
-// Memory: mapped weights + small fp32 copies of norms / hc / ape / sinks / biases + per-sequence state
-// (sequence_state.h) + scratch bounded by the ubatch size (long prefills are split into ubatches).
+// Memory: resident weights (CPU: the mapped checkpoint; CUDA: a device copy) + small fp32 copies of norms / hc / ape /
+// sinks / biases + per-sequence state (sequence_state.h) + a workspace bounded by the ubatch size.
 #pragma once
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <vector>
 
+#include "backend/backend.h"
 #include "backend/numerics.h"
 #include "backend/ops.h"
+#include "core/device.h"
 #include "loader/config.h"
 #include "loader/safetensors.h"
 #include "loader/weights.h"
 #include "model/language_model.h"
 #include "model/rope.h"
 #include "model/sequence_state.h"
+#include "model/step_plan.h"
 
 namespace dsv4 {
 
 struct ModelOptions {
   Numerics numerics = Numerics::reference;
   int64_t ubatch = 256;            // max tokens per forward step inside one append (bounds scratch memory)
-  const Ops* ops = nullptr;        // nullptr: cpu_ops()
-  int n_threads = 0;               // > 0: omp_set_num_threads(n_threads) at load (process-wide); 0: OpenMP default
+  Device device{};                 // where to run (ignored when `backend` is given)
+  Backend* backend = nullptr;      // run on this backend (not owned; must outlive the model), e.g. a test double
+  int n_threads = 0;               // CPU backend: OpenMP threads (> 0: set at load, process-wide; 0: keep)
 };
 
-// fp32 copies of the small per-layer tensors (read many times, tiny next to the GEMM weights).
-struct CompressorParams {
-  std::vector<float> ape;          // [ratio, coff*c]
-  std::vector<float> norm;         // [c]
+// The weights of one compressor, resident on the backend's device.
+struct CompressorResident {
+  WeightView wkv, wgate;           // BF16 [coff*c, D]
+  const float* ape = nullptr;      // [ratio, coff*c]
+  const float* norm = nullptr;     // [c]
 };
-struct LayerParams {
+
+// Everything one layer reads, resident on the backend's device (pointers into Model-owned Buffers).
+struct LayerResident {
   int ratio = 0;
   bool hash = false;
-  std::vector<float> hc_attn_fn, hc_attn_base, hc_attn_scale;
-  std::vector<float> hc_ffn_fn, hc_ffn_base, hc_ffn_scale;
-  std::vector<float> attn_norm, ffn_norm, q_norm, kv_norm, attn_sink;
-  CompressorParams cmp, idx_cmp;
-  std::vector<float> gate_bias;    // [E] (non-hash layers)
-  std::vector<int32_t> tid2eid;    // [vocab, top-k] (hash layers)
+  const float *hc_attn_fn = nullptr, *hc_attn_base = nullptr, *hc_attn_scale = nullptr;
+  const float *hc_ffn_fn = nullptr, *hc_ffn_base = nullptr, *hc_ffn_scale = nullptr;
+  const float *attn_norm = nullptr, *ffn_norm = nullptr, *q_norm = nullptr, *kv_norm = nullptr;
+  const float* attn_sink = nullptr;
+  WeightView wq_a, wq_b, wkv, wo_a, wo_b;
+  CompressorResident cmp, idx_cmp;
+  WeightView idx_wq_b, idx_weights_proj;
+  WeightView gate;
+  const float* gate_bias = nullptr;   // [E] (non-hash layers with a bias)
+  const int32_t* tid2eid = nullptr;   // [vocab, top-k] (hash layers)
+  std::vector<ExpertView> experts;
+  ExpertView shared;
+  bool has_shared = false;
+  MoeWeights moe;                     // views of `experts` / `shared` + their device table
 };
 
 class Model final : public LanguageModel {
  public:
-  // Open `dir` (config.json + safetensors), bind and check every tensor. Throws dsv4::Error.
+  // Open `dir` (config.json + safetensors), bind and check every tensor, make the weights resident on the backend.
+  // Throws dsv4::Error (also when the model does not fit the device: the bytes needed and free are named).
   static std::unique_ptr<Model> load(const std::filesystem::path& dir, const ModelOptions& opts = {});
   ~Model() override;
 
   const ModelConfig& config() const { return cfg_; }
   Numerics numerics() const { return opts_.numerics; }
   const ModelOptions& options() const { return opts_; }
+  Backend& backend() const { return *be_; }
 
   // LanguageModel
   int32_t n_vocab() const override { return int32_t(cfg_.vocab_size); }
@@ -68,45 +88,62 @@ class Model final : public LanguageModel {
   int64_t max_context() const override { return cfg_.max_position_embeddings; }
   std::unique_ptr<LmSequence> new_sequence() const override;
 
-  // Receives the next-token logits (fp32, n_vocab) after position `pos`.
+  // A fresh sequence state on this model's backend.
+  SequenceState fresh_state() const { return SequenceState::fresh(cfg_, *be_); }
+
+  // Receives the next-token logits (fp32, n_vocab, host memory) after position `pos`.
   using LogitsSink = std::function<void(int64_t pos, std::span<const float> logits)>;
   // Run `tokens` at positions st.n_past ... (split into ubatches of <= options().ubatch tokens), advancing `st`.
   // want_logits(pos) (may be empty: none) selects the positions whose logits are computed and passed to `sink`.
-  // The result is independent of how a sequence is split into forward() calls.
-  // Throws dsv4::Error on out-of-range ids, context overflow, or non-finite logits.
+  // The result is independent of how a sequence is split into forward() calls. Forward steps of one model are
+  // serialized (the backend's workspace is shared). Throws dsv4::Error on out-of-range ids, context overflow, or
+  // non-finite logits.
   void forward(SequenceState& st, std::span<const int32_t> tokens, const std::function<bool(int64_t)>& want_logits,
                const LogitsSink& sink) const;
 
   // Convenience: fresh-state prefill returning the logits of every position ([n, n_vocab]).
   std::vector<float> logits_all(std::span<const int32_t> tokens) const;
 
+  // Bytes of device memory the resident weights take on the model's backend (0 on the CPU: mapped).
+  size_t resident_bytes() const { return resident_bytes_; }
+
  private:
   Model() = default;
+  void make_resident();
+  const float* upload_f32(const WeightRef& w, size_t expect, const char* what, int layer);
   void forward_ubatch(SequenceState& st, std::span<const int32_t> tokens, const std::vector<char>& want,
                       const LogitsSink& sink) const;
-  void block(int layer, SequenceState& st, std::span<const int32_t> tokens, std::span<const int64_t> pos,
-             std::vector<float>& X) const;
-  void attention(int layer, LayerState& ls, std::span<const int64_t> pos, const float* x, float* out) const;
-  // Runs one compressor over x [n, D] at positions pos, appending pooled rows to `rows` (width c).
-  void compressor(const CompressorWeights& w, const CompressorParams& p, CompressorState& cs,
-                  std::span<const int64_t> pos, const float* x, bool indexer, const RopeTable& rope,
-                  std::vector<float>& rows) const;
-  void indexer(int layer, LayerState& ls, std::span<const int64_t> pos, const float* x, const float* qr,
-               std::vector<int32_t>& sel) const;
-  void moe(int layer, std::span<const int32_t> tokens, const float* x, float* out) const;
-  void head(const float* X, int64_t n, float* logits_row_major) const;
+  void block(int layer, SequenceState& st, const StepPlan& plan, const DevicePlan& dp, float* X) const;
+  void attention(int layer, LayerState& ls, const StepPlan& plan, const DevicePlan& dp, const float* x,
+                 float* out) const;
+  // Runs one compressor over x [n, D], writing the emitted rows at row n_comp_before of `rows` (width c) and
+  // advancing the frontier `cs`.
+  void compressor(const CompressorResident& w, CompressorState& cs, const StepPlan& plan, const DevicePlan& dp,
+                  const float* x, bool indexer, float* rows) const;
+  void indexer(int layer, LayerState& ls, const StepPlan& plan, const DevicePlan& dp, const float* x,
+               const float* qr, int32_t* sel) const;
+  void moe(int layer, const DevicePlan& dp, int64_t n, const float* x, float* out) const;
+  void head(const float* X, int64_t n, float* logits) const;
 
   bool bf16() const { return opts_.numerics == Numerics::reference; }
   LinearOpts qopts() const { return quantized_linear_opts(opts_.numerics); }
+  const Ops& ops() const { return be_->ops(); }
 
   ModelConfig cfg_;
   ModelOptions opts_;
-  const Ops* ops_ = nullptr;
+  std::unique_ptr<Backend> owned_be_;
+  Backend* be_ = nullptr;
   std::unique_ptr<SafetensorsSet> set_;
-  ModelWeights w_;
-  std::vector<LayerParams> lp_;
-  std::vector<float> norm_, hc_head_fn_, hc_head_base_, hc_head_scale_;
+  ModelWeights w_;                     // host binding (the mapped checkpoint)
+  std::vector<Buffer> params_;         // device copies of the small tensors and tables
+  std::vector<LayerResident> lr_;
+  WeightView embed_, head_;
+  const float *norm_ = nullptr, *hc_head_fn_ = nullptr, *hc_head_base_ = nullptr, *hc_head_scale_ = nullptr;
   RopeTable rope_plain_, rope_yarn_;
+  size_t resident_bytes_ = 0;
+  mutable std::mutex mu_;              // one forward step at a time (shared workspace)
+  mutable std::vector<float> logits_host_;
+  mutable std::vector<int32_t> bad_host_;
 };
 
 }  // namespace dsv4

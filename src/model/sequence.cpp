@@ -7,11 +7,11 @@
 
 namespace dsv4 {
 
-ModelSequence::ModelSequence(const Model& model) : model_(model), state_(SequenceState::fresh(model.config())) {}
+ModelSequence::ModelSequence(const Model& model) : model_(model), state_(model.fresh_state()) {}
 
 void ModelSequence::checkpoint() {
   if (!checkpoints_.empty() && checkpoints_.back().n_past == state_.n_past) return;
-  checkpoints_.push_back(StateCheckpoint::take(state_, model_.config()));
+  checkpoints_.push_back(StateCheckpoint::take(state_));
   if (checkpoints_.size() > kMaxCheckpoints) checkpoints_.erase(checkpoints_.begin());
 }
 
@@ -63,9 +63,9 @@ void ModelSequence::rewind(int64_t p) {
 void ModelSequence::recover(int64_t p) {
   while (!checkpoints_.empty() && checkpoints_.back().n_past > p) checkpoints_.pop_back();
   if (checkpoints_.empty()) {
-    state_ = SequenceState::fresh(model_.config());
+    state_ = model_.fresh_state();
   } else {
-    checkpoints_.back().restore(state_, model_.config());
+    checkpoints_.back().restore(state_);
   }
   std::vector<int32_t> gap(tokens_.begin() + state_.n_past, tokens_.begin() + p);
   tokens_.resize(static_cast<size_t>(state_.n_past));
@@ -73,7 +73,8 @@ void ModelSequence::recover(int64_t p) {
 }
 
 void ModelSequence::restore(const Snapshot& s) {
-  if (s.state.layers.size() != state_.layers.size() || int64_t(s.tokens.size()) != s.state.n_past)
+  if (s.state.layers.size() != state_.layers.size() || int64_t(s.tokens.size()) != s.state.n_past ||
+      s.state.backend != state_.backend)
     fail("restore: snapshot does not belong to this model");
   tokens_ = s.tokens;
   state_ = s.state;

@@ -7,14 +7,14 @@
 #include <random>
 #include <vector>
 
-#include "backend/cpu_ops.h"
+#include "backend/cpu_backend.h"
 #include "core/error.h"
 #include "format/numeric.h"
 
 namespace dsv4 {
 namespace {
 
-const Ops& ops() { return cpu_ops(); }
+const Ops& ops() { return cpu_backend().ops(); }
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 std::vector<float> randv(size_t n, uint32_t seed, float scale = 1.0f) {
@@ -204,11 +204,30 @@ TEST(Ops, SparseAttentionWithSinkMatchesNaiveSoftmax) {
   for (int64_t t = 0; t < n; ++t)
     for (int64_t i = 0; i < K; ++i)
       if (rng() % 5) idx[size_t(t * K + i)] = int32_t(rng() % nk);
-  RowSource src{kva.data(), 100, kvb.data(), 50, dim};
+  // index i < 100: window rows (ring = kva rows 0..59, fresh = kva rows 60..99), else compressed row i - 100;
+  // split into the op's two lists: the first KW entries index window rows, the rest compressed rows
+  const int64_t KW = 70, KC = K - KW;
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < K; ++i) {
+      int32_t& j = idx[size_t(t * K + i)];
+      if (j < 0) continue;
+      if (i < KW) j = j % 100;
+      else j = 100 + j % 50;
+    }
+  auto row = [&](int32_t j) { return j < 100 ? kva.data() + j * dim : kvb.data() + (j - 100) * dim; };
+  std::vector<int32_t> widx(size_t(n * KW)), cidx(size_t(n * KC));
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t i = 0; i < KW; ++i) widx[size_t(t * KW + i)] = idx[size_t(t * K + i)];
+    for (int64_t i = 0; i < KC; ++i) {
+      const int32_t j = idx[size_t(t * K + KW + i)];
+      cidx[size_t(t * KC + i)] = j < 0 ? -1 : j - 100;
+    }
+  }
+  KvRows src{kva.data(), 60, kva.data() + 60 * dim, 40, kvb.data(), 50, dim};
   std::vector<float> o(size_t(n * H * dim)), ob(o.size());
   const float scale = 0.17f;
-  ops().sparse_attention(q.data(), n, H, src, idx.data(), K, sink.data(), scale, false, o.data());
-  ops().sparse_attention(q.data(), n, H, src, idx.data(), K, sink.data(), scale, true, ob.data());
+  ops().sparse_attention(q.data(), n, H, src, widx.data(), KW, cidx.data(), KC, sink.data(), scale, false, o.data());
+  ops().sparse_attention(q.data(), n, H, src, widx.data(), KW, cidx.data(), KC, sink.data(), scale, true, ob.data());
   for (int64_t t = 0; t < n; ++t)
     for (int64_t h = 0; h < H; ++h) {
       std::vector<double> s;
@@ -217,9 +236,9 @@ TEST(Ops, SparseAttentionWithSinkMatchesNaiveSoftmax) {
         const int32_t j = idx[size_t(t * K + i)];
         if (j < 0) continue;
         double d = 0;
-        for (int64_t c = 0; c < dim; ++c) d += double(q[size_t((t * H + h) * dim + c)]) * src.row(j)[c];
+        for (int64_t c = 0; c < dim; ++c) d += double(q[size_t((t * H + h) * dim + c)]) * row(j)[c];
         s.push_back(d * scale);
-        rows.push_back(src.row(j));
+        rows.push_back(row(j));
       }
       double m = *std::max_element(s.begin(), s.end()), den = std::exp(sink[size_t(h)] - m);
       for (double v : s) den += std::exp(v - m);
@@ -234,23 +253,32 @@ TEST(Ops, SparseAttentionWithSinkMatchesNaiveSoftmax) {
   // no valid entry: zero output
   std::vector<int32_t> none(size_t(K), -1);
   std::vector<float> z(size_t(H * dim), 1.0f);
-  ops().sparse_attention(q.data(), 1, H, src, none.data(), K, sink.data(), scale, true, z.data());
+  ops().sparse_attention(q.data(), 1, H, src, none.data(), KW, none.data(), KC, sink.data(), scale, true, z.data());
   for (float v : z) EXPECT_EQ(v, 0.0f);
   // thread count invariance
   std::vector<float> o1(o.size());
   const int saved = omp_get_max_threads();
   omp_set_num_threads(1);
-  ops().sparse_attention(q.data(), n, H, src, idx.data(), K, sink.data(), scale, true, o1.data());
+  ops().sparse_attention(q.data(), n, H, src, widx.data(), KW, cidx.data(), KC, sink.data(), scale, true, o1.data());
   omp_set_num_threads(saved);
   EXPECT_EQ(o1, ob);
 }
 
-TEST(Ops, SoftmaxPoolIgnoresMinusInf) {
-  std::vector<float> kv{1, 10, 3, 20, 5, 30}, s{0, -kInf, 0, 0, -kInf, 0};
+TEST(Ops, CompressPoolIgnoresMinusInfAndReadsBothSources) {
+  // 3 candidates of width 2 (coff 1): step rows 0, 1 and state row 0 (index 2); a -1 slot is empty
+  std::vector<float> kv{1, 10, 3, 20}, s{0, -kInf, 0, 0};
+  std::vector<float> skv{5, 30}, ss{-kInf, 0};
+  std::vector<int32_t> cand{0, 1, 2, -1};
   std::vector<float> out(2);
-  ops().softmax_pool(kv.data(), s.data(), 3, 2, out.data());
+  ops().compress_pool(kv.data(), s.data(), 2, skv.data(), ss.data(), cand.data(), 1, 4, 1, 2, out.data());
   EXPECT_NEAR(out[0], 2.0f, 1e-6);   // mean of 1, 3
   EXPECT_NEAR(out[1], 25.0f, 1e-5);  // mean of 20, 30
+  // coff 2: candidates of the first half read columns [0, c), the second half [c, 2c)
+  std::vector<float> kv2{1, 2, 3, 4}, s2{0, 0, 0, 0};  // one step row of width 4 (c = 2)
+  std::vector<int32_t> cand2{0, -1, 0, -1};            // n_cand 4: j = 0 (first half), j = 2 (second half)
+  ops().compress_pool(kv2.data(), s2.data(), 1, nullptr, nullptr, cand2.data(), 1, 4, 2, 2, out.data());
+  EXPECT_NEAR(out[0], 2.0f, 1e-6);  // mean of 1 (col 0) and 3 (col 2)
+  EXPECT_NEAR(out[1], 3.0f, 1e-6);  // mean of 2 and 4
 }
 
 TEST(Ops, IndexerTopkScoresTiesAndPadding) {
@@ -260,9 +288,9 @@ TEST(Ops, IndexerTopkScoresTiesAndPadding) {
   for (int j = 0; j < 8; ++j) keys[size_t(j * 4 + j % 4)] = float(j % 4 == 3 ? 2 : 1);
   std::vector<float> q{1, 1, 1, 1, -1, -1, -1, -1, 1, 1, 1, 1, -1, -1, -1, -1};
   std::vector<float> w{1.0f, 5.0f, 1.0f, 5.0f};
-  std::vector<int64_t> nv{8, 2};
+  std::vector<int32_t> nv{8, 2};
   std::vector<int32_t> sel(2 * 3);
-  ops().indexer_topk(q.data(), 2, H, dim, keys.data(), nv.data(), w.data(), 3, false, sel.data());
+  ops().indexer_topk(q.data(), 2, H, dim, keys.data(), nv.data(), 8, w.data(), 3, false, sel.data());
   // scores token 0: j=3,7 -> 2; others 1: top3 = 3, 7, 0 (ties -> lower index)
   EXPECT_EQ(sel[0], 3);
   EXPECT_EQ(sel[1], 7);
@@ -280,19 +308,18 @@ TEST(Ops, RouteHashAndBiasedTopk) {
   std::vector<int32_t> ids(2);
   std::vector<float> w(2);
   auto sc = [](float l) { return float(std::sqrt(l > 20 ? double(l) : std::log1p(std::exp(double(l))))); };
-  ops().route(logits.data(), 1, E, k, bias.data(), nullptr, 1.5f, ids.data(), w.data());
+  ops().route(logits.data(), 1, E, k, bias.data(), nullptr, nullptr, 1.5f, ids.data(), w.data());
   EXPECT_EQ(ids[0], 2);  // selected by bias
   EXPECT_EQ(ids[1], 4);
   const float s = sc(-1.0f) + sc(25.0f);
   EXPECT_NEAR(w[0], sc(-1.0f) / s * 1.5f, 1e-6);  // weights from the unbiased scores
   EXPECT_NEAR(w[1], sc(25.0f) / s * 1.5f, 1e-6);
-  std::vector<int32_t> hid{5, 0};
-  ops().route(logits.data(), 1, E, k, nullptr, hid.data(), 1.0f, ids.data(), w.data());
+  std::vector<int32_t> hid{0, 0, 5, 0};  // tid2eid [vocab 2, k 2]; the token is id 1
+  std::vector<int32_t> tok{1};
+  ops().route(logits.data(), 1, E, k, nullptr, hid.data(), tok.data(), 1.0f, ids.data(), w.data());
   EXPECT_EQ(ids[0], 5);
   EXPECT_EQ(ids[1], 0);
   EXPECT_NEAR(w[0] + w[1], 1.0f, 1e-6);
-  std::vector<int32_t> bad{6, 0};
-  EXPECT_THROW(ops().route(logits.data(), 1, E, k, nullptr, bad.data(), 1.0f, ids.data(), w.data()), Error);
 }
 
 TEST(Ops, SwigluClamps) {

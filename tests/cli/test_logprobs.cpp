@@ -1,6 +1,7 @@
 // `dsv4 logprobs`: JSON shape, agreement with the in-process model, chunked feeding, one-line errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sys/wait.h>
 
@@ -9,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/backend.h"
 #include "model/model.h"
 
 namespace {
@@ -18,8 +20,9 @@ struct Result {
   std::string out;
 };
 
-Result run(const std::string& args) {
-  const std::string cmd = std::string(DSV4_BINARY) + " " + args + " 2>&1";
+// stdout (and stderr too when merge_stderr: error tests; the JSON tests read stdout alone, stderr names the device)
+Result run(const std::string& args, bool merge_stderr = true) {
+  const std::string cmd = std::string(DSV4_BINARY) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
   Result r;
   FILE* f = popen(cmd.c_str(), "r");
   if (!f) return r;
@@ -36,7 +39,8 @@ const std::string kIds = "3,17,250,9,9,41,100,7,5,88,12";
 
 TEST(CliLogprobs, JsonMatchesInProcessModelAndChunking) {
   for (const char* num : {"reference", "dense"}) {
-    const Result a = run("logprobs -m " + kModel + " --prompt-ids " + kIds + " --top-k 5 --json --numerics " + num);
+    const Result a =
+        run("logprobs -m " + kModel + " --prompt-ids " + kIds + " --top-k 5 --json --numerics " + num, false);
     ASSERT_EQ(a.rc, 0) << a.out;
     const auto j = nlohmann::json::parse(a.out);
     ASSERT_EQ(j.at("positions").size(), 11u);
@@ -63,7 +67,7 @@ TEST(CliLogprobs, JsonMatchesInProcessModelAndChunking) {
       }
     }
     const Result b = run("logprobs -m " + kModel + " --prompt-ids " + kIds + " --top-k 5 --json --chunk 3 --numerics " +
-                         num);
+                         num, false);
     ASSERT_EQ(b.rc, 0) << b.out;
     EXPECT_EQ(nlohmann::json::parse(b.out), j);
   }
@@ -80,6 +84,24 @@ TEST(CliLogprobs, TableAndErrors) {
   }
   const Result r = run("logprobs -m /nonexistent --prompt-ids 1");
   EXPECT_EQ(r.rc, 1) << r.out;
+}
+
+// --device: bad values, and CUDA where this build or machine has none, are one-line errors with exit 1.
+TEST(CliLogprobs, DeviceErrorsAreOneLine) {
+  for (const std::string bad : {"gpu", "cuda:", "cuda:x", "cuda:-1", "CPU", "cuda:99"}) {
+    const Result r = run("logprobs -m " + kModel + " --prompt-ids 1,2 --device " + bad);
+    EXPECT_EQ(r.rc, 1) << bad << ": " << r.out;
+    EXPECT_NE(r.out.find("dsv4: error:"), std::string::npos) << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << bad << ": " << r.out;
+  }
+  if (!dsv4::cuda_compiled() || dsv4::cuda_device_count() == 0) {
+    const Result r = run("logprobs -m " + kModel + " --prompt-ids 1,2 --device cuda");
+    EXPECT_EQ(r.rc, 1) << r.out;
+    EXPECT_NE(r.out.find(dsv4::cuda_compiled() ? "no CUDA device" : "without CUDA"), std::string::npos) << r.out;
+  }
+  const Result ok = run("logprobs -m " + kModel + " --prompt-ids 1,2 --device cpu");
+  EXPECT_EQ(ok.rc, 0) << ok.out;
+  EXPECT_NE(ok.out.find("device: cpu"), std::string::npos) << ok.out;
 }
 
 }  // namespace

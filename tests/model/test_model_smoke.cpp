@@ -1,6 +1,8 @@
 // Loading and basic sanity of the forward pass on the tiny official-format checkpoints.
 #include <limits>
 
+#include "backend/cpu_backend.h"
+
 #include "model_test_util.h"
 
 namespace dsv4::test {
@@ -55,65 +57,27 @@ TEST(ModelLoad, BadTokenIdIsAnError) {
 namespace dsv4::test {
 namespace {
 
-// Forwards to the CPU ops but turns the head's logits into NaN while `poison` is set.
-class PoisonOps final : public Ops {
+// The CPU ops, but the head's logits turn into NaN while `poison` is set.
+class PoisonOps final : public CpuOps {
  public:
   mutable bool poison = false;
   int64_t vocab = 0;
-  const Ops& b = cpu_ops();
-  void linear(const WeightRef& W, const float* x, int64_t n, float* y, const LinearOpts& o) const override {
-    b.linear(W, x, n, y, o);
+  void linear(const WeightView& W, const float* x, int64_t n, float* y, const LinearOpts& o) const override {
+    CpuOps::linear(W, x, n, y, o);
     if (poison && W.rows == vocab) y[0] = std::numeric_limits<float>::quiet_NaN();
   }
-  void round_bf16(float* x, int64_t n) const override { b.round_bf16(x, n); }
-  void embed(const WeightRef& t, const int32_t* ids, int64_t n, float* out) const override { b.embed(t, ids, n, out); }
-  void rmsnorm(const float* x, int64_t r, int64_t d, const float* w, float e, bool bf, float* y) const override {
-    b.rmsnorm(x, r, d, w, e, bf, y);
-  }
-  void head_rms(float* x, int64_t r, int64_t d, float e, bool bf) const override { b.head_rms(x, r, d, e, bf); }
-  void rope(float* x, int64_t n, int64_t h, int64_t hd, int64_t rd, const float* cs, bool inv, bool bf) const override {
-    b.rope(x, n, h, hd, rd, cs, inv, bf);
-  }
-  void fp8_sim(float* x, int64_t r, int64_t s, int64_t c, int64_t blk) const override { b.fp8_sim(x, r, s, c, blk); }
-  void fp4_sim(float* x, int64_t r, int64_t d) const override { b.fp4_sim(x, r, d); }
-  void hadamard(float* x, int64_t r, int64_t d, bool bf) const override { b.hadamard(x, r, d, bf); }
-  void hc_pre(const float* X, int64_t n, int hc, int64_t d, const float* fn, const float* sc, const float* ba, int it,
-              float he, float ne, bool bf, float* u, float* post, float* comb) const override {
-    b.hc_pre(X, n, hc, d, fn, sc, ba, it, he, ne, bf, u, post, comb);
-  }
-  void hc_post(const float* f, const float* X, const float* post, const float* comb, int64_t n, int hc, int64_t d,
-               bool bf, float* Xo) const override {
-    b.hc_post(f, X, post, comb, n, hc, d, bf, Xo);
-  }
-  void hc_head(const float* X, int64_t n, int hc, int64_t d, const float* fn, const float* sc, const float* ba,
-               float he, float ne, bool bf, float* u) const override {
-    b.hc_head(X, n, hc, d, fn, sc, ba, he, ne, bf, u);
-  }
-  void sparse_attention(const float* q, int64_t n, int64_t h, const RowSource& kv, const int32_t* idx, int64_t k,
-                        const float* sink, float scale, bool bf, float* out) const override {
-    b.sparse_attention(q, n, h, kv, idx, k, sink, scale, bf, out);
-  }
-  void softmax_pool(const float* kv, const float* s, int64_t n, int64_t d, float* out) const override {
-    b.softmax_pool(kv, s, n, d, out);
-  }
-  void indexer_topk(const float* q, int64_t n, int64_t h, int64_t d, const float* keys, const int64_t* nv,
-                    const float* w, int64_t k, bool bf, int32_t* sel) const override {
-    b.indexer_topk(q, n, h, d, keys, nv, w, k, bf, sel);
-  }
-  void route(const float* l, int64_t n, int64_t e, int64_t k, const float* bias, const int32_t* hid, float rs,
-             int32_t* ids, float* w) const override {
-    b.route(l, n, e, k, bias, hid, rs, ids, w);
-  }
-  void swiglu(const float* g, const float* up, int64_t r, int64_t d, float lim, const float* rw, bool bf,
-              float* h) const override {
-    b.swiglu(g, up, r, d, lim, rw, bf, h);
-  }
+};
+class PoisonBackend final : public CpuBackend {
+ public:
+  PoisonOps pops;
+  const Ops& ops() const override { return pops; }
 };
 
 TEST(ModelErrors, NonFiniteLogitsThrowAndLeaveTheSequenceConsistent) {
-  PoisonOps pops;
+  PoisonBackend be;
+  PoisonOps& pops = be.pops;
   ModelOptions o;
-  o.ops = &pops;
+  o.backend = &be;
   auto m = Model::load(tiny_dir("tiny-a"), o);
   pops.vocab = m->n_vocab();
   const auto ids = random_ids(20, m->n_vocab(), 5);
@@ -144,11 +108,11 @@ TEST(ModelMemory, StateBytesMatchTheLoaderFormula) {
     const Model& m = tiny(name, Numerics::dense);
     ModelSequence seq(m);
     std::vector<float> lg(static_cast<size_t>(m.n_vocab()));
-    EXPECT_EQ(seq.state().bytes_used(), state_bytes_total(m.config(), 0)) << name;
+    EXPECT_EQ(seq.state().bytes_used(m.config()), state_bytes_total(m.config(), 0)) << name;
     const auto ids = random_ids(261, m.n_vocab(), 6);
     seq.append(ids, lg);
-    EXPECT_EQ(seq.state().bytes_used(), state_bytes_total(m.config(), 261)) << name;
-    EXPECT_GE(seq.memory_bytes(), seq.state().bytes_used());
+    EXPECT_EQ(seq.state().bytes_used(m.config()), state_bytes_total(m.config(), 261)) << name;
+    EXPECT_GE(seq.memory_bytes(), seq.state().bytes_used(m.config()));
   }
 }
 

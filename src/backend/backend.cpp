@@ -1,0 +1,144 @@
+// Buffer, Workspace and the backend factory (backend.h).
+#include "backend/backend.h"
+
+#include <algorithm>
+
+#include "backend/cpu_backend.h"
+#include "core/error.h"
+#ifdef DSV4_WITH_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace dsv4 {
+
+// ---- Buffer ------------------------------------------------------------------------------------------------------
+
+Buffer::Buffer(Backend& be, size_t bytes, const char* what) : be_(&be), n_(bytes) {
+  if (bytes > 0) p_ = be.alloc(bytes, what);
+}
+
+Buffer::~Buffer() { reset(); }
+
+void Buffer::reset() noexcept {
+  if (p_ && be_) be_->free(p_);
+  p_ = nullptr;
+  n_ = 0;
+}
+
+Buffer::Buffer(Buffer&& o) noexcept : be_(o.be_), p_(o.p_), n_(o.n_) {
+  o.p_ = nullptr;
+  o.n_ = 0;
+}
+
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    reset();
+    be_ = o.be_;
+    p_ = o.p_;
+    n_ = o.n_;
+    o.p_ = nullptr;
+    o.n_ = 0;
+  }
+  return *this;
+}
+
+Buffer::Buffer(const Buffer& o) : be_(o.be_) {
+  if (o.p_) {
+    p_ = be_->alloc(o.n_, "state copy");
+    n_ = o.n_;
+    be_->copy_on_device(p_, o.p_, n_);
+  }
+}
+
+Buffer& Buffer::operator=(const Buffer& o) {
+  if (this != &o) {
+    if (o.p_ && be_ == o.be_ && n_ == o.n_ && p_) {
+      be_->copy_on_device(p_, o.p_, n_);  // same size: reuse the allocation
+    } else {
+      Buffer tmp(o);
+      *this = std::move(tmp);
+    }
+  }
+  return *this;
+}
+
+// ---- Workspace ---------------------------------------------------------------------------------------------------
+
+namespace {
+constexpr size_t kAlign = 256;
+constexpr size_t kMinChunk = size_t(64) << 20;
+size_t round_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+}  // namespace
+
+void* Workspace::alloc_bytes(size_t bytes) {
+  bytes = round_up(std::max<size_t>(bytes, 1));
+  while (cur_ < chunks_.size() && off_ + bytes > chunks_[cur_].bytes()) {
+    ++cur_;
+    off_ = 0;
+  }
+  if (cur_ == chunks_.size()) {
+    const size_t last = chunks_.empty() ? 0 : chunks_.back().bytes();
+    chunks_.emplace_back(be_, std::max({bytes, kMinChunk, 2 * last}), "workspace");
+    off_ = 0;
+  }
+  void* p = static_cast<char*>(chunks_[cur_].data()) + off_;
+  off_ += bytes;
+  high_ = std::max(high_, in_use());
+  return p;
+}
+
+size_t Workspace::in_use() const {
+  size_t b = off_;
+  for (size_t i = 0; i < cur_ && i < chunks_.size(); ++i) b += chunks_[i].bytes();
+  return b;
+}
+
+size_t Workspace::capacity() const {
+  size_t b = 0;
+  for (const auto& c : chunks_) b += c.bytes();
+  return b;
+}
+
+// ---- Backend -----------------------------------------------------------------------------------------------------
+
+Backend::~Backend() = default;
+
+Buffer Backend::upload_bytes(const void* src, size_t bytes, const char* what) {
+  Buffer b(*this, bytes, what);
+  if (bytes) copy_to_device(b.data(), src, bytes);
+  return b;
+}
+
+bool cuda_compiled() {
+#ifdef DSV4_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+int cuda_device_count() {
+#ifdef DSV4_WITH_CUDA
+  return cuda::device_count();
+#else
+  return 0;
+#endif
+}
+
+Device default_device() {
+  if (cuda_compiled() && cuda_device_count() > 0) return Device{DeviceKind::cuda, 0};
+  return Device{DeviceKind::cpu, 0};
+}
+
+std::unique_ptr<Backend> make_backend(const Device& device, const BackendOptions& opts) {
+  if (device.is_cpu()) return std::make_unique<CpuBackend>(opts.n_threads);
+#ifdef DSV4_WITH_CUDA
+  return cuda::make_cuda_backend(device.index);
+#else
+  fail("--device {}: this dsv4 was built without CUDA support; rebuild with `scripts/setup.sh -DDSV4_CUDA=ON` (or "
+       "scripts/build-cuda.sh) on a machine with the CUDA toolkit, or use --device cpu",
+       device.name());
+#endif
+}
+
+}  // namespace dsv4

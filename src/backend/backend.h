@@ -1,0 +1,151 @@
+// A compute backend: one device (the host CPU or one CUDA GPU), its memory, its op implementations (ops.h) and a
+// per-step workspace. The forward pass (src/model/) is written once against this interface.
+//
+// Memory model: every pointer an op receives lives on the backend's device. Work is queued in order on the backend
+// (the CUDA backend: one stream); copies to the host and synchronize() wait for everything queued before them.
+// Weights are made resident once at load (upload()); sequence state lives in Buffers on the device of the layer it
+// belongs to; per-step scratch comes from the Workspace (a bump arena with marks, no allocation once warm).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/weight_view.h"
+#include "core/device.h"
+
+namespace dsv4 {
+
+class Ops;
+class Backend;
+
+// Owning device allocation (movable; copying clones the contents on the device).
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Backend& be, size_t bytes, const char* what);
+  ~Buffer();
+  Buffer(Buffer&& o) noexcept;
+  Buffer& operator=(Buffer&& o) noexcept;
+  Buffer(const Buffer& o);
+  Buffer& operator=(const Buffer& o);
+
+  void* data() { return p_; }
+  const void* data() const { return p_; }
+  template <class T> T* as() { return static_cast<T*>(p_); }
+  template <class T> const T* as() const { return static_cast<const T*>(p_); }
+  size_t bytes() const { return n_; }
+  Backend* backend() const { return be_; }
+  explicit operator bool() const { return p_ != nullptr; }
+
+ private:
+  void reset() noexcept;
+  Backend* be_ = nullptr;
+  void* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// Bump allocator over device memory for the scratch of one forward step. Allocations are 256-byte aligned; a
+// Scope releases everything allocated inside it (stack discipline). Chunks are kept for reuse (no device
+// allocation once warm); a request larger than what is left opens a new chunk. Stream ordering makes reuse of
+// released memory by later queued work safe.
+class Workspace {
+ public:
+  explicit Workspace(Backend& be) : be_(be) {}
+  template <class T> T* alloc(int64_t n) { return static_cast<T*>(alloc_bytes(size_t(n) * sizeof(T))); }
+  void* alloc_bytes(size_t bytes);
+  struct Mark {
+    size_t chunk = 0, offset = 0;
+  };
+  Mark mark() const { return {cur_, off_}; }
+  void release(Mark m) { cur_ = m.chunk, off_ = m.offset; }
+  // Bytes of device memory held / the most in use at once.
+  size_t capacity() const;
+  size_t high_water() const { return high_; }
+
+  class Scope {
+   public:
+    explicit Scope(Workspace& ws) : ws_(ws), m_(ws.mark()) {}
+    ~Scope() { ws_.release(m_); }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    Workspace& ws_;
+    Mark m_;
+  };
+
+ private:
+  size_t in_use() const;
+  Backend& be_;
+  std::vector<Buffer> chunks_;
+  size_t cur_ = 0, off_ = 0, high_ = 0;
+};
+
+struct MemoryInfo {
+  size_t free = 0, total = 0;  // bytes (CPU: MemAvailable / MemTotal)
+};
+
+class Backend {
+ public:
+  virtual ~Backend();
+  virtual Device device() const = 0;
+  // One line for logs, e.g. "cpu (16 threads, avx512)" or "cuda:0 NVIDIA H200, 139.8 GiB, sm_90".
+  virtual std::string description() const = 0;
+  virtual const Ops& ops() const = 0;
+  virtual MemoryInfo memory() const = 0;
+
+  // Device memory. alloc throws dsv4::Error naming `what`, the bytes asked for and the bytes free.
+  virtual void* alloc(size_t bytes, const char* what) = 0;
+  virtual void free(void* p) noexcept = 0;
+  // Copies, queued in order with the ops. to_host waits for the copy (and everything queued before it).
+  virtual void copy_to_device(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy_on_device(void* dst, const void* src, size_t bytes) = 0;
+  // Wait for all queued work; throws dsv4::Error if the device reported a failure.
+  virtual void synchronize() = 0;
+
+  // Make a checkpoint weight resident on this device (CPU: a view of the mapped bytes, no copy). The device memory
+  // is appended to `storage` (the caller keeps it as long as the view is used).
+  virtual WeightView upload(const WeightView& host, std::vector<Buffer>& storage) = 0;
+  // The same, with the storage kept by the backend until it is destroyed (tests, tools).
+  WeightView upload(const WeightView& host) { return upload(host, kept_); }
+  // Bytes of device memory upload() takes for `host` (0 when the backend reads the mapped checkpoint).
+  virtual size_t resident_bytes(const WeightView& host) const { return 0; }
+
+  Workspace& workspace() { return *ws_; }
+
+  // Helpers over copy_to_device.
+  Buffer upload_bytes(const void* src, size_t bytes, const char* what);
+  template <class T> Buffer upload_vector(const std::vector<T>& v, const char* what) {
+    return upload_bytes(v.data(), v.size() * sizeof(T), what);
+  }
+
+ protected:
+  Backend() : ws_(std::make_unique<Workspace>(*this)) {}
+  // Derived destructors call this first: the workspace's chunks are freed through the (still complete) backend.
+  void release_workspace() {
+    kept_.clear();
+    ws_.reset();
+  }
+
+ private:
+  std::unique_ptr<Workspace> ws_;
+  std::vector<Buffer> kept_;
+};
+
+struct BackendOptions {
+  int n_threads = 0;  // CPU: OpenMP threads (<= 0: all cores)
+};
+
+// The backend of `device`. Throws dsv4::Error (one line, with what to do) when the device does not exist, the build
+// has no CUDA support, or the CUDA driver is missing.
+std::unique_ptr<Backend> make_backend(const Device& device, const BackendOptions& opts = {});
+// Whether this build includes the CUDA backend, and how many CUDA devices are usable (0 without a driver or GPU).
+bool cuda_compiled();
+int cuda_device_count();
+// The device used when none is named: cuda:0 when the build has CUDA and a GPU is present, else cpu.
+Device default_device();
+
+}  // namespace dsv4

@@ -1,0 +1,27 @@
+// The --device option shared by generate, chat, serve, logprobs and bench: "cpu", "cuda" or "cuda:N".
+// Default: cuda:0 when this build has CUDA and a GPU is present, else cpu; the choice is printed on stderr.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <string>
+
+#include "backend/backend.h"
+#include "core/device.h"
+#include "core/error.h"
+
+namespace dsv4::cli {
+
+inline void add_device_option(CLI::App& app, std::string& device) {
+  app.add_option("--device", device, "cpu | cuda | cuda:N (default: cuda:0 if built with CUDA and a GPU is present, "
+                                     "else cpu)");
+}
+
+// The device named by `s` (empty: the default). Bad values are one-line errors.
+inline Device resolve_device(const std::string& s) {
+  if (s.empty()) return default_device();
+  const auto d = parse_device(s);
+  if (!d) fail("--device must be cpu, cuda or cuda:N (got '{}')", s);
+  return *d;
+}
+
+}  // namespace dsv4::cli
