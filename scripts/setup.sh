@@ -18,6 +18,19 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -q
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+scripts/unpack-demo.sh
+# -DDSV4_CUDA=ON: take CUDA's /usr/local/cuda/bin/nvcc when nvcc is not on PATH or older than 12.9 (Debian's is 11.x).
+cuda=0 given=0
+for a in "$@"; do
+  case $a in
+    -DDSV4_CUDA=*|-DDSV4_CUDA:BOOL=*) case ${a#*=} in ON|on|On|1|TRUE|true|YES|yes) cuda=1 ;; *) cuda=0 ;; esac ;;
+    -DCMAKE_CUDA_COMPILER=*|-DCMAKE_CUDA_COMPILER:*) given=1 ;;
+  esac
+done
+if ((cuda && !given)) && [ -z "${CUDACXX:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
+  v=$(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9]*\.[0-9]*\).*/\1/p' || true)
+  [ "$(printf '%s\n' 12.9 "${v:-0}" | sort -V | head -n1)" = 12.9 ] || set -- "$@" -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc
+fi
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
 cmake --build build -j"$(nproc)"
 echo "setup: built ./build/dsv4" >&2

@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x build/dsv4 ] || scripts/setup.sh
 cmake --build build -j"$(nproc)"
+scripts/unpack-demo.sh   # the demo model's weights and tokenizer (models/dsv4-demo/weights.tar.xz)
 # OpenMP worker threads sleep instead of spinning between parallel regions (shared CI cores).
 export OMP_WAIT_POLICY=passive
 ctest --test-dir build --output-on-failure -j"$(nproc)" --timeout 900

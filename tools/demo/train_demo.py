@@ -19,6 +19,8 @@ Stages (all in one process, each one logged):
 Usage (repo root on the GPU machine):
   python3 tools/demo/train_demo.py --dry-run --workdir /tmp/dry
   python3 tools/demo/train_demo.py --workdir /tmp/real --train-seconds 180 --pack "$OUT"
+Back on the dev machine, copy the pack's models/dsv4-demo/* into models/dsv4-demo and run tools/demo/pack_weights.sh:
+git stores the shards and tokenizer.json only as models/dsv4-demo/weights.tar.xz + SHA256SUMS (scripts/unpack-demo.sh).
 """
 import argparse
 import copy
