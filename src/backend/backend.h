@@ -114,6 +114,12 @@ class Backend {
   // Bytes of device memory upload() takes for `host` (0 when the backend reads the mapped checkpoint).
   virtual size_t resident_bytes(const WeightView& host) const { return 0; }
 
+  // Fill `bytes` bytes at p (device memory) with deterministic pseudo-random data of a checkpoint format (dummy
+  // weights for benchmarks): e4m3 codes of magnitude in [1/8, 2), packed FP4 pairs (every nibble), E8M0 scale bytes
+  // 127 + param (+-1 jitter), or bf16 values uniform in [-param, param].
+  enum class RandomFill { e4m3, fp4_pairs, e8m0, bf16 };
+  virtual void fill_random(void* p, size_t bytes, RandomFill kind, float param, uint64_t seed) = 0;
+
   Workspace& workspace() { return *ws_; }
 
   // Helpers over copy_to_device.

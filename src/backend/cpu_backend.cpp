@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "backend/gemm.h"
+#include "backend/random_fill.h"
 #include "backend/parallel.h"
 #include "core/error.h"
 
@@ -54,6 +55,25 @@ void CpuBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
 }
 void CpuBackend::copy_on_device(void* dst, const void* src, size_t bytes) {
   if (bytes) std::memmove(dst, src, bytes);
+}
+
+void CpuBackend::fill_random(void* p, size_t bytes, RandomFill kind, float param, uint64_t seed) {
+  uint8_t* d = static_cast<uint8_t*>(p);
+  const int64_t n = kind == RandomFill::bf16 ? int64_t(bytes / 2) : int64_t(bytes);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t r = random_bits(seed, uint64_t(i));
+    switch (kind) {
+      case RandomFill::e4m3: d[i] = random_e4m3(r); break;
+      case RandomFill::fp4_pairs: d[i] = uint8_t(r); break;
+      case RandomFill::e8m0: d[i] = random_e8m0(r, param); break;
+      case RandomFill::bf16: {
+        const uint16_t h = random_bf16(r, param);
+        std::memcpy(d + 2 * i, &h, 2);
+        break;
+      }
+    }
+  }
 }
 
 CpuBackend& cpu_backend() {

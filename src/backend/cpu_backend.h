@@ -21,6 +21,7 @@ class CpuBackend : public Backend {
   void copy_to_host(void* dst, const void* src, size_t bytes) override;
   void copy_on_device(void* dst, const void* src, size_t bytes) override;
   void synchronize() override {}
+  void fill_random(void* p, size_t bytes, RandomFill kind, float param, uint64_t seed) override;
   WeightView upload(const WeightView& host, std::vector<Buffer>&) override { return host; }
   using Backend::upload;
 

@@ -75,6 +75,12 @@ int run_info(const InfoOpts& o) {
             n_hca = cfg.count_layers_with_ratio(128);
   const std::string dense_fmt = weight_format_name(w.layers.empty() ? WeightFormat::BF16 : w.layers[0].attn.wq_a.fmt);
   const std::string exp_fmt = expert_format(w);
+  // GPU memory of the CUDA backend: the main (non-MTP) tensors as stored, tid2eid as int32, plus the workspace and
+  // first-sequence allowance the loader checks for (model/model.cpp); state per sequence on top (below).
+  uint64_t gpu_weights = s.bytes_main;
+  for (const auto& L : w.layers)
+    if (L.ffn.tid2eid.bound() && L.ffn.tid2eid.fmt == WeightFormat::I64) gpu_weights -= L.ffn.tid2eid.w->nbytes / 2;
+  const uint64_t gpu_needed = gpu_weights + (uint64_t(1) << 30);
 
   if (o.json) {
     nlohmann::json j;
@@ -118,6 +124,8 @@ int run_info(const InfoOpts& o) {
     j["state_bytes_per_token"] = per_tok;
     j["state_bytes_fixed_per_sequence"] = fixed;
     j["state_dtype"] = "f32";
+    j["gpu_bytes_weights"] = gpu_weights;
+    j["gpu_bytes_needed"] = gpu_needed;
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -153,6 +161,9 @@ int run_info(const InfoOpts& o) {
               dense_fmt.c_str(), exp_fmt.c_str(), cfg.quantization.scale_fmt.empty() ? "-" : cfg.quantization.scale_fmt.c_str(),
               (long long)cfg.quantization.weight_block_rows, (long long)cfg.quantization.weight_block_cols,
               gib(double(s.bytes_total)).c_str());
+  std::printf("gpu memory   %s of weights + ~1 GiB workspace = %s to load on one GPU (--device cuda), plus the state "
+              "below per sequence\n",
+              gib(double(gpu_weights)).c_str(), gib(double(gpu_needed)).c_str());
   std::printf("state (f32)  %s B/token + %s B fixed per sequence (%s at %lld tokens)\n",
               group3(uint64_t(per_tok)).c_str(), group3(fixed).c_str(),
               gib(double(state_bytes_total(cfg, cfg.max_position_embeddings))).c_str(),

@@ -128,6 +128,17 @@ void SafetensorsSet::parse_header(std::string_view header, uint64_t file_size, c
 
 // ---- set -------------------------------------------------------------------------------------------------------
 
+SafetensorsSet SafetensorsSet::from_tensors(const fs::path& dir, std::vector<TensorInfo> tensors) {
+  SafetensorsSet set;
+  set.dir_ = dir;
+  set.tensors_ = std::move(tensors);
+  set.by_name_.reserve(set.tensors_.size());
+  for (size_t i = 0; i < set.tensors_.size(); ++i)
+    if (!set.by_name_.emplace(std::string_view(set.tensors_[i].name), i).second)
+      fail("{}: duplicate tensor '{}'", dir.string(), set.tensors_[i].name);
+  return set;
+}
+
 SafetensorsSet::SafetensorsSet(SafetensorsSet&&) noexcept = default;
 SafetensorsSet& SafetensorsSet::operator=(SafetensorsSet&&) noexcept = default;
 SafetensorsSet::~SafetensorsSet() = default;

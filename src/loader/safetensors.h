@@ -41,6 +41,10 @@ class SafetensorsSet {
   // Throws dsv4::Error for a missing/malformed index, a missing shard, or any invalid header.
   static SafetensorsSet open(const std::filesystem::path& path);
 
+  // A set over tensors whose bytes live elsewhere (in memory the caller keeps alive; e.g. dummy weights). `dir`
+  // names it in messages. Throws dsv4::Error for duplicate names.
+  static SafetensorsSet from_tensors(const std::filesystem::path& dir, std::vector<TensorInfo> tensors);
+
   SafetensorsSet(SafetensorsSet&&) noexcept;
   SafetensorsSet& operator=(SafetensorsSet&&) noexcept;
   SafetensorsSet(const SafetensorsSet&) = delete;

@@ -4,6 +4,7 @@
 #include "backend/gemm.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "model/dummy_weights.h"
 #include "model/sequence.h"
 
 namespace dsv4 {
@@ -19,6 +20,7 @@ void need_len(size_t have, size_t n, const char* what, int layer) {
 Model::~Model() {
   // Resident buffers go back to the backend before an owned backend is destroyed.
   params_.clear();
+  dummy_.reset();
   if (be_) be_->synchronize();
 }
 
@@ -42,7 +44,7 @@ void Model::make_resident() {
         r.fmt == WeightFormat::FP4_BLOCK32)
       need += be_->resident_bytes(gemm_weight(r));
   });
-  if (need > 0) {
+  if (need > 0 && !dummy_) {
     const MemoryInfo mi = be_->memory();
     const size_t slack = size_t(1) << 30;  // workspace + state of a first sequence + small tensors
     if (need + slack > mi.free)
@@ -52,6 +54,7 @@ void Model::make_resident() {
   }
   auto res = [&](const WeightRef& r) -> WeightView {
     if (!r.bound()) return {};
+    if (dummy_ && dummy_->on_device.count(r.w)) return gemm_weight(r);  // generated on the device already
     const WeightView h = gemm_weight(r);
     resident_bytes_ += be_->resident_bytes(h);
     return be_->upload(h, params_);
@@ -150,12 +153,12 @@ void Model::make_resident() {
   be_->synchronize();
 }
 
-std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const ModelOptions& opts) {
+std::unique_ptr<Model> Model::init(const ModelOptions& opts, ModelConfig cfg) {
   std::unique_ptr<Model> m(new Model());
   m->opts_ = opts;
   if (m->opts_.ubatch < 1) fail("ubatch must be >= 1 (got {})", m->opts_.ubatch);
   if (opts.n_threads < 0) fail("n_threads must be >= 0 (got {})", opts.n_threads);
-  m->cfg_ = load_config(dir / "config.json");
+  m->cfg_ = std::move(cfg);
   const ModelConfig& c = m->cfg_;
   if (c.scoring_func != "sqrtsoftplus") fail("{}: scoring_func '{}' is not supported (sqrtsoftplus)", c.origin, c.scoring_func);
   if (c.num_key_value_heads != 1) fail("{}: num_key_value_heads must be 1", c.origin);
@@ -165,8 +168,6 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const Model
       fail("{}: index_head_dim {} must be a power of two (Hadamard)", c.origin, c.index_head_dim);
   if (c.num_attention_heads % c.o_groups != 0)
     fail("{}: num_attention_heads {} is not a multiple of o_groups {}", c.origin, c.num_attention_heads, c.o_groups);
-  m->set_ = std::make_unique<SafetensorsSet>(SafetensorsSet::open(dir));
-  m->w_ = bind_weights(*m->set_, c);
   if (opts.backend) {
     m->be_ = opts.backend;
   } else {
@@ -177,10 +178,57 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const Model
   }
   m->rope_plain_ = RopeTable::for_ratio(c, 0);
   m->rope_yarn_ = RopeTable::for_ratio(c, 4);
-  m->make_resident();
-  log::info("loaded {}: {} layers, hidden {}, vocab {}, numerics {}, on {}", dir.string(), c.num_hidden_layers,
-            c.hidden_size, c.vocab_size, numerics_name(opts.numerics), m->be_->description());
   return m;
+}
+
+std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const ModelOptions& opts) {
+  std::unique_ptr<Model> m = init(opts, load_config(dir / "config.json"));
+  m->set_ = std::make_unique<SafetensorsSet>(SafetensorsSet::open(dir));
+  m->w_ = bind_weights(*m->set_, m->cfg_);
+  m->make_resident();
+  log::info("loaded {}: {} layers, hidden {}, vocab {}, numerics {}, on {}", dir.string(), m->cfg_.num_hidden_layers,
+            m->cfg_.hidden_size, m->cfg_.vocab_size, numerics_name(opts.numerics), m->be_->description());
+  return m;
+}
+
+std::unique_ptr<Model> Model::load_dummy(const ModelConfig& cfg, const ModelOptions& opts, uint64_t seed) {
+  std::unique_ptr<Model> m = init(opts, cfg);
+  m->dummy_ = std::make_unique<DummyCheckpoint>(make_dummy_checkpoint(m->cfg_, *m->be_, seed));
+  m->w_ = bind_weights(*m->dummy_->set, m->cfg_);
+  m->make_resident();
+  log::info("dummy {}: {} layers, {:.2f} GiB made on {}", cfg.origin, m->cfg_.num_hidden_layers,
+            double(m->dummy_->device_bytes) / double(1ull << 30), m->be_->description());
+  return m;
+}
+
+namespace {
+uint64_t view_bytes(const WeightView& w) {
+  if (!w.bound()) return 0;
+  uint64_t b = uint64_t(w.rows * w.row_bytes());
+  if (w.fmt == GemmFormat::fp8)
+    b += uint64_t((w.rows + w.block_rows - 1) / w.block_rows * ((w.cols + w.block_cols - 1) / w.block_cols)) *
+         (w.scale_f32 ? 4 : 1);
+  if (w.fmt == GemmFormat::fp4) b += uint64_t(w.rows * ((w.cols + 31) / 32));
+  return b;
+}
+uint64_t expert_bytes(const ExpertView& e) { return view_bytes(e.w1) + view_bytes(e.w2) + view_bytes(e.w3); }
+}  // namespace
+
+uint64_t Model::decode_weight_bytes(uint64_t* outside_layers) const {
+  const ModelConfig& c = cfg_;
+  const uint64_t f32 = 4;
+  uint64_t b = view_bytes(head_) + uint64_t(embed_.row_bytes());
+  b += uint64_t(c.hc_mult * c.hc_dim() + c.hidden_size) * f32;  // hc_head_fn + norm
+  if (outside_layers) *outside_layers = b;
+  for (const LayerResident& p : lr_) {
+    b += 2 * uint64_t(c.hc_mix_dim() * c.hc_dim()) * f32;          // hc_attn_fn, hc_ffn_fn
+    for (const WeightView* w : {&p.wq_a, &p.wq_b, &p.wkv, &p.wo_a, &p.wo_b, &p.cmp.wkv, &p.cmp.wgate, &p.idx_cmp.wkv,
+                                &p.idx_cmp.wgate, &p.idx_wq_b, &p.idx_weights_proj, &p.gate})
+      b += view_bytes(*w);
+    if (p.has_shared) b += expert_bytes(p.shared);
+    if (!p.experts.empty()) b += uint64_t(c.num_experts_per_tok) * expert_bytes(p.experts[0]);
+  }
+  return b;
 }
 
 std::unique_ptr<LmSequence> Model::new_sequence() const { return std::make_unique<ModelSequence>(*this); }

@@ -74,6 +74,9 @@ class Model final : public LanguageModel {
   // Open `dir` (config.json + safetensors), bind and check every tensor, make the weights resident on the backend.
   // Throws dsv4::Error (also when the model does not fit the device: the bytes needed and free are named).
   static std::unique_ptr<Model> load(const std::filesystem::path& dir, const ModelOptions& opts = {});
+  // A model of `cfg`'s exact shapes and formats with pseudo-random weights made on the backend's device, no files
+  // read (`--load-format dummy`, model/dummy_weights.h). For benchmarks.
+  static std::unique_ptr<Model> load_dummy(const ModelConfig& cfg, const ModelOptions& opts = {}, uint64_t seed = 1);
   ~Model() override;
 
   const ModelConfig& config() const { return cfg_; }
@@ -106,9 +109,16 @@ class Model final : public LanguageModel {
 
   // Bytes of device memory the resident weights take on the model's backend (0 on the CPU: mapped).
   size_t resident_bytes() const { return resident_bytes_; }
+  // Weight bytes one decode step of one sequence reads (every dense / shared weight, top-k routed experts per MoE
+  // layer, the embedding row and the head), as stored: the bandwidth figure's numerator (`dsv4 bench model`).
+  // `outside_layers` (if given) receives the part outside the layers (head, embedding row, final mHC and norm).
+  uint64_t decode_weight_bytes(uint64_t* outside_layers = nullptr) const;
+  // Benchmarks: route every op through `ops` (a decorator of backend().ops(), e.g. ProfiledOps); nullptr: direct.
+  void set_op_hook(const Ops* ops) { hook_ = ops; }
 
  private:
   Model() = default;
+  static std::unique_ptr<Model> init(const ModelOptions& opts, ModelConfig cfg);
   void make_resident();
   const float* upload_f32(const WeightRef& w, size_t expect, const char* what, int layer);
   void forward_ubatch(SequenceState& st, std::span<const int32_t> tokens, const std::vector<char>& want,
@@ -127,13 +137,14 @@ class Model final : public LanguageModel {
 
   bool bf16() const { return opts_.numerics == Numerics::reference; }
   LinearOpts qopts() const { return quantized_linear_opts(opts_.numerics); }
-  const Ops& ops() const { return be_->ops(); }
+  const Ops& ops() const { return hook_ ? *hook_ : be_->ops(); }
 
   ModelConfig cfg_;
   ModelOptions opts_;
   std::unique_ptr<Backend> owned_be_;
   Backend* be_ = nullptr;
   std::unique_ptr<SafetensorsSet> set_;
+  std::unique_ptr<struct DummyCheckpoint> dummy_;  // dummy weights (load_dummy), else null
   ModelWeights w_;                     // host binding (the mapped checkpoint)
   std::vector<Buffer> params_;         // device copies of the small tensors and tables
   std::vector<LayerResident> lr_;
@@ -141,6 +152,7 @@ class Model final : public LanguageModel {
   const float *norm_ = nullptr, *hc_head_fn_ = nullptr, *hc_head_base_ = nullptr, *hc_head_scale_ = nullptr;
   RopeTable rope_plain_, rope_yarn_;
   size_t resident_bytes_ = 0;
+  const Ops* hook_ = nullptr;
   mutable std::mutex mu_;              // one forward step at a time (shared workspace)
   mutable std::vector<float> logits_host_;
   mutable std::vector<int32_t> bad_host_;

@@ -1,0 +1,228 @@
+// `dsv4 bench model`: one sequence through the whole forward pass on a backend — prefill tokens/s and decode
+// ms/step, weight bytes read per decode step, achieved GB/s against the device's copy bandwidth measured in the same
+// run, the same figures extrapolated to the config's full layer count (`*_full`), and a per-op time breakdown.
+//   dsv4 bench model (-m DIR | --config FILE) [--load-format auto|dummy|safetensors] [--layers N] [--device D]
+//                    [--numerics reference|dense] [--batch 1] [--ctx C] [--prefill T] [--steps S] [--json]
+// --load-format dummy (the default with --config) builds weights of the config's exact shapes and formats with
+// pseudo-random values on the device, reading no tensor file (model/dummy_weights.h); --layers N keeps the first N
+// layers of the schedule (24 layers of V4-Flash fit one H200).
+// Extrapolation: decode time scales with the weight bytes (layers x per-layer bytes + the head), prefill time with
+// the layer count. The per-op breakdown comes from a separate run with a synchronization around every op
+// (backend/profiled_ops.h), so its total exceeds the timed run by the launch + sync latencies.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.h"
+#include "backend/profiled_ops.h"
+#include "cli/command.h"
+#include "cli/device_option.h"
+#include "core/error.h"
+#include "model/dummy_weights.h"
+#include "model/model.h"
+#include "model/sequence.h"
+
+namespace dsv4::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+struct ModelBenchOpts {
+  std::string model, config, load_format = "auto", device, numerics = "reference";
+  int layers = 0, batch = 1, steps = 32;
+  int64_t ctx = 0, prefill = 512;
+  bool json = false, no_profile = false;
+};
+
+// Device copy bandwidth (read + write bytes / s) of a 1 GiB buffer, best of 5.
+double copy_gbps(Backend& be) {
+  const size_t bytes = size_t(1) << 30;
+  Buffer a(be, bytes, "bandwidth test"), b(be, bytes, "bandwidth test");
+  be.fill_random(a.data(), bytes, Backend::RandomFill::fp4_pairs, 0, 1);
+  be.copy_on_device(b.data(), a.data(), bytes);
+  be.synchronize();
+  double best = 0;
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = Clock::now();
+    be.copy_on_device(b.data(), a.data(), bytes);
+    be.synchronize();
+    best = std::max(best, 2.0 * double(bytes) / since(t0) / 1e9);
+  }
+  return best;
+}
+
+std::vector<int32_t> random_ids(int64_t n, int32_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> d(2, vocab - 1);
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+nlohmann::json op_table(const ProfiledOps& p, double per) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [name, e] : p.times()) j[name] = {{"ms", e.seconds * 1e3 / per}, {"calls", double(e.calls) / per}};
+  return j;
+}
+
+int run_model_bench(const ModelBenchOpts& o) {
+  auto say = [&](const std::string& s) {
+    std::fprintf(stderr, "%s\n", s.c_str());
+    std::fflush(stderr);
+  };
+  if (o.model.empty() == o.config.empty()) fail("bench model: give exactly one of -m DIR and --config FILE");
+  const std::string fmt_ = o.load_format == "auto" ? (o.config.empty() ? "safetensors" : "dummy") : o.load_format;
+  if (fmt_ != "dummy" && fmt_ != "safetensors")
+    fail("bench model: --load-format must be auto, dummy or safetensors (got '{}')", o.load_format);
+  if (fmt_ == "safetensors" && o.model.empty()) fail("bench model: --load-format safetensors needs -m DIR");
+  if (o.batch != 1)
+    fail("bench model: --batch {} needs batched decoding of several sequences, which dsv4 does not have yet; use "
+         "--batch 1",
+         o.batch);
+  if (o.steps < 1) fail("bench model: --steps must be >= 1");
+  if (o.prefill < 0 || o.ctx < 0) fail("bench model: --prefill and --ctx must be >= 0");
+  const auto num = parse_numerics(o.numerics);
+  if (!num) fail("bench model: --numerics must be reference or dense (got '{}')", o.numerics);
+  const std::filesystem::path cfg_path =
+      o.config.empty() ? std::filesystem::path(o.model) / "config.json" : std::filesystem::path(o.config);
+  const ModelConfig full = load_config(cfg_path);
+  if (o.layers < 0 || o.layers > full.num_hidden_layers)
+    fail("bench model: --layers must be in [1, {}] (got {})", full.num_hidden_layers, o.layers);
+  const ModelConfig cfg = keep_first_layers(full, o.layers);
+  if (fmt_ == "safetensors" && cfg.num_hidden_layers != full.num_hidden_layers)
+    fail("bench model: --layers needs --load-format dummy (a checkpoint holds all of its layers)");
+  if (o.ctx + o.prefill + o.steps + 1 > cfg.max_position_embeddings) fail("bench model: --ctx + --prefill too long");
+
+  ModelOptions mo;
+  mo.numerics = *num;
+  mo.device = resolve_device(o.device);
+  mo.ubatch = std::max<int64_t>(256, o.prefill);
+  const auto t_load = Clock::now();
+  say(fmt::format("bench model: {} {} layers of {} ({}), {} numerics, device {}", fmt_, cfg.num_hidden_layers,
+                  full.num_hidden_layers, cfg_path.string(), o.numerics, mo.device.name()));
+  std::unique_ptr<Model> m = fmt_ == "dummy" ? Model::load_dummy(cfg, mo) : Model::load(o.model, mo);
+  Backend& be = m->backend();
+  say(fmt::format("loaded in {:.1f} s on {}", since(t_load), be.description()));
+  const double copy = copy_gbps(be);
+  say(fmt::format("copy bandwidth {:.0f} GB/s", copy));
+
+  nlohmann::json out;
+  out["device"] = be.description();
+  out["layers"] = cfg.num_hidden_layers;
+  out["layers_full"] = full.num_hidden_layers;
+  out["batch"] = o.batch;
+  out["ctx"] = o.ctx;
+  out["prefill"] = o.prefill;
+  out["steps"] = o.steps;
+  out["numerics"] = o.numerics;
+  out["load_format"] = fmt_;
+  out["copy_GBps"] = copy;
+  const double layer_scale = double(full.num_hidden_layers) / double(cfg.num_hidden_layers);
+
+  // prefill: a warm-up run of the same length, then the timed one (fresh sequences)
+  if (o.prefill > 0) {
+    const auto ids = random_ids(o.prefill, int32_t(cfg.vocab_size), 11);
+    std::vector<float> lg(static_cast<size_t>(cfg.vocab_size));
+    for (int rep = 0; rep < 2; ++rep) {
+      ModelSequence seq(*m);
+      const auto t0 = Clock::now();
+      seq.append(ids, lg);
+      const double t = since(t0);
+      if (rep == 1) {
+        out["prefill_ms"] = t * 1e3;
+        out["prefill_tok_s"] = double(o.prefill) / t;
+        out["prefill_tok_s_full"] = double(o.prefill) / (t * layer_scale);
+        say(fmt::format("prefill {} tokens: {:.1f} ms, {:.0f} tok/s ({:.0f} tok/s at {} layers)", o.prefill, t * 1e3,
+                        double(o.prefill) / t, double(o.prefill) / (t * layer_scale), full.num_hidden_layers));
+      }
+    }
+  }
+
+  // decode: ctx tokens already in the sequence, then steps single-token steps (2 warm-up steps first)
+  uint64_t outside = 0;
+  const uint64_t bytes = m->decode_weight_bytes(&outside);
+  const uint64_t bytes_full = outside + uint64_t(double(bytes - outside) * layer_scale);
+  {
+    ModelSequence seq(*m);
+    std::vector<float> lg(static_cast<size_t>(cfg.vocab_size));
+    const auto ctx_ids = random_ids(std::max<int64_t>(o.ctx, 1), int32_t(cfg.vocab_size), 12);
+    seq.append(ctx_ids, lg);
+    auto step = [&] {
+      const int32_t t = int32_t(std::max_element(lg.begin(), lg.end()) - lg.begin());
+      seq.append(std::span<const int32_t>(&t, 1), lg);
+    };
+    step();
+    step();
+    const auto t0 = Clock::now();
+    for (int i = 0; i < o.steps; ++i) step();
+    const double t = since(t0) / o.steps;
+    const double gbs = double(bytes) / t / 1e9;
+    const double t_full = t * double(bytes_full) / double(bytes);
+    out["decode_ms_per_step"] = t * 1e3;
+    out["decode_tok_s"] = double(o.batch) / t;
+    out["decode_ms_per_step_full"] = t_full * 1e3;
+    out["decode_tok_s_full"] = double(o.batch) / t_full;
+    out["weight_bytes_per_step"] = bytes;
+    out["weight_bytes_per_step_full"] = bytes_full;
+    out["achieved_GBps"] = gbs;
+    out["pct_of_copy"] = 100.0 * gbs / copy;
+    say(fmt::format("decode at ctx {}: {:.2f} ms/step, {:.1f} tok/s; {:.2f} GB of weights per step -> {:.0f} GB/s = "
+                    "{:.1f}% of copy; at {} layers: {:.2f} ms/step, {:.1f} tok/s",
+                    std::max<int64_t>(o.ctx, 1), t * 1e3, 1.0 / t, double(bytes) / 1e9, gbs, 100.0 * gbs / copy,
+                    full.num_hidden_layers, t_full * 1e3, 1.0 / t_full));
+    if (!o.no_profile) {
+      ProfiledOps prof(be);
+      m->set_op_hook(&prof);
+      const int n = std::min(o.steps, 4);
+      for (int i = 0; i < n; ++i) step();
+      m->set_op_hook(nullptr);
+      out["decode_ops"] = op_table(prof, n);
+      std::string line;
+      std::vector<std::pair<double, std::string>> v;
+      for (const auto& [k, e] : prof.times()) v.push_back({e.seconds * 1e3 / n, k});
+      std::sort(v.rbegin(), v.rend());
+      for (size_t i = 0; i < v.size() && i < 8; ++i) line += fmt::format(" {} {:.2f}", v[i].second, v[i].first);
+      say("decode ms/step by op (synchronized per op):" + line);
+    }
+  }
+  if (o.prefill > 0 && !o.no_profile) {
+    ProfiledOps prof(be);
+    m->set_op_hook(&prof);
+    ModelSequence seq(*m);
+    std::vector<float> lg(static_cast<size_t>(cfg.vocab_size));
+    seq.append(random_ids(o.prefill, int32_t(cfg.vocab_size), 13), lg);
+    m->set_op_hook(nullptr);
+    out["prefill_ops"] = op_table(prof, 1);
+  }
+  if (o.json) std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}
+
+}  // namespace
+
+void setup_bench_model(CLI::App& app, Runner& run) {
+  auto o = std::make_shared<ModelBenchOpts>();
+  app.add_option("-m,--model", o->model, "checkpoint folder");
+  app.add_option("--config", o->config, "config.json of the model to build (with --load-format dummy)");
+  app.add_option("--load-format", o->load_format, "auto (dummy with --config) | dummy | safetensors");
+  app.add_option("--layers", o->layers, "keep the first N layers of the schedule (dummy weights; 0: all)");
+  add_device_option(app, o->device);
+  app.add_option("--numerics", o->numerics, "reference | dense");
+  app.add_option("--batch", o->batch, "sequences per decode step (1)");
+  app.add_option("--ctx", o->ctx, "tokens already in the sequence before the decode steps");
+  app.add_option("--prefill", o->prefill, "prefill chunk length (tokens; 0: skip)");
+  app.add_option("--steps", o->steps, "timed decode steps");
+  app.add_flag("--no-profile", o->no_profile, "skip the per-op breakdown runs");
+  app.add_flag("--json", o->json, "print one JSON object on stdout (progress stays on stderr)");
+  run = [o] { return run_model_bench(*o); };
+}
+
+}  // namespace dsv4::cli

@@ -1,0 +1,124 @@
+#include "model/dummy_weights.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "backend/random_fill.h"
+#include "core/error.h"
+#include "format/numeric.h"
+#include "loader/layout.h"
+
+namespace dsv4 {
+
+namespace {
+
+double gib(uint64_t b) { return double(b) / double(uint64_t(1) << 30); }
+
+bool ends_with(const std::string& s, const char* suf) {
+  const size_t n = std::strlen(suf);
+  return s.size() >= n && s.compare(s.size() - n, n, suf) == 0;
+}
+
+// Generated on the device: matrices of the GEMM formats and their scales.
+bool device_tensor(const TensorSpec& t) {
+  if (t.dtype == DType::F8_E4M3 || t.dtype == DType::I8) return true;
+  if (t.dtype == DType::F8_E8M0) return true;
+  return t.dtype == DType::BF16 && t.shape.size() == 2;
+}
+
+// Exponent of 2 closest to 1/sqrt(n) (weights scaled like a variance-preserving init).
+float inv_sqrt_exp(int64_t n) { return float(std::lround(-0.5 * std::log2(double(std::max<int64_t>(n, 1))))); }
+
+}  // namespace
+
+ModelConfig keep_first_layers(const ModelConfig& cfg, int n) {
+  if (n <= 0 || n >= cfg.num_hidden_layers) return cfg;
+  ModelConfig c = cfg;
+  std::vector<int> r(cfg.compress_ratios.begin(), cfg.compress_ratios.begin() + n);
+  r.insert(r.end(), cfg.compress_ratios.begin() + cfg.num_hidden_layers, cfg.compress_ratios.end());
+  c.compress_ratios = r;
+  c.num_hidden_layers = n;
+  c.num_hash_layers = std::min(c.num_hash_layers, n);
+  return c;
+}
+
+DummyCheckpoint make_dummy_checkpoint(const ModelConfig& cfg, Backend& be, uint64_t seed) {
+  const std::vector<TensorSpec> layout = checkpoint_layout(cfg, false);
+  DummyCheckpoint ck;
+  for (const auto& t : layout) (device_tensor(t) ? ck.device_bytes : ck.host_bytes) += t.nbytes();
+  if (!be.device().is_cpu()) {
+    const MemoryInfo mi = be.memory();
+    const uint64_t slack = uint64_t(1) << 30;
+    if (ck.device_bytes + slack > mi.free)
+      fail("dummy weights of {} ({} layers) need {:.2f} GiB on {} but {:.2f} GiB are free; use fewer --layers",
+           cfg.origin, cfg.num_hidden_layers, gib(ck.device_bytes + slack), be.device().name(), gib(mi.free));
+  }
+  std::vector<TensorInfo> infos;
+  infos.reserve(layout.size());
+  // the FP8 / FP4 scale exponents follow their matrix (the .weight entry precedes its .scale in the layout)
+  float scale_exp = -7;
+  uint64_t k = 0;
+  std::vector<char> dev;
+  for (const auto& t : layout) {
+    TensorInfo ti;
+    ti.name = t.name;
+    ti.dtype = t.dtype;
+    ti.shape = t.shape;
+    ti.nbytes = t.nbytes();
+    ti.file = "(dummy)";
+    const uint64_t s = seed * 1000003ull + (++k);
+    if (device_tensor(t)) {
+      ck.device.emplace_back(be, size_t(ti.nbytes), "dummy weights");
+      void* p = ck.device.back().data();
+      const int64_t in = t.shape.back();
+      switch (t.dtype) {
+        case DType::F8_E4M3:  // codes ~ magnitude 0.7 rms; scale 2^(e) with e ~ -log2(sqrt(in))
+          be.fill_random(p, size_t(ti.nbytes), Backend::RandomFill::e4m3, 0, s);
+          scale_exp = inv_sqrt_exp(in);
+          break;
+        case DType::I8:  // e2m1 pairs, rms ~ 2.9 per code; per-32 scale compensates
+          be.fill_random(p, size_t(ti.nbytes), Backend::RandomFill::fp4_pairs, 0, s);
+          scale_exp = inv_sqrt_exp(in * 2) - 1.5f;
+          break;
+        case DType::F8_E8M0: be.fill_random(p, size_t(ti.nbytes), Backend::RandomFill::e8m0, scale_exp, s); break;
+        default: {  // BF16 matrices: uniform with rms 1/sqrt(in) (router gate: logits ~N(0, 1))
+          const float a = float(std::sqrt(3.0 / double(in)));
+          be.fill_random(p, size_t(ti.nbytes), Backend::RandomFill::bf16, a, s);
+        }
+      }
+      ti.data = static_cast<const uint8_t*>(p);
+    } else {
+      std::vector<uint8_t> h(size_t(ti.nbytes));
+      const int64_t n = int64_t(ti.nbytes) / int64_t(dtype_size(t.dtype));
+      auto rnd = [&](int64_t i) { return double(random_bits(s, uint64_t(i)) >> 11) * 0x1p-53; };  // [0, 1)
+      auto put_f32 = [&](int64_t i, float v) { std::memcpy(&h[size_t(i) * 4], &v, 4); };
+      if (t.dtype == DType::I64) {  // tid2eid: random expert ids
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t e = int64_t(random_bits(s, uint64_t(i)) % uint64_t(cfg.n_routed_experts));
+          std::memcpy(&h[size_t(i) * 8], &e, 8);
+        }
+      } else if (t.dtype == DType::BF16) {  // norm weights: 1
+        const uint16_t one = float_to_bf16_rne(1.0f);
+        for (int64_t i = 0; i < n; ++i) std::memcpy(&h[size_t(i) * 2], &one, 2);
+      } else if (ends_with(t.name, "_fn")) {  // mHC mixing matrices: small
+        const float a = float(0.5 / std::sqrt(double(t.shape.back())));
+        for (int64_t i = 0; i < n; ++i) put_f32(i, float((2 * rnd(i) - 1) * a));
+      } else if (ends_with(t.name, "_scale")) {
+        for (int64_t i = 0; i < n; ++i) put_f32(i, float(0.5 + rnd(i)));
+      } else {  // bases, ape, sinks, router bias: N-ish(0, 0.5)
+        for (int64_t i = 0; i < n; ++i) put_f32(i, float(rnd(i) - 0.5));
+      }
+      ck.host.push_back(std::move(h));
+      ti.data = ck.host.back().data();
+    }
+    infos.push_back(std::move(ti));
+    dev.push_back(device_tensor(t));
+  }
+  be.synchronize();
+  ck.set = std::make_unique<SafetensorsSet>(SafetensorsSet::from_tensors("dummy:" + cfg.origin, std::move(infos)));
+  for (size_t i = 0; i < dev.size(); ++i)
+    if (dev[i] && !be.device().is_cpu()) ck.on_device.insert(&ck.set->tensors()[i]);
+  return ck;
+}
+
+}  // namespace dsv4
