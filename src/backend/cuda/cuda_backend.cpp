@@ -1,0 +1,171 @@
+#include "backend/cuda/cuda_backend.h"
+
+#include <fmt/format.h>
+
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/kernels.h"
+#include "core/error.h"
+
+namespace dsv4::cuda {
+
+namespace {
+double gib(size_t b) { return double(b) / double(size_t(1) << 30); }
+
+size_t scale_bytes(const WeightView& w) {
+  if (w.fmt == GemmFormat::fp8) {
+    const int64_t r = (w.rows + w.block_rows - 1) / w.block_rows, c = (w.cols + w.block_cols - 1) / w.block_cols;
+    return size_t(r * c) * (w.scale_f32 ? 4 : 1);
+  }
+  if (w.fmt == GemmFormat::fp4) return size_t(w.rows * ((w.cols + 31) / 32));
+  return 0;
+}
+}  // namespace
+
+void check(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return;
+  const char* hint = "";
+  switch (err) {
+    case cudaErrorMemoryAllocation: hint = " (out of GPU memory: use a smaller --ctx, fewer layers, or --device cpu)"; break;
+    case cudaErrorInsufficientDriver:
+    case cudaErrorNoDevice: hint = " (no usable NVIDIA driver/GPU: check nvidia-smi, or use --device cpu)"; break;
+    default: hint = " (a GPU error: rerun with -v; if it persists, report it with the command line)"; break;
+  }
+  fail("CUDA {}: {}{}", what, cudaGetErrorString(err), hint);
+}
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+CudaBackend::CudaBackend(int index) : index_(index) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    fail("--device cuda:{}: no CUDA device is usable ({}); check the NVIDIA driver with nvidia-smi, or use --device cpu",
+         index, cudaGetErrorString(e));
+  }
+  if (index < 0 || index >= n)
+    fail("--device cuda:{}: this machine has {} CUDA device(s) (cuda:0 ... cuda:{}); use one of them or --device cpu",
+         index, n, n - 1);
+  check(cudaSetDevice(index), "cudaSetDevice");
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, index), "cudaGetDeviceProperties");
+  name_ = prop.name;
+  total_ = prop.totalGlobalMem;
+  cc_major_ = prop.major;
+  cc_minor_ = prop.minor;
+  check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  ops_ = std::make_unique<CudaOps>(*this);
+}
+
+CudaBackend::~CudaBackend() {
+  activate();
+  if (stream_) (void)cudaStreamSynchronize(stream_);
+  release_workspace();
+  if (stream_) (void)cudaStreamDestroy(stream_);
+}
+
+void CudaBackend::activate() const { (void)cudaSetDevice(index_); }
+
+std::string CudaBackend::description() const {
+  return fmt::format("cuda:{} {}, {:.1f} GiB, sm_{}{}", index_, name_, gib(total_), cc_major_, cc_minor_);
+}
+
+const Ops& CudaBackend::ops() const { return *ops_; }
+
+MemoryInfo CudaBackend::memory() const {
+  activate();
+  MemoryInfo m;
+  check(cudaMemGetInfo(&m.free, &m.total), "cudaMemGetInfo");
+  return m;
+}
+
+void* CudaBackend::alloc(size_t bytes, const char* what) {
+  activate();
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    size_t fr = 0, tot = 0;
+    (void)cudaMemGetInfo(&fr, &tot);
+    fail("out of GPU memory on cuda:{}: {} needs {} bytes ({:.2f} GiB), {:.2f} GiB of {:.2f} GiB free; use a smaller "
+         "--ctx, or --device cpu",
+         index_, what, bytes, gib(bytes), gib(fr), gib(tot));
+  }
+  return p;
+}
+
+void CudaBackend::free(void* p) noexcept {
+  if (!p) return;
+  activate();
+  (void)cudaFree(p);
+}
+
+void CudaBackend::copy_to_device(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  activate();
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "copy to device");
+}
+
+void CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  activate();
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "copy to host");
+  check(cudaStreamSynchronize(stream_), "synchronize (copy to host)");
+}
+
+void CudaBackend::copy_on_device(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  activate();
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy on device");
+}
+
+void CudaBackend::synchronize() {
+  activate();
+  check(cudaStreamSynchronize(stream_), "synchronize");
+  check(cudaGetLastError(), "kernel launch");
+}
+
+void CudaBackend::fill_random(void* p, size_t bytes, RandomFill kind, float param, uint64_t seed) {
+  activate();
+  cuda::fill_random(p, bytes, int(kind), param, seed, stream_);
+  check(cudaGetLastError(), "fill_random");
+}
+
+size_t CudaBackend::resident_bytes(const WeightView& h) const {
+  size_t b = size_t(h.rows * h.row_bytes()) + scale_bytes(h);
+  b += weight_aux_bytes(h);
+  return b;
+}
+
+WeightView CudaBackend::upload(const WeightView& h, std::vector<Buffer>& weights_) {
+  WeightView d = h;
+  if (!h.w) return d;
+  const size_t wb = size_t(h.rows * h.row_bytes());
+  weights_.push_back(upload_bytes(h.w, wb, "weights"));
+  d.w = weights_.back().as<uint8_t>();
+  const size_t sb = scale_bytes(h);
+  if (sb && h.scale) {
+    weights_.push_back(upload_bytes(h.scale, sb, "weight scales"));
+    d.scale = weights_.back().as<uint8_t>();
+  }
+  d.aux = nullptr;
+  const size_t ab = weight_aux_bytes(d);
+  if (ab) {
+    weights_.emplace_back(*this, ab, "weight scales");
+    build_weight_aux(d, weights_.back().data(), stream_);
+    check(cudaGetLastError(), "build weight data");
+    d.aux = weights_.back().data();
+  }
+  return d;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int index) { return std::make_unique<CudaBackend>(index); }
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,131 @@
+#include "backend/cuda/cuda_ops.h"
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kernels.h"
+
+namespace dsv4::cuda {
+
+namespace {
+// A launch error (bad configuration, missing kernel image for this GPU) surfaces here; faults inside kernels surface
+// at the next synchronize().
+void launched(const char* op) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) check(e, op);
+}
+}  // namespace
+
+#define DSV4_CUDA_OP(name, ...)        \
+  do {                                 \
+    be_.activate();                    \
+    cuda::name(__VA_ARGS__, be_.stream()); \
+    launched(#name);                   \
+  } while (0)
+
+void CudaOps::linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o) const {
+  if (n_tok <= 0) return;
+  Workspace::Scope scope(be_.workspace());
+  void* scratch = be_.workspace().alloc_bytes(linear_scratch_bytes(W, n_tok, o));
+  DSV4_CUDA_OP(linear, W, x, n_tok, y, o, scratch);
+}
+
+void CudaOps::fill(float* x, int64_t n, float value) const {
+  if (n > 0) DSV4_CUDA_OP(fill, x, n, value);
+}
+void CudaOps::round_bf16(float* x, int64_t n) const {
+  if (n > 0) DSV4_CUDA_OP(round_bf16, x, n);
+}
+void CudaOps::scale(float* x, int64_t n, float alpha, bool bf16) const {
+  if (n > 0) DSV4_CUDA_OP(scale, x, n, alpha, bf16);
+}
+void CudaOps::embed(const WeightView& table, const int32_t* ids, int64_t n_tok, int copies, float* out) const {
+  if (n_tok > 0) DSV4_CUDA_OP(embed, table, ids, n_tok, copies, out);
+}
+void CudaOps::rmsnorm(const float* x, int64_t n_rows, int64_t dim, const float* w, float eps, bool bf16,
+                      float* y) const {
+  if (n_rows > 0) DSV4_CUDA_OP(rmsnorm, x, n_rows, dim, w, eps, bf16, y);
+}
+void CudaOps::head_rms(float* x, int64_t n_rows, int64_t dim, float eps, bool bf16) const {
+  if (n_rows > 0) DSV4_CUDA_OP(head_rms, x, n_rows, dim, eps, bf16);
+}
+void CudaOps::rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, int64_t rd, const float* cos_sin,
+                   bool inverse, bool bf16) const {
+  if (n_tok > 0) DSV4_CUDA_OP(rope, x, n_tok, n_heads, head_dim, rd, cos_sin, inverse, bf16);
+}
+void CudaOps::fp8_sim(float* x, int64_t n_rows, int64_t row_stride, int64_t n_cols, int64_t block) const {
+  if (n_rows > 0) DSV4_CUDA_OP(fp8_sim, x, n_rows, row_stride, n_cols, block);
+}
+void CudaOps::fp4_sim(float* x, int64_t n_rows, int64_t dim) const {
+  if (n_rows > 0) DSV4_CUDA_OP(fp4_sim, x, n_rows, dim);
+}
+void CudaOps::hadamard(float* x, int64_t n_rows, int64_t dim, bool bf16) const {
+  if (n_rows > 0) DSV4_CUDA_OP(hadamard, x, n_rows, dim, bf16);
+}
+void CudaOps::check_finite(const float* x, int64_t n_rows, int64_t dim, int32_t* bad) const {
+  if (n_rows > 0) DSV4_CUDA_OP(check_finite, x, n_rows, dim, bad);
+}
+void CudaOps::gather_rows(const float* a, int64_t n_a, const float* b, const int32_t* idx, int64_t n, int64_t dim,
+                          float* out) const {
+  if (n > 0) DSV4_CUDA_OP(gather_rows, a, n_a, b, idx, n, dim, out);
+}
+void CudaOps::scatter_rows(const float* src, const int32_t* src_idx, float* dst, const int32_t* dst_idx, int64_t n,
+                           int64_t dim) const {
+  if (n > 0) DSV4_CUDA_OP(scatter_rows, src, src_idx, dst, dst_idx, n, dim);
+}
+void CudaOps::add_rows(float* x, int64_t n, int64_t dim, const float* table, const int32_t* rows) const {
+  if (n > 0) DSV4_CUDA_OP(add_rows, x, n, dim, table, rows);
+}
+void CudaOps::hc_pre(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale,
+                     const float* base, int sinkhorn_iters, float hc_eps, float norm_eps, bool bf16, float* u,
+                     float* post, float* comb) const {
+  if (n_tok > 0)
+    DSV4_CUDA_OP(hc_pre, X, n_tok, hc, dim, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps, bf16, u, post, comb);
+}
+void CudaOps::hc_post(const float* f, const float* X, const float* post, const float* comb, int64_t n_tok, int hc,
+                      int64_t dim, bool bf16, float* Xout) const {
+  if (n_tok > 0) DSV4_CUDA_OP(hc_post, f, X, post, comb, n_tok, hc, dim, bf16, Xout);
+}
+void CudaOps::hc_head(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale,
+                      const float* base, float hc_eps, float norm_eps, bool bf16, float* u) const {
+  if (n_tok > 0) DSV4_CUDA_OP(hc_head, X, n_tok, hc, dim, fn, scale, base, hc_eps, norm_eps, bf16, u);
+}
+void CudaOps::sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, const KvRows& kv,
+                               const int32_t* win_idx, int64_t k_win, const int32_t* comp_idx, int64_t k_comp,
+                               const float* sink, float scale, bool bf16, float* out) const {
+  if (n_tok > 0)
+    DSV4_CUDA_OP(sparse_attention, q, n_tok, n_heads, kv, win_idx, k_win, comp_idx, k_comp, sink, scale, bf16, out);
+}
+void CudaOps::compress_pool(const float* kv, const float* score, int64_t n_tok, const float* state_kv,
+                            const float* state_score, const int32_t* cand, int64_t n_emit, int64_t n_cand, int coff,
+                            int64_t c, float* out) const {
+  if (n_emit > 0)
+    DSV4_CUDA_OP(compress_pool, kv, score, n_tok, state_kv, state_score, cand, n_emit, n_cand, coff, c, out);
+}
+void CudaOps::indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_t dim, const float* keys,
+                           const int32_t* n_visible, int64_t max_visible, const float* w, int64_t topk, bool bf16,
+                           int32_t* sel) const {
+  if (n_tok <= 0) return;
+  Workspace::Scope scope(be_.workspace());
+  void* scratch = be_.workspace().alloc_bytes(indexer_topk_scratch_bytes(n_tok, max_visible, topk));
+  DSV4_CUDA_OP(indexer_topk, q, n_tok, n_heads, dim, keys, n_visible, max_visible, w, topk, bf16, sel, scratch);
+}
+void CudaOps::route(const float* logits, int64_t n_tok, int64_t n_experts, int64_t k, const float* bias,
+                    const int32_t* tid2eid, const int32_t* tokens, float route_scale, int32_t* ids_out,
+                    float* w_out) const {
+  if (n_tok > 0)
+    DSV4_CUDA_OP(route, logits, n_tok, n_experts, k, bias, tid2eid, tokens, route_scale, ids_out, w_out);
+}
+void CudaOps::swiglu(const float* g, const float* up, int64_t n_rows, int64_t dim, float limit, const float* row_w,
+                     bool bf16, float* h) const {
+  if (n_rows > 0) DSV4_CUDA_OP(swiglu, g, up, n_rows, dim, limit, row_w, bf16, h);
+}
+void CudaOps::moe(const MoeWeights& w, const float* x, int64_t n_tok, const int32_t* ids, const float* wts, int64_t k,
+                  float swiglu_limit, const LinearOpts& q, bool bf16, float* y) const {
+  if (n_tok <= 0) return;
+  Workspace::Scope scope(be_.workspace());
+  void* scratch = be_.workspace().alloc_bytes(moe_scratch_bytes(w, n_tok, k, q));
+  DSV4_CUDA_OP(moe, w, x, n_tok, ids, wts, k, swiglu_limit, q, bf16, y, scratch);
+}
+
+#undef DSV4_CUDA_OP
+
+}  // namespace dsv4::cuda

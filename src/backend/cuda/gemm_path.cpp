@@ -1,0 +1,34 @@
+#include "backend/cuda/gemm_path.h"
+
+#include <atomic>
+
+#include "core/error.h"
+
+namespace dsv4::cuda {
+
+namespace {
+std::atomic<int> g_path{static_cast<int>(GemmPath::auto_)};
+std::atomic<int> g_last{static_cast<int>(GemmPath::auto_)};
+}  // namespace
+
+void set_gemm_path(GemmPath p) { g_path.store(static_cast<int>(p)); }
+GemmPath gemm_path() { return static_cast<GemmPath>(g_path.load()); }
+GemmPath last_gemm_path() { return static_cast<GemmPath>(g_last.load()); }
+
+const char* gemm_path_name(GemmPath p) {
+  switch (p) {
+    case GemmPath::auto_: return "auto";
+    case GemmPath::simt: return "simt";
+    case GemmPath::small_m: return "small_m";
+    case GemmPath::cublaslt: return "cublaslt";
+  }
+  return "?";
+}
+
+namespace gemm_internal {
+
+void fail_msg(const std::string& msg) { throw Error(msg); }
+void note_path(GemmPath p) { g_last.store(static_cast<int>(p)); }
+
+}  // namespace gemm_internal
+}  // namespace dsv4::cuda

@@ -1,0 +1,100 @@
+// GEMM path selection of the CUDA linear() (k_gemm.cu) and the internal interfaces between k_gemm.cu,
+// gemm_cublaslt.cpp and k_moe.cu. Host-only header (no CUDA types beyond cudaStream_t).
+//
+// Paths of linear() (semantics of backend/gemm.h in every case; see k_gemm.cu for the kernels):
+//   simt     : tiled SIMT kernel (64 tokens x 64 rows per block), any shape, any number of tokens.
+//   small_m  : decode kernel (32 rows x 4 tokens per block, K split over the lanes), any shape.
+//   cublaslt : cuBLASLt FP8 block-scaled GEMM ((Q) with FP8 weights only; Hopper sm_90 only; K, the output row
+//              range and its start multiples of 128, K/128 a multiple of 4, weight aux scales present).
+//   auto_    : cublaslt when it can run and n_tok >= 64, else small_m for n_tok <= 8, else simt.
+// simt and small_m use the same per-output summation order ("chunk order", k_gemm.cu), so they give bitwise the same
+// result and row t never depends on n_tok; in (Q) mode that order is the CPU's (gemm.h), so they also equal the CPU
+// bitwise. cuBLASLt uses its own order (tensor-core accumulation inside each 128-K block): deterministic for a given
+// shape, but neither bitwise equal to the other paths nor guaranteed independent of n_tok (algorithm choice).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "backend/ops.h"
+#include "backend/weight_view.h"
+
+namespace dsv4::cuda {
+
+enum class GemmPath { auto_, simt, small_m, cublaslt };
+
+// Process-wide override (tests and benchmarks only; default auto_). A forced path that cannot handle a call falls
+// back to simt (cublaslt also falls back when cuBLASLt returns no algorithm or an error).
+void set_gemm_path(GemmPath p);
+GemmPath gemm_path();
+// The path the most recent linear() of this process actually ran (tests use it to tell which kernel was checked).
+GemmPath last_gemm_path();
+const char* gemm_path_name(GemmPath p);
+
+namespace gemm_internal {
+
+// ---- shared by the launchers ------------------------------------------------------------------------------------
+[[noreturn]] void fail_msg(const std::string& msg);  // throws dsv4::Error
+void note_path(GemmPath p);                          // records last_gemm_path()
+
+// Activation quantization (act_quant, spec §4.3) of `rows` rows of x [rows, K] per 128 columns:
+// fp32 code values q [rows, K] (q may alias x) and scales s [rows, ceil(K/128)].
+void act_quant_f32(const float* x, int64_t rows, int64_t K, float* q, float* s, cudaStream_t stream);
+// The same into e4m3 bytes q8 [rows_pad, K] and scales s_t [ceil(K/128), rows_pad] (column m of block kb at
+// s_t[kb * rows_pad + m], the cuBLASLt VEC128 layout); rows rows..rows_pad-1 get zero codes and scale 1.
+void act_quant_e4m3(const float* x, int64_t rows, int64_t rows_pad, int64_t K, uint8_t* q8, float* s_t,
+                    cudaStream_t stream);
+// y[m, n] = bf16 ? bf16(src[m, n]) : src[m, n] for m < rows, n < cols (row stride cols for both; src may be y).
+void finish_rows(const float* src, int64_t rows, int64_t cols, bool bf16, float* y, cudaStream_t stream);
+
+// ---- cuBLASLt (gemm_cublaslt.cpp) -----------------------------------------------------------------------------
+// Whether the cuBLASLt path is compiled in and the weight's shape / row range allow it (device not checked).
+bool cublaslt_shape_ok(const WeightView& W, int64_t row_begin, int64_t row_end);
+// Whether the current device can run it (compute capability 9.0 exactly); cached per device.
+bool cublaslt_device_ok();
+size_t cublaslt_scratch_bytes(const WeightView& W, int64_t n_tok, int64_t nout);
+// y[n_tok, nout] = (Q) product of x with rows [row_begin, row_begin + nout) of W (FP8, aux = fp32 scale grid).
+// Returns false (having written nothing to y) when cuBLASLt cannot run it; the caller then uses the SIMT path.
+bool cublaslt_linear(const WeightView& W, const float* x, int64_t n_tok, float* y, int64_t row_begin, int64_t nout,
+                     bool out_bf16, void* scratch, cudaStream_t stream);
+// Row stride (floats) of the fp32 weight scale grid kept in WeightView::aux: round_up(ceil(cols/128), 4).
+int64_t aux_scale_ld(const WeightView& W);
+
+// ---- grouped expert GEMMs for the MoE (k_gemm.cu, used by k_moe.cu) -------------------------------------------
+// Expert segments: the (token, slot) pairs sorted by (expert, pair index); segment e is sorted rows
+// [seg_start[e], seg_start[e+1]). Experts with more than kMoeSmallMax rows run on the tiled kernel (M tiles of
+// kMoeTileM rows, big_tile_start[e] = first tile of e, big_tile_start[E] = total); the others (1..kMoeSmallMax rows)
+// on the small kernel, listed in small_list[0 .. *n_small).
+constexpr int kMoeSmallMax = 16;
+constexpr int kMoeTileM = 64;
+
+struct MoeGemmArgs {
+  const ExpertView* table = nullptr;  // device array [E]
+  int64_t n_experts = 0;
+  GemmFormat fmt = GemmFormat::fp4;   // format of every expert matrix of this layer
+  int64_t d_model = 0, inter = 0;     // w1/w3: [inter, d_model]; w2: [d_model, inter]
+  const int32_t* seg_start = nullptr;       // [E+1]
+  const int32_t* big_tile_start = nullptr;  // [E+1]
+  const int32_t* small_list = nullptr;      // [E]
+  const int32_t* n_small = nullptr;         // [1]
+  int64_t n_rows_bound = 0;                 // host-known bound of the number of sorted rows (n_tok * k)
+  const int32_t* row_tok = nullptr;         // [rows] token of each sorted row
+  const float* row_w = nullptr;             // [rows] routing weight of each sorted row
+  bool quant = false;      // (Q): activations are code values with per-128 scales
+  bool out_bf16 = false;   // LinearOpts::out_bf16 of the expert linears
+  bool weight_as_bf16 = false;
+};
+// h[r, :] = swiglu(w1 x, w3 x, limit, row_w[r], bf16) for every sorted row r, x = a[row_tok[r]] (a: [*, d_model],
+// codes in (Q) with scales sa [*, ceil(d_model/128)]).
+void moe_w13(const MoeGemmArgs& g, const float* a, const float* sa, float swiglu_limit, bool bf16, float* h,
+             cudaStream_t stream);
+// o[r, :] = w2 h[r] for every sorted row r (h: [rows, inter], codes in (Q) with scales sh [rows, ceil(inter/128)]).
+void moe_w2(const MoeGemmArgs& g, const float* h, const float* sh, float* o, cudaStream_t stream);
+// h[r, i] = swiglu(g[r, i], up[r, i]) without routing weight (the shared expert), h may alias g.
+void swiglu_rows(const float* g, const float* up, int64_t rows, int64_t dim, float limit, bool bf16, float* h,
+                 cudaStream_t stream);
+
+}  // namespace gemm_internal
+}  // namespace dsv4::cuda

@@ -1,0 +1,446 @@
+// Sparse attention with a per-head sink (spec §4.8; semantics: Ops::sparse_attention in backend/ops.h; reference:
+// CpuOps::sparse_attention in backend/cpu_ops.cpp).
+//
+// Exactness: every operation of the CPU reference is reproduced in the same order, so the result is bitwise equal to
+// the CPU's:
+// * the score dot product uses the CPU's 8 fixed partial sums (lane l accumulates elements l, l+8, ... sequentially,
+//   products and sums rounded separately, no FMA), combined by the same tree ((0+1)+(2+3))+((4+5)+(6+7));
+// * the online softmax runs over the CPU's blocks of 64 entries of the concatenated window + compressed list, with
+//   the running max / rescale / sequential sum of the CPU, P rounded to bf16 for the PV product when bf16;
+// * the PV accumulation of every (head, dim) element is sequential in list order (__fadd_rn(acc, __fmul_rn(p, v)));
+// * exp is expf_glibc below: glibc's expf algorithm (the one CpuOps calls through std::exp) transcribed in double
+//   arithmetic; checked bitwise against glibc 2.36 libm expf for all 2^32 float inputs (both the FMA and the non-FMA
+//   code paths of glibc give the same bits, so the CPU's ifunc choice does not matter).
+// Batch invariance: the arithmetic of one (token, head) does not depend on n_tok or on how heads are grouped into
+// CTAs (the group size G only changes which threads do the work).
+//
+// Structure: one CTA (256 threads) per (token, group of G heads). K = V is one row shared by all heads of a token,
+// so each block of 64 rows is staged in shared memory once and serves the G heads:
+//   1. the 64 row pointers of the block are resolved from the index lists (-1 -> invalid);
+//   2. QK: the rows are staged 128 columns at a time ([64][128] tile) and every thread advances the lane chains of
+//      its (head, row) micro tile; the chains continue across column chunks, so the CPU's element order is kept;
+//   3. softmax: one warp per head computes the block max, the rescale factor, P and the sequential sum;
+//   4. PV: the rows are staged again as [64/NCH rows][all columns] tiles (no re-staging when dim <= 128) and every
+//      thread accumulates its (head, column) elements in row order.
+// Shared memory: G x dim (q) + 64 x 136 (row tile) floats + small, 77 KiB at G = 16, dim = 512.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+#include "backend/cuda/device_numeric.cuh"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/cuda_backend.h"
+
+namespace dsv4::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kBlock = 64;               // entries per online-softmax block (CpuOps::sparse_attention's kBlock)
+constexpr int kChunk = 128;              // columns per QK staging chunk
+constexpr int kRowStride = kChunk + 8;   // floats per staged row of a QK chunk (bank-conflict padding)
+constexpr float kNegInf = -__builtin_huge_valf();
+
+// ---- expf, bit-identical to glibc (sysdeps/ieee754/flt-32/e_expf.c, EXP2F_TABLE_BITS 5, poly order 3) ------------
+// (The same function is in k_compressor.cu; keep the two copies identical.)
+__device__ const uint64_t kExp2fTab[32] = {
+    0x3ff0000000000000ull, 0x3fefd9b0d3158574ull, 0x3fefb5586cf9890full, 0x3fef9301d0125b51ull,
+    0x3fef72b83c7d517bull, 0x3fef54873168b9aaull, 0x3fef387a6e756238ull, 0x3fef1e9df51fdee1ull,
+    0x3fef06fe0a31b715ull, 0x3feef1a7373aa9cbull, 0x3feedea64c123422ull, 0x3feece086061892dull,
+    0x3feebfdad5362a27ull, 0x3feeb42b569d4f82ull, 0x3feeab07dd485429ull, 0x3feea47eb03a5585ull,
+    0x3feea09e667f3bcdull, 0x3fee9f75e8ec5f74ull, 0x3feea11473eb0187ull, 0x3feea589994cce13ull,
+    0x3feeace5422aa0dbull, 0x3feeb737b0cdc5e5ull, 0x3feec49182a3f090ull, 0x3feed503b23e255dull,
+    0x3feee89f995ad3adull, 0x3feeff76f2fb5e47ull, 0x3fef199bdd85529cull, 0x3fef3720dcef9069ull,
+    0x3fef5818dcfba487ull, 0x3fef7c97337b9b5full, 0x3fefa4afa2a490daull, 0x3fefd0765b6e4540ull};
+
+__device__ __forceinline__ float expf_glibc(float x) {
+  const uint32_t ux = __float_as_uint(x);
+  const uint32_t abstop = (ux >> 20) & 0x7ffu;
+  if (abstop >= 0x42bu) {                          // |x| >= 88 or x is NaN
+    if (ux == 0xff800000u) return 0.0f;            // -inf
+    if (abstop >= 0x7f8u) return __fadd_rn(x, x);  // +inf or NaN
+    if (x > 0x1.62e42ep6f) return __int_as_float(0x7f800000);  // overflow
+    if (x < -0x1.9fe368p6f) return 0.0f;                       // underflow
+    if (x < -0x1.9d1d9ep6f) return __int_as_float(1);          // glibc __math_may_uflowf: 0x1.4p-75f^2 = 2^-149
+  }
+  const double InvLn2N = 0x1.71547652b82fep+0 * 32.0, Shift = 0x1.8p+52;
+  const double C0 = 0x1.c6af84b912394p-5 / 32.0 / 32.0 / 32.0, C1 = 0x1.ebfce50fac4f3p-3 / 32.0 / 32.0,
+               C2 = 0x1.62e42ff0c52d6p-1 / 32.0;
+  const double xd = double(x);
+  double kd = __fma_rn(InvLn2N, xd, Shift);
+  const uint64_t ki = uint64_t(__double_as_longlong(kd));
+  kd = __dsub_rn(kd, Shift);
+  const double r = __fma_rn(InvLn2N, xd, -kd);
+  const uint64_t t = kExp2fTab[ki % 32] + (ki << 47);
+  const double s = __longlong_as_double((long long)t);
+  const double z = __fma_rn(C0, r, C1);
+  const double r2 = __dmul_rn(r, r);
+  double y = __fma_rn(C2, r, 1.0);
+  y = __fma_rn(z, r2, y);
+  y = __dmul_rn(y, s);
+  return __double2float_rn(y);
+}
+
+// ---- the kernel ------------------------------------------------------------------------------------------------
+struct AttnArgs {
+  const float* q;
+  int64_t n_heads, dim;
+  const float* ring;
+  int64_t n_ring;
+  const float* fresh;
+  const float* comp;
+  const int32_t* win_idx;
+  int64_t k_win;
+  const int32_t* comp_idx;
+  int64_t k_comp;
+  const float* sink;
+  float scale;
+  bool bf16;
+  bool vec;  // dim % 4 == 0 and every row base 16-byte aligned: float4 global loads
+  float* out;
+};
+
+template <int G, int NCH>
+struct AttnCfg {
+  static constexpr int DPAD = NCH * kChunk;       // staged columns (dim rounded up, zero padded)
+  static constexpr int QS = DPAD + 4;             // q row stride (floats); == 4 mod 32: conflict-free head reads
+  static constexpr int RPT = kBlock / NCH;        // rows per PV tile
+  static constexpr int PS = DPAD + 8;             // PV tile row stride (== kRowStride when NCH == 1)
+  // QK micro tile: HT heads x JT rows x LS lane chains per thread; NU threads share one dot product's 8 lanes.
+  static constexpr int LS = G >= 4 ? 8 : (G == 2 ? 4 : 2);
+  static constexpr int HT = G >= 8 ? 2 : 1;
+  static constexpr int JT = G >= 16 ? 2 : 1;
+  static constexpr int NU = 8 / LS;
+  static constexpr int NHI = G / HT;
+  static constexpr int NRI = kBlock / JT;
+  static_assert(NU * NHI * NRI == kThreads, "QK mapping must cover the CTA");
+  // PV: every thread owns HPT heads x VW consecutive columns.
+  static constexpr int TOT = G * DPAD;
+  static constexpr int APT = TOT >= kThreads ? TOT / kThreads : 1;
+  static constexpr int VW = APT >= 4 ? 4 : APT;
+  static constexpr int CG = DPAD / VW;            // column groups
+  static_assert(CG <= kThreads && kThreads % CG == 0, "PV mapping");
+  static constexpr int HG = kThreads / CG;        // head groups
+  static constexpr int HPT = (G + HG - 1) / HG;
+  static constexpr int NHW = (G + 7) / 8;         // heads per softmax warp
+  static_assert(RPT * PS <= kBlock * kRowStride, "PV tile must fit the row buffer");
+  // shared memory: row pointers, q, row tile, scores, P, per-head alpha / den / flags
+  static constexpr size_t kSmem =
+      kBlock * sizeof(const float*) +
+      sizeof(float) * (size_t(G) * QS + size_t(kBlock) * kRowStride + 2 * G * kBlock + 2 * G) + sizeof(int) * G;
+};
+
+template <int N>
+__device__ __forceinline__ void lds(const float* p, float (&v)[N]) {
+  if constexpr (N == 8) {
+    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  } else if constexpr (N == 4) {
+    const float4 a = *reinterpret_cast<const float4*>(p);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+  } else if constexpr (N == 2) {
+    const float2 a = *reinterpret_cast<const float2*>(p);
+    v[0] = a.x, v[1] = a.y;
+  } else {
+    v[0] = p[0];
+  }
+}
+
+// Four consecutive row elements from global memory starting at column col (zero beyond dim).
+__device__ __forceinline__ float4 load4(const float* p, int col, int64_t dim, bool vec) {
+  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (p == nullptr || col >= dim) return v;
+  if (vec) return *reinterpret_cast<const float4*>(p + col);
+  v.x = p[col];
+  if (col + 1 < dim) v.y = p[col + 1];
+  if (col + 2 < dim) v.z = p[col + 2];
+  if (col + 3 < dim) v.w = p[col + 3];
+  return v;
+}
+
+template <int G, int NCH>
+__global__ void __launch_bounds__(kThreads) sparse_attention_kernel(AttnArgs a) {
+  using C = AttnCfg<G, NCH>;
+  extern __shared__ float4 smem4[];
+  const float** rp = reinterpret_cast<const float**>(smem4);            // [64] row of each block entry or nullptr
+  float* qs = reinterpret_cast<float*>(rp + kBlock);                    // [G][QS]
+  float* rows = qs + G * C::QS;                                         // [64][kRowStride] or [RPT][PS]
+  float* ss = rows + kBlock * kRowStride;                               // [G][64] scores of the block
+  float* pvs = ss + G * kBlock;                                         // [G][64] P (bf16 when bf16)
+  float* alpha_s = pvs + G * kBlock;                                    // [G]
+  float* den_s = alpha_s + G;                                           // [G]
+  int* skip_s = reinterpret_cast<int*>(den_s + G);                      // [G] head skips this block / zero output
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t H = a.n_heads, dim = a.dim;
+  const int64_t n_hb = (H + G - 1) / G;
+  const int64_t t = int64_t(blockIdx.x) / n_hb;
+  const int64_t h0 = (int64_t(blockIdx.x) % n_hb) * G;
+  const int gv = int(std::min<int64_t>(G, H - h0));  // valid heads in this group
+
+  // q of the G heads, zero padded to DPAD columns and G heads
+  for (int i = tid; i < G * C::DPAD; i += kThreads) {
+    const int g = i / C::DPAD, col = i % C::DPAD;
+    qs[g * C::QS + col] = (g < gv && col < dim) ? a.q[((t * H + h0 + g) * dim) + col] : 0.0f;
+  }
+
+  // QK mapping
+  const int u = tid % C::NU, hi = (tid / C::NU) % C::NHI, ri = tid / (C::NU * C::NHI);
+  // PV mapping
+  const int cg = tid % C::CG, hg = tid / C::CG;
+  float acc[C::HPT][C::VW];
+#pragma unroll
+  for (int x = 0; x < C::HPT; ++x)
+#pragma unroll
+    for (int v = 0; v < C::VW; ++v) acc[x][v] = 0.0f;
+  // softmax state of the heads this warp owns (heads warp + 8 i)
+  float m_r[C::NHW], sum_r[C::NHW];
+#pragma unroll
+  for (int i = 0; i < C::NHW; ++i) m_r[i] = kNegInf, sum_r[i] = 0.0f;
+
+  const int64_t k = a.k_win + a.k_comp;
+  const int64_t n_blk = (k + kBlock - 1) / kBlock;
+  for (int64_t b = 0; b < n_blk; ++b) {
+    __syncthreads();  // the previous block is done with rp / rows / pvs (and q is staged)
+    const float* p = nullptr;
+    if (tid < kBlock) {
+      const int64_t j = b * kBlock + tid;
+      if (j < k) {
+        if (j < a.k_win) {
+          const int64_t i = a.win_idx[t * a.k_win + j];
+          if (i >= 0) p = i < a.n_ring ? a.ring + i * dim : a.fresh + (i - a.n_ring) * dim;
+        } else {
+          const int64_t i = a.comp_idx[t * a.k_comp + (j - a.k_win)];
+          if (i >= 0) p = a.comp + i * dim;
+        }
+      }
+      rp[tid] = p;
+    }
+    if (!__syncthreads_or(p != nullptr)) continue;  // no valid entry in this block: the CPU skips it
+
+    // ---- QK: lane chains over column chunks ----
+    float ch[C::HT][C::JT][C::LS];
+#pragma unroll
+    for (int x = 0; x < C::HT; ++x)
+#pragma unroll
+      for (int y = 0; y < C::JT; ++y)
+#pragma unroll
+        for (int l = 0; l < C::LS; ++l) ch[x][y][l] = 0.0f;
+    for (int c = 0; c < NCH; ++c) {
+      if (c > 0) __syncthreads();  // previous chunk consumed
+      for (int i = tid; i < kBlock * (kChunk / 4); i += kThreads) {
+        const int jr = i / (kChunk / 4), c4 = i % (kChunk / 4);
+        *reinterpret_cast<float4*>(rows + jr * kRowStride + c4 * 4) = load4(rp[jr], c * kChunk + c4 * 4, dim, a.vec);
+      }
+      __syncthreads();
+      const float* qb = qs + c * kChunk;
+#pragma unroll 4
+      for (int st = 0; st < kChunk / 8; ++st) {
+        const int col = st * 8 + u * C::LS;
+        float qv[C::HT][C::LS], rv[C::JT][C::LS];
+#pragma unroll
+        for (int x = 0; x < C::HT; ++x) lds(qb + (hi + C::NHI * x) * C::QS + col, qv[x]);
+#pragma unroll
+        for (int y = 0; y < C::JT; ++y) lds(rows + (ri + C::NRI * y) * kRowStride + col, rv[y]);
+#pragma unroll
+        for (int x = 0; x < C::HT; ++x)
+#pragma unroll
+          for (int y = 0; y < C::JT; ++y)
+#pragma unroll
+            for (int l = 0; l < C::LS; ++l) ch[x][y][l] = __fadd_rn(ch[x][y][l], __fmul_rn(qv[x][l], rv[y][l]));
+      }
+    }
+    // combine the 8 lanes: ((0+1)+(2+3))+((4+5)+(6+7)), in-thread first, then across the NU threads of a dot
+#pragma unroll
+    for (int x = 0; x < C::HT; ++x)
+#pragma unroll
+      for (int y = 0; y < C::JT; ++y) {
+        float v;
+        if constexpr (C::LS == 8)
+          v = __fadd_rn(__fadd_rn(__fadd_rn(ch[x][y][0], ch[x][y][1]), __fadd_rn(ch[x][y][2], ch[x][y][3])),
+                        __fadd_rn(__fadd_rn(ch[x][y][4], ch[x][y][5]), __fadd_rn(ch[x][y][6], ch[x][y][7])));
+        else if constexpr (C::LS == 4)
+          v = __fadd_rn(__fadd_rn(ch[x][y][0], ch[x][y][1]), __fadd_rn(ch[x][y][2], ch[x][y][3]));
+        else
+          v = __fadd_rn(ch[x][y][0], ch[x][y][1]);
+#pragma unroll
+        for (int off = 1; off < C::NU; off <<= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, off));
+        if (u == 0) ss[(hi + C::NHI * x) * kBlock + ri + C::NRI * y] = __fmul_rn(v, a.scale);
+      }
+    __syncthreads();
+
+    // ---- softmax: one warp per head ----
+#pragma unroll
+    for (int i = 0; i < C::NHW; ++i) {
+      const int h = warp + 8 * i;
+      if (h >= G) break;  // warp-uniform
+      const bool v0 = rp[lane] != nullptr, v1 = rp[lane + 32] != nullptr;
+      const float s0 = ss[h * kBlock + lane], s1 = ss[h * kBlock + lane + 32];
+      float bm = kNegInf;
+      if (v0) bm = fmaxf(bm, s0);
+      if (v1) bm = fmaxf(bm, s1);
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, off));
+      if (bm == kNegInf) {  // every valid score is -inf (or NaN): the CPU skips the block for this head
+        if (lane == 0) skip_s[h] = 1;
+        continue;
+      }
+      const float m = m_r[i];
+      const float m_new = m < bm ? bm : m;  // std::max(m, bm)
+      const float alpha = m == kNegInf ? 0.0f : expf_glibc(__fsub_rn(m, m_new));
+      const float p0 = v0 ? expf_glibc(__fsub_rn(s0, m_new)) : 0.0f;
+      const float p1 = v1 ? expf_glibc(__fsub_rn(s1, m_new)) : 0.0f;
+      // sequential sum in list order; invalid entries have p == +0 and sum is never -0, so adding them is exact
+      // (the CPU skips them)
+      float sum = __fmul_rn(sum_r[i], alpha);
+#pragma unroll
+      for (int j = 0; j < 32; ++j) sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, p0, j));
+#pragma unroll
+      for (int j = 0; j < 32; ++j) sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, p1, j));
+      sum_r[i] = sum;
+      m_r[i] = m_new;
+      pvs[h * kBlock + lane] = maybe_bf16(p0, a.bf16);
+      pvs[h * kBlock + lane + 32] = maybe_bf16(p1, a.bf16);
+      if (lane == 0) {
+        alpha_s[h] = alpha;
+        skip_s[h] = 0;
+      }
+    }
+    __syncthreads();
+
+    // ---- PV ----
+    bool hon[C::HPT];
+#pragma unroll
+    for (int x = 0; x < C::HPT; ++x) {
+      const int h = hg + C::HG * x;
+      hon[x] = h < G && skip_s[h] == 0;
+      if (hon[x]) {
+        const float al = alpha_s[h];
+#pragma unroll
+        for (int v = 0; v < C::VW; ++v) acc[x][v] = __fmul_rn(acc[x][v], al);
+      }
+    }
+    for (int r = 0; r < NCH; ++r) {
+      if constexpr (NCH > 1) {
+        if (r > 0) __syncthreads();  // previous tile consumed
+        constexpr int C4 = C::DPAD / 4;
+        for (int i = tid; i < C::RPT * C4; i += kThreads) {
+          const int jr = i / C4, c4 = i % C4;
+          *reinterpret_cast<float4*>(rows + jr * C::PS + c4 * 4) = load4(rp[r * C::RPT + jr], c4 * 4, dim, a.vec);
+        }
+        __syncthreads();
+      }
+      for (int jl = 0; jl < C::RPT; ++jl) {
+        const int j = r * C::RPT + jl;
+        if (rp[j] == nullptr) continue;  // CTA-uniform
+        float rv[C::VW];
+        lds(rows + jl * C::PS + cg * C::VW, rv);
+#pragma unroll
+        for (int x = 0; x < C::HPT; ++x) {
+          if (!hon[x]) continue;
+          const float pj = pvs[(hg + C::HG * x) * kBlock + j];
+#pragma unroll
+          for (int v = 0; v < C::VW; ++v) acc[x][v] = __fadd_rn(acc[x][v], __fmul_rn(pj, rv[v]));
+        }
+      }
+    }
+  }
+
+  // ---- output: acc / (sum + exp(sink - m)), zero for a head without any valid entry ----
+  __syncthreads();  // every thread has read skip_s of the last block
+#pragma unroll
+  for (int i = 0; i < C::NHW; ++i) {
+    const int h = warp + 8 * i;
+    if (h < G && lane == 0) {
+      const bool empty = m_r[i] == kNegInf;
+      skip_s[h] = empty ? 1 : 0;
+      den_s[h] = (empty || h >= gv) ? 1.0f : __fadd_rn(sum_r[i], expf_glibc(__fsub_rn(a.sink[h0 + h], m_r[i])));
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int x = 0; x < C::HPT; ++x) {
+    const int h = hg + C::HG * x;
+    if (h >= gv) continue;
+    const bool empty = skip_s[h] != 0;
+    const float den = den_s[h];
+    float* o = a.out + (t * H + h0 + h) * dim;
+#pragma unroll
+    for (int v = 0; v < C::VW; ++v) {
+      const int col = cg * C::VW + v;
+      if (col < dim) o[col] = empty ? 0.0f : maybe_bf16(__fdiv_rn(acc[x][v], den), a.bf16);
+    }
+  }
+}
+
+int sm_count() {
+  static std::atomic<int> cached[64] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
+  int n = cached[dev].load(std::memory_order_relaxed);
+  if (n <= 0) {
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 132;
+    cached[dev].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+template <int G, int NCH>
+void launch(const AttnArgs& a, int64_t n_tok, cudaStream_t stream) {
+  using C = AttnCfg<G, NCH>;
+  const int64_t n_hb = (a.n_heads + G - 1) / G;
+  const int64_t grid = n_tok * n_hb;
+  if (grid > 0x7fffffff)
+    check(cudaErrorInvalidConfiguration, "sparse_attention: too many tokens x head groups for one grid");
+  const size_t smem = C::kSmem;
+  if (smem > 48 * 1024)
+    cudaFuncSetAttribute(sparse_attention_kernel<G, NCH>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  sparse_attention_kernel<G, NCH><<<unsigned(grid), kThreads, smem, stream>>>(a);
+}
+
+template <int G>
+void launch_g(const AttnArgs& a, int64_t n_tok, cudaStream_t stream) {
+  if (a.dim <= 128) launch<G, 1>(a, n_tok, stream);
+  else if (a.dim <= 256) launch<G, 2>(a, n_tok, stream);
+  else launch<G, 4>(a, n_tok, stream);
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+}  // namespace
+
+void sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, const KvRows& kv, const int32_t* win_idx,
+                      int64_t k_win, const int32_t* comp_idx, int64_t k_comp, const float* sink, float scale,
+                      bool bf16, float* out, cudaStream_t stream) {
+  if (n_tok <= 0 || n_heads <= 0 || kv.dim <= 0) return;
+  // (dsv4::fail's fmt format check does not build under nvcc: errors go through check(), which throws dsv4::Error)
+  if (kv.dim > 4 * kChunk) check(cudaErrorInvalidValue, "sparse_attention: row width > 512 is not supported");
+  if (k_win < 0) k_win = 0;
+  if (k_comp < 0) k_comp = 0;
+  AttnArgs a{};
+  a.q = q;
+  a.n_heads = n_heads;
+  a.dim = kv.dim;
+  a.ring = kv.ring;
+  a.n_ring = kv.n_ring;
+  a.fresh = kv.fresh;
+  a.comp = kv.comp;
+  a.win_idx = win_idx;
+  a.k_win = k_win;
+  a.comp_idx = comp_idx;
+  a.k_comp = k_comp;
+  a.sink = sink;
+  a.scale = scale;
+  a.bf16 = bf16;
+  a.vec = kv.dim % 4 == 0 && aligned16(kv.ring) && aligned16(kv.fresh) && aligned16(kv.comp);
+  a.out = out;
+  // Heads per CTA: as many as keep the GPU filled (each CTA stages its rows once for all its heads). The results do
+  // not depend on the choice.
+  const int64_t sms = sm_count();
+  if (n_heads >= 16 && n_tok * ((n_heads + 15) / 16) >= 2 * sms) launch_g<16>(a, n_tok, stream);
+  else if (n_heads >= 4 && n_tok * ((n_heads + 3) / 4) >= sms) launch_g<4>(a, n_tok, stream);
+  else launch_g<1>(a, n_tok, stream);
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,393 @@
+// Elementwise and per-row kernels of CudaOps (semantics: backend/ops.h; reference: CpuOps in backend/cpu_ops.cpp and
+// backend/act_quant.cpp).
+//
+// Exactness: every op whose CPU result is a fixed sequence of IEEE operations is written with explicit round-to-
+// nearest intrinsics (__fmul_rn / __fadd_rn / __fsub_rn / __fdiv_rn / __fsqrt_rn), so that nvcc cannot contract
+// a*b+c into an FMA: fill, round_bf16, scale, embed, rope, fp8_sim, fp4_sim, hadamard, check_finite and the row
+// copies are bitwise equal to the CPU. The remaining differences:
+// * rmsnorm / head_rms: the sum of squares accumulates in double (as the CPU) but in a tree order instead of the
+//   CPU's sequential one; the products are exact in double, so the two sums differ by a few double ulps and the fp32
+//   results agree except when float(sum) sits on a rounding boundary (vanishingly rare).
+// * swiglu: CUDA expf (<= 2 ulp) vs glibc expf (correctly rounded in practice).
+// Batch invariance: each row's reduction order depends only on the row width (never on n_rows), no atomics.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "backend/cuda/device_numeric.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace dsv4::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// Blocks of a grid-stride loop over n elements (gridDim.x <= 2^31-1; the cap keeps the grid reasonable).
+inline unsigned stride_grid(int64_t n, int threads = kThreads) {
+  const int64_t g = (n + threads - 1) / threads;
+  return unsigned(std::max<int64_t>(1, std::min<int64_t>(g, int64_t(1) << 16)));
+}
+
+__device__ __forceinline__ int64_t gtid() { return int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ int64_t gstride() { return int64_t(gridDim.x) * blockDim.x; }
+
+// ---- fill / round / scale -----------------------------------------------------------------------------------------
+__global__ void fill_kernel(float* x, int64_t n, float value) {
+  for (int64_t i = gtid(); i < n; i += gstride()) x[i] = value;
+}
+__global__ void round_bf16_kernel(float* x, int64_t n) {
+  for (int64_t i = gtid(); i < n; i += gstride()) x[i] = round_bf16(x[i]);
+}
+__global__ void scale_kernel(float* x, int64_t n, float alpha, bool bf16) {
+  for (int64_t i = gtid(); i < n; i += gstride()) x[i] = maybe_bf16(__fmul_rn(x[i], alpha), bf16);
+}
+
+// ---- embed: one block per token ----------------------------------------------------------------------------------
+__global__ void embed_kernel(const uint8_t* table, int64_t row_bytes, bool is_bf16, const int32_t* ids, int64_t dim,
+                             int copies, float* out) {
+  const int64_t t = blockIdx.x;
+  const uint8_t* row = table + int64_t(ids[t]) * row_bytes;
+  float* o = out + t * int64_t(copies) * dim;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float v = is_bf16 ? bf16_bits_to_float(reinterpret_cast<const uint16_t*>(row)[i])
+                            : reinterpret_cast<const float*>(row)[i];
+    for (int c = 0; c < copies; ++c) o[int64_t(c) * dim + i] = v;
+  }
+}
+
+// ---- row reductions ----------------------------------------------------------------------------------------------
+// Sum of v over the TPR threads of one row: xor butterfly within the warp (every lane ends with the same bits), then
+// for TPR > 32 the warp sums combined in warp order by every thread. TPR is 32 (a warp per row) or blockDim.x (one
+// row per block); smem holds blockDim.x / 32 doubles.
+template <int TPR>
+__device__ __forceinline__ double row_sum(double v, double* smem) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+  if constexpr (TPR == 32) {
+    return v;
+  } else {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) smem[warp] = v;
+    __syncthreads();
+    double s = 0;
+    for (int w = 0; w < TPR / 32; ++w) s += smem[w];
+    __syncthreads();  // smem may be reused by the caller
+    return s;
+  }
+}
+
+// rmsnorm: TPR threads per row, kThreads / TPR rows per block. y may alias x: every element is read (reduction) and
+// re-read + written by the same thread after the row's reduction completed.
+template <int TPR>
+__global__ void rmsnorm_kernel(const float* x, int64_t n_rows, int64_t dim, const float* w, float eps, bool bf16,
+                               float* y) {
+  __shared__ double smem[kThreads / 32];
+  constexpr int RPB = kThreads / TPR;
+  const int lane = threadIdx.x % TPR;
+  const int64_t r = int64_t(blockIdx.x) * RPB + threadIdx.x / TPR;
+  if (TPR == 32 && r >= n_rows) return;  // whole warps only (no block barrier in the warp path)
+  const float* xr = x + r * dim;
+  float* yr = y + r * dim;
+  double ss = 0;
+  for (int64_t i = lane; i < dim; i += TPR) {
+    const double v = double(xr[i]);
+    ss += v * v;  // exact product (48 significant bits)
+  }
+  ss = row_sum<TPR>(ss, smem);
+  const float var = __fdiv_rn(__double2float_rn(ss), float(dim));
+  const float s = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
+  for (int64_t i = lane; i < dim; i += TPR) {
+    const float t = __fmul_rn(xr[i], s);
+    yr[i] = maybe_bf16(w ? __fmul_rn(w[i], t) : t, bf16);
+  }
+}
+
+template <int TPR>
+__global__ void head_rms_kernel(float* x, int64_t n_rows, int64_t dim, float eps, bool bf16) {
+  __shared__ double smem[kThreads / 32];
+  constexpr int RPB = kThreads / TPR;
+  const int lane = threadIdx.x % TPR;
+  const int64_t r = int64_t(blockIdx.x) * RPB + threadIdx.x / TPR;
+  if (TPR == 32 && r >= n_rows) return;
+  float* xr = x + r * dim;
+  double ss = 0;
+  for (int64_t i = lane; i < dim; i += TPR) {
+    const float v = xr[i];
+    if (bf16) {
+      ss += double(round_bf16(__fmul_rn(v, v)));  // q.square() -> bf16
+    } else {
+      ss += double(v) * double(v);
+    }
+  }
+  ss = row_sum<TPR>(ss, smem);
+  float rs;
+  if (bf16) {
+    const float mean = round_bf16(__double2float_rn(__ddiv_rn(ss, double(dim))));  // .mean() -> bf16
+    const float t = round_bf16(__fadd_rn(mean, eps));                               // + eps -> bf16
+    rs = round_bf16(__fdiv_rn(1.0f, __fsqrt_rn(t)));                                // rsqrt -> bf16
+  } else {
+    rs = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(__double2float_rn(ss), float(dim)), eps)));
+  }
+  for (int64_t i = lane; i < dim; i += TPR) xr[i] = maybe_bf16(__fmul_rn(xr[i], rs), bf16);
+}
+
+// ---- rope: one thread per rotated pair ---------------------------------------------------------------------------
+__global__ void rope_kernel(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, int64_t rd,
+                            const float* cos_sin, bool inverse, bool bf16) {
+  const int64_t half = rd / 2, off = head_dim - rd, n = n_tok * n_heads * half;
+  for (int64_t p = gtid(); p < n; p += gstride()) {
+    const int64_t th = p / half, i = p % half, t = th / n_heads;
+    const float c = cos_sin[t * rd + 2 * i];
+    const float s = inverse ? -cos_sin[t * rd + 2 * i + 1] : cos_sin[t * rd + 2 * i + 1];
+    float* v = x + th * head_dim + off + 2 * i;
+    const float a = v[0], b = v[1];
+    const float re = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    const float im = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+    v[0] = maybe_bf16(re, bf16);
+    v[1] = maybe_bf16(im, bf16);
+  }
+}
+
+// ---- FP8 / FP4 simulation: one warp per quantization block -------------------------------------------------------
+// Block b of row r covers columns [b*block, min(n_cols, (b+1)*block)). amax: max |x| with the CPU's `a > m ? a : m`
+// (order-independent; NaNs never win).
+template <bool FP4>
+__global__ void quant_sim_kernel(float* x, int64_t n_rows, int64_t row_stride, int64_t n_cols, int64_t block) {
+  const int64_t nb = (n_cols + block - 1) / block;
+  const int64_t item = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (item >= n_rows * nb) return;  // whole warps
+  const int64_t r = item / nb, b = item % nb;
+  float* v = x + r * row_stride + b * block;
+  const int64_t len = n_cols - b * block < block ? n_cols - b * block : block;
+  float m = 0.0f;
+  for (int64_t i = lane; i < len; i += 32) {
+    const float a = fabsf(v[i]);
+    m = a > m ? a : m;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float a = __shfl_xor_sync(0xFFFFFFFFu, m, o);
+    m = a > m ? a : m;
+  }
+  const float s = FP4 ? fp4_act_scale(m) : fp8_act_scale(m);
+  const float inv = __fdiv_rn(1.0f, s);
+  for (int64_t i = lane; i < len; i += 32) v[i] = FP4 ? fp4_sim_value(v[i], s, inv) : fp8_sim_value(v[i], s, inv);
+}
+
+// ---- Walsh–Hadamard: TPR threads per row (TPR = min(dim/2, 256)), the row in shared memory -----------------------
+// Stage h (1, 2, 4, ...) replaces (v[j], v[j+h]) by (a+b, a-b) for every j with (j & h) == 0: the CPU's loop nest
+// computes each stage from the previous one, so any order of the butterflies within a stage gives the same bits.
+__global__ void hadamard_kernel(float* x, int64_t n_rows, int dim, int tpr, float scale, bool bf16) {
+  extern __shared__ float hsm[];
+  const int rpb = blockDim.x / tpr;
+  const int lr = threadIdx.x / tpr, lane = threadIdx.x % tpr;
+  const int64_t r = int64_t(blockIdx.x) * rpb + lr;
+  const bool valid = r < n_rows;
+  float* v = hsm + lr * dim;
+  float* xr = x + r * dim;
+  if (valid)
+    for (int i = lane; i < dim; i += tpr) v[i] = xr[i];
+  __syncthreads();
+  for (int h = 1; h < dim; h *= 2) {
+    if (valid)
+      for (int b = lane; b < dim / 2; b += tpr) {
+        const int j = (b / h) * 2 * h + (b % h);
+        const float a = v[j], c = v[j + h];
+        v[j] = __fadd_rn(a, c);
+        v[j + h] = __fsub_rn(a, c);
+      }
+    __syncthreads();
+  }
+  if (valid)
+    for (int i = lane; i < dim; i += tpr) xr[i] = maybe_bf16(__fmul_rn(v[i], scale), bf16);
+}
+
+// ---- check_finite: one block per row -----------------------------------------------------------------------------
+__global__ void check_finite_kernel(const float* x, int64_t dim, int32_t* bad) {
+  const float* xr = x + int64_t(blockIdx.x) * dim;
+  int b = 0;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) b |= (f_bits(xr[i]) & 0x7F800000u) == 0x7F800000u;
+  b = __syncthreads_or(b);
+  if (threadIdx.x == 0) bad[blockIdx.x] = b ? 1 : 0;
+}
+
+// ---- row copies: one block per row; V = float4 when every row start is 16-byte aligned, else float ----------------
+template <class V>
+__global__ void gather_rows_kernel(const float* a, int64_t n_a, const float* b, const int32_t* idx, int64_t dimv,
+                                   float* out) {
+  const int64_t i = blockIdx.x, j = idx[i];
+  const V* src = reinterpret_cast<const V*>(j < n_a ? a + j * dimv * (sizeof(V) / 4)
+                                                    : b + (j - n_a) * dimv * (sizeof(V) / 4));
+  V* dst = reinterpret_cast<V*>(out) + i * dimv;
+  for (int64_t k = threadIdx.x; k < dimv; k += blockDim.x) dst[k] = src[k];
+}
+
+template <class V>
+__global__ void scatter_rows_kernel(const float* src, const int32_t* src_idx, float* dst, const int32_t* dst_idx,
+                                    int64_t dimv) {
+  const int64_t i = blockIdx.x;
+  const V* s = reinterpret_cast<const V*>(src) + int64_t(src_idx[i]) * dimv;
+  V* d = reinterpret_cast<V*>(dst) + int64_t(dst_idx[i]) * dimv;
+  for (int64_t k = threadIdx.x; k < dimv; k += blockDim.x) d[k] = s[k];
+}
+
+__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float4 add_rn(float4 a, float4 b) {
+  return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
+}
+
+template <class V>
+__global__ void add_rows_kernel(float* x, int64_t dimv, const float* table, const int32_t* rows) {
+  const int64_t t = blockIdx.x;
+  const V* r = reinterpret_cast<const V*>(table) + int64_t(rows[t]) * dimv;
+  V* xt = reinterpret_cast<V*>(x) + t * dimv;
+  for (int64_t k = threadIdx.x; k < dimv; k += blockDim.x) xt[k] = add_rn(xt[k], r[k]);
+}
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Threads of a row-copy block: enough for one pass over short rows, at most 256.
+inline int row_threads(int64_t dimv) { return int(std::min<int64_t>(256, std::max<int64_t>(32, (dimv + 31) / 32 * 32))); }
+
+// ---- swiglu ------------------------------------------------------------------------------------------------------
+// std::min / std::max semantics (NaN-propagating the way the CPU's calls are): min(a, b) = b < a ? b : a.
+__global__ void swiglu_kernel(const float* g, const float* up, int64_t n_rows, int64_t dim, float limit,
+                              const float* row_w, bool bf16, float* h) {
+  const int64_t n = n_rows * dim;
+  for (int64_t i = gtid(); i < n; i += gstride()) {
+    float gv = g[i], uv = up[i];
+    if (limit > 0) {
+      uv = uv < -limit ? -limit : uv;  // std::max(uv, -limit)
+      uv = limit < uv ? limit : uv;    // std::min(., limit)
+      gv = limit < gv ? limit : gv;    // std::min(gv, limit)
+    }
+    float v = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), uv);
+    if (row_w) v = __fmul_rn(row_w[i / dim], v);
+    h[i] = maybe_bf16(v, bf16);
+  }
+}
+
+}  // namespace
+
+void fill(float* x, int64_t n, float value, cudaStream_t stream) {
+  if (n <= 0) return;
+  fill_kernel<<<stride_grid(n), kThreads, 0, stream>>>(x, n, value);
+}
+
+void round_bf16(float* x, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  round_bf16_kernel<<<stride_grid(n), kThreads, 0, stream>>>(x, n);
+}
+
+void scale(float* x, int64_t n, float alpha, bool bf16, cudaStream_t stream) {
+  if (n <= 0) return;
+  scale_kernel<<<stride_grid(n), kThreads, 0, stream>>>(x, n, alpha, bf16);
+}
+
+void embed(const WeightView& table, const int32_t* ids, int64_t n_tok, int copies, float* out, cudaStream_t stream) {
+  if (n_tok <= 0 || copies <= 0 || table.cols <= 0) return;
+  const int threads = int(std::min<int64_t>(256, (table.cols + 31) / 32 * 32));
+  embed_kernel<<<unsigned(n_tok), threads, 0, stream>>>(table.w, table.row_bytes(), table.fmt == GemmFormat::bf16,
+                                                        ids, table.cols, copies, out);
+}
+
+void rmsnorm(const float* x, int64_t n_rows, int64_t dim, const float* w, float eps, bool bf16, float* y,
+             cudaStream_t stream) {
+  if (n_rows <= 0 || dim <= 0) return;
+  if (dim <= 1024) {
+    constexpr int rpb = kThreads / 32;
+    rmsnorm_kernel<32><<<unsigned((n_rows + rpb - 1) / rpb), kThreads, 0, stream>>>(x, n_rows, dim, w, eps, bf16, y);
+  } else {
+    rmsnorm_kernel<kThreads><<<unsigned(n_rows), kThreads, 0, stream>>>(x, n_rows, dim, w, eps, bf16, y);
+  }
+}
+
+void head_rms(float* x, int64_t n_rows, int64_t dim, float eps, bool bf16, cudaStream_t stream) {
+  if (n_rows <= 0 || dim <= 0) return;
+  if (dim <= 1024) {
+    constexpr int rpb = kThreads / 32;
+    head_rms_kernel<32><<<unsigned((n_rows + rpb - 1) / rpb), kThreads, 0, stream>>>(x, n_rows, dim, eps, bf16);
+  } else {
+    head_rms_kernel<kThreads><<<unsigned(n_rows), kThreads, 0, stream>>>(x, n_rows, dim, eps, bf16);
+  }
+}
+
+void rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, int64_t rd, const float* cos_sin, bool inverse,
+          bool bf16, cudaStream_t stream) {
+  const int64_t n = n_tok * n_heads * (rd / 2);
+  if (n <= 0) return;
+  rope_kernel<<<stride_grid(n), kThreads, 0, stream>>>(x, n_tok, n_heads, head_dim, rd, cos_sin, inverse, bf16);
+}
+
+void fp8_sim(float* x, int64_t n_rows, int64_t row_stride, int64_t n_cols, int64_t block, cudaStream_t stream) {
+  if (n_rows <= 0 || n_cols <= 0 || block <= 0) return;
+  const int64_t items = n_rows * ((n_cols + block - 1) / block);
+  constexpr int wpb = kThreads / 32;
+  quant_sim_kernel<false><<<unsigned((items + wpb - 1) / wpb), kThreads, 0, stream>>>(x, n_rows, row_stride, n_cols,
+                                                                                      block);
+}
+
+void fp4_sim(float* x, int64_t n_rows, int64_t dim, cudaStream_t stream) {
+  if (n_rows <= 0 || dim <= 0) return;
+  const int64_t items = n_rows * ((dim + 31) / 32);
+  constexpr int wpb = kThreads / 32;
+  quant_sim_kernel<true><<<unsigned((items + wpb - 1) / wpb), kThreads, 0, stream>>>(x, n_rows, dim, dim, 32);
+}
+
+// dim: a power of two <= 8192 (the row lives in shared memory; the model uses 128). Other dims are rejected by the
+// caller (CpuOps fails on a non-power of two); here they launch nothing.
+void hadamard(float* x, int64_t n_rows, int64_t dim, bool bf16, cudaStream_t stream) {
+  if (n_rows <= 0 || dim <= 0 || (dim & (dim - 1)) != 0 || dim > 8192) return;
+  const float scale = float(1.0 / std::sqrt(double(dim)));
+  const int tpr = int(std::max<int64_t>(1, std::min<int64_t>(dim / 2, kThreads)));
+  const int rpb = std::max(1, kThreads / tpr);
+  const size_t smem = size_t(rpb) * size_t(dim) * sizeof(float);
+  hadamard_kernel<<<unsigned((n_rows + rpb - 1) / rpb), tpr * rpb, smem, stream>>>(x, n_rows, int(dim), tpr, scale,
+                                                                                   bf16);
+}
+
+void check_finite(const float* x, int64_t n_rows, int64_t dim, int32_t* bad, cudaStream_t stream) {
+  if (n_rows <= 0) return;
+  check_finite_kernel<<<unsigned(n_rows), 512, 0, stream>>>(x, dim, bad);
+}
+
+void gather_rows(const float* a, int64_t n_a, const float* b, const int32_t* idx, int64_t n, int64_t dim, float* out,
+                 cudaStream_t stream) {
+  if (n <= 0 || dim <= 0) return;
+  if (dim % 4 == 0 && aligned16(a) && aligned16(b) && aligned16(out)) {
+    gather_rows_kernel<float4><<<unsigned(n), row_threads(dim / 4), 0, stream>>>(a, n_a, b, idx, dim / 4, out);
+  } else {
+    gather_rows_kernel<float><<<unsigned(n), row_threads(dim), 0, stream>>>(a, n_a, b, idx, dim, out);
+  }
+}
+
+void scatter_rows(const float* src, const int32_t* src_idx, float* dst, const int32_t* dst_idx, int64_t n,
+                  int64_t dim, cudaStream_t stream) {
+  if (n <= 0 || dim <= 0) return;
+  if (dim % 4 == 0 && aligned16(src) && aligned16(dst)) {
+    scatter_rows_kernel<float4><<<unsigned(n), row_threads(dim / 4), 0, stream>>>(src, src_idx, dst, dst_idx, dim / 4);
+  } else {
+    scatter_rows_kernel<float><<<unsigned(n), row_threads(dim), 0, stream>>>(src, src_idx, dst, dst_idx, dim);
+  }
+}
+
+void add_rows(float* x, int64_t n, int64_t dim, const float* table, const int32_t* rows, cudaStream_t stream) {
+  if (n <= 0 || dim <= 0) return;
+  if (dim % 4 == 0 && aligned16(x) && aligned16(table)) {
+    add_rows_kernel<float4><<<unsigned(n), row_threads(dim / 4), 0, stream>>>(x, dim / 4, table, rows);
+  } else {
+    add_rows_kernel<float><<<unsigned(n), row_threads(dim), 0, stream>>>(x, dim, table, rows);
+  }
+}
+
+void swiglu(const float* g, const float* up, int64_t n_rows, int64_t dim, float limit, const float* row_w, bool bf16,
+            float* h, cudaStream_t stream) {
+  const int64_t n = n_rows * dim;
+  if (n <= 0) return;
+  swiglu_kernel<<<stride_grid(n), kThreads, 0, stream>>>(g, up, n_rows, dim, limit, row_w, bf16, h);
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,941 @@
+// CUDA linear layers (backend/gemm.h semantics) and the grouped expert GEMMs of the MoE (k_moe.cu).
+//
+// Kernels
+//   act_quant_kernel    act_quant per 128 columns (spec §4.3): one warp per (row, 128-block); fp32 code values +
+//                       scales, or e4m3 bytes + transposed scales for cuBLASLt (gemm_cublaslt.cpp).
+//   tile_kernel         "simt": 64 tokens x 64 output rows per block, K in tiles of 32 through shared memory
+//                       (weights decoded once per tile), 4x4 outputs per thread. Kinds: linear, MoE w1+w3 (both
+//                       weights, SwiGLU epilogue), MoE w2; the MoE kinds find their (expert, M tile) from the tile
+//                       offsets of the routing plan (binary search) and exit past the total.
+//   small_kernel        "small_m": 32 output rows x 4 tokens per block for decode; the 32 lanes of a warp take 32
+//                       consecutive K chunks of the same row (coalesced 16-byte weight loads), the chunk partial sums
+//                       go through shared memory and one thread per output adds them in chunk order.
+//   finish_kernel       bf16 rounding / copy of cuBLASLt outputs.
+//   swiglu_kernel       SwiGLU of the shared expert.
+//
+// Summation order ("chunk order", identical in tile_kernel and small_kernel, so the two give bitwise the same
+// result for any n_tok, and row t never depends on the other rows). K is cut into chunks: (Q) the scale blocks
+// (128 for FP8, 32 for FP4), (D) 32 columns. For every output:
+//   q   = 0;  for k in the chunk ascending:  q = fma(a[k], w[k], q)          (a = x or qa, w = Wd or qw)
+//   (Q) acc = acc + q * (sa[m, k/128] * sw[n, kb])      (D) acc = acc + q    (acc0 = 0, chunks ascending)
+// In (Q) this is exactly the CPU order of gemm.h (the products are exact), so (Q) results are bitwise the CPU's.
+// In (D) the CPU runs one fma chain over all of K; ours differs by fp32 rounding only (K * eps * sum|x||w| bound).
+//
+// Exactness: no contraction is left to the compiler (__fmaf_rn / __fadd_rn / __fmul_rn everywhere it matters);
+// weights are decoded exactly (e4m3 / e2m1 by bit placement + a power-of-two multiply, as the CPU's values).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "backend/cuda/device_numeric.cuh"
+#include "backend/cuda/gemm_path.h"
+#include "backend/cuda/kernels.h"
+
+namespace dsv4::cuda {
+namespace {
+
+using gemm_internal::fail_msg;
+
+constexpr int kFmtBf16 = 0, kFmtF32 = 1, kFmtFp8 = 2, kFmtFp4 = 3;  // GemmFormat order
+constexpr int kLinear = 0, kW13 = 1, kW2 = 2;                        // kernel kinds
+
+inline int fmt_code(GemmFormat f) { return static_cast<int>(f); }
+inline size_t align256(size_t b) { return (b + 255) & ~size_t(255); }
+__host__ __device__ inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__host__ __device__ inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// ---- weights ----------------------------------------------------------------------------------------------------
+struct WDesc {
+  const uint8_t* w = nullptr;  // row 0 of the matrix
+  const uint8_t* scale = nullptr;
+  int64_t row_bytes = 0, K = 0, scols = 0;
+  int br = 1, bc = 1, br_sh = 0, bc_sh = 0;  // scale block; *_sh: log2 when a power of two, else -1
+  bool sf32 = false;                         // FP8 scales stored as F32
+  bool vec = false;                          // 16-byte aligned rows: full 8-element groups read with vector loads
+};
+
+__host__ __device__ inline int pow2_shift(int v) {
+  if (v <= 0 || (v & (v - 1)) != 0) return -1;
+  int s = 0;
+  while ((1 << s) < v) ++s;
+  return s;
+}
+
+__host__ __device__ inline WDesc make_wdesc(const WeightView& v) {
+  WDesc d;
+  d.w = v.w;
+  d.scale = v.scale;
+  d.K = v.cols;
+  switch (v.fmt) {
+    case GemmFormat::fp8: d.row_bytes = v.cols; break;
+    case GemmFormat::fp4: d.row_bytes = v.cols / 2; break;
+    case GemmFormat::bf16: d.row_bytes = 2 * v.cols; break;
+    case GemmFormat::f32: d.row_bytes = 4 * v.cols; break;
+  }
+  if (v.fmt == GemmFormat::fp4) {
+    d.br = 1;
+    d.bc = 32;
+  } else if (v.fmt == GemmFormat::fp8) {
+    d.br = static_cast<int>(v.block_rows);
+    d.bc = static_cast<int>(v.block_cols);
+  }
+  d.br_sh = pow2_shift(d.br);
+  d.bc_sh = pow2_shift(d.bc);
+  d.scols = (v.cols + d.bc - 1) / d.bc;
+  d.sf32 = v.scale_f32 && v.fmt == GemmFormat::fp8;
+  d.vec = (reinterpret_cast<uintptr_t>(v.w) & 15) == 0 && d.row_bytes % 16 == 0;
+  return d;
+}
+
+// Block scale of element (n, k) (FP8: sw[n/br][k/bc], E8M0 or F32; FP4: sw[n][k/32]).
+__device__ __forceinline__ float wscale(const WDesc& d, int64_t n, int64_t k) {
+  const int64_t nb = d.br_sh >= 0 ? (n >> d.br_sh) : n / d.br;
+  const int64_t kb = d.bc_sh >= 0 ? (k >> d.bc_sh) : k / d.bc;
+  const int64_t i = nb * d.scols + kb;
+  if (d.sf32) return __ldg(reinterpret_cast<const float*>(d.scale) + i);
+  return e8m0_to_float(__ldg(d.scale + i));
+}
+
+// Exact decoders. e4m3: the 7 magnitude bits placed at the top of the binary32 mantissa/exponent give
+// 2^(e-127)(1+m/8) (or m * 2^-149 * 2^20 when e = 0); times 2^120 that is the e4m3 value (subnormals included,
+// no FTZ without fast math). Codes 0x7F / 0xFF (NaN) decode to +-480 like the CPU's SIMD decoders (unsupported).
+__device__ __forceinline__ float dec_e4m3(uint32_t b) {
+  return __fmul_rn(__uint_as_float(((b & 0x80u) << 24) | ((b & 0x7Fu) << 20)), 0x1p120f);
+}
+// e2m1 (low 4 bits of n): same placement of (e:2, m:1) times 2^126.
+__device__ __forceinline__ float dec_e2m1(uint32_t n) {
+  return __fmul_rn(__uint_as_float(((n & 8u) << 28) | ((n & 7u) << 22)), 0x1p126f);
+}
+
+// 8 code values (not scaled) of a row from column k (k % 8 == 0, k + 8 <= K, 16-byte aligned rows).
+template <int FMT>
+__device__ __forceinline__ void codes8_vec(const uint8_t* rowp, int64_t k, float* v) {
+  if constexpr (FMT == kFmtFp8) {
+    const uint2 u = __ldg(reinterpret_cast<const uint2*>(rowp + k));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[i] = dec_e4m3((u.x >> (8 * i)) & 0xFFu);
+      v[4 + i] = dec_e4m3((u.y >> (8 * i)) & 0xFFu);
+    }
+  } else if constexpr (FMT == kFmtFp4) {
+    const uint32_t u = __ldg(reinterpret_cast<const unsigned int*>(rowp + k / 2));
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = dec_e2m1(u >> (4 * i));
+  } else if constexpr (FMT == kFmtBf16) {
+    const uint4 u = __ldg(reinterpret_cast<const uint4*>(rowp + 2 * k));
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[2 * i] = __uint_as_float(w[i] << 16);
+      v[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+    }
+  } else {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(rowp + 4 * k));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(rowp + 4 * k + 16));
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  }
+}
+
+// One code value (any alignment).
+template <int FMT>
+__device__ __forceinline__ float code1(const uint8_t* rowp, int64_t k) {
+  if constexpr (FMT == kFmtFp8) {
+    return dec_e4m3(__ldg(rowp + k));
+  } else if constexpr (FMT == kFmtFp4) {
+    const uint32_t b = __ldg(rowp + (k >> 1));
+    return dec_e2m1((k & 1) ? (b >> 4) : b);
+  } else if constexpr (FMT == kFmtBf16) {
+    const uint32_t lo = __ldg(rowp + 2 * k), hi = __ldg(rowp + 2 * k + 1);
+    return __uint_as_float((lo | (hi << 8)) << 16);
+  } else {
+    uint32_t b = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) b |= uint32_t(__ldg(rowp + 4 * k + i)) << (8 * i);
+    return __uint_as_float(b);
+  }
+}
+
+// (D) value of a code: exactly dequantized (code * scale, one fp32 rounding as the CPU), then bf16 when asked.
+template <int FMT>
+__device__ __forceinline__ float dequant(float code, float s, bool wbf16) {
+  float v = code;
+  if constexpr (FMT == kFmtFp8 || FMT == kFmtFp4) v = __fmul_rn(code, s);
+  return wbf16 ? round_bf16(v) : v;
+}
+
+// 8 weight values of row n from column k (k % 8 == 0): code values (Q) or (D) values; 0 beyond K.
+template <int FMT, bool Q>
+__device__ __forceinline__ void weights8(const WDesc& d, int64_t n, int64_t k, bool wbf16, float* v) {
+  const uint8_t* rowp = d.w + n * d.row_bytes;
+  const bool full = k + 8 <= d.K;
+  if (full && d.vec) {
+    codes8_vec<FMT>(rowp, k, v);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = (k + i < d.K) ? code1<FMT>(rowp, k + i) : 0.0f;
+  }
+  if constexpr (!Q) {
+    if constexpr (FMT == kFmtFp8 || FMT == kFmtFp4) {
+      if (d.bc % 8 == 0) {  // one scale for the 8 columns
+        const float s = wscale(d, n, k);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = dequant<FMT>(v[i], s, wbf16);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = (k + i < d.K) ? dequant<FMT>(v[i], wscale(d, n, k + i), wbf16) : 0.0f;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = dequant<FMT>(v[i], 1.0f, wbf16);
+    }
+  }
+}
+
+// 8 activations of a row from column k; 0 beyond K.
+__device__ __forceinline__ void acts8(const float* rowp, int64_t k, int64_t K, bool vec, float* v) {
+  if (vec && k + 8 <= K) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(rowp + k));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(rowp + k + 4));
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = (k + i < K) ? __ldg(rowp + k + i) : 0.0f;
+  }
+}
+
+// ---- glibc expf (the CPU reference's std::exp(float)) -----------------------------------------------------------
+// Bitwise port of glibc 2.36 sysdeps/ieee754/flt-32/e_expf.c as compiled for x86-64 with FMA (the variant glibc
+// selects on every AVX2/FMA CPU; its fused operations are written out as __fma_rn). Checked against the host libm
+// on all binary32 inputs. Used by SwiGLU so that the CUDA result equals the CPU's bit for bit.
+__device__ const unsigned long long kExp2fTab[32] = {
+    0x3ff0000000000000ull, 0x3fefd9b0d3158574ull, 0x3fefb5586cf9890full, 0x3fef9301d0125b51ull,
+    0x3fef72b83c7d517bull, 0x3fef54873168b9aaull, 0x3fef387a6e756238ull, 0x3fef1e9df51fdee1ull,
+    0x3fef06fe0a31b715ull, 0x3feef1a7373aa9cbull, 0x3feedea64c123422ull, 0x3feece086061892dull,
+    0x3feebfdad5362a27ull, 0x3feeb42b569d4f82ull, 0x3feeab07dd485429ull, 0x3feea47eb03a5585ull,
+    0x3feea09e667f3bcdull, 0x3fee9f75e8ec5f74ull, 0x3feea11473eb0187ull, 0x3feea589994cce13ull,
+    0x3feeace5422aa0dbull, 0x3feeb737b0cdc5e5ull, 0x3feec49182a3f090ull, 0x3feed503b23e255dull,
+    0x3feee89f995ad3adull, 0x3feeff76f2fb5e47ull, 0x3fef199bdd85529cull, 0x3fef3720dcef9069ull,
+    0x3fef5818dcfba487ull, 0x3fef7c97337b9b5full, 0x3fefa4afa2a490daull, 0x3fefd0765b6e4540ull};
+
+__device__ __forceinline__ float glibc_expf(float x) {
+  const uint32_t ux = __float_as_uint(x), abstop = (ux >> 20) & 0x7FFu;
+  if (abstop > 0x42Au) {  // |x| >= 88 or not finite
+    if (ux == 0xFF800000u) return 0.0f;
+    if (abstop >= 0x7F8u) return __fadd_rn(x, x);
+    if (x > __uint_as_float(0x42B17217u)) return __uint_as_float(0x7F800000u);
+    if (x < __uint_as_float(0xC2CFF1B4u)) return 0.0f;
+    if (x < __uint_as_float(0xC2CE8ECFu)) return __uint_as_float(1u);  // __math_may_uflowf: 2^-149
+  }
+  const double kInvLn2N = __longlong_as_double(0x40471547652b82feLL);
+  const double kShift = __longlong_as_double(0x4338000000000000LL);
+  const double C0 = __longlong_as_double(0x3ebc6af84b912394LL);
+  const double C1 = __longlong_as_double(0x3f2ebfce50fac4f3LL);
+  const double C2 = __longlong_as_double(0x3f962e42ff0c52d6LL);
+  const double xd = static_cast<double>(x);
+  double kd = __fma_rn(kInvLn2N, xd, kShift);
+  const unsigned long long ki = static_cast<unsigned long long>(__double_as_longlong(kd));
+  kd = __dsub_rn(kd, kShift);
+  const double r = __fma_rn(kInvLn2N, xd, -kd);
+  const unsigned long long t = kExp2fTab[ki & 31] + (ki << 47);
+  const double z = __fma_rn(r, C0, C1);
+  const double r2 = __dmul_rn(r, r);
+  double y = __fma_rn(r, C2, 1.0);
+  y = __fma_rn(z, r2, y);
+  y = __dmul_rn(y, __longlong_as_double(static_cast<long long>(t)));
+  return __double2float_rn(y);
+}
+
+// CpuOps::swiglu of one element: clamp, (g / (1 + exp(-g))) * up, times the row weight, bf16 when asked.
+__device__ __forceinline__ float swiglu_val(float g, float u, float limit, bool has_w, float rw, bool bf16) {
+  if (limit > 0.0f) {
+    u = fminf(fmaxf(u, -limit), limit);
+    g = fminf(g, limit);
+  }
+  float v = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, glibc_expf(-g))), u);
+  if (has_w) v = __fmul_rn(rw, v);
+  return bf16 ? round_bf16(v) : v;
+}
+
+// ---- activation quantization ------------------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t enc_e4m3(float v) {  // v an exact e4m3 value (|v| <= 448)
+  const uint32_t b = __float_as_uint(v), sign = (b >> 24) & 0x80u, ab = b & 0x7FFFFFFFu;
+  if (ab < 0x3C800000u) return sign | static_cast<uint32_t>(__fmul_rn(__uint_as_float(ab), 512.0f));
+  return sign | ((((ab >> 23) - 120u) & 0xFu) << 3) | ((ab >> 20) & 7u);
+}
+
+// One warp per (row, 128-column block). E4M3: q8/s_t (cuBLASLt layout), rows >= rows_real are padding.
+template <bool E4M3>
+__global__ void __launch_bounds__(256) act_quant_kernel(const float* x, int64_t rows_real, int64_t rows, int64_t K,
+                                                        float* q, float* s, uint8_t* q8, float* s_t) {
+  const int lane = threadIdx.x & 31;
+  const int64_t nsb = (K + 127) / 128;
+  const int64_t gw = int64_t(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  if (gw >= rows * nsb) return;
+  const int64_t row = gw / nsb, b = gw % nsb, k0 = b * 128;
+  const int len = static_cast<int>(imin(128, K - k0));
+  if (E4M3 && row >= rows_real) {
+    for (int j = lane; j < len; j += 32) q8[row * K + k0 + j] = 0;
+    if (lane == 0) s_t[b * rows + row] = 1.0f;
+    return;
+  }
+  const float* xr = x + row * K + k0;
+  float v[4];
+  float m = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int i = j * 32 + lane;
+    v[j] = i < len ? xr[i] : 0.0f;
+    const float a = fabsf(v[j]);
+    m = a > m ? a : m;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float t = __shfl_xor_sync(0xFFFFFFFFu, m, o);
+    m = t > m ? t : m;
+  }
+  const float sc = fp8_act_scale(m), inv = __fdiv_rn(1.0f, sc);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int i = j * 32 + lane;
+    if (i < len) {
+      const float c = fp8_quant(v[j], inv);
+      if (E4M3)
+        q8[row * K + k0 + i] = static_cast<uint8_t>(enc_e4m3(c));
+      else
+        q[row * K + k0 + i] = c;
+    }
+  }
+  if (lane == 0) {
+    if (E4M3)
+      s_t[b * rows + row] = sc;
+    else
+      s[row * nsb + b] = sc;
+  }
+}
+
+__global__ void finish_kernel(const float* src, int64_t n, bool bf16, float* y) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = bf16 ? round_bf16(src[i]) : src[i];
+}
+
+__global__ void swiglu_kernel(const float* g, const float* up, int64_t n, float limit, bool bf16, float* h) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    h[i] = swiglu_val(g[i], up[i], limit, false, 0.0f, bf16);
+}
+
+__global__ void widen_scales_kernel(const uint8_t* scale, bool sf32, int64_t srows, int64_t scols, int64_t ld,
+                                    float* aux) {
+  const int64_t n = srows * ld;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / ld, c = i % ld;
+    float v = 1.0f;
+    if (c < scols) {
+      const int64_t j = r * scols + c;
+      if (sf32) {
+        uint32_t b = 0;
+        for (int t = 0; t < 4; ++t) b |= uint32_t(scale[4 * j + t]) << (8 * t);
+        v = __uint_as_float(b);
+      } else {
+        v = e8m0_to_float(scale[j]);  // 2^(e-127), exact in fp32
+      }
+    }
+    aux[i] = v;
+  }
+}
+
+// ---- kernel arguments ---------------------------------------------------------------------------------------------
+struct GArgs {
+  // activations: rows of a (codes in (Q)) with scales sa [*, ldsa]
+  const float* a = nullptr;
+  int64_t lda = 0;
+  const float* sa = nullptr;
+  int64_t ldsa = 0;
+  bool a_vec = false;  // a and lda allow 16-byte loads
+  // linear
+  int64_t M = 0;
+  WeightView W;
+  int64_t r0 = 0, nout = 0;
+  // output (linear: y [M, ldy]; MoE: h or o [rows, ldy])
+  float* y = nullptr;
+  int64_t ldy = 0;
+  bool out_bf16 = false, weight_as_bf16 = false;
+  int64_t n_slots = 0;  // blockIdx.x = n_tile * n_slots + slot
+  // MoE
+  const ExpertView* table = nullptr;
+  int64_t n_experts = 0, d_model = 0, inter = 0;
+  const int32_t* seg_start = nullptr;
+  const int32_t* big_tile_start = nullptr;
+  const int32_t* small_list = nullptr;
+  const int32_t* n_small = nullptr;
+  const int32_t* row_tok = nullptr;
+  const float* row_w = nullptr;
+  float limit = 0.0f;
+  bool bf16 = false;
+};
+
+// Weights, K and the output width of a block of kind KIND (expert e for the MoE kinds).
+template <int KIND>
+__device__ __forceinline__ void block_weights(const GArgs& A, int64_t e, WDesc* wd, int64_t& K, int64_t& nout,
+                                              int64_t& wrow0) {
+  if constexpr (KIND == kLinear) {
+    wd[0] = make_wdesc(A.W);
+    K = A.W.cols;
+    nout = A.nout;
+    wrow0 = A.r0;
+  } else if constexpr (KIND == kW13) {
+    wd[0] = make_wdesc(A.table[e].w1);
+    wd[1] = make_wdesc(A.table[e].w3);
+    K = A.d_model;
+    nout = A.inter;
+    wrow0 = 0;
+  } else {
+    wd[0] = make_wdesc(A.table[e].w2);
+    K = A.inter;
+    nout = A.d_model;
+    wrow0 = 0;
+  }
+}
+
+// Source activation row of output row m of a block starting at row m0 (linear: token; MoE: sorted row).
+template <int KIND>
+__device__ __forceinline__ int64_t act_row(const GArgs& A, int64_t sorted_row) {
+  if constexpr (KIND == kW13) return A.row_tok[sorted_row];
+  return sorted_row;
+}
+
+// Output of one element (after the chunk loop).
+template <int KIND>
+__device__ __forceinline__ void store_out(const GArgs& A, int64_t row, int64_t n, float acc0, float acc1) {
+  if constexpr (KIND == kW13) {
+    const float g = A.out_bf16 ? round_bf16(acc0) : acc0;
+    const float u = A.out_bf16 ? round_bf16(acc1) : acc1;
+    A.y[row * A.ldy + n] = swiglu_val(g, u, A.limit, true, A.row_w[row], A.bf16);
+  } else {
+    A.y[row * A.ldy + n] = A.out_bf16 ? round_bf16(acc0) : acc0;
+  }
+}
+
+// ---- tiled kernel ("simt") ------------------------------------------------------------------------------------------
+constexpr int TBM = 64, TBN = 64, TBK = 32, TPAD = 4;
+
+template <int FMT, bool Q, int KIND>
+__global__ void __launch_bounds__(256) tile_kernel(const GArgs A) {
+  constexpr int NW = KIND == kW13 ? 2 : 1;
+  constexpr int CPT = (Q && FMT == kFmtFp8) ? 4 : 1;  // K tiles per chunk (FP8 scale block = 128 = 4 tiles)
+  __shared__ __align__(16) float As[TBK][TBM + TPAD];
+  __shared__ __align__(16) float Ws[NW][TBK][TBN + TPAD];
+  __shared__ float SA[TBM];
+  __shared__ float SW[NW][TBN];
+  __shared__ int64_t Arow[TBM];
+
+  const int tid = threadIdx.x;
+  const int64_t slot = blockIdx.x % A.n_slots, nt = blockIdx.x / A.n_slots;
+  int64_t m0 = 0, mcnt = 0, e = 0;
+  if constexpr (KIND == kLinear) {
+    m0 = slot * TBM;
+    mcnt = imin(TBM, A.M - m0);
+  } else {
+    const int64_t E = A.n_experts;
+    if (slot >= A.big_tile_start[E]) return;
+    int64_t lo = 0, hi = E - 1;  // last e with big_tile_start[e] <= slot
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      if (A.big_tile_start[mid] <= slot) lo = mid; else hi = mid - 1;
+    }
+    e = lo;
+    m0 = A.seg_start[e] + (slot - A.big_tile_start[e]) * TBM;
+    mcnt = imin(TBM, A.seg_start[e + 1] - m0);
+  }
+  WDesc wd[NW];
+  int64_t K = 0, nout = 0, wrow0 = 0;
+  block_weights<KIND>(A, e, wd, K, nout, wrow0);
+  const int64_t n0 = nt * TBN;
+  if (mcnt <= 0 || n0 >= nout) return;
+
+  if (tid < TBM) Arow[tid] = tid < mcnt ? act_row<KIND>(A, m0 + tid) : -1;
+  __syncthreads();
+
+  const int tx = tid % 16, ty = tid / 16;        // compute: rows n0 + tx*4 + j, tokens ty*4 + i
+  const int lrow = tid / 4, lk = (tid % 4) * 8;  // loaders: tile row lrow, columns lk .. lk+7
+  const bool active = ty * 4 < mcnt;
+  float acc[NW][4][4], q[NW][4][4];
+#pragma unroll
+  for (int w = 0; w < NW; ++w)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[w][i][j] = 0.0f, q[w][i][j] = 0.0f;
+
+  const int64_t nkt = cdiv(K, TBK);
+  for (int64_t t = 0; t < nkt; ++t) {
+    const int64_t k0 = t * TBK;
+    const int kmax = static_cast<int>(imin(TBK, K - k0));
+    const bool chunk_end = ((t + 1) % CPT == 0) || (t + 1 == nkt);
+    {
+      float v[8];
+      const int64_t ar = Arow[lrow];
+      if (ar >= 0) {
+        acts8(A.a + ar * A.lda, k0 + lk, K, A.a_vec, v);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) As[lk + i][lrow] = v[i];
+    }
+#pragma unroll
+    for (int w = 0; w < NW; ++w) {
+      float v[8];
+      const int64_t n = n0 + lrow;
+      if (n < nout) {
+        weights8<FMT, Q>(wd[w], wrow0 + n, k0 + lk, A.weight_as_bf16, v);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) Ws[w][lk + i][lrow] = v[i];
+    }
+    if constexpr (Q) {
+      if (chunk_end) {
+        const int64_t kc = (t / CPT) * CPT * TBK;  // first column of the chunk (= of the scale block)
+        if (tid < TBM) {
+          const int64_t ar = Arow[tid];
+          SA[tid] = ar >= 0 ? A.sa[ar * A.ldsa + kc / 128] : 0.0f;
+        } else if (tid < TBM + NW * TBN) {
+          const int w = (tid - TBM) / TBN, nn = (tid - TBM) % TBN;
+          const int64_t n = n0 + nn;
+          // (constant indices into wd: a dynamic one would put the descriptors in local memory)
+          if (w == 0)
+            SW[0][nn] = n < nout ? wscale(wd[0], wrow0 + n, kc) : 0.0f;
+          else
+            SW[NW - 1][nn] = n < nout ? wscale(wd[NW - 1], wrow0 + n, kc) : 0.0f;
+        }
+      }
+    }
+    __syncthreads();
+    if (active) {
+      auto step = [&](int kk) {
+        const float4 a4 = *reinterpret_cast<const float4*>(&As[kk][ty * 4]);
+        const float av[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+        for (int w = 0; w < NW; ++w) {
+          const float4 w4 = *reinterpret_cast<const float4*>(&Ws[w][kk][tx * 4]);
+          const float wv[4] = {w4.x, w4.y, w4.z, w4.w};
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) q[w][i][j] = __fmaf_rn(av[i], wv[j], q[w][i][j]);
+        }
+      };
+      if (kmax == TBK) {
+#pragma unroll 8
+        for (int kk = 0; kk < TBK; ++kk) step(kk);
+      } else {
+        for (int kk = 0; kk < kmax; ++kk) step(kk);
+      }
+      if (chunk_end) {
+#pragma unroll
+        for (int w = 0; w < NW; ++w)
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              if constexpr (Q) {
+                const float sc = __fmul_rn(SA[ty * 4 + i], SW[w][tx * 4 + j]);
+                acc[w][i][j] = __fadd_rn(acc[w][i][j], __fmul_rn(q[w][i][j], sc));
+              } else {
+                acc[w][i][j] = __fadd_rn(acc[w][i][j], q[w][i][j]);
+              }
+              q[w][i][j] = 0.0f;
+            }
+      }
+    }
+    __syncthreads();
+  }
+
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int m = ty * 4 + i;
+    if (m >= mcnt) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t n = n0 + tx * 4 + j;
+      if (n >= nout) continue;
+      store_out<KIND>(A, m0 + m, n, acc[0][i][j], acc[NW - 1][i][j]);
+    }
+  }
+}
+
+// ---- small-M kernel ("small_m") -----------------------------------------------------------------------------------
+constexpr int SBN = 32;  // output rows per block (8 warps x 4)
+constexpr int SMG = 4;   // tokens per group
+constexpr int SQS = 33;  // padded row of the chunk-partial buffer
+
+template <int FMT, bool Q, int KIND>
+__global__ void __launch_bounds__(256, 2) small_kernel(const GArgs A) {
+  constexpr int NW = KIND == kW13 ? 2 : 1;
+  constexpr int CH = (Q && FMT == kFmtFp8) ? 128 : 32;  // chunk length (columns)
+  __shared__ float Qs[NW * SBN * SMG][SQS];
+  __shared__ float Xc[SBN * SMG];
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int64_t slot = blockIdx.x % A.n_slots, nt = blockIdx.x / A.n_slots;
+  int64_t base = 0, cnt = 0, e = 0;  // rows [base, base + cnt) (linear: tokens; MoE: sorted rows)
+  if constexpr (KIND == kLinear) {
+    base = slot * SMG;
+    cnt = imin(SMG, A.M - base);
+  } else {
+    if (slot >= *A.n_small) return;
+    e = A.small_list[slot];
+    base = A.seg_start[e];
+    cnt = A.seg_start[e + 1] - base;
+  }
+  WDesc wd[NW];
+  int64_t K = 0, nout = 0, wrow0 = 0;
+  block_weights<KIND>(A, e, wd, K, nout, wrow0);
+  const int64_t n0 = nt * SBN;
+  if (cnt <= 0 || n0 >= nout) return;
+
+  const int64_t NC = cdiv(K, CH), npass = cdiv(NC, 32);
+  // combine role: output (ow, orow, om) of the block
+  const int ow = tid / (SBN * SMG), orow = (tid / SMG) % SBN, om = tid % SMG;
+  const bool owner = tid < NW * SBN * SMG;
+  const int64_t on = n0 + orow;
+
+  for (int64_t g0 = 0; g0 < cnt; g0 += SMG) {
+    const int mcnt = static_cast<int>(imin(SMG, cnt - g0));
+    const bool own = owner && om < mcnt && on < nout;
+    const float* osa = nullptr;
+    const uint8_t* oscale = nullptr;
+    bool osf32 = false;
+    int64_t osrow = 0;
+    if (Q && own) {
+      const bool second = NW == 2 && ow == 1;  // (selects, not a dynamic index into wd)
+      const int obr = second ? wd[NW - 1].br : wd[0].br;
+      const int64_t oscols = second ? wd[NW - 1].scols : wd[0].scols;
+      oscale = second ? wd[NW - 1].scale : wd[0].scale;
+      osf32 = second ? wd[NW - 1].sf32 : wd[0].sf32;
+      osa = A.sa + act_row<KIND>(A, base + g0 + om) * A.ldsa;
+      osrow = ((wrow0 + on) / obr) * oscols;
+    }
+    float acc = 0.0f;
+    for (int64_t p = 0; p < npass; ++p) {
+      const int64_t c = p * 32 + lane;
+      if (c < NC) {
+        for (int m = 0; m < mcnt; ++m) {
+          const float* arow = A.a + act_row<KIND>(A, base + g0 + m) * A.lda;
+          // The chunk's chain runs over sub-chunks of 32 columns; the running sum of each (weight, row) lives in
+          // its Qs slot between sub-chunks (keeps the register count low: 32 activations + 8 weights at a time).
+          for (int sub = 0; sub < CH / 32; ++sub) {
+            const int64_t k0 = c * CH + sub * 32;
+            const int kv = k0 < K ? static_cast<int>(imin(32, K - k0)) : 0;
+            float xv[32];
+#pragma unroll
+            for (int g = 0; g < 4; ++g) {
+              if (kv > 0) {
+                acts8(arow, k0 + 8 * g, K, A.a_vec, xv + 8 * g);
+              } else {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) xv[8 * g + i] = 0.0f;
+              }
+            }
+#pragma unroll
+            for (int w = 0; w < NW; ++w) {
+#pragma unroll 1
+              for (int r = 0; r < 4; ++r) {
+                float* qp = &Qs[(w * SBN + warp * 4 + r) * SMG + m][lane];
+                float acc_s = sub == 0 ? 0.0f : *qp;
+                const int64_t n = n0 + warp * 4 + r;
+                if (n < nout && kv > 0) {
+#pragma unroll
+                  for (int g = 0; g < 4; ++g) {
+                    float wv[8];
+                    weights8<FMT, Q>(wd[w], wrow0 + n, k0 + 8 * g, A.weight_as_bf16, wv);
+                    if (kv == 32) {
+#pragma unroll
+                      for (int i = 0; i < 8; ++i) acc_s = __fmaf_rn(xv[8 * g + i], wv[i], acc_s);
+                    } else {
+#pragma unroll
+                      for (int i = 0; i < 8; ++i)
+                        if (8 * g + i < kv) acc_s = __fmaf_rn(xv[8 * g + i], wv[i], acc_s);
+                    }
+                  }
+                }
+                *qp = acc_s;
+              }
+            }
+          }
+        }
+      }
+      __syncthreads();
+      if (own) {
+        const int jn = static_cast<int>(imin(32, NC - p * 32));
+        for (int j = 0; j < jn; ++j) {
+          const float qj = Qs[tid][j];
+          if constexpr (Q) {
+            const int64_t cc = p * 32 + j;  // chunk = scale block: bc == CH in (Q)
+            const float sw = osf32 ? __ldg(reinterpret_cast<const float*>(oscale) + osrow + cc)
+                                   : e8m0_to_float(__ldg(oscale + osrow + cc));
+            const float sc = __fmul_rn(osa[(cc * CH) >> 7], sw);
+            acc = __fadd_rn(acc, __fmul_rn(qj, sc));
+          } else {
+            acc = __fadd_rn(acc, qj);
+          }
+        }
+      }
+      __syncthreads();
+    }
+    // epilogue
+    if constexpr (KIND == kW13) {
+      if (own && ow == 1) Xc[orow * SMG + om] = A.out_bf16 ? round_bf16(acc) : acc;
+      __syncthreads();
+      if (own && ow == 0) store_out<KIND>(A, base + g0 + om, on, acc, Xc[orow * SMG + om]);
+      __syncthreads();
+    } else {
+      if (own) store_out<KIND>(A, base + g0 + om, on, acc, acc);
+    }
+  }
+}
+
+// ---- dispatch -------------------------------------------------------------------------------------------------------
+template <int KIND, bool SMALL>
+void launch_kind(int fmt, bool Q, const GArgs& A, int64_t grid, cudaStream_t st) {
+  if (grid <= 0) return;
+  const dim3 g(static_cast<unsigned>(grid)), b(256);
+#define DSV4_GEMM_CASE(F, QQ)                                     \
+  if (fmt == F && Q == QQ) {                                      \
+    if constexpr (SMALL)                                          \
+      small_kernel<F, QQ, KIND><<<g, b, 0, st>>>(A);              \
+    else                                                          \
+      tile_kernel<F, QQ, KIND><<<g, b, 0, st>>>(A);               \
+    return;                                                       \
+  }
+  DSV4_GEMM_CASE(kFmtFp8, true)
+  DSV4_GEMM_CASE(kFmtFp4, true)
+  DSV4_GEMM_CASE(kFmtFp8, false)
+  DSV4_GEMM_CASE(kFmtFp4, false)
+  DSV4_GEMM_CASE(kFmtBf16, false)
+  DSV4_GEMM_CASE(kFmtF32, false)
+#undef DSV4_GEMM_CASE
+  fail_msg("linear: (Q) needs an FP8 or FP4 weight");
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+int64_t grid_blocks(int64_t n, int threads) { return imin(cdiv(n, threads), 65535 * 8); }
+
+}  // namespace
+
+// ---- internal interfaces ----------------------------------------------------------------------------------------
+namespace gemm_internal {
+
+void act_quant_f32(const float* x, int64_t rows, int64_t K, float* q, float* s, cudaStream_t stream) {
+  const int64_t warps = rows * cdiv(K, 128);
+  if (warps <= 0) return;
+  act_quant_kernel<false><<<static_cast<unsigned>(cdiv(warps, 8)), 256, 0, stream>>>(x, rows, rows, K, q, s, nullptr,
+                                                                                      nullptr);
+}
+
+void act_quant_e4m3(const float* x, int64_t rows, int64_t rows_pad, int64_t K, uint8_t* q8, float* s_t,
+                    cudaStream_t stream) {
+  const int64_t warps = rows_pad * cdiv(K, 128);
+  if (warps <= 0) return;
+  act_quant_kernel<true><<<static_cast<unsigned>(cdiv(warps, 8)), 256, 0, stream>>>(x, rows, rows_pad, K, nullptr,
+                                                                                     nullptr, q8, s_t);
+}
+
+void finish_rows(const float* src, int64_t rows, int64_t cols, bool bf16, float* y, cudaStream_t stream) {
+  const int64_t n = rows * cols;
+  if (n <= 0) return;
+  finish_kernel<<<static_cast<unsigned>(grid_blocks(n, 256)), 256, 0, stream>>>(src, n, bf16, y);
+}
+
+void swiglu_rows(const float* g, const float* up, int64_t rows, int64_t dim, float limit, bool bf16, float* h,
+                 cudaStream_t stream) {
+  const int64_t n = rows * dim;
+  if (n <= 0) return;
+  swiglu_kernel<<<static_cast<unsigned>(grid_blocks(n, 256)), 256, 0, stream>>>(g, up, n, limit, bf16, h);
+}
+
+namespace {
+GArgs moe_args(const MoeGemmArgs& g) {
+  GArgs A;
+  A.table = g.table;
+  A.n_experts = g.n_experts;
+  A.d_model = g.d_model;
+  A.inter = g.inter;
+  A.seg_start = g.seg_start;
+  A.big_tile_start = g.big_tile_start;
+  A.small_list = g.small_list;
+  A.n_small = g.n_small;
+  A.row_tok = g.row_tok;
+  A.row_w = g.row_w;
+  A.out_bf16 = g.out_bf16;
+  A.weight_as_bf16 = g.weight_as_bf16;
+  return A;
+}
+
+void moe_launch_both(int kind, const MoeGemmArgs& g, GArgs A, int64_t nout, cudaStream_t stream) {
+  const int fmt = fmt_code(g.fmt);
+  const int64_t P = g.n_rows_bound, E = g.n_experts;
+  if (P <= 0 || E <= 0) return;
+  // small experts: at most min(E, P) of them
+  GArgs As = A;
+  As.n_slots = imin(E, P);
+  const int64_t gs = As.n_slots * cdiv(nout, SBN);
+  // big experts (> kMoeSmallMax rows): at most ceil(P / 64) + P / (kMoeSmallMax + 1) tiles
+  GArgs Ab = A;
+  Ab.n_slots = cdiv(P, TBM) + imin(E, P / (kMoeSmallMax + 1));
+  const int64_t gb = Ab.n_slots * cdiv(nout, TBN);
+  if (kind == kW13) {
+    launch_kind<kW13, true>(fmt, g.quant, As, gs, stream);
+    launch_kind<kW13, false>(fmt, g.quant, Ab, gb, stream);
+  } else {
+    launch_kind<kW2, true>(fmt, g.quant, As, gs, stream);
+    launch_kind<kW2, false>(fmt, g.quant, Ab, gb, stream);
+  }
+}
+}  // namespace
+
+void moe_w13(const MoeGemmArgs& g, const float* a, const float* sa, float swiglu_limit, bool bf16, float* h,
+             cudaStream_t stream) {
+  GArgs A = moe_args(g);
+  A.a = a;
+  A.lda = g.d_model;
+  A.sa = sa;
+  A.ldsa = cdiv(g.d_model, 128);
+  A.a_vec = aligned16(a) && g.d_model % 4 == 0;
+  A.y = h;
+  A.ldy = g.inter;
+  A.limit = swiglu_limit;
+  A.bf16 = bf16;
+  moe_launch_both(kW13, g, A, g.inter, stream);
+}
+
+void moe_w2(const MoeGemmArgs& g, const float* h, const float* sh, float* o, cudaStream_t stream) {
+  GArgs A = moe_args(g);
+  A.a = h;
+  A.lda = g.inter;
+  A.sa = sh;
+  A.ldsa = cdiv(g.inter, 128);
+  A.a_vec = aligned16(h) && g.inter % 4 == 0;
+  A.y = o;
+  A.ldy = g.d_model;
+  moe_launch_both(kW2, g, A, g.d_model, stream);
+}
+
+}  // namespace gemm_internal
+
+// ---- public launchers ---------------------------------------------------------------------------------------------
+size_t weight_aux_bytes(const WeightView& W) {
+  if (!gemm_internal::cublaslt_shape_ok(W, 0, W.rows)) return 0;
+  return size_t(W.rows / 128) * size_t(gemm_internal::aux_scale_ld(W)) * sizeof(float);
+}
+
+void build_weight_aux(const WeightView& W, void* aux, cudaStream_t stream) {
+  if (aux == nullptr || weight_aux_bytes(W) == 0 || W.scale == nullptr) return;
+  const int64_t srows = W.rows / 128, scols = cdiv(W.cols, 128), ld = gemm_internal::aux_scale_ld(W);
+  widen_scales_kernel<<<static_cast<unsigned>(grid_blocks(srows * ld, 256)), 256, 0, stream>>>(
+      W.scale, W.scale_f32, srows, scols, ld, static_cast<float*>(aux));
+}
+
+namespace {
+struct LinearPlan {
+  int64_t r0 = 0, r1 = 0, nout = 0, K = 0;
+  bool Q = false;
+};
+
+LinearPlan validate(const WeightView& W, int64_t n_tok, const LinearOpts& o) {
+  LinearPlan p;
+  if (W.w == nullptr) fail_msg("linear: weight is not bound");
+  if (W.rows <= 0 || W.cols <= 0) fail_msg("linear: bad weight shape");
+  if (n_tok < 0) fail_msg("linear: negative token count");
+  const bool quantized = W.fmt == GemmFormat::fp8 || W.fmt == GemmFormat::fp4;
+  if (quantized && W.scale == nullptr) fail_msg("linear: quantized weight without scale");
+  if (W.fmt == GemmFormat::fp4 && W.cols % 2 != 0) fail_msg("linear: FP4 weight with odd cols");
+  if (W.fmt == GemmFormat::fp8 && (W.block_rows <= 0 || W.block_cols <= 0)) fail_msg("linear: bad FP8 block");
+  if (o.act_quant_fp8 && !quantized) fail_msg("linear: act_quant_fp8 needs an FP8 or FP4 weight");
+  if (o.act_quant_fp8 && W.fmt == GemmFormat::fp8 && W.block_cols != 128)
+    fail_msg("linear: act_quant_fp8 needs 128-column FP8 weight blocks");
+  p.r0 = o.row_begin;
+  p.r1 = o.row_end < 0 ? W.rows : o.row_end;
+  if (p.r0 < 0 || p.r1 > W.rows || p.r0 >= p.r1) fail_msg("linear: bad row range");
+  p.nout = p.r1 - p.r0;
+  p.K = W.cols;
+  p.Q = o.act_quant_fp8;
+  return p;
+}
+
+size_t quant_scratch_bytes(int64_t n_tok, int64_t K) {
+  return align256(size_t(n_tok * K) * 4) + align256(size_t(n_tok * cdiv(K, 128)) * 4);
+}
+}  // namespace
+
+size_t linear_scratch_bytes(const WeightView& W, int64_t n_tok, const LinearOpts& o) {
+  if (n_tok <= 0 || !o.act_quant_fp8) return 0;
+  const int64_t K = W.cols;
+  const int64_t r1 = o.row_end < 0 ? W.rows : o.row_end;
+  size_t b = quant_scratch_bytes(n_tok, K);
+  if (W.fmt == GemmFormat::fp8 && gemm_internal::cublaslt_shape_ok(W, o.row_begin, r1))
+    b = std::max(b, gemm_internal::cublaslt_scratch_bytes(W, n_tok, r1 - o.row_begin));
+  return b;
+}
+
+void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o, void* scratch,
+            cudaStream_t stream) {
+  const LinearPlan p = validate(W, n_tok, o);
+  if (n_tok == 0) return;
+  const GemmPath forced = gemm_path();
+  const bool lt_ok = p.Q && W.fmt == GemmFormat::fp8 && W.aux != nullptr &&
+                     gemm_internal::cublaslt_shape_ok(W, p.r0, p.r1) && gemm_internal::cublaslt_device_ok();
+  GemmPath path;
+  switch (forced) {
+    case GemmPath::simt: path = GemmPath::simt; break;
+    case GemmPath::small_m: path = GemmPath::small_m; break;
+    case GemmPath::cublaslt: path = lt_ok ? GemmPath::cublaslt : GemmPath::simt; break;
+    default: path = (lt_ok && n_tok >= 64) ? GemmPath::cublaslt : (n_tok <= 8 ? GemmPath::small_m : GemmPath::simt);
+  }
+  if (path == GemmPath::cublaslt) {
+    if (gemm_internal::cublaslt_linear(W, x, n_tok, y, p.r0, p.nout, o.out_bf16, scratch, stream)) {
+      gemm_internal::note_path(GemmPath::cublaslt);
+      return;
+    }
+    path = GemmPath::simt;
+  }
+
+  GArgs A;
+  A.M = n_tok;
+  A.W = W;
+  A.r0 = p.r0;
+  A.nout = p.nout;
+  A.y = y;
+  A.ldy = p.nout;
+  A.out_bf16 = o.out_bf16;
+  A.weight_as_bf16 = o.weight_as_bf16;
+  A.lda = p.K;
+  if (p.Q) {
+    float* qa = static_cast<float*>(scratch);
+    float* sa = reinterpret_cast<float*>(static_cast<char*>(scratch) + align256(size_t(n_tok * p.K) * 4));
+    gemm_internal::act_quant_f32(x, n_tok, p.K, qa, sa, stream);
+    A.a = qa;
+    A.sa = sa;
+    A.ldsa = cdiv(p.K, 128);
+  } else {
+    A.a = x;
+  }
+  A.a_vec = aligned16(A.a) && p.K % 4 == 0;
+  const int fmt = fmt_code(W.fmt);
+  if (path == GemmPath::small_m) {
+    A.n_slots = cdiv(n_tok, SMG);
+    launch_kind<kLinear, true>(fmt, p.Q, A, A.n_slots * cdiv(p.nout, SBN), stream);
+  } else {
+    A.n_slots = cdiv(n_tok, TBM);
+    launch_kind<kLinear, false>(fmt, p.Q, A, A.n_slots * cdiv(p.nout, TBN), stream);
+  }
+  gemm_internal::note_path(path);
+}
+
+}  // namespace dsv4::cuda

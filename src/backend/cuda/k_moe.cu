@@ -1,0 +1,296 @@
+// Routed + shared experts (Ops::moe, CpuOps::moe; spec §5.7), without a host round trip:
+//   1. moe_plan_kernel (one block): count the (token, slot) pairs per expert, exclusive scan -> expert segments,
+//      stable scatter of the pairs into a list sorted by (expert id, pair index) (warp match + per-warp counts, in
+//      pair order), the tile schedule of the grouped GEMMs (M tiles of experts with > kMoeSmallMax rows, the list
+//      of the small experts).
+//   2. (Q) act_quant of every token row once (codes + scales); the GEMMs gather rows through row_tok.
+//   3. moe_w13 (k_gemm.cu): w1 and w3 of each expert over its segment, SwiGLU with the pair's routing weight
+//      (bf16 when bf16) -> h [sorted rows, inter]. Small segments (decode) on the split-K small kernel, big ones on
+//      the tiled kernel; both use the same per-output summation order, so a row never depends on its segment.
+//   4. (Q) act_quant of h in place; moe_w2 -> o [sorted rows, d_model] (bf16-rounded when q.out_bf16, as the CPU's
+//      linear rounds its output).
+//   5. shared expert through linear() (w1, w3, SwiGLU without weight, w2).
+//   6. moe_combine_kernel: y[t] = sum of o over t's slots in ascending (expert id, slot) order (fp32, from 0),
+//      + the shared expert's output, then bf16(y) when bf16 — the CPU's accumulation order.
+// Grids are sized from host-known bounds (n_tok * k pairs, n_experts); blocks past the device-side totals exit.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "backend/cuda/device_numeric.cuh"
+#include "backend/cuda/gemm_path.h"
+#include "backend/cuda/kernels.h"
+
+namespace dsv4::cuda {
+namespace {
+
+using gemm_internal::kMoeSmallMax;
+using gemm_internal::kMoeTileM;
+
+constexpr int kPlanThreads = 1024;
+constexpr int kPlanMaxE = 512;
+constexpr int64_t kMaxPairs = 65535;  // per-warp offsets are 16-bit
+
+inline size_t align256(size_t b) { return (b + 255) & ~size_t(255); }
+inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Exclusive scan of one int per thread over a block of kPlanThreads; *total = the sum. tmp: 32 ints of shared memory.
+__device__ int block_excl_scan(int v, int* tmp, int* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int incl = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int t = __shfl_up_sync(0xFFFFFFFFu, incl, o);
+    if (lane >= o) incl += t;
+  }
+  if (lane == 31) tmp[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    int w = tmp[lane];
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int t = __shfl_up_sync(0xFFFFFFFFu, w, o);
+      if (lane >= o) w += t;
+    }
+    tmp[lane] = w;
+  }
+  __syncthreads();
+  const int off = warp > 0 ? tmp[warp - 1] : 0;
+  *total = tmp[31];
+  __syncthreads();
+  return off + incl - v;
+}
+
+__global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(const int32_t* ids, int64_t P, int64_t E, int64_t k,
+                                                                const float* wts, int32_t* seg_start,
+                                                                int32_t* big_tile_start, int32_t* small_list,
+                                                                int32_t* n_small, int32_t* pos, int32_t* row_tok,
+                                                                float* row_w) {
+  __shared__ int cnt[kPlanMaxE];
+  __shared__ int start[kPlanMaxE];
+  __shared__ int run[kPlanMaxE];
+  __shared__ uint16_t wc[32][kPlanMaxE];  // per warp of a chunk: pairs per expert, then their offsets
+  __shared__ int tmp[32];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+  for (int64_t e = tid; e < E; e += kPlanThreads) cnt[e] = 0, run[e] = 0;
+  __syncthreads();
+  for (int64_t p = tid; p < P; p += kPlanThreads) {
+    const int32_t e = ids[p];
+    if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);  // integer counts: order-independent
+  }
+  __syncthreads();
+
+  // segments, tile schedule, small-expert list (E <= kPlanMaxE < kPlanThreads: one expert per thread)
+  const int c = tid < E ? cnt[tid] : 0;
+  int total = 0;
+  const int s0 = block_excl_scan(c, tmp, &total);
+  if (tid < E) start[tid] = s0, seg_start[tid] = s0;
+  if (tid == 0) seg_start[E] = total;
+  const int tiles = c > kMoeSmallMax ? (c + kMoeTileM - 1) / kMoeTileM : 0;
+  const int t0 = block_excl_scan(tiles, tmp, &total);
+  if (tid < E) big_tile_start[tid] = t0;
+  if (tid == 0) big_tile_start[E] = total;
+  const int small = (c > 0 && c <= kMoeSmallMax) ? 1 : 0;
+  const int i0 = block_excl_scan(small, tmp, &total);
+  if (small) small_list[i0] = tid;
+  if (tid == 0) *n_small = total;
+  __syncthreads();
+
+  // stable scatter, chunk by chunk of kPlanThreads pairs (pair order = thread order within a chunk)
+  const unsigned lt_mask = (1u << lane) - 1u;
+  for (int64_t c0 = 0; c0 < P; c0 += kPlanThreads) {
+    const int64_t p = c0 + tid;
+    const int32_t e = p < P ? ids[p] : -1;
+    const bool valid = e >= 0 && e < E;
+    for (int64_t i = tid; i < 32 * E; i += kPlanThreads) wc[i / E][i % E] = 0;
+    __syncthreads();
+    const unsigned key = valid ? unsigned(e) : unsigned(E + lane);  // invalid lanes never group
+    const unsigned mask = __match_any_sync(0xFFFFFFFFu, key);
+    const int rank = __popc(mask & lt_mask);
+    if (valid && rank == 0) wc[warp][e] = static_cast<uint16_t>(__popc(mask));
+    __syncthreads();
+    for (int64_t x = tid; x < E; x += kPlanThreads) {
+      int o = run[x];
+      for (int w = 0; w < 32; ++w) {
+        const int n = wc[w][x];
+        wc[w][x] = static_cast<uint16_t>(o);
+        o += n;
+      }
+      run[x] = o;
+    }
+    __syncthreads();
+    if (valid) {
+      const int ps = start[e] + wc[warp][e] + rank;
+      pos[p] = ps;
+      row_tok[ps] = static_cast<int32_t>(p / k);
+      row_w[ps] = wts[p];
+    } else if (p < P) {
+      pos[p] = -1;
+    }
+    __syncthreads();
+  }
+}
+
+// y[t, d] = (sum over t's slots in (expert id, slot) order of o[pos, d]) + os[t, d], bf16 when bf16.
+__global__ void __launch_bounds__(256) moe_combine_kernel(const int32_t* ids, const int32_t* pos, int64_t n_tok,
+                                                          int64_t k, const float* o, const float* os, int64_t D,
+                                                          bool bf16, float* y) {
+  const int64_t nd = (D + 1023) / 1024;
+  const int64_t t = blockIdx.x / nd;
+  const int64_t d0 = (blockIdx.x % nd) * 1024 + int64_t(threadIdx.x) * 4;
+  if (t >= n_tok || d0 >= D) return;
+  int key[8], ord[8];
+  int ns = 0;
+  for (int64_t i = 0; i < k; ++i) {
+    const int32_t ps = pos[t * k + i];
+    if (ps < 0) continue;
+    const int id = ids[t * k + i];
+    int j = ns++;
+    while (j > 0 && key[j - 1] > id) {  // stable insertion: equal ids keep slot order
+      key[j] = key[j - 1];
+      ord[j] = ord[j - 1];
+      --j;
+    }
+    key[j] = id;
+    ord[j] = ps;
+  }
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const int nv = static_cast<int>(D - d0 < 4 ? D - d0 : 4);
+  for (int s = 0; s < ns; ++s) {
+    const float* orow = o + int64_t(ord[s]) * D + d0;
+    for (int j = 0; j < nv; ++j) acc[j] = __fadd_rn(acc[j], orow[j]);
+  }
+  if (os != nullptr)
+    for (int j = 0; j < nv; ++j) acc[j] = __fadd_rn(acc[j], os[t * D + d0 + j]);
+  for (int j = 0; j < nv; ++j) y[t * D + d0 + j] = bf16 ? round_bf16(acc[j]) : acc[j];
+}
+
+struct MoeLayout {
+  int64_t E = 0, D = 0, I = 0, P = 0, Is = 0;
+  bool Q = false;
+  size_t seg = 0, big = 0, small = 0, nsmall = 0, pos = 0, rtok = 0, rw = 0, qx = 0, sx = 0, h = 0, sh = 0, o = 0,
+         gs = 0, us = 0, os = 0, lin = 0, total = 0;
+};
+
+MoeLayout layout(const MoeWeights& w, int64_t n_tok, int64_t k, const LinearOpts& q) {
+  MoeLayout L;
+  L.E = w.n_experts;
+  const ExpertView& e0 = w.experts[0];
+  L.D = e0.w1.cols;
+  L.I = e0.w1.rows;
+  L.P = n_tok * k;
+  L.Q = q.act_quant_fp8;
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = off;
+    off += align256(bytes);
+    return at;
+  };
+  L.seg = take(size_t(L.E + 1) * 4);
+  L.big = take(size_t(L.E + 1) * 4);
+  L.small = take(size_t(L.E) * 4);
+  L.nsmall = take(4);
+  L.pos = take(size_t(L.P) * 4);
+  L.rtok = take(size_t(L.P) * 4);
+  L.rw = take(size_t(L.P) * 4);
+  if (L.Q) {
+    L.qx = take(size_t(n_tok * L.D) * 4);
+    L.sx = take(size_t(n_tok * cdiv(L.D, 128)) * 4);
+    L.sh = take(size_t(L.P * cdiv(L.I, 128)) * 4);
+  }
+  L.h = take(size_t(L.P * L.I) * 4);
+  L.o = take(size_t(L.P * L.D) * 4);
+  if (w.shared != nullptr) {
+    L.Is = w.shared->w1.rows;
+    L.gs = take(size_t(n_tok * L.Is) * 4);
+    L.us = take(size_t(n_tok * L.Is) * 4);
+    L.os = take(size_t(n_tok * L.D) * 4);
+    const size_t lb = std::max({linear_scratch_bytes(w.shared->w1, n_tok, q),
+                                linear_scratch_bytes(w.shared->w3, n_tok, q),
+                                linear_scratch_bytes(w.shared->w2, n_tok, q)});
+    L.lin = take(lb);
+  }
+  L.total = off;
+  return L;
+}
+
+}  // namespace
+
+size_t moe_scratch_bytes(const MoeWeights& w, int64_t n_tok, int64_t k, const LinearOpts& q) {
+  if (n_tok <= 0 || w.n_experts <= 0 || w.experts == nullptr) return 0;
+  return layout(w, n_tok, k, q).total;
+}
+
+void moe(const MoeWeights& w, const float* x, int64_t n_tok, const int32_t* ids, const float* wts, int64_t k,
+         float swiglu_limit, const LinearOpts& q, bool bf16, float* y, void* scratch, cudaStream_t stream) {
+  using gemm_internal::fail_msg;
+  if (n_tok <= 0) return;
+  if (w.n_experts <= 0 || w.experts == nullptr || w.device_table == nullptr) fail_msg("moe: no experts");
+  const ExpertView& e0 = w.experts[0];
+  const GemmFormat fmt = e0.w1.fmt;
+  if (e0.w3.fmt != fmt || e0.w2.fmt != fmt) fail_msg("moe: w1/w2/w3 of the experts must share one format");
+  if (e0.w3.rows != e0.w1.rows || e0.w3.cols != e0.w1.cols || e0.w2.rows != e0.w1.cols || e0.w2.cols != e0.w1.rows)
+    fail_msg("moe: inconsistent expert shapes");
+  if (w.n_experts > kPlanMaxE) fail_msg("moe: at most 512 experts");
+  if (k <= 0 || k > 8) fail_msg("moe: k must be in 1..8");
+  if (n_tok * k > kMaxPairs) fail_msg("moe: at most 65535 (token, slot) pairs per call");
+  if (q.act_quant_fp8) {
+    if (fmt != GemmFormat::fp8 && fmt != GemmFormat::fp4) fail_msg("moe: act_quant_fp8 needs FP8 or FP4 experts");
+    if (fmt == GemmFormat::fp8 && (e0.w1.block_cols != 128 || e0.w2.block_cols != 128))
+      fail_msg("moe: act_quant_fp8 needs 128-column FP8 weight blocks");
+  }
+  const MoeLayout L = layout(w, n_tok, k, q);
+  char* base = static_cast<char*>(scratch);
+  auto I32 = [&](size_t off) { return reinterpret_cast<int32_t*>(base + off); };
+  auto F32 = [&](size_t off) { return reinterpret_cast<float*>(base + off); };
+
+  moe_plan_kernel<<<1, kPlanThreads, 0, stream>>>(ids, L.P, L.E, k, wts, I32(L.seg), I32(L.big), I32(L.small),
+                                                  I32(L.nsmall), I32(L.pos), I32(L.rtok), F32(L.rw));
+
+  gemm_internal::MoeGemmArgs g;
+  g.table = static_cast<const ExpertView*>(w.device_table);
+  g.n_experts = L.E;
+  g.fmt = fmt;
+  g.d_model = L.D;
+  g.inter = L.I;
+  g.seg_start = I32(L.seg);
+  g.big_tile_start = I32(L.big);
+  g.small_list = I32(L.small);
+  g.n_small = I32(L.nsmall);
+  g.n_rows_bound = L.P;
+  g.row_tok = I32(L.rtok);
+  g.row_w = F32(L.rw);
+  g.quant = L.Q;
+  g.out_bf16 = q.out_bf16;
+  g.weight_as_bf16 = q.weight_as_bf16;
+
+  float* h = F32(L.h);
+  if (L.Q) {
+    gemm_internal::act_quant_f32(x, n_tok, L.D, F32(L.qx), F32(L.sx), stream);
+    gemm_internal::moe_w13(g, F32(L.qx), F32(L.sx), swiglu_limit, bf16, h, stream);
+    gemm_internal::act_quant_f32(h, L.P, L.I, h, F32(L.sh), stream);
+    gemm_internal::moe_w2(g, h, F32(L.sh), F32(L.o), stream);
+  } else {
+    gemm_internal::moe_w13(g, x, nullptr, swiglu_limit, bf16, h, stream);
+    gemm_internal::moe_w2(g, h, nullptr, F32(L.o), stream);
+  }
+
+  const float* os = nullptr;
+  if (w.shared != nullptr) {
+    const ExpertView& s = *w.shared;
+    void* ls = base + L.lin;
+    linear(s.w1, x, n_tok, F32(L.gs), q, ls, stream);
+    linear(s.w3, x, n_tok, F32(L.us), q, ls, stream);
+    gemm_internal::swiglu_rows(F32(L.gs), F32(L.us), n_tok, L.Is, swiglu_limit, bf16, F32(L.gs), stream);
+    linear(s.w2, F32(L.gs), n_tok, F32(L.os), q, ls, stream);
+    os = F32(L.os);
+  }
+
+  const int64_t nd = cdiv(L.D, 1024);
+  moe_combine_kernel<<<static_cast<unsigned>(n_tok * nd), 256, 0, stream>>>(ids, I32(L.pos), n_tok, k, F32(L.o), os,
+                                                                            L.D, bf16, y);
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,89 @@
+// Launchers of the CUDA kernels behind CudaOps (cuda_ops.cpp). Each launcher queues its kernels on `stream` and
+// returns without synchronizing; every pointer is device memory. The semantics of each launcher are those of the Ops
+// method of the same name (backend/ops.h); where a launcher needs scratch, the caller allocates
+// *_scratch_bytes(...) bytes of device memory from the workspace and passes it in.
+//
+// This header is included by .cu files (nvcc) and by cuda_ops.cpp (the host compiler): C++17, no CUDA types beyond
+// cudaStream_t.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/ops.h"
+#include "backend/weight_view.h"
+
+namespace dsv4::cuda {
+
+// ---- GEMM (k_gemm.cu) --------------------------------------------------------------------------------------------
+// Semantics: backend/gemm.h (Q) and (D). W.aux may hold fp32-widened scales (see gemm_cublaslt.cpp); kernels that do
+// not need them ignore it.
+// Backend-private data kept with a resident weight (WeightView::aux), built once at upload; 0 bytes: none.
+size_t weight_aux_bytes(const WeightView& W);
+void build_weight_aux(const WeightView& W, void* aux, cudaStream_t stream);
+size_t linear_scratch_bytes(const WeightView& W, int64_t n_tok, const LinearOpts& o);
+void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o, void* scratch,
+            cudaStream_t stream);
+
+// ---- elementwise / rows (k_elementwise.cu) -----------------------------------------------------------------------
+void fill(float* x, int64_t n, float value, cudaStream_t stream);
+void round_bf16(float* x, int64_t n, cudaStream_t stream);
+void scale(float* x, int64_t n, float alpha, bool bf16, cudaStream_t stream);
+void embed(const WeightView& table, const int32_t* ids, int64_t n_tok, int copies, float* out, cudaStream_t stream);
+void rmsnorm(const float* x, int64_t n_rows, int64_t dim, const float* w, float eps, bool bf16, float* y,
+             cudaStream_t stream);
+void head_rms(float* x, int64_t n_rows, int64_t dim, float eps, bool bf16, cudaStream_t stream);
+void rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, int64_t rd, const float* cos_sin, bool inverse,
+          bool bf16, cudaStream_t stream);
+void fp8_sim(float* x, int64_t n_rows, int64_t row_stride, int64_t n_cols, int64_t block, cudaStream_t stream);
+void fp4_sim(float* x, int64_t n_rows, int64_t dim, cudaStream_t stream);
+void hadamard(float* x, int64_t n_rows, int64_t dim, bool bf16, cudaStream_t stream);
+void check_finite(const float* x, int64_t n_rows, int64_t dim, int32_t* bad, cudaStream_t stream);
+void gather_rows(const float* a, int64_t n_a, const float* b, const int32_t* idx, int64_t n, int64_t dim, float* out,
+                 cudaStream_t stream);
+void scatter_rows(const float* src, const int32_t* src_idx, float* dst, const int32_t* dst_idx, int64_t n,
+                  int64_t dim, cudaStream_t stream);
+void add_rows(float* x, int64_t n, int64_t dim, const float* table, const int32_t* rows, cudaStream_t stream);
+void swiglu(const float* g, const float* up, int64_t n_rows, int64_t dim, float limit, const float* row_w, bool bf16,
+            float* h, cudaStream_t stream);
+
+// ---- hyper-connections (k_hc.cu) ---------------------------------------------------------------------------------
+void hc_pre(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale,
+            const float* base, int sinkhorn_iters, float hc_eps, float norm_eps, bool bf16, float* u, float* post,
+            float* comb, cudaStream_t stream);
+void hc_post(const float* f, const float* X, const float* post, const float* comb, int64_t n_tok, int hc, int64_t dim,
+             bool bf16, float* Xout, cudaStream_t stream);
+void hc_head(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale,
+             const float* base, float hc_eps, float norm_eps, bool bf16, float* u, cudaStream_t stream);
+
+// ---- attention (k_attention.cu) ----------------------------------------------------------------------------------
+void sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, const KvRows& kv, const int32_t* win_idx,
+                      int64_t k_win, const int32_t* comp_idx, int64_t k_comp, const float* sink, float scale,
+                      bool bf16, float* out, cudaStream_t stream);
+
+// ---- compressor (k_compressor.cu) --------------------------------------------------------------------------------
+void compress_pool(const float* kv, const float* score, int64_t n_tok, const float* state_kv, const float* state_score,
+                   const int32_t* cand, int64_t n_emit, int64_t n_cand, int coff, int64_t c, float* out,
+                   cudaStream_t stream);
+
+// ---- lightning indexer (k_indexer.cu) ----------------------------------------------------------------------------
+// max_visible: an upper bound of n_visible[t] over the tokens (known to the host from positions).
+size_t indexer_topk_scratch_bytes(int64_t n_tok, int64_t max_visible, int64_t topk);
+void indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_t dim, const float* keys,
+                  const int32_t* n_visible, int64_t max_visible, const float* w, int64_t topk, bool bf16,
+                  int32_t* sel, void* scratch, cudaStream_t stream);
+
+// ---- MoE (k_route.cu, k_moe.cu) ----------------------------------------------------------------------------------
+void route(const float* logits, int64_t n_tok, int64_t n_experts, int64_t k, const float* bias, const int32_t* tid2eid,
+           const int32_t* tokens, float route_scale, int32_t* ids_out, float* w_out, cudaStream_t stream);
+// The expert shapes are uniform within a layer: d_model = experts[0].w1.cols, inter = experts[0].w1.rows.
+size_t moe_scratch_bytes(const MoeWeights& w, int64_t n_tok, int64_t k, const LinearOpts& q);
+void moe(const MoeWeights& w, const float* x, int64_t n_tok, const int32_t* ids, const float* wts, int64_t k,
+         float swiglu_limit, const LinearOpts& q, bool bf16, float* y, void* scratch, cudaStream_t stream);
+
+// ---- dummy weights (k_random.cu) ---------------------------------------------------------------------------------
+// Backend::fill_random on the device; kind = int(Backend::RandomFill).
+void fill_random(void* p, size_t bytes, int kind, float param, uint64_t seed, cudaStream_t stream);
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,428 @@
+// The whole forward pass on CUDA, end to end (issue: CUDA backend acceptance):
+// * logits of tests/data/tiny-a, tiny-b (and the demo model when its dense golden exists) at every position of
+//   prompts of 1-9, 127-130, 511-513, 2047-2050 tokens: `dense` within 2e-3 |dlogprob| of the HF goldens,
+//   `reference` within the official code's own CPU-vs-CUDA noise floor of the official goldens;
+// * the demo model on CUDA vs the CPU reference at every position, and greedy decoding of its 20 golden prompts
+//   (a split only where the CPU's top-2 logit gap is below 1e-3);
+// * chunked prefill (chunks 1, 5, 128, 129, 512) == one prefill, decode == re-prefill, snapshot / rewind: bitwise in
+//   the deterministic GEMM mode (one kernel for every token count), within a stated tolerance with the default paths;
+// * errors: a model too large for the GPU, no visible GPU.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/cuda/gemm_path.h"
+#include "common/golden.h"
+#include "core/error.h"
+#include "common/replica.h"
+#include "gpu_test_util.h"
+#include "model/model.h"
+#include "model/sequence.h"
+
+namespace dsv4::test {
+namespace {
+
+using gpu::cuda;
+
+std::string model_dir(const std::string& name) {
+  if (name == "dsv4-demo") return std::string(DSV4_SOURCE_DIR) + "/models/dsv4-demo";
+  return std::string(DSV4_SOURCE_DIR) + "/tests/data/" + name;
+}
+
+// One loaded model per (name, numerics, device) for the whole program.
+const Model& model(const std::string& name, Numerics num, bool on_cuda) {
+  static std::map<std::tuple<std::string, int, bool>, std::unique_ptr<Model>> cache;
+  auto& m = cache[{name, int(num), on_cuda}];
+  if (!m) {
+    ModelOptions o;
+    o.numerics = num;
+    o.backend = on_cuda ? cuda() : &gpu::cpu();
+    m = Model::load(model_dir(name), o);
+  }
+  return *m;
+}
+
+// Logits of every position of `ids`, fed in chunks of `chunk` tokens (0: one prefill).
+std::vector<float> run(const Model& m, std::span<const int32_t> ids, int64_t chunk = 0) {
+  ModelSequence seq(m);
+  const int64_t V = m.n_vocab();
+  std::vector<float> out(ids.size() * size_t(V));
+  const size_t step = chunk > 0 ? size_t(chunk) : ids.size();
+  for (size_t i = 0; i < ids.size(); i += step) {
+    const size_t n = std::min(ids.size() - i, step);
+    seq.append_all(ids.subspan(i, n), [&](int64_t p, std::span<const float> lg) {
+      std::copy(lg.begin(), lg.end(), out.begin() + p * V);
+    });
+  }
+  return out;
+}
+
+struct LogprobDiff {
+  double max = 0, median = 0, p99 = 0;
+  double top1_agree = 1;  // over positions where the first run's top-2 gap > 1e-3
+  int64_t positions = 0;
+};
+
+// |dlogprob| over the top-20 ids of `a` at every position, and argmax agreement where `a` is not near a tie.
+LogprobDiff diff_logprobs(const std::vector<float>& a, const std::vector<float>& b, int64_t V) {
+  std::vector<double> d;
+  int64_t checked = 0, agree = 0;
+  const int64_t P = int64_t(a.size()) / V;
+  for (int64_t p = 0; p < P; ++p) {
+    const auto la = golden_log_softmax(std::span<const float>(&a[size_t(p * V)], size_t(V)));
+    const auto lb = golden_log_softmax(std::span<const float>(&b[size_t(p * V)], size_t(V)));
+    std::vector<int32_t> ord(static_cast<size_t>(V));
+    std::iota(ord.begin(), ord.end(), 0);
+    const size_t k = std::min<size_t>(20, size_t(V));
+    std::partial_sort(ord.begin(), ord.begin() + k, ord.end(), [&](int32_t x, int32_t y) { return la[x] > la[y]; });
+    for (size_t i = 0; i < k; ++i) d.push_back(std::abs(la[size_t(ord[i])] - lb[size_t(ord[i])]));
+    if (la[size_t(ord[0])] - la[size_t(ord[1])] > 1e-3) {
+      ++checked;
+      const int32_t bmax = int32_t(std::max_element(lb.begin(), lb.end()) - lb.begin());
+      agree += bmax == ord[0];
+    }
+  }
+  LogprobDiff r;
+  r.positions = P;
+  if (!d.empty()) {
+    std::sort(d.begin(), d.end());
+    r.max = d.back();
+    r.median = d[d.size() / 2];
+    r.p99 = d[std::min(d.size() - 1, size_t(0.99 * double(d.size())))];
+  }
+  r.top1_agree = checked ? double(agree) / double(checked) : 1.0;
+  return r;
+}
+
+void print_diff(const std::string& what, const LogprobDiff& d) {
+  std::printf("[cuda-model] %s: positions %lld, |dlogprob| median %.2e p99 %.2e max %.2e, top1 agree %.4f\n",
+              what.c_str(), (long long)d.positions, d.median, d.p99, d.max, d.top1_agree);
+  std::fflush(stdout);
+}
+
+bool golden_exists(const std::string& name, Numerics num) {
+  return std::ifstream(std::string(DSV4_SOURCE_DIR) + "/tests/data/golden/" + name + "." +
+                       std::string(numerics_name(num)) + ".json")
+      .good();
+}
+
+// ---- goldens --------------------------------------------------------------------------------------------------
+
+class CudaGolden : public ::testing::TestWithParam<std::tuple<std::string, Numerics>> {};
+
+TEST_P(CudaGolden, EveryPositionOfEveryPromptLength) {
+  DSV4_REQUIRE_GPU();
+  const auto& [name, num] = GetParam();
+  if (!golden_exists(name, num)) GTEST_SKIP() << "no golden file for " << name << " " << numerics_name(num);
+  const bool dense = num == Numerics::dense;
+  const Golden g = load_golden(name, std::string(numerics_name(num)));
+  ASSERT_FALSE(g.prompts.empty());
+  const Model& m = model(name, num, true);
+  const int64_t V = m.n_vocab();
+  Stats st;
+  for (const auto& gp : g.prompts) {
+    const int64_t L = int64_t(gp.ids.size());
+    if (L == 258) continue;  // the issue's groups: 1-9, 127-130, 511-513, 2047-2050
+    const auto full = run(m, gp.ids);
+    for (int64_t p = 0; p < L; ++p)
+      compare_row(std::span<const float>(&full[size_t(p * V)], size_t(V)), gp, size_t(p), dense, st,
+                  name + " cuda L=" + std::to_string(L) + " p=" + std::to_string(p));
+    // every other length of the group: its own prefill, every position against the golden (causality)
+    for (int64_t len : lengths_for(L)) {
+      if (len == L) continue;
+      const auto part = run(m, std::span<const int32_t>(gp.ids.data(), size_t(len)));
+      for (int64_t p = 0; p < len; ++p)
+        compare_row(std::span<const float>(&part[size_t(p * V)], size_t(V)), gp, size_t(p), dense, st,
+                    name + " cuda prefill " + std::to_string(len) + " p=" + std::to_string(p));
+    }
+  }
+  const double med = st.quantile(0.5), p99 = st.quantile(0.99);
+  const double agree = st.top1_checked ? double(st.top1_agree) / double(st.top1_checked) : 1.0;
+  std::printf("[cuda-golden] %s %s: positions %ld, |dlogprob| median %.2e p99 %.2e max %.2e, top1 agree %.4f\n",
+              name.c_str(), std::string(numerics_name(num)).c_str(), long(st.positions), med, p99, st.quantile(1.0),
+              agree);
+  std::fflush(stdout);
+  if (!dense) {
+    ASSERT_TRUE(g.meta.contains("noise_floor")) << "reference golden without noise_floor";
+    const auto& nf = g.meta["noise_floor"];
+    EXPECT_LE(med, std::max(nf.value("median", 0.0), 1e-4)) << "median |dlogprob| above the oracle noise floor";
+    EXPECT_LE(p99, std::max(nf.value("p99", 0.0), 1e-3)) << "p99 |dlogprob| above the oracle noise floor";
+    EXPECT_GE(agree, std::min(nf.value("top1_agree", 1.0), 1.0)) << "top-1 agreement below the oracle noise floor";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaGolden,
+                         ::testing::Combine(::testing::Values("tiny-a", "tiny-b", "dsv4-demo"),
+                                            ::testing::Values(Numerics::reference, Numerics::dense)),
+                         [](const auto& info) {
+                           std::string n = std::get<0>(info.param);
+                           n.erase(std::remove(n.begin(), n.end(), '-'), n.end());
+                           return n + "_" + std::string(numerics_name(std::get<1>(info.param)));
+                         });
+
+// ---- CUDA vs the CPU reference -----------------------------------------------------------------------------------
+
+std::vector<int32_t> random_prompt(int64_t n, int32_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> d(2, vocab - 1);
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+class CudaVsCpu : public ::testing::TestWithParam<std::tuple<std::string, Numerics>> {};
+
+// Stated tolerance: CPU and CUDA sum GEMM products in different orders; in `dense` that moves logprobs by ~1e-5; in
+// `reference` a last-ulp difference can flip a bf16 rounding and then an FP8 activation code, so single positions
+// move more: median <= 2e-3, p99 <= 5e-2, argmax agreement >= 0.98 where the CPU's top-2 gap > 1e-3.
+TEST_P(CudaVsCpu, EveryPositionOfA2050TokenPrompt) {
+  DSV4_REQUIRE_GPU();
+  const auto& [name, num] = GetParam();
+  const Model& mg = model(name, num, true);
+  const Model& mc = model(name, num, false);
+  const auto ids = random_prompt(2050, mg.n_vocab(), 77);
+  const auto a = run(mc, ids), b = run(mg, ids);
+  const LogprobDiff d = diff_logprobs(a, b, mg.n_vocab());
+  print_diff(name + " " + std::string(numerics_name(num)) + " cuda vs cpu", d);
+  if (num == Numerics::dense) {
+    EXPECT_LE(d.max, 2e-3);
+  } else {
+    EXPECT_LE(d.median, 2e-3);
+    EXPECT_LE(d.p99, 5e-2);
+  }
+  EXPECT_GE(d.top1_agree, 0.98);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaVsCpu,
+                         ::testing::Combine(::testing::Values("tiny-a", "tiny-b", "dsv4-demo"),
+                                            ::testing::Values(Numerics::reference, Numerics::dense)),
+                         [](const auto& info) {
+                           std::string n = std::get<0>(info.param);
+                           n.erase(std::remove(n.begin(), n.end(), '-'), n.end());
+                           return n + "_" + std::string(numerics_name(std::get<1>(info.param)));
+                         });
+
+struct Greedy {
+  std::vector<int32_t> ids;
+  std::vector<double> gap;  // top-2 logit gap at every step
+};
+
+Greedy greedy(const Model& m, const std::vector<int32_t>& prompt, int n_new) {
+  ModelSequence seq(m);
+  std::vector<float> lg(static_cast<size_t>(m.n_vocab()));
+  seq.append(prompt, lg);
+  Greedy g;
+  for (int i = 0; i < n_new; ++i) {
+    std::vector<float> s = lg;
+    std::partial_sort(s.begin(), s.begin() + 2, s.end(), std::greater<float>());
+    g.gap.push_back(double(s[0]) - double(s[1]));
+    g.ids.push_back(int32_t(std::max_element(lg.begin(), lg.end()) - lg.begin()));
+    if (i + 1 < n_new) seq.append(std::span<const int32_t>(&g.ids.back(), 1), lg);
+  }
+  return g;
+}
+
+class CudaDemoGreedy : public ::testing::TestWithParam<Numerics> {};
+
+TEST_P(CudaDemoGreedy, TwentyPromptsMatchTheCpu) {
+  DSV4_REQUIRE_GPU();
+  const Numerics num = GetParam();
+  std::ifstream f(std::string(DSV4_SOURCE_DIR) + "/tests/data/demo/prompts.json");
+  ASSERT_TRUE(f.good());
+  const auto j = nlohmann::json::parse(f);
+  const Model& mg = model("dsv4-demo", num, true);
+  const Model& mc = model("dsv4-demo", num, false);
+  size_t total = 0, same = 0, prompts = 0;
+  for (const auto& p : j.at("prompts")) {
+    const auto ids = p.at("ids").get<std::vector<int32_t>>();
+    const Greedy c = greedy(mc, ids, 64), g = greedy(mg, ids, 64);
+    size_t i = 0;
+    while (i < c.ids.size() && c.ids[i] == g.ids[i]) ++i;
+    if (i < c.ids.size()) {
+      EXPECT_LT(c.gap[i], 1e-3) << p.value("text", "") << ": split at step " << i << " where the CPU's top-2 gap is "
+                                << c.gap[i];
+    }
+    total += c.ids.size();
+    same += i;
+    ++prompts;
+  }
+  std::printf("[cuda-model] demo %s greedy: %zu prompts, %zu / %zu tokens in common prefixes with the CPU\n",
+              std::string(numerics_name(num)).c_str(), prompts, same, total);
+  EXPECT_EQ(prompts, 20u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Numerics, CudaDemoGreedy, ::testing::Values(Numerics::reference, Numerics::dense),
+                         [](const auto& info) { return std::string(numerics_name(info.param)); });
+
+// ---- invariance on CUDA ------------------------------------------------------------------------------------------
+
+// Forces the deterministic GEMM mode (the same kernel for every token count) for a scope.
+struct DeterministicGemm {
+  DeterministicGemm() { cuda::set_gemm_path(cuda::GemmPath::simt); }
+  ~DeterministicGemm() { cuda::set_gemm_path(cuda::GemmPath::auto_); }
+};
+
+class CudaInvariance : public ::testing::TestWithParam<std::tuple<std::string, Numerics>> {};
+
+TEST_P(CudaInvariance, ChunkedPrefillEqualsOnePrefill) {
+  DSV4_REQUIRE_GPU();
+  const auto& [name, num] = GetParam();
+  const Model& m = model(name, num, true);
+  const int64_t V = m.n_vocab();
+  const auto ids = random_prompt(600, m.n_vocab(), 5);
+  {
+    DeterministicGemm det;
+    const auto one = run(m, ids);
+    for (int64_t chunk : {1, 5, 128, 129, 512}) {
+      const auto ch = run(m, ids, chunk);
+      size_t bad = 0;
+      for (size_t i = 0; i < one.size(); ++i) bad += one[i] != ch[i];
+      std::printf("[cuda-model] %s %s deterministic chunk %lld: %zu of %zu logits differ\n", name.c_str(),
+                  std::string(numerics_name(num)).c_str(), (long long)chunk, bad, one.size());
+      EXPECT_EQ(bad, 0u) << "chunk " << chunk;
+    }
+  }
+  // default paths: the GEMM kernel depends on the token count -> accumulation-order noise only
+  const auto one = run(m, ids);
+  for (int64_t chunk : {1, 5, 128, 129, 512}) {
+    const LogprobDiff d = diff_logprobs(one, run(m, ids, chunk), V);
+    print_diff(name + " " + std::string(numerics_name(num)) + " chunk " + std::to_string(chunk) + " vs one prefill",
+               d);
+    EXPECT_LE(d.median, num == Numerics::dense ? 1e-4 : 2e-3);
+    EXPECT_GE(d.top1_agree, 0.98);
+  }
+}
+
+TEST_P(CudaInvariance, DecodeEqualsReprefillAndSnapshotRewindContinue) {
+  DSV4_REQUIRE_GPU();
+  const auto& [name, num] = GetParam();
+  const Model& m = model(name, num, true);
+  const int64_t V = m.n_vocab();
+  DeterministicGemm det;
+  const auto prompt = random_prompt(200, m.n_vocab(), 9);
+  // straight run: prefill, then 100 greedy decode steps, keeping every step's logits
+  ModelSequence seq(m);
+  std::vector<float> lg(static_cast<size_t>(V));
+  std::vector<float> dec;
+  seq.append(prompt, lg);
+  std::vector<int32_t> all = prompt;
+  for (int i = 0; i < 100; ++i) {
+    dec.insert(dec.end(), lg.begin(), lg.end());
+    const int32_t t = int32_t(std::max_element(lg.begin(), lg.end()) - lg.begin());
+    all.push_back(t);
+    seq.append(std::span<const int32_t>(&t, 1), lg);
+  }
+  // decode == re-prefill: one prefill of the whole sequence gives the same logits at the decoded positions
+  const auto re = run(m, all);
+  size_t bad = 0;
+  for (int i = 0; i < 100; ++i)
+    for (int64_t v = 0; v < V; ++v) bad += dec[size_t(i * V + v)] != re[size_t((199 + i) * V + v)];
+  EXPECT_EQ(bad, 0u) << "decode vs re-prefill (deterministic GEMM mode)";
+  std::printf("[cuda-model] %s %s decode vs re-prefill: %zu differing logits\n", name.c_str(),
+              std::string(numerics_name(num)).c_str(), bad);
+  // snapshot after 240 tokens; restore and continue; rewind to several points and continue: same greedy tokens
+  auto continue_greedy = [&](ModelSequence& sq, std::vector<float> l, int n) {
+    std::vector<int32_t> out;
+    for (int i = 0; i < n; ++i) {
+      const int32_t t = int32_t(std::max_element(l.begin(), l.end()) - l.begin());
+      out.push_back(t);
+      sq.append(std::span<const int32_t>(&t, 1), l);
+    }
+    return out;
+  };
+  const std::vector<int32_t> tail(all.begin() + 240, all.end());  // tokens 240..299 of the straight run
+  ModelSequence s2(m);
+  s2.append(std::span<const int32_t>(all.data(), 240), lg);
+  const ModelSequence::Snapshot snap = s2.snapshot();
+  const std::vector<float> lg_snap = lg;
+  EXPECT_EQ(continue_greedy(s2, lg_snap, 60), tail) << "one prefill of 240, then decode";
+  s2.restore(snap);
+  EXPECT_EQ(continue_greedy(s2, lg_snap, 60), tail) << "restored snapshot at 240";
+  for (int64_t p : {239, 200, 129, 128, 127, 77}) {
+    ModelSequence s3(m);
+    s3.append(std::span<const int32_t>(all.data(), 280), lg);
+    s3.rewind(p);
+    s3.append(std::span<const int32_t>(all.data() + p, size_t(240 - p)), lg);
+    EXPECT_EQ(continue_greedy(s3, lg, 60), tail) << "rewind to " << p;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaInvariance,
+                         ::testing::Combine(::testing::Values("tiny-a", "tiny-b", "dsv4-demo"),
+                                            ::testing::Values(Numerics::reference, Numerics::dense)),
+                         [](const auto& info) {
+                           std::string n = std::get<0>(info.param);
+                           n.erase(std::remove(n.begin(), n.end(), '-'), n.end());
+                           return n + "_" + std::string(numerics_name(std::get<1>(info.param)));
+                         });
+
+// ---- errors ------------------------------------------------------------------------------------------------------
+
+struct CliResult {
+  int rc = -1;
+  std::string out;  // stdout + stderr
+};
+CliResult cli(const std::string& args, const std::string& env = "") {
+  const std::string cmd = env + " " + std::string(DSV4_BINARY) + " " + args + " 2>&1";
+  CliResult r;
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) r.out.append(buf, n);
+  const int st = pclose(f);
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+TEST(CudaErrors, AModelTooLargeForTheGpuIsOneLineBeforeAnyAllocation) {
+  DSV4_REQUIRE_GPU();
+  testing::TempDir d;
+  const auto cj = testing::read_json_file(testing::configs_dir() / "deepseek-v4-flash-config.json");
+  const auto dir = d.path / "flash";
+  testing::write_replica(dir, cj, testing::v4_layout(cj));  // 160 GB of holes: more than one H200 holds
+  const size_t free_before = cuda()->memory().free;
+  ModelOptions o;
+  o.backend = cuda();
+  try {
+    auto m = Model::load(dir, o);
+    ADD_FAILURE() << "a 160 GB model loaded on one GPU";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    std::printf("[cuda-model] too large: %s\n", msg.c_str());
+    EXPECT_NE(msg.find("needs"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("free"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+  EXPECT_GE(cuda()->memory().free + (size_t(64) << 20), free_before) << "memory was allocated before the check";
+  const CliResult r = cli("logprobs -m " + dir.string() + " --prompt-ids 1 --device cuda");
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find("dsv4: error:"), std::string::npos) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+}
+
+TEST(CudaErrors, NoVisibleGpuAndBadDeviceAreOneLine) {
+  DSV4_REQUIRE_GPU();
+  const std::string m = model_dir("tiny-a");
+  const CliResult none = cli("logprobs -m " + m + " --prompt-ids 1,2 --device cuda", "CUDA_VISIBLE_DEVICES=");
+  EXPECT_EQ(none.rc, 1) << none.out;
+  EXPECT_NE(none.out.find("no CUDA device"), std::string::npos) << none.out;
+  EXPECT_EQ(std::count(none.out.begin(), none.out.end(), '\n'), 1) << none.out;
+  const CliResult bad = cli("logprobs -m " + m + " --prompt-ids 1,2 --device cuda:7");
+  EXPECT_EQ(bad.rc, 1) << bad.out;
+  EXPECT_EQ(std::count(bad.out.begin(), bad.out.end(), '\n'), 1) << bad.out;
+  // the default device of a CUDA build with a GPU is cuda:0, and it is named on stderr
+  const CliResult ok = cli("logprobs -m " + m + " --prompt-ids 1,2");
+  EXPECT_EQ(ok.rc, 0) << ok.out;
+  EXPECT_NE(ok.out.find("device: cuda:0"), std::string::npos) << ok.out;
+}
+
+}  // namespace
+}  // namespace dsv4::test

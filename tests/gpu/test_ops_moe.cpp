@@ -1,0 +1,493 @@
+// CUDA vs CPU: route (src/backend/cuda/k_route.cu) and moe (k_moe.cu + the grouped GEMMs of k_gemm.cu) against
+// CpuOps, at the real V4-Flash shapes: 256 FP4 experts (w1/w3 [2048, 4096], w2 [4096, 2048]) + an FP8 shared expert,
+// top-6. The expert weights (~3.3 GB) are made once for the test program (host + device).
+//
+// Checks and tolerances (one printed line each):
+// * route: BITWISE ids and weights. softplus runs bit-exact ports of the glibc expf / log1pf the CPU calls, sqrt is
+//   correctly rounded on both sides, the rest is the CPU's operations in the CPU's order. (Only a CPU whose glibc
+//   picks another expf / log1pf implementation than glibc 2.36-2.39 on an FMA machine would break this.)
+// * moe (Q) = reference numerics (bf16 = true, act_quant + bf16 outputs): BITWISE when the shared expert does not
+//   run on cuBLASLt (n_tok < 64, or the path forced to simt). Every piece is the CPU's arithmetic: FP4/FP8 (Q)
+//   GEMMs in the CPU's block order, the same act_quant, SwiGLU with the glibc expf port, the combine in ascending
+//   (expert id, slot) order from 0, the same bf16 roundings.
+//   With cuBLASLt for the shared expert (n_tok >= 64, auto): atol = 1e-3 * max|y|, rtol = 2^-7. cuBLASLt's
+//   fp32 rounding (~1e-5 relative) flips a few bf16 roundings of the shared g/up/h (2^-8 each); through w2 that is
+//   ~1e-4 of |y|, and the final bf16 rounding of y may move one bf16 ulp (<= 2^-7 |y|).
+// * moe (D) = dense numerics: atol = 1e-4 * max|y|, rtol = 1e-4. The grouped GEMMs add K in chunks of 32 (the CPU
+//   in one chain); each GEMM's relative difference is ~sqrt(K) * 2^-24 ~ 4e-6 of its typical partial sum, two GEMMs
+//   deep and a sum of 7 expert outputs: ~1e-5 of |y|, so 1e-4 leaves a 10x margin. SwiGLU (no rounding in (D)) is
+//   bit-exact and continuous, so nothing amplifies.
+// * moe batch invariance: row t of a 300-token call == the same token alone (path forced simt so that the shared
+//   expert runs the same kernel order; the routed experts change kernel with the segment sizes, not the order).
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstring>
+#include <numeric>
+
+#include "backend/cuda/gemm_path.h"
+#include "gpu_test_util.h"
+
+namespace dsv4::test::gpu {
+namespace {
+namespace mt {  // own helpers (names added to gpu_test_util.h later can never clash)
+
+using cuda::GemmPath;
+
+const Ops& cops() { return cpu().ops(); }
+const Ops& gops() { return cuda()->ops(); }
+
+std::string strf(const char* f, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, f);
+  std::vsnprintf(buf, sizeof buf, f, ap);
+  va_end(ap);
+  return buf;
+}
+
+uint32_t fbits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 0x7654321ull) {}
+  uint64_t next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  float uni() { return float(next() >> 40) * 0x1p-24f; }
+  float normal() {
+    const float u1 = (float(next() >> 40) + 1.0f) * 0x1p-24f, u2 = uni();
+    return std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853f * u2);
+  }
+  int64_t below(int64_t n) { return int64_t(next() % uint64_t(n)); }
+};
+
+void fill_bytes(Rng& rng, std::vector<uint8_t>& b) {
+  size_t i = 0;
+  for (; i + 8 <= b.size(); i += 8) {
+    const uint64_t r = rng.next();
+    std::memcpy(&b[i], &r, 8);
+  }
+  for (; i < b.size(); ++i) b[i] = uint8_t(rng.next());
+}
+
+// FP4 [rows, cols]: every nibble, E8M0 scales 2^-6..2^-4 (like gpu_test_util.h's random_weight, faster).
+HostWeight fp4_weight(int64_t rows, int64_t cols, Rng& rng) {
+  HostWeight h;
+  h.view.fmt = GemmFormat::fp4;
+  h.view.rows = rows;
+  h.view.cols = cols;
+  h.view.block_rows = 1;
+  h.view.block_cols = 32;
+  h.w.resize(size_t(rows * cols / 2));
+  fill_bytes(rng, h.w);
+  h.scale.resize(size_t(rows * ((cols + 31) / 32)));
+  for (auto& s : h.scale) s = uint8_t(121 + rng.next() % 3);
+  h.view.w = h.w.data();
+  h.view.scale = h.scale.data();
+  return h;
+}
+
+// FP8 [rows, cols], 128x128 E8M0 blocks: every code but NaN, scales 2^-11..2^-9 (the shared expert stays O(routed)).
+HostWeight fp8_weight(int64_t rows, int64_t cols, Rng& rng) {
+  HostWeight h;
+  h.view.fmt = GemmFormat::fp8;
+  h.view.rows = rows;
+  h.view.cols = cols;
+  h.view.block_rows = 128;
+  h.view.block_cols = 128;
+  h.w.resize(size_t(rows * cols));
+  fill_bytes(rng, h.w);
+  for (auto& b : h.w)
+    if ((b & 0x7F) == 0x7F) b ^= 0x01;
+  h.scale.resize(size_t(((rows + 127) / 128) * ((cols + 127) / 128)));
+  for (auto& s : h.scale) s = uint8_t(116 + rng.next() % 3);
+  h.view.w = h.w.data();
+  h.view.scale = h.scale.data();
+  return h;
+}
+
+// The MoE layer of the test program (built on first use, kept until exit).
+struct MoeModel {
+  static constexpr int64_t E = 256, D = 4096, I = 2048, Is = 2048;
+  std::vector<HostWeight> w1, w2, w3;
+  HostWeight s1, s2, s3;
+  std::vector<ExpertView> host_views, dev_views;
+  ExpertView host_shared, dev_shared;
+  std::vector<Buffer> storage;
+  Buffer table;
+
+  MoeWeights cpu_weights(bool shared) const {
+    MoeWeights m;
+    m.experts = host_views.data();
+    m.n_experts = E;
+    m.shared = shared ? &host_shared : nullptr;
+    return m;
+  }
+  MoeWeights gpu_weights(bool shared) const {
+    MoeWeights m;
+    m.experts = dev_views.data();
+    m.n_experts = E;
+    m.device_table = table.data();
+    m.shared = shared ? &dev_shared : nullptr;
+    return m;
+  }
+};
+
+MoeModel& model() {
+  static MoeModel* m = [] {
+    auto* p = new MoeModel();
+    Rng rng(2024);
+    p->w1.reserve(MoeModel::E);
+    p->w2.reserve(MoeModel::E);
+    p->w3.reserve(MoeModel::E);
+    for (int64_t e = 0; e < MoeModel::E; ++e) {
+      p->w1.push_back(fp4_weight(MoeModel::I, MoeModel::D, rng));
+      p->w3.push_back(fp4_weight(MoeModel::I, MoeModel::D, rng));
+      p->w2.push_back(fp4_weight(MoeModel::D, MoeModel::I, rng));
+    }
+    p->s1 = fp8_weight(MoeModel::Is, MoeModel::D, rng);
+    p->s3 = fp8_weight(MoeModel::Is, MoeModel::D, rng);
+    p->s2 = fp8_weight(MoeModel::D, MoeModel::Is, rng);
+    for (int64_t e = 0; e < MoeModel::E; ++e) {
+      ExpertView h{p->w1[size_t(e)].view, p->w2[size_t(e)].view, p->w3[size_t(e)].view};
+      p->host_views.push_back(h);
+      ExpertView d{cuda()->upload(h.w1, p->storage), cuda()->upload(h.w2, p->storage),
+                   cuda()->upload(h.w3, p->storage)};
+      p->dev_views.push_back(d);
+    }
+    p->host_shared = ExpertView{p->s1.view, p->s2.view, p->s3.view};
+    p->dev_shared = ExpertView{cuda()->upload(p->s1.view, p->storage), cuda()->upload(p->s2.view, p->storage),
+                               cuda()->upload(p->s3.view, p->storage)};
+    p->table = cuda()->upload_bytes(p->dev_views.data(), p->dev_views.size() * sizeof(ExpertView), "expert table");
+    cuda()->synchronize();
+    return p;
+  }();
+  return *m;
+}
+
+// Every element's bits equal (T = float or int32_t).
+template <class T>
+void expect_bitwise(const std::string& op, const std::string& shape, const std::vector<T>& ref,
+                    const std::vector<T>& got) {
+  const size_t n = std::min(ref.size(), got.size());
+  int64_t nd = 0, first = -1;
+  for (size_t i = 0; i < n; ++i) {
+    bool diff;
+    if constexpr (std::is_same_v<T, float>)
+      diff = fbits(ref[i]) != fbits(got[i]);
+    else
+      diff = ref[i] != got[i];
+    if (diff) {
+      if (first < 0) first = int64_t(i);
+      ++nd;
+    }
+  }
+  const bool ok = nd == 0 && ref.size() == got.size();
+  std::printf("[%s] %s: bitwise, %lld/%zu elements differ %s\n", op.c_str(), shape.c_str(), (long long)nd, n,
+              ok ? "PASS" : "FAIL");
+  std::fflush(stdout);
+  if (!ok) {
+    if (first < 0) {
+      ADD_FAILURE() << op << " " << shape << ": size " << got.size() << " != " << ref.size();
+      return;
+    }
+    const size_t i = size_t(first);
+    ADD_FAILURE() << op << " " << shape << ": " << nd << " of " << n << " elements differ bitwise; first at " << i
+                  << ": ref " << double(ref[i]) << " got " << double(got[i]);
+  }
+}
+
+struct PathScope {
+  GemmPath prev;
+  explicit PathScope(GemmPath p) : prev(cuda::gemm_path()) { cuda::set_gemm_path(p); }
+  ~PathScope() { cuda::set_gemm_path(prev); }
+};
+
+// ---- routing patterns ----------------------------------------------------------------------------------------------
+constexpr int64_t kK = 6;
+enum Pattern { kRandom, kHashDup, kAllOne, kEveryExpert, kSkewed };
+const char* pattern_name(Pattern p) {
+  switch (p) {
+    case kRandom: return "random top-6";
+    case kHashDup: return "duplicates of one expert in a token";
+    case kAllOne: return "every slot to expert 7";
+    case kEveryExpert: return "every expert used";
+    case kSkewed: return "slot 0 on 4 hot experts, others random";
+  }
+  return "?";
+}
+
+void make_routing(Pattern p, int64_t n, uint64_t seed, std::vector<int32_t>& ids, std::vector<float>& wts) {
+  Rng rng(seed);
+  const int64_t E = MoeModel::E;
+  ids.assign(size_t(n * kK), 0);
+  wts.assign(size_t(n * kK), 0.0f);
+  for (int64_t t = 0; t < n; ++t) {
+    int32_t* r = &ids[size_t(t * kK)];
+    auto distinct = [&](int from) {
+      for (int i = from; i < kK; ++i) {
+        int32_t e;
+        bool dup;
+        do {
+          e = int32_t(rng.below(E));
+          dup = false;
+          for (int j = 0; j < i; ++j) dup = dup || r[j] == e;
+        } while (dup);
+        r[i] = e;
+      }
+    };
+    switch (p) {
+      case kRandom: distinct(0); break;
+      case kHashDup: {
+        const int32_t a = int32_t(rng.below(E)), b = int32_t(rng.below(E)), c = int32_t(rng.below(E)),
+                      d = int32_t(rng.below(E));
+        const int32_t v[kK] = {a, a, b, a, c, d};
+        std::copy(v, v + kK, r);
+        break;
+      }
+      case kAllOne: std::fill(r, r + kK, 7); break;
+      case kEveryExpert:
+        for (int i = 0; i < kK; ++i) r[i] = int32_t((t * kK + i) % E);
+        break;
+      case kSkewed:
+        r[0] = int32_t(3 + 50 * (t % 4));
+        distinct(1);
+        break;
+    }
+    for (int i = 0; i < kK; ++i) wts[size_t(t * kK + i)] = 0.1f + 0.5f * rng.uni();
+  }
+}
+
+std::vector<float> make_x(int64_t n, int64_t D, uint64_t seed, bool bf16) {
+  Rng rng(seed);
+  std::vector<float> x(size_t(n * D));
+  for (auto& v : x) v = bf16 ? round_to_bf16(rng.normal()) : rng.normal();
+  return x;
+}
+
+struct MoeRun {
+  std::vector<float> y;
+  GemmPath shared_path = GemmPath::auto_;
+};
+
+LinearOpts opts(bool Q) {
+  LinearOpts q;
+  q.act_quant_fp8 = Q;
+  q.out_bf16 = Q;
+  return q;
+}
+
+std::vector<float> moe_cpu(const std::vector<float>& x, int64_t n, const std::vector<int32_t>& ids,
+                           const std::vector<float>& wts, bool Q, bool shared, float limit) {
+  const MoeModel& m = model();
+  std::vector<float> y(size_t(n * MoeModel::D));
+  cops().moe(m.cpu_weights(shared), x.data(), n, ids.data(), wts.data(), kK, limit, opts(Q), Q, y.data());
+  return y;
+}
+
+MoeRun moe_gpu(const std::vector<float>& x, int64_t n, const std::vector<int32_t>& ids, const std::vector<float>& wts,
+               bool Q, bool shared, float limit, GemmPath path) {
+  const MoeModel& m = model();
+  PathScope ps(path);
+  const Buffer xd = to_device(*cuda(), x), idd = to_device(*cuda(), ids), wd = to_device(*cuda(), wts);
+  Buffer yd = out_buffer<float>(*cuda(), size_t(n * MoeModel::D));
+  gops().moe(m.gpu_weights(shared), xd.as<float>(), n, idd.as<int32_t>(), wd.as<float>(), kK, limit, opts(Q), Q,
+             yd.as<float>());
+  MoeRun r;
+  r.shared_path = cuda::last_gemm_path();
+  r.y = to_host<float>(*cuda(), yd, size_t(n * MoeModel::D));
+  return r;
+}
+
+double max_abs(const std::vector<float>& v) {
+  double m = 0;
+  for (float f : v) m = std::max(m, double(std::fabs(f)));
+  return m;
+}
+
+void check_moe(const std::string& label, const std::vector<float>& ref, const MoeRun& got, bool Q, bool shared) {
+  const std::string l = label + strf(" shared_path=%s", shared ? cuda::gemm_path_name(got.shared_path) : "none");
+  if (Q && (!shared || got.shared_path != GemmPath::cublaslt))
+    expect_bitwise("moe", l, ref, got.y);
+  else if (Q)
+    expect_close("moe", l, ref, got.y, 1e-3 * max_abs(ref), std::ldexp(1.0, -7));
+  else
+    expect_close("moe", l, ref, got.y, 1e-4 * max_abs(ref), 1e-4);
+}
+
+struct MoeCase {
+  int64_t n;
+  Pattern pat;
+  bool shared;
+  float limit;
+};
+
+void run_moe_case(const MoeCase& c, uint64_t seed) {
+  std::vector<int32_t> ids;
+  std::vector<float> wts;
+  make_routing(c.pat, c.n, seed, ids, wts);
+  for (const bool Q : {true, false}) {
+    const std::vector<float> x = make_x(c.n, MoeModel::D, seed * 7 + (Q ? 1 : 2), Q);
+    const std::vector<float> ref = moe_cpu(x, c.n, ids, wts, Q, c.shared, c.limit);
+    const std::string base =
+        strf("E=256 top-6 FP4 %lldx%lld/%lldx%lld%s n_tok=%lld (%s) limit=%g %s", (long long)MoeModel::I,
+             (long long)MoeModel::D, (long long)MoeModel::D, (long long)MoeModel::I,
+             c.shared ? " + FP8 shared" : "", (long long)c.n, pattern_name(c.pat), double(c.limit),
+             Q ? "(Q) reference" : "(D) dense");
+    const MoeRun a = moe_gpu(x, c.n, ids, wts, Q, c.shared, c.limit, GemmPath::auto_);
+    check_moe(base + " path=auto", ref, a, Q, c.shared);
+    if (c.n >= 64) {  // also with every linear on the SIMT kernel: (Q) bitwise again
+      const MoeRun s = moe_gpu(x, c.n, ids, wts, Q, c.shared, c.limit, GemmPath::simt);
+      check_moe(base + " path=simt", ref, s, Q, c.shared);
+    }
+  }
+}
+
+}  // namespace mt
+
+using namespace mt;
+
+// ---- route ---------------------------------------------------------------------------------------------------------
+namespace mt {
+struct RouteOut {
+  std::vector<int32_t> ids;
+  std::vector<float> w;
+};
+
+void route_both(const std::vector<float>& logits, int64_t n, int64_t E, int64_t k, const std::vector<float>* bias,
+                const std::vector<int32_t>* tid2eid, const std::vector<int32_t>* tokens, float scale,
+                RouteOut& c, RouteOut& g) {
+  c.ids.assign(size_t(n * k), -7);
+  c.w.assign(size_t(n * k), -7.0f);
+  cops().route(logits.data(), n, E, k, bias ? bias->data() : nullptr, tid2eid ? tid2eid->data() : nullptr,
+               tokens ? tokens->data() : nullptr, scale, c.ids.data(), c.w.data());
+  const Buffer ld = to_device(*cuda(), logits);
+  Buffer bd, td, tkd;
+  if (bias) bd = to_device(*cuda(), *bias);
+  if (tid2eid) td = to_device(*cuda(), *tid2eid);
+  if (tokens) tkd = to_device(*cuda(), *tokens);
+  Buffer idd = out_buffer<int32_t>(*cuda(), size_t(n * k)), wd = out_buffer<float>(*cuda(), size_t(n * k));
+  gops().route(ld.as<float>(), n, E, k, bias ? bd.as<float>() : nullptr, tid2eid ? td.as<int32_t>() : nullptr,
+               tokens ? tkd.as<int32_t>() : nullptr, scale, idd.as<int32_t>(), wd.as<float>());
+  g.ids = to_host<int32_t>(*cuda(), idd, size_t(n * k));
+  g.w = to_host<float>(*cuda(), wd, size_t(n * k));
+}
+
+void check_route(const std::string& label, const RouteOut& c, const RouteOut& g) {
+  expect_bitwise("route ids", label, c.ids, g.ids);
+  expect_bitwise("route weights", label, c.w, g.w);
+}
+}  // namespace mt
+
+TEST(CudaMoe, RouteTopkWithBiasBitwise) {
+  DSV4_REQUIRE_GPU();
+  const int64_t E = 256, k = 6;
+  for (const int64_t n : {1, 5, 300}) {
+    Rng rng(10 + n);
+    std::vector<float> logits(size_t(n * E)), bias(static_cast<size_t>(E));
+    for (auto& v : logits) v = 2.0f * rng.normal();
+    for (auto& v : bias) v = 0.1f * rng.normal();
+    RouteOut c, g;
+    route_both(logits, n, E, k, &bias, nullptr, nullptr, 2.5f, c, g);
+    check_route(strf("E=256 k=6 bias n_tok=%lld logits N(0,4)", (long long)n), c, g);
+    route_both(logits, n, E, k, nullptr, nullptr, nullptr, 1.0f, c, g);
+    check_route(strf("E=256 k=6 no bias n_tok=%lld", (long long)n), c, g);
+  }
+}
+
+TEST(CudaMoe, RouteTiesToLowerId) {
+  DSV4_REQUIRE_GPU();
+  const int64_t E = 256, k = 6, n = 64;
+  Rng rng(77);
+  std::vector<float> logits(size_t(n * E)), zero_bias(size_t(E), 0.0f);
+  for (auto& v : logits) v = std::round(rng.normal() * 2.0f) * 0.5f;  // a few levels: many equal scores
+  for (int64_t e = 0; e < E; ++e) logits[size_t(e)] = 1.0f;             // token 0: all equal -> ids 0..5
+  RouteOut c, g;
+  route_both(logits, n, E, k, nullptr, nullptr, nullptr, 2.5f, c, g);
+  check_route("E=256 k=6 quantized logits (ties), no bias, n_tok=64", c, g);
+  for (int i = 0; i < k; ++i) EXPECT_EQ(g.ids[size_t(i)], i) << "all-equal token: ties must go to the lower id";
+  route_both(logits, n, E, k, &zero_bias, nullptr, nullptr, 2.5f, c, g);
+  check_route("E=256 k=6 quantized logits (ties), zero bias, n_tok=64", c, g);
+}
+
+TEST(CudaMoe, RouteHashLayers) {
+  DSV4_REQUIRE_GPU();
+  const int64_t E = 256, k = 6, n = 300, vocab = 1000;
+  Rng rng(99);
+  std::vector<float> logits(size_t(n * E)), bias(static_cast<size_t>(E));
+  for (auto& v : logits) v = 2.0f * rng.normal();
+  for (auto& v : bias) v = rng.normal();
+  std::vector<int32_t> tid2eid(size_t(vocab * k)), tokens(static_cast<size_t>(n));
+  for (int64_t v = 0; v < vocab; ++v)
+    for (int64_t i = 0; i < k; ++i)  // duplicates within a row allowed
+      tid2eid[size_t(v * k + i)] = int32_t(i % 3 == 2 ? tid2eid[size_t(v * k + i - 1)] : rng.below(E));
+  for (auto& t : tokens) t = int32_t(rng.below(vocab));
+  RouteOut c, g;
+  route_both(logits, n, E, k, &bias, &tid2eid, &tokens, 2.5f, c, g);
+  check_route("E=256 k=6 hash (tid2eid [1000, 6], duplicate ids) n_tok=300", c, g);
+}
+
+TEST(CudaMoe, RouteExtremesAndMaxShape) {
+  DSV4_REQUIRE_GPU();
+  const int64_t E = 384, k = 8, n = 40;
+  Rng rng(5);
+  std::vector<float> logits(size_t(n * E));
+  const float special[] = {20.0f, 20.000002f, 19.999998f, 25.0f, 88.0f, -20.0f, -87.5f, -90.0f, -103.5f, -104.0f,
+                           -110.0f, 0.0f, -0.0f, 1e-30f, -1e-30f, 1e-8f, 3.0f, -3.0f};
+  for (size_t i = 0; i < logits.size(); ++i)
+    logits[i] = (i % 3 == 0) ? special[(i / 3) % (sizeof special / sizeof special[0])] : 4.0f * rng.normal();
+  std::vector<float> bias(static_cast<size_t>(E));
+  for (auto& v : bias) v = rng.normal();
+  RouteOut c, g;
+  route_both(logits, n, E, k, &bias, nullptr, nullptr, 1.5f, c, g);
+  check_route("E=384 k=8 bias, logits incl. >20, =20, -88..-110, +-0, tiny, n_tok=40", c, g);
+}
+
+// ---- moe -----------------------------------------------------------------------------------------------------------
+TEST(CudaMoe, MoeDecodeShapes) {
+  DSV4_REQUIRE_GPU();
+  run_moe_case({1, kRandom, true, 10.0f}, 101);
+  run_moe_case({5, kHashDup, true, 10.0f}, 102);
+  run_moe_case({5, kRandom, false, 0.0f}, 103);  // no shared expert, no SwiGLU clamp
+  run_moe_case({8, kRandom, true, 10.0f}, 104);
+}
+
+TEST(CudaMoe, MoePrefillShapes) {
+  DSV4_REQUIRE_GPU();
+  run_moe_case({64, kAllOne, true, 10.0f}, 201);       // one segment of 384 rows: 6 full M tiles of the tiled kernel
+  run_moe_case({64, kEveryExpert, true, 10.0f}, 202);  // 256 segments of 1-2 rows: small kernel only
+  run_moe_case({300, kSkewed, true, 10.0f}, 203);      // 4 segments of 75+ rows (tiled, partial tiles) + small ones
+}
+
+TEST(CudaMoe, MoeBatchInvariance) {
+  DSV4_REQUIRE_GPU();
+  const int64_t n = 300;
+  std::vector<int32_t> ids;
+  std::vector<float> wts;
+  make_routing(kSkewed, n, 301, ids, wts);
+  for (const bool Q : {true, false}) {
+    const std::vector<float> x = make_x(n, MoeModel::D, 302, Q);
+    const MoeRun all = moe_gpu(x, n, ids, wts, Q, true, 10.0f, GemmPath::simt);
+    for (const int64_t t : {int64_t(0), int64_t(150), int64_t(299)}) {
+      const std::vector<float> xt(x.begin() + t * MoeModel::D, x.begin() + (t + 1) * MoeModel::D);
+      const std::vector<int32_t> it(ids.begin() + t * kK, ids.begin() + (t + 1) * kK);
+      const std::vector<float> wt(wts.begin() + t * kK, wts.begin() + (t + 1) * kK);
+      const MoeRun one = moe_gpu(xt, 1, it, wt, Q, true, 10.0f, GemmPath::simt);
+      const std::vector<float> row(all.y.begin() + t * MoeModel::D, all.y.begin() + (t + 1) * MoeModel::D);
+      expect_bitwise("moe batch invariance",
+                     strf("%s path=simt: row %lld of 300 tokens vs alone", Q ? "(Q)" : "(D)", (long long)t), row,
+                     one.y);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dsv4::test::gpu
