@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run the test suite: every GoogleTest suite through CTest, then the end-to-end server test with the
-# official OpenAI Node SDK (tests/e2e). Builds first if needed (scripts/setup.sh).
+# Run the test suite: every GoogleTest suite through CTest, then the end-to-end server tests with the
+# official OpenAI and Anthropic Node SDKs and ajv (tests/e2e). Builds first if needed (scripts/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x build/dsv4 ] || scripts/setup.sh
@@ -10,5 +10,6 @@ scripts/unpack-demo.sh   # the demo model's weights and tokenizer (models/dsv4-d
 export OMP_WAIT_POLICY=passive
 ctest --test-dir build --output-on-failure -j"$(nproc)" --timeout 900
 if [ -f tests/e2e/package.json ]; then
-  (cd tests/e2e && { [ -d node_modules ] || npm ci --no-audit --no-fund --loglevel=error; } && node --test)
+  # (Re)install when node_modules is missing or lacks a dependency of package-lock.json.
+  (cd tests/e2e && { npm ls --depth=0 >/dev/null 2>&1 || npm ci --no-audit --no-fund --loglevel=error; } && node --test)
 fi

@@ -60,6 +60,7 @@ class OutputParser {
   const std::vector<ToolCall>& tool_calls() const { return tool_calls_; }
   bool finished() const { return finished_; }
   bool saw_eos() const { return state_ == State::kDone; }  // <｜end▁of▁sentence｜> text was seen
+  bool in_reasoning() const { return state_ == State::kReasoning; }  // reasoning not closed yet
 
   // Whole-text convenience: push(text) + finish().
   static OutputParser parse(std::string_view text, bool thinking, std::string id_prefix = "call_");

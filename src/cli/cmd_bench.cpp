@@ -8,6 +8,8 @@
 //        plus the BF16 lm head GEMV [129280, 4096] (fp32 logits) unless --no-head;
 //     3. prefill: a T-token chunk through the same layer (T*6/256 tokens per routed expert, all 256 experts + shared),
 //        reporting tokens/s and GFLOP/s.
+//   dsv4 bench structured -m DIR [-n N] [--threads T] [--repeat R] [--json]   (src/cli/bench_structured.cpp)
+//     decode ms/token of a real model without and with a JSON-schema constraint (cold and cached grammar).
 //   Weights are random bytes in the official formats (no checkpoint needed). Each decode token uses a different set of
 //   experts among --experts-alloc allocated ones, so weights stream from memory, not from the caches.
 // Hook: add another benchmark kind (e.g. `dsv4 bench layer`, model engineer) as one more entry of kBenchKinds below.
@@ -26,6 +28,7 @@
 #include "backend/act_quant.h"
 #include "backend/cpu_features.h"
 #include "backend/gemm.h"
+#include "cli/bench_structured.h"
 #include "cli/command.h"
 #include "core/error.h"
 #include "format/numeric.h"
@@ -352,6 +355,10 @@ void setup_gemm(CLI::App& app, Runner& run) {
   run = [o] { return run_gemm_bench(*o); };
 }
 
+}  // namespace
+void setup_bench_model(CLI::App& app, Runner& run);  // bench_model.cpp
+namespace {
+
 // Benchmark kinds of `dsv4 bench`. Add one line per kind (name, help, setup).
 struct BenchKind {
   const char* name;
@@ -359,7 +366,11 @@ struct BenchKind {
   void (*setup)(CLI::App&, Runner&);
 };
 const BenchKind kBenchKinds[] = {
-    {"gemm", "memory bandwidth, MoE-layer decode GEMV and prefill GEMM on random V4-Flash-shaped weights", setup_gemm},
+    {"gemm", "CPU memory bandwidth, MoE-layer decode GEMV and prefill GEMM on random V4-Flash-shaped weights",
+     setup_gemm},
+    {"model", "the whole forward pass on a backend (--device): prefill tok/s, decode ms/step and GB/s, per-op times",
+     setup_bench_model},
+    {"structured", "decode ms/token of a model with and without a JSON-schema constraint", setup_bench_structured},
 };
 
 void setup_bench(CLI::App& app, Runner& run) {
@@ -379,6 +390,6 @@ void setup_bench(CLI::App& app, Runner& run) {
 
 }  // namespace
 
-DSV4_COMMAND(bench, "Performance benchmarks of the CPU backend (bench gemm)", setup_bench);
+DSV4_COMMAND(bench, "Performance benchmarks (bench gemm, bench model, bench structured)", setup_bench);
 
 }  // namespace dsv4::cli

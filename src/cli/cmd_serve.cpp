@@ -1,5 +1,7 @@
-// `dsv4 serve`: OpenAI-compatible HTTP server (src/server/server.h). SIGINT / SIGTERM cancel running requests and
-// shut down cleanly (exit code 0).
+// `dsv4 serve`: OpenAI- and Anthropic-compatible HTTP server (src/server/server.h). SIGINT / SIGTERM cancel running
+// requests and shut down cleanly (exit code 0). --api-key / --api-key-file require a key on every route but /health;
+// --reasoning-budget caps thinking requests that set no budget of their own; /admin/park releases the model, which
+// /admin/unpark (or, with --auto-unpark, the next request) loads again from the same folder with the same options.
 #include <pthread.h>
 
 #include <atomic>
@@ -14,6 +16,7 @@
 #include "cli/device_option.h"
 #include "core/error.h"
 #include "engine/model_loader.h"
+#include "server/auth.h"
 #include "server/server.h"
 
 namespace {
@@ -24,6 +27,9 @@ struct Opts {
   std::string device;
   int64_t ctx = 32768;
   double keepalive = 5.0;
+  std::string api_key, api_key_file;
+  int64_t reasoning_budget = -1;
+  bool auto_unpark = false;
 };
 
 void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
@@ -41,6 +47,15 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
   app.add_option("--model-name", o->model_name, "model id reported by the API (default: the folder name)");
   app.add_option("--keepalive", o->keepalive, "seconds between SSE keepalive comments while waiting (default 5)")
       ->check(CLI::Range(0.01, 3600.0));
+  auto* key =
+      app.add_option("--api-key", o->api_key,
+                     "require this key (Authorization: Bearer KEY or x-api-key: KEY) on every route but /health");
+  app.add_option("--api-key-file", o->api_key_file, "read the required API key from the first line of this file")
+      ->excludes(key);
+  app.add_option("--reasoning-budget", o->reasoning_budget,
+                 "default cap on reasoning tokens of thinking requests (then </think> is forced; default: none)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
+  app.add_flag("--auto-unpark", o->auto_unpark, "a request to a parked model loads it again (instead of 503)");
   run = [o] {
     using namespace dsv4;
     // Signals are taken by a dedicated thread (sigwait); every other thread, including the model's, blocks them.
@@ -50,8 +65,11 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
     sigaddset(&set, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &set, nullptr);
 
+    std::string api_key = o->api_key;
+    if (!o->api_key_file.empty()) api_key = read_api_key_file(o->api_key_file);
     std::fprintf(stderr, "loading %s ...\n", o->model.c_str());
-    LoadedModel lm = load_model(o->model, o->numerics, o->threads, dsv4::cli::resolve_device(o->device));
+    const Device device = dsv4::cli::resolve_device(o->device);
+    LoadedModel lm = load_model(o->model, o->numerics, o->threads, device);
     std::fprintf(stderr, "device: %s\n", lm.device.c_str());
     if (!lm.tokenizer) fail("{}: no tokenizer.json (the server needs one)", o->model);
     ServerOptions so;
@@ -61,7 +79,11 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
     so.queue = o->queue;
     so.model_name = o->model_name.empty() ? lm.name : o->model_name;
     so.keepalive_s = o->keepalive;
-    Server server(so, lm.model, lm.tokenizer);
+    so.api_key = api_key;
+    so.reasoning_budget = o->reasoning_budget;
+    so.auto_unpark = o->auto_unpark;
+    so.reload = [o, device] { return load_model(o->model, o->numerics, o->threads, device).model; };
+    Server server(so, std::move(lm.model), lm.tokenizer);  // the only reference: /admin/park frees the model
     int port = server.bind();
 
     std::atomic<bool> done{false};

@@ -62,6 +62,7 @@ GenerationResult Engine::generate(const GenerationRequest& req, const Tokenizer*
   auto& tm = res.timings;
   tm.prompt_tokens = static_cast<int64_t>(prompt.size());
   std::vector<float> logits(n_vocab);
+  std::vector<float> raw;  // the logits before masking and sampling, when log-probabilities are wanted
 
   // Prefix reuse: longest common prefix with what the sequence holds, keeping >= 1 token to compute.
   if (!seq_) seq_ = model_->new_sequence();
@@ -101,13 +102,17 @@ GenerationResult Engine::generate(const GenerationRequest& req, const Tokenizer*
         res.finish = FinishReason::cancelled;
         break;
       }
+      if (req.top_logprobs >= 0) raw.assign(logits.begin(), logits.end());
+      if (req.constraint) req.constraint->apply(logits);
       int32_t id = sampler.sample(logits);
       sampler.accept(id);
+      if (req.constraint) req.constraint->accept(id);
       if (id == model_->eos_id() && !req.ignore_eos) {
         res.finish = FinishReason::stop;
         break;
       }
       res.ids.push_back(id);
+      if (req.top_logprobs >= 0 && cb.on_logprobs) cb.on_logprobs(token_logprobs(raw, id, req.top_logprobs));
       std::string piece;
       bool stopped = false;
       if (decoder) {

@@ -11,6 +11,9 @@
 //
 // Prompt + generated tokens never exceed n_ctx (finish = length when the context is full).
 //
+// Per decode step, on the host logits of the last position: log-probabilities (if asked) from the raw logits, then
+// the request's TokenConstraint masks them, then the sampler picks a token, which the constraint is told about.
+//
 // Not thread-safe: one generate() at a time.
 #pragma once
 #include <functional>
@@ -28,6 +31,10 @@ struct GenerationCallbacks {
   // held back because it may start a stop string). Return false to cancel. At the end, text still held back is
   // delivered with id -1 (its return value is then ignored).
   std::function<bool(int32_t id, std::string_view text)> on_token;
+  // With GenerationRequest::top_logprobs >= 0: called for each generated token (EOS excluded) right before its
+  // on_token, with the model's log-probabilities at that position (sampling/logprobs.h: before penalties, the
+  // constraint's mask, temperature and top-k/p).
+  std::function<void(const TokenLogprobs&)> on_logprobs;
   // Polled between prefill chunks and before each decode step; true cancels (finish = cancelled).
   std::function<bool()> should_cancel;
 };

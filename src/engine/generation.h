@@ -1,10 +1,13 @@
 // Generation requests, results and timings of the engine (src/engine/engine.h). Plain data, no tensors.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "sampling/logprobs.h"
 #include "sampling/sampling_params.h"
+#include "sampling/token_constraint.h"
 
 namespace dsv4 {
 
@@ -14,6 +17,12 @@ struct GenerationRequest {
   int64_t max_tokens = -1;        // generated tokens at most; -1: until the context is full
   std::vector<std::string> stop;  // text-level stop strings (need a tokenizer), excluded from the output
   bool ignore_eos = false;        // keep generating after the model's EOS token (benchmarks)
+  // Log-probabilities of each generated token (GenerationCallbacks::on_logprobs): -1 off, else the number of most
+  // likely alternatives to report with it (0..20 through the API; any n >= 0 here).
+  int top_logprobs = -1;
+  // Consulted before and after sampling each token (structured output, reasoning budget); null: none. Stateful:
+  // one constraint object serves one generation.
+  std::shared_ptr<TokenConstraint> constraint;
 };
 
 enum class FinishReason {

@@ -1,5 +1,8 @@
 // An error answered to an API client: HTTP status + OpenAI error object
-// {"error": {"message", "type", "param", "code"}} (param / code may be null).
+// {"error": {"message", "type", "param", "code"}} (param / code may be null), or on the Anthropic routes
+// {"type": "error", "error": {"type", "message"}} with Anthropic's type for the status (400 invalid_request_error,
+// 401 authentication_error, 403 permission_error, 404 not_found_error, 413 request_too_large, 429 rate_limit_error,
+// 503 overloaded_error, other 5xx api_error).
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
@@ -15,13 +18,27 @@ class ApiError : public Error {
       : Error(message), status_(status), type_(std::move(type)), param_(std::move(param)), code_(std::move(code)) {}
 
   int status() const { return status_; }
+  const std::string& param() const { return param_; }
+  const std::string& code() const { return code_; }
   // {"error": {...}}; empty param / code become null.
-  nlohmann::json to_json() const {
+  nlohmann::ordered_json to_json() const {
     return {{"error",
              {{"message", what()},
               {"type", type_},
-              {"param", param_.empty() ? nlohmann::json(nullptr) : nlohmann::json(param_)},
-              {"code", code_.empty() ? nlohmann::json(nullptr) : nlohmann::json(code_)}}}};
+              {"param", param_.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(param_)},
+              {"code", code_.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(code_)}}}};
+  }
+  nlohmann::ordered_json to_anthropic_json() const {
+    const char* t = status_ == 400   ? "invalid_request_error"
+                    : status_ == 401 ? "authentication_error"
+                    : status_ == 403 ? "permission_error"
+                    : status_ == 404 ? "not_found_error"
+                    : status_ == 413 ? "request_too_large"
+                    : status_ == 429 ? "rate_limit_error"
+                    : status_ == 503 ? "overloaded_error"
+                    : status_ >= 500 ? "api_error"
+                                     : "invalid_request_error";
+    return {{"type", "error"}, {"error", {{"type", t}, {"message", what()}}}};
   }
 
  private:

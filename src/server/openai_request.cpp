@@ -1,56 +1,25 @@
 #include "server/openai_request.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <optional>
 #include <random>
+#include <set>
 
 #include "chat/chat_encoding.h"
 #include "server/api_error.h"
+#include "server/json_schema_grammar.h"
+#include "server/request_fields.h"
 
 namespace dsv4 {
 
 namespace {
 
 using J = OrderedJson;
+using namespace reqf;
 
-const J* field(const J& body, const char* key) {
-  auto it = body.find(key);
-  if (it == body.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-std::optional<double> number(const J& body, const char* key, double lo, double hi, bool lo_open = false) {
-  const J* v = field(body, key);
-  if (!v) return std::nullopt;
-  if (!v->is_number()) bad_request(key, fmt::format("'{}' must be a number", key));
-  double x = v->get<double>();
-  if (!std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo))
-    bad_request(key, fmt::format("'{}' must be in {}{}, {}], got {}", key, lo_open ? "(" : "[", lo, hi, v->dump()));
-  return x;
-}
-
-std::optional<int64_t> integer(const J& body, const char* key) {
-  const J* v = field(body, key);
-  if (!v) return std::nullopt;
-  if (v->is_number_integer()) return v->get<int64_t>();
-  if (v->is_number_float()) {
-    double x = v->get<double>();
-    if (std::isfinite(x) && x == std::floor(x) && std::fabs(x) < 9e15) return static_cast<int64_t>(x);
-  }
-  bad_request(key, fmt::format("'{}' must be an integer", key));
-}
-
-std::optional<bool> boolean(const J& body, const char* key) {
-  const J* v = field(body, key);
-  if (!v) return std::nullopt;
-  if (!v->is_boolean()) bad_request(key, fmt::format("'{}' must be a boolean", key));
-  return v->get<bool>();
-}
-
-[[noreturn]] void unsupported(const char* key, const std::string& what) {
-  bad_request(key, fmt::format("{} is not supported by this server", what), "unsupported_parameter");
-}
+constexpr int kMaxTopLogprobs = 20;
 
 J parse_body(std::string_view body) {
   J j;
@@ -64,13 +33,20 @@ J parse_body(std::string_view body) {
   return j;
 }
 
+bool name_ok(const std::string& s, bool dots) {
+  if (s.empty() || s.size() > 64) return false;
+  return std::all_of(s.begin(), s.end(), [&](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || (dots && c == '.');
+  });
+}
+
 // Fields shared by both endpoints: stream, sampling, stop, max_tokens, n.
 void parse_common(const J& body, ApiRequest& r, int64_t n_ctx, const char* prompt_param) {
   if (const J* m = field(body, "model"); m && !m->is_string()) bad_request("model", "'model' must be a string");
   r.stream = boolean(body, "stream").value_or(false);
   if (const J* so = field(body, "stream_options")) {
     if (!so->is_object()) bad_request("stream_options", "'stream_options' must be an object");
-    r.include_usage = boolean(*so, "include_usage").value_or(false);
+    r.include_usage = boolean(*so, "include_usage", "stream_options").value_or(false);
   }
   if (auto n = integer(body, "n"); n && *n != 1) unsupported("n", "n > 1 (several choices)");
   if (const J* lb = field(body, "logit_bias"); lb && !(lb->is_object() && lb->empty()))
@@ -132,34 +108,232 @@ void parse_common(const J& body, ApiRequest& r, int64_t n_ctx, const char* promp
   }
 }
 
+// Message fields the renderer is lenient about but an API client must get right.
+void validate_messages(const J& msgs) {
+  for (size_t i = 0; i < msgs.size(); ++i) {
+    const J& m = msgs[i];
+    if (!m.is_object()) continue;  // the renderer reports it
+    const std::string where = fmt::format("messages[{}]", i);
+    const J* role = field(m, "role");
+    if (!role || !role->is_string()) continue;
+    if (*role == "tool") {
+      const J* id = field(m, "tool_call_id");
+      if (!id || !id->is_string() || id->get<std::string>().empty())
+        bad_request(where + ".tool_call_id", fmt::format("{}.tool_call_id: a tool message needs the id of the call it "
+                                                         "answers (a non-empty string)",
+                                                         where));
+    }
+    const J* tcs = field(m, "tool_calls");
+    if (!tcs || !tcs->is_array()) continue;
+    for (size_t j = 0; j < tcs->size(); ++j) {
+      const J& tc = (*tcs)[j];
+      const std::string w = fmt::format("{}.tool_calls[{}]", where, j);
+      if (!tc.is_object()) bad_request(w, w + ": expected an object");
+      const J* fn = field(tc, "function");
+      if (!fn || !fn->is_object()) bad_request(w + ".function", w + ".function: required object");
+      const J* name = field(*fn, "name");
+      if (!name || !name->is_string() || name->get<std::string>().empty())
+        bad_request(w + ".function.name", w + ".function.name: required non-empty string");
+      const J* args = field(*fn, "arguments");
+      const std::string ap = w + ".function.arguments";
+      if (!args || !args->is_string()) bad_request(ap, ap + ": must be a string holding a JSON object");
+      J parsed = J::parse(args->get<std::string>(), nullptr, false);
+      if (parsed.is_discarded() || !parsed.is_object())
+        bad_request(ap, ap + ": must be a string holding a JSON object");
+    }
+  }
+}
+
+struct ResponseFormat {
+  enum Kind { kText, kJsonObject, kJsonSchema } kind = kText;
+  J schema;  // the schema (json_schema / json_object with "schema")
+  std::string schema_path;
+};
+
+ResponseFormat parse_response_format(const J& body) {
+  ResponseFormat out;
+  const J* rf = object(body, "response_format", {"type", "json_schema", "schema"});
+  if (!rf) return out;
+  const auto type = string(*rf, "type", "response_format");
+  if (!type) bad_request("response_format.type", "'response_format.type' is required");
+  if (*type == "text") {
+    if (rf->contains("json_schema") || rf->contains("schema"))
+      bad_request("response_format", "a 'text' response_format takes no schema");
+    return out;
+  }
+  if (*type == "json_object") {
+    if (rf->contains("json_schema"))
+      bad_request("response_format.json_schema", "'json_schema' needs type 'json_schema'");
+    out.kind = ResponseFormat::kJsonObject;
+    out.schema = {{"type", "object"}};
+    out.schema_path = "response_format";
+    if (const J* s = field(*rf, "schema")) {  // llama.cpp's extension
+      out.schema = *s;
+      out.schema_path = "response_format.schema";
+    }
+    return out;
+  }
+  if (*type != "json_schema")
+    bad_request("response_format.type",
+                fmt::format("'response_format.type' must be 'text', 'json_object' or 'json_schema', got '{}'", *type));
+  if (rf->contains("schema"))
+    bad_request("response_format.schema", "put the schema in 'response_format.json_schema.schema'");
+  const J* js = object(*rf, "json_schema", {"name", "description", "schema", "strict"}, "response_format");
+  if (!js)
+    bad_request("response_format.json_schema", "'response_format.json_schema' is required for type 'json_schema'");
+  const auto name = string(*js, "name", "response_format.json_schema");
+  if (!name || !name_ok(*name, false))
+    bad_request("response_format.json_schema.name",
+                "'response_format.json_schema.name' is required: 1 to 64 letters, digits, '_' or '-'");
+  string(*js, "description", "response_format.json_schema");
+  boolean(*js, "strict", "response_format.json_schema");
+  out.kind = ResponseFormat::kJsonSchema;
+  out.schema = js->contains("schema") && !(*js)["schema"].is_null() ? (*js)["schema"] : J::object();
+  out.schema_path = "response_format.json_schema.schema";
+  return out;
+}
+
 }  // namespace
 
-ApiRequest parse_chat_completion_request(std::string_view body_text, const Tokenizer& tok, int64_t n_ctx) {
-  J body = parse_body(body_text);
+std::vector<ToolSpec> parse_tools(const J& tools, const std::string& path) {
+  if (!tools.is_array()) bad_request(path, fmt::format("'{}' must be an array", path));
+  std::vector<ToolSpec> out;
+  std::set<std::string> names;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const std::string w = fmt::format("{}[{}]", path, i);
+    const J& t = tools[i];
+    if (!t.is_object()) bad_request(w, w + ": expected an object");
+    if (const J* ty = field(t, "type"); ty && *ty != "function")
+      bad_request(w + ".type", fmt::format("{}.type: only 'function' tools are supported", w));
+    const J* fn = field(t, "function");
+    if (!fn || !fn->is_object()) bad_request(w + ".function", w + ".function: required object");
+    const std::string fw = w + ".function";
+    const auto name = string(*fn, "name", fw);
+    if (!name || !name_ok(*name, true))
+      bad_request(fw + ".name", fmt::format("{}.name: required, 1 to 64 letters, digits, '_', '-' or '.'", fw));
+    if (!names.insert(*name).second)
+      bad_request(fw + ".name", fmt::format("{}.name: '{}' is defined twice", fw, *name));
+    string(*fn, "description", fw);
+    boolean(*fn, "strict", fw);
+    ToolSpec spec{*name, nullptr, fw};
+    if (const J* p = field(*fn, "parameters")) {
+      const std::string pw = fw + ".parameters";
+      if (!p->is_object()) bad_request(pw, pw + ": must be a JSON Schema object");
+      if (const J* ty = field(*p, "type"); ty && *ty != "object")
+        bad_request(pw + ".type", pw + ".type: the parameters schema must have type 'object'");
+      if (const J* props = field(*p, "properties")) {
+        if (!props->is_object()) bad_request(pw + ".properties", pw + ".properties: must be an object of schemas");
+        for (auto it = props->begin(); it != props->end(); ++it)
+          if (!it.value().is_object() && !it.value().is_boolean())
+            bad_request(pw + ".properties." + it.key(), pw + ".properties." + it.key() + ": must be a schema");
+      }
+      if (const J* req = field(*p, "required")) {
+        if (!req->is_array()) bad_request(pw + ".required", pw + ".required: must be an array of strings");
+        for (const auto& x : *req)
+          if (!x.is_string()) bad_request(pw + ".required", pw + ".required: must be an array of strings");
+      }
+      spec.parameters = *p;
+    }
+    out.push_back(std::move(spec));
+  }
+  return out;
+}
+
+ApiRequest chat_request_from_json(J body, const Tokenizer& tok, int64_t n_ctx) {
   ApiRequest r;
   r.chat = true;
   const J* msgs = field(body, "messages");
   if (!msgs) bad_request("messages", "'messages' is required");
   if (!msgs->is_array()) bad_request("messages", "'messages' must be an array");
   if (msgs->empty()) bad_request("messages", "'messages' must not be empty");
-  if (auto lp = boolean(body, "logprobs"); lp && *lp) unsupported("logprobs", "logprobs");
-  if (auto tl = integer(body, "top_logprobs"); tl && *tl > 0) unsupported("top_logprobs", "top_logprobs");
-  if (const J* rf = field(body, "response_format")) {
-    if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
-      bad_request("response_format", "'response_format' must be an object with a string 'type'");
-    if ((*rf)["type"] != "text")
-      unsupported("response_format",
-                  fmt::format("response_format type '{}' (constrained decoding)", (*rf)["type"].get<std::string>()));
+  validate_messages(*msgs);
+
+  // Log-probabilities.
+  const bool lp = boolean(body, "logprobs").value_or(false);
+  if (auto tl = integer(body, "top_logprobs")) {
+    if (*tl < 0 || *tl > kMaxTopLogprobs)
+      bad_request("top_logprobs", fmt::format("'top_logprobs' must be in [0, {}], got {}", kMaxTopLogprobs, *tl));
+    if (!lp) bad_request("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    r.gen.top_logprobs = static_cast<int>(*tl);
+  } else if (lp) {
+    r.gen.top_logprobs = 0;
   }
-  if (const J* tools = field(body, "tools"); tools && !tools->is_array())
-    bad_request("tools", "'tools' must be an array");
-  if (const J* tc = field(body, "tool_choice")) {
-    if (tc->is_string() && (*tc == "none" || *tc == "auto")) {
-      if (*tc == "none") body.erase("tools");
-    } else {
-      unsupported("tool_choice", "tool_choice other than \"auto\" or \"none\"");
+  r.logprobs = lp;
+
+  // Thinking and its budget.
+  if (const J* th = field(body, "thinking"); th && th->is_object()) {
+    object(body, "thinking", {"type", "budget_tokens"});
+    if (auto b = integer(*th, "budget_tokens", "thinking")) {
+      if (*b < 1)
+        bad_request("thinking.budget_tokens", fmt::format("'thinking.budget_tokens' must be >= 1, got {}", *b));
+      r.reasoning_budget = *b;
     }
   }
+  if (auto eff = string(body, "reasoning_effort")) {
+    static const std::set<std::string> kEfforts = {"none", "minimal", "low", "medium", "high", "xhigh", "max"};
+    if (!kEfforts.count(*eff))
+      bad_request("reasoning_effort", fmt::format("'reasoning_effort' must be one of none, minimal, low, medium, high, "
+                                                  "xhigh, max; got '{}'",
+                                                  *eff));
+  }
+
+  // Structured output and tools.
+  const ResponseFormat rf = parse_response_format(body);
+  std::vector<ToolSpec> tools;
+  if (const J* t = field(body, "tools")) tools = parse_tools(*t);
+  ToolGrammarOptions topt;
+  bool tools_constrained = false;
+  std::string choice = "auto";
+  if (const J* tc = field(body, "tool_choice")) {
+    if (tc->is_string()) {
+      choice = tc->get<std::string>();
+      if (choice != "none" && choice != "auto" && choice != "required")
+        bad_request("tool_choice",
+                    fmt::format("'tool_choice' must be 'none', 'auto', 'required' or a function, got '{}'", choice));
+    } else if (tc->is_object()) {
+      object(body, "tool_choice", {"type", "function"});
+      const auto type = string(*tc, "type", "tool_choice");
+      if (type != "function") bad_request("tool_choice.type", "'tool_choice.type' must be 'function'");
+      const J* fn = object(*tc, "function", {"name"}, "tool_choice");
+      const auto name = fn ? string(*fn, "name", "tool_choice.function") : std::nullopt;
+      if (!name) bad_request("tool_choice.function.name", "'tool_choice.function.name' is required");
+      if (std::none_of(tools.begin(), tools.end(), [&](const ToolSpec& s) { return s.name == *name; }))
+        bad_request("tool_choice.function.name", fmt::format("'tool_choice.function.name': no tool named '{}'", *name));
+      choice = "named";
+      topt.name = *name;
+    } else {
+      bad_request("tool_choice", "'tool_choice' must be a string or an object");
+    }
+  }
+  topt.parallel = boolean(body, "parallel_tool_calls").value_or(true);
+  if ((choice == "required" || choice == "named") && tools.empty())
+    bad_request("tool_choice", "'tool_choice' requires a function but no 'tools' are given");
+  if (choice == "none") {
+    body.erase("tools");
+    tools.clear();
+  }
+  if (!tools.empty()) {
+    topt.mode = choice == "required" ? ToolMode::kRequired : choice == "named" ? ToolMode::kNamed : ToolMode::kAuto;
+    if (topt.mode == ToolMode::kAuto && rf.kind != ResponseFormat::kText) {
+      topt.json_answer = &rf.schema;
+      topt.json_answer_path = rf.schema_path;
+    }
+    // Always compiled: it validates every tool schema (a bad $ref is a 400 even when nothing is constrained).
+    auto g = std::make_shared<Grammar>(tool_call_grammar(tools, topt));
+    tools_constrained = topt.mode != ToolMode::kAuto || !topt.parallel || topt.json_answer;
+    if (tools_constrained) r.grammar = std::move(g);
+  }
+  if (!tools_constrained && rf.kind != ResponseFormat::kText)
+    r.grammar = std::make_shared<Grammar>(json_schema_grammar(rf.schema, rf.schema_path));
+  if (r.grammar) {
+    J key = {{"response_format", body.contains("response_format") ? body["response_format"] : J()},
+             {"tools", tools_constrained ? body["tools"] : J()},
+             {"tool_choice", choice},
+             {"name", topt.name},
+             {"parallel", topt.parallel}};
+    r.grammar_key = key.dump();
+  }
+
   ChatPrompt prompt;
   try {
     prompt = render_chat(body);
@@ -176,6 +350,10 @@ ApiRequest parse_chat_completion_request(std::string_view body_text, const Token
   r.thinking = prompt.thinking;
   parse_common(body, r, n_ctx, "messages");
   return r;
+}
+
+ApiRequest parse_chat_completion_request(std::string_view body_text, const Tokenizer& tok, int64_t n_ctx) {
+  return chat_request_from_json(parse_body(body_text), tok, n_ctx);
 }
 
 ApiRequest parse_completion_request(std::string_view body_text, const Tokenizer& tok, int64_t n_ctx, int32_t bos_id) {
@@ -204,7 +382,12 @@ ApiRequest parse_completion_request(std::string_view body_text, const Tokenizer&
   }
   if (auto echo = boolean(body, "echo"); echo && *echo) unsupported("echo", "echo");
   if (auto bo = integer(body, "best_of"); bo && *bo != 1) unsupported("best_of", "best_of > 1");
-  if (auto lp = integer(body, "logprobs"); lp && *lp > 0) unsupported("logprobs", "logprobs");
+  if (auto lp = integer(body, "logprobs")) {
+    if (*lp < 0 || *lp > kMaxTopLogprobs)
+      bad_request("logprobs", fmt::format("'logprobs' must be in [0, {}], got {}", kMaxTopLogprobs, *lp));
+    r.logprobs = true;
+    r.gen.top_logprobs = static_cast<int>(*lp);
+  }
   if (const J* sf = field(body, "suffix"); sf && !(sf->is_string() && sf->get<std::string>().empty()))
     unsupported("suffix", "suffix");
   parse_common(body, r, n_ctx, "prompt");

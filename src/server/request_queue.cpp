@@ -18,6 +18,13 @@ std::unique_ptr<RequestQueue::Ticket> RequestQueue::try_enter() {
   return std::unique_ptr<Ticket>(new Ticket(*this, id));
 }
 
+std::unique_ptr<RequestQueue::Ticket> RequestQueue::enter() {
+  std::lock_guard lk(mu_);
+  uint64_t id = next_id_++;
+  waiting_.push_back(id);
+  return std::unique_ptr<Ticket>(new Ticket(*this, id));
+}
+
 bool RequestQueue::Ticket::wait(const std::function<bool()>& abandon, std::chrono::milliseconds poll) {
   std::unique_lock lk(q_.mu_);
   for (;;) {

@@ -37,6 +37,8 @@ class RequestQueue {
 
   // nullptr when max_waiting requests are already waiting.
   std::unique_ptr<Ticket> try_enter();
+  // Always gets a place, beyond max_waiting (administrative operations: park / unpark).
+  std::unique_ptr<Ticket> enter();
 
   int waiting() const;
   bool busy() const;

@@ -1,8 +1,19 @@
-// OpenAI-compatible HTTP server (cpp-httplib) in front of one generation engine.
+// OpenAI- and Anthropic-compatible HTTP server (cpp-httplib) in front of one generation engine.
 //
-// Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions.
-//   - Requests are validated (server/openai_request.h), then wait in a bounded FIFO queue and run one at a time
-//     (server/request_queue.h); a full queue answers 503 with Retry-After.
+// Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions, POST /v1/messages,
+// POST /v1/messages/count_tokens (server/anthropic_api.h), POST /admin/park, POST /admin/unpark.
+//   - Requests are validated (server/openai_request.h, server/anthropic_api.h), then wait in a bounded FIFO queue and
+//     run one at a time (server/request_queue.h); a full queue answers 503 with Retry-After.
+//   - Structured output / constrained tool calls / reasoning budgets: the request's grammar and budget become an
+//     OutputConstraint (engine/output_constraint.h) over the tokenizer's vocabulary (built on first use); grammar
+//     automata are cached by grammar key (the 8 most recent, each bounded to about 20 MiB), so a repeated schema reuses
+//     its computed token masks.
+//   - Log-probabilities: server/openai_format.h.
+//   - api_key (non-empty): every route but /health needs `Authorization: Bearer KEY` or `x-api-key: KEY`
+//     (server/auth.h), else 401 (Anthropic error shape on /v1/messages*, OpenAI shape elsewhere).
+//   - /admin/park waits for the requests before it, then releases the engine and the model (server/model_host.h);
+//     while parked, generation requests get 503 code model_parked with Retry-After, or with auto_unpark load the
+//     model again first; /admin/unpark loads it. /health reports model_state loaded | parked | loading.
 //   - Streaming: SSE `data: {chunk}` frames ending with `data: [DONE]`; `: keepalive` comment lines every
 //     keepalive_s while the stream waits (queue, long prefill); first chunk delta {role, content:""}, then
 //     content / reasoning_content / tool_calls deltas, then a delta {} with finish_reason, then (with
@@ -15,6 +26,7 @@
 // The server never touches tensors: text <-> ids through Tokenizer / chat rendering, generation through Engine.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -32,6 +44,12 @@ struct ServerOptions {
   double keepalive_s = 5.0;         // SSE keepalive comment interval
   int64_t prefill_chunk = 512;      // engine prefill chunk grid
   size_t max_body_bytes = 32u << 20;
+  std::string api_key;            // non-empty: required on every route but /health
+  int64_t reasoning_budget = -1;  // default cap on reasoning tokens for thinking requests without their own (> 0)
+  bool auto_unpark = false;       // a request to a parked server reloads the model instead of getting 503
+  int park_retry_after_s = 5;     // Retry-After of model_parked answers
+  // Loads the model again after /admin/park (same folder and options); empty: parking is refused (409).
+  std::function<std::shared_ptr<const LanguageModel>()> reload;
 };
 
 class Server {

@@ -34,6 +34,9 @@ TEST(CliUsage, ImpossibleValuesAreRejected) {
   expect_one_line_error({"generate", "-m", kDemo, "-p", "hi", "-n", "3", "--top-k", "-5"});
   expect_one_line_error({"generate", "-m", kDemo, "-p", "hi", "-n", "3", "--threads", "-3"});
   expect_one_line_error({"chat", "-m", kDemo, "--ctx", "0"});
+  expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--reasoning-budget", "0"});
+  expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--api-key-file", "/nonexistent/key"});
+  expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--api-key", "a", "--api-key-file", "/tmp/k"});
 }
 
 TEST(CliUsage, HelpStillWorks) {

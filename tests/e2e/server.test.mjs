@@ -96,7 +96,10 @@ after(async () => {
   if (!server || server.exitCode !== null) return;
   const exited = new Promise((r) => server.once('exit', (code, signal) => r({ code, signal })));
   server.kill('SIGTERM');
-  const res = await Promise.race([exited, sleep(10000).then(() => 'timeout')]);
+  let timer;
+  const timeout = new Promise((r) => { timer = setTimeout(() => r('timeout'), 10000); });
+  const res = await Promise.race([exited, timeout]);
+  clearTimeout(timer);  // a pending timer would keep this test process alive for 10 s
   if (res === 'timeout') server.kill('SIGKILL');
   assert.notEqual(res, 'timeout', 'dsv4 serve did not stop on SIGTERM');
   assert.equal(res.code, 0, `dsv4 serve exit: ${JSON.stringify(res)}\n${serverLog}`);
@@ -270,7 +273,7 @@ test('HTTP-level errors: OpenAI error objects with the right status, server keep
     ['/v1/chat/completions', '{"messages": [{"role": "user", "content": "x"}], "max_tokens": -5}', 400, 'max_tokens'],
     ['/v1/chat/completions', `{"messages": [{"role": "user", "content": "x"}], "max_tokens": ${CTX}}`, 400, 'max_tokens'],
     ['/v1/chat/completions', '{"messages": [{"role": "user", "content": "x"}], "n": 3}', 400, 'n'],
-    ['/v1/chat/completions', '{"messages": [{"role": "user", "content": "x"}], "logprobs": true}', 400, 'logprobs'],
+    ['/v1/chat/completions', '{"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 99}', 400, 'top_logprobs'],
     ['/v1/completions', '{"prompt": 5}', 400, 'prompt'],
     ['/v1/completions', `{"prompt": "${'word '.repeat(CTX + 10)}"}`, 400, 'prompt'],
   ];

@@ -1,0 +1,39 @@
+// JSON shapes of OpenAI responses built from a generation (server/generation_output.h): usage, llama.cpp-style
+// timings, the assistant message, tool calls and log-probabilities.
+//
+// Log-probabilities (values: sampling/logprobs.h, the model's log_softmax before any sampling filter or mask):
+//   chat:        {"content": [ENTRY...] | null, "refusal": null} with ENTRY = {"token", "logprob", "bytes",
+//                "top_logprobs": [{"token", "logprob", "bytes"}...]}; "token" is the token's bytes as text (invalid
+//                UTF-8 shown as U+FFFD), "bytes" the exact bytes. Answer tokens (content and tool-call markup) go to
+//                "content"; in thinking mode the reasoning tokens go to an extra "reasoning_content" list (absent
+//                when empty).
+//   completions: {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}...], "text_offset"}.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "chat/output_parser.h"
+#include "engine/generation.h"
+#include "server/generation_output.h"
+#include "tokenizer/tokenizer.h"
+
+namespace dsv4 {
+
+using ojson = nlohmann::ordered_json;
+
+ojson usage_json(const GenerationResult& r, int64_t reasoning_tokens);
+ojson timings_json(const GenerationTimings& t);
+ojson tool_call_delta_json(const ToolCallDelta& d);
+// The non-streamed assistant message: role, content (null when only tool calls), reasoning_content (thinking
+// mode), tool_calls, refusal.
+ojson chat_message_json(const GenerationOutput& out);
+// finish_reason: "length", "tool_calls" (chat with tool calls), else "stop".
+const char* openai_finish_reason(const GenerationOutput& out, FinishReason f);
+
+ojson chat_logprobs_json(const std::vector<TokenLogprobs>& answer, const std::vector<TokenLogprobs>& reasoning,
+                         const Tokenizer& tok);
+// text_offset: the offset of the first token in the completion text; advanced past the tokens.
+ojson completion_logprobs_json(const std::vector<TokenLogprobs>& tokens, const Tokenizer& tok, int64_t& text_offset);
+
+}  // namespace dsv4

@@ -1,0 +1,615 @@
+// Server features of issue 12 against the FakeLm double: log-probabilities, structured output, constrained tool
+// calls, reasoning budgets, the Anthropic Messages API, API keys, park / unpark, and the 400s of bad input.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <future>
+
+#include "common/json_validator.h"
+#include "server/server_fixture.h"
+
+using namespace dsv4;
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+using dsv4::test::chat_req;
+using dsv4::test::expect_error_shape;
+using dsv4::test::kDsmlCall;
+using dsv4::test::ServerTest;
+
+namespace {
+
+std::vector<json> sse_json(const std::string& body) {
+  std::vector<json> out;
+  for (const auto& d : ServerTest::sse_data(body))
+    if (d != "[DONE]") out.push_back(json::parse(d));
+  return out;
+}
+
+// Anthropic SSE: (event, data) pairs.
+std::vector<std::pair<std::string, json>> sse_events(const std::string& body) {
+  std::vector<std::pair<std::string, json>> out;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    size_t end = body.find("\n\n", pos);
+    if (end == std::string::npos) end = body.size();
+    const std::string ev = body.substr(pos, end - pos);
+    pos = end + 2;
+    if (ev.rfind("event: ", 0) != 0) continue;
+    const size_t nl = ev.find('\n');
+    out.emplace_back(ev.substr(7, nl - 7), json::parse(ev.substr(nl + 7)));
+  }
+  return out;
+}
+
+json weather_tools() {
+  return json::parse(R"([{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]},
+      "days": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["city"]}}},
+    {"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {},
+      "additionalProperties": false}}}])");
+}
+
+}  // namespace
+
+TEST_F(ServerTest, ChatLogprobsWholeAndStreamed) {
+  auto req = chat_req("hi");
+  req["temperature"] = 0;
+  req["logprobs"] = true;
+  req["top_logprobs"] = 3;
+  auto j = post_json("/v1/chat/completions", req);
+  const auto& lp = j["choices"][0]["logprobs"];
+  ASSERT_TRUE(lp["content"].is_array());
+  ASSERT_EQ(lp["content"].size(), 11u);  // "Hello world": one byte token each
+  EXPECT_TRUE(lp["refusal"].is_null());
+  // The first token's log-probability is the FakeLm's log_softmax at the end of the prompt.
+  auto prompt = tokenize_prompt(*tok, render_chat(OrderedJson::parse(req.dump())));
+  std::vector<float> logits(lm->n_vocab());
+  lm->logits_for(prompt, logits);
+  double z = 0;
+  for (float x : logits) z += std::exp(static_cast<double>(x));
+  const auto& first = lp["content"][0];
+  EXPECT_EQ(first["token"], "H");
+  EXPECT_EQ(first["bytes"], json::array({'H'}));
+  EXPECT_NEAR(first["logprob"].get<double>(), logits[*tok->token_id("H")] - std::log(z), 1e-4);
+  ASSERT_EQ(first["top_logprobs"].size(), 3u);
+  EXPECT_EQ(first["top_logprobs"][0]["token"], "H");
+  EXPECT_GE(first["top_logprobs"][0]["logprob"].get<double>(), first["top_logprobs"][1]["logprob"].get<double>());
+  std::string joined;
+  for (const auto& e : lp["content"]) joined += e["token"].get<std::string>();
+  EXPECT_EQ(joined, "Hello world");
+
+  req["stream"] = true;
+  auto r = post("/v1/chat/completions", req.dump());
+  ASSERT_TRUE(r);
+  json streamed = json::array();
+  for (const auto& ch : sse_json(r->body)) {
+    const auto& l = ch["choices"][0]["logprobs"];
+    if (l.is_null()) continue;
+    for (const auto& e : l["content"]) streamed.push_back(e);
+  }
+  EXPECT_EQ(streamed, lp["content"]);
+
+  // Without logprobs: null.
+  req.erase("logprobs");
+  req.erase("top_logprobs");
+  req["stream"] = false;
+  EXPECT_TRUE(post_json("/v1/chat/completions", req)["choices"][0]["logprobs"].is_null());
+}
+
+TEST_F(ServerTest, ThinkingLogprobsAreSplitBySection) {
+  script("Hmm.</think>Ok");
+  auto req = chat_req("q", true);
+  req["temperature"] = 0;
+  req["logprobs"] = true;
+  auto j = post_json("/v1/chat/completions", req);
+  const auto& lp = j["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["reasoning_content"].size(), 5u);  // "Hmm." + </think>
+  EXPECT_EQ(lp["content"].size(), 2u);
+  EXPECT_EQ(lp["reasoning_content"][4]["token"], "</think>");
+  EXPECT_TRUE(lp["content"][0]["top_logprobs"].empty());
+}
+
+TEST_F(ServerTest, CompletionLogprobs) {
+  auto j = post_json("/v1/completions",
+                     {{"prompt", "Say:<｜Assistant｜>"}, {"max_tokens", 5}, {"logprobs", 2}, {"temperature", 0}});
+  const auto& lp = j["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 5u);
+  EXPECT_EQ(lp["tokens"][0], "H");
+  EXPECT_EQ(lp["text_offset"], json::array({0, 1, 2, 3, 4}));
+  EXPECT_EQ(lp["top_logprobs"][0].size(), 2u);
+  EXPECT_LE(lp["token_logprobs"][0].get<double>(), 0.0);
+  auto r = post("/v1/completions",
+                json({{"prompt", "Say:<｜Assistant｜>"}, {"max_tokens", 5}, {"logprobs", 0}, {"stream", true}}).dump());
+  ASSERT_TRUE(r);
+  int n = 0;
+  for (const auto& ch : sse_json(r->body))
+    if (!ch["choices"][0]["logprobs"].is_null()) n += static_cast<int>(ch["choices"][0]["logprobs"]["tokens"].size());
+  EXPECT_EQ(n, 5);
+}
+
+TEST_F(ServerTest, JsonSchemaOutputValidatesWhateverTheModelPrefers) {
+  // The model wants to write "Hello world"; the grammar only lets it write JSON of the schema.
+  const json schemas = json::parse(R"([
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6}, "n": {"type": "integer",
+      "minimum": 0, "maximum": 99}, "ok": {"type": "boolean"}}, "required": ["name", "n"], "additionalProperties": false},
+    {"type": "array", "items": {"enum": ["a", "b", 3]}, "minItems": 1, "maxItems": 3},
+    {"anyOf": [{"type": "null"}, {"type": "object", "properties": {"x": {"type": "number", "minimum": 0,
+      "maximum": 5}}, "required": ["x"], "additionalProperties": false}]},
+    {"type": "object", "properties": {"s": {"type": "string", "minLength": 2, "maxLength": 4},
+      "t": {"type": ["string", "null"], "maxLength": 3}}, "required": ["s", "t"], "additionalProperties": false}])");
+  for (const auto& schema : schemas) {
+    for (int seed : {1, 2, 3}) {
+      auto req = chat_req("give me json");
+      req["temperature"] = seed == 1 ? 0.0 : 1.0;
+      req["seed"] = seed;
+      req["max_tokens"] = 400;
+      req["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"name", "out"}, {"schema", schema}}}};
+      auto j = post_json("/v1/chat/completions", req);
+      const auto& c = j["choices"][0];
+      ASSERT_EQ(c["finish_reason"], "stop") << c.dump();
+      const std::string text = c["message"]["content"];
+      const auto doc = nlohmann::ordered_json::parse(text, nullptr, false);
+      ASSERT_FALSE(doc.is_discarded()) << text;
+      const auto s = nlohmann::ordered_json::parse(schema.dump());
+      EXPECT_EQ(test::JsonValidator(s).check(doc), "") << schema.dump() << "\n" << text;
+    }
+  }
+}
+
+TEST_F(ServerTest, JsonObjectAfterReasoningAndStreamed) {
+  script("Think.</think>{\"x\": [1, 2]}");
+  auto req = chat_req("q", true);
+  req["temperature"] = 0;
+  req["response_format"] = {{"type", "json_object"}};
+  auto j = post_json("/v1/chat/completions", req);
+  const auto& m = j["choices"][0]["message"];
+  EXPECT_EQ(m["reasoning_content"], "Think.");
+  EXPECT_EQ(m["content"], "{\"x\": [1, 2]}");  // what the model wanted was valid: unchanged
+  // The reasoning is free but cannot end the answer early: EOS is masked until </think>.
+  script("ab");
+  req["max_tokens"] = 40;
+  req["temperature"] = 0;  // deterministic: after "ab" the model wants EOS, then the best other token
+  req["stream"] = true;
+  auto r = post("/v1/chat/completions", req.dump());
+  ASSERT_TRUE(r);
+  std::string reasoning;
+  for (const auto& ch : sse_json(r->body))
+    if (!ch["choices"].empty() && ch["choices"][0]["delta"].contains("reasoning_content"))
+      reasoning += ch["choices"][0]["delta"]["reasoning_content"].get<std::string>();
+  EXPECT_EQ(reasoning.rfind("ab", 0), 0u);
+  EXPECT_GT(reasoning.size(), 2u) << "EOS after the reasoning must have been masked";
+}
+
+TEST_F(ServerTest, ToolChoiceRequiredNamedAndParallel) {
+  json req = chat_req("weather?");
+  req["tools"] = weather_tools();
+  req["max_tokens"] = 400;
+  req["temperature"] = 0;
+  req["tool_choice"] = "required";
+  auto j = post_json("/v1/chat/completions", req);
+  auto c = j["choices"][0];
+  EXPECT_EQ(c["finish_reason"], "tool_calls") << c.dump();
+  EXPECT_TRUE(c["message"]["content"].is_null());
+  ASSERT_GE(c["message"]["tool_calls"].size(), 1u);
+  for (const auto& call : c["message"]["tool_calls"]) {
+    const std::string name = call["function"]["name"];
+    EXPECT_TRUE(name == "get_weather" || name == "ping");
+    EXPECT_TRUE(json::parse(call["function"]["arguments"].get<std::string>()).is_object());
+  }
+  // Named: that function, with arguments valid against its schema.
+  req["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  req["parallel_tool_calls"] = false;
+  for (int seed : {1, 2, 3, 4}) {
+    req["temperature"] = 1.0;
+    req["seed"] = seed;
+    c = post_json("/v1/chat/completions", req)["choices"][0];
+    ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << c.dump();
+    const auto& f = c["message"]["tool_calls"][0]["function"];
+    EXPECT_EQ(f["name"], "get_weather");
+    const auto args = nlohmann::ordered_json::parse(f["arguments"].get<std::string>());
+    const auto schema = nlohmann::ordered_json::parse(weather_tools()[0]["function"]["parameters"].dump());
+    EXPECT_EQ(test::JsonValidator(schema).check(args), "") << args.dump();
+  }
+  // parallel_tool_calls false in auto mode: the model's second call is cut off (the grammar allows one).
+  script(
+      "Two.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" "
+      "string=\"true\">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"get_weather\">\n"
+      "<｜DSML｜parameter name=\"city\" string=\"true\">Rome</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
+      "</｜DSML｜tool_calls>");
+  json two = chat_req("weather?");
+  two["temperature"] = 0;
+  two["tools"] = json::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters": {
+      "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])");
+  auto both = post_json("/v1/chat/completions", two)["choices"][0];
+  ASSERT_EQ(both["message"]["tool_calls"].size(), 2u);
+  EXPECT_EQ(both["message"]["content"], "Two.");
+  two["parallel_tool_calls"] = false;
+  auto one = post_json("/v1/chat/completions", two)["choices"][0];
+  ASSERT_EQ(one["message"]["tool_calls"].size(), 1u) << one.dump();
+  EXPECT_EQ(one["message"]["tool_calls"][0]["function"]["arguments"], R"({"city": "Paris"})");
+  EXPECT_EQ(one["message"]["content"], "Two.");
+  EXPECT_EQ(one["finish_reason"], "tool_calls");
+}
+
+TEST_F(ServerTest, StreamedToolCallsCarryNoMarkupInContent) {
+  // Every byte is one token (tiny tokenizer): the DSML block arrives split at every byte.
+  script(std::string("Checking.") + kDsmlCall);
+  json req = chat_req("weather?");
+  req["tools"] = weather_tools();
+  req["temperature"] = 0;
+  req["stream"] = true;
+  auto r = post("/v1/chat/completions", req.dump());
+  ASSERT_TRUE(r);
+  std::string content;
+  int calls = 0;
+  for (const auto& ch : sse_json(r->body)) {
+    if (ch["choices"].empty()) continue;
+    const auto& d = ch["choices"][0]["delta"];
+    if (d.contains("content")) {
+      const std::string piece = d["content"];
+      EXPECT_EQ(piece.find("DSML"), std::string::npos) << piece;
+      EXPECT_EQ(piece.find('<'), std::string::npos) << piece;
+      content += piece;
+    }
+    if (d.contains("tool_calls")) ++calls;
+  }
+  EXPECT_EQ(content, "Checking.");
+  EXPECT_EQ(calls, 1);
+}
+
+TEST_F(ServerTest, ReasoningBudgetClosesTheReasoning) {
+  script("one two three four five six seven eight</think>Answer.");
+  auto req = chat_req("q", true);
+  req["temperature"] = 0;
+  req["thinking"]["budget_tokens"] = 5;
+  auto j = post_json("/v1/chat/completions", req);
+  const auto& m = j["choices"][0]["message"];
+  EXPECT_EQ(m["reasoning_content"], "one t");  // five byte tokens, then the forced </think>
+  EXPECT_EQ(j["usage"]["completion_tokens_details"]["reasoning_tokens"], 5);
+  EXPECT_FALSE(m["content"].get<std::string>().empty());
+  // Without a budget the model reasons to its own </think>.
+  req["thinking"].erase("budget_tokens");
+  EXPECT_EQ(post_json("/v1/chat/completions", req)["choices"][0]["message"]["reasoning_content"],
+            "one two three four five six seven eight");
+}
+
+TEST_F(ServerTest, ServerDefaultReasoningBudget) {
+  TearDown();
+  configure = [](ServerOptions& o) { o.reasoning_budget = 3; };
+  start();
+  script("abcdefgh</think>Done");
+  auto req = chat_req("q", true);
+  req["temperature"] = 0;
+  auto j = post_json("/v1/chat/completions", req);
+  EXPECT_EQ(j["choices"][0]["message"]["reasoning_content"], "abc");
+  EXPECT_LE(j["usage"]["completion_tokens_details"]["reasoning_tokens"].get<int>(), 3);
+  req["thinking"]["budget_tokens"] = 6;  // the request's own budget wins
+  EXPECT_EQ(post_json("/v1/chat/completions", req)["choices"][0]["message"]["reasoning_content"], "abcdef");
+}
+
+TEST_F(ServerTest, AnthropicMessagesWholeAndStreamed) {
+  json req = {{"model", "claude-x"},
+              {"max_tokens", 64},
+              {"temperature", 0},
+              {"system", "You are terse."},
+              {"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  auto j = post_json("/v1/messages", req);
+  EXPECT_EQ(j["type"], "message");
+  EXPECT_EQ(j["role"], "assistant");
+  EXPECT_EQ(j["model"], "test-model");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("msg_", 0), 0u);
+  ASSERT_EQ(j["content"].size(), 1u);
+  EXPECT_EQ(j["content"][0], json({{"type", "text"}, {"text", "Hello world"}}));
+  EXPECT_EQ(j["stop_reason"], "end_turn");
+  EXPECT_EQ(j["usage"]["output_tokens"], 11);
+  // The prompt is the OpenAI rendering of the same conversation.
+  json oai = {
+      {"messages", {{{"role", "system"}, {"content", "You are terse."}}, {{"role", "user"}, {"content", "hi"}}}},
+      {"thinking", {{"type", "disabled"}}}};
+  const int64_t n_prompt = static_cast<int64_t>(prompt_len(oai));
+  EXPECT_EQ(post_json("/v1/messages/count_tokens", req)["input_tokens"], n_prompt);
+  EXPECT_EQ(j["usage"]["input_tokens"].get<int64_t>() + j["usage"]["cache_read_input_tokens"].get<int64_t>(), n_prompt);
+
+  // Stop sequences and max_tokens.
+  req["stop_sequences"] = {"wor"};
+  j = post_json("/v1/messages", req);
+  EXPECT_EQ(j["content"][0]["text"], "Hello ");
+  EXPECT_EQ(j["stop_reason"], "stop_sequence");
+  EXPECT_EQ(j["stop_sequence"], "wor");
+  req.erase("stop_sequences");
+  req["max_tokens"] = 3;
+  EXPECT_EQ(post_json("/v1/messages", req)["stop_reason"], "max_tokens");
+
+  // Streaming with thinking.
+  script("Plan.</think>Hi!");
+  req["max_tokens"] = 64;
+  req["thinking"] = {{"type", "enabled"}, {"budget_tokens", 100}};
+  req["stream"] = true;
+  auto r = post("/v1/messages", req.dump());
+  ASSERT_TRUE(r);
+  const auto ev = sse_events(r->body);
+  ASSERT_GE(ev.size(), 8u);
+  EXPECT_EQ(ev.front().first, "message_start");
+  EXPECT_EQ(ev.back().first, "message_stop");
+  EXPECT_EQ(ev[ev.size() - 2].first, "message_delta");
+  EXPECT_EQ(ev[ev.size() - 2].second["delta"]["stop_reason"], "end_turn");
+  std::string thinking, text;
+  for (const auto& [t, d] : ev) {
+    EXPECT_EQ(d["type"], t);
+    if (t != "content_block_delta") continue;
+    if (d["delta"]["type"] == "thinking_delta") thinking += d["delta"]["thinking"].get<std::string>();
+    if (d["delta"]["type"] == "text_delta") text += d["delta"]["text"].get<std::string>();
+  }
+  EXPECT_EQ(thinking, "Plan.");
+  EXPECT_EQ(text, "Hi!");
+}
+
+TEST_F(ServerTest, AnthropicToolUseRoundTrip) {
+  json req = {{"model", "x"},
+              {"max_tokens", 400},
+              {"tools",
+               {{{"name", "get_weather"},
+                 {"description", "Weather"},
+                 {"input_schema", json::parse(R"({"type": "object", "properties": {"city": {"enum":
+                                                            ["Paris", "Rome"]}}, "required": ["city"]})")}}}},
+              {"tool_choice", {{"type", "any"}, {"disable_parallel_tool_use", true}}},
+              {"messages", {{{"role", "user"}, {"content", "weather?"}}}}};
+  auto j = post_json("/v1/messages", req);
+  EXPECT_EQ(j["stop_reason"], "tool_use") << j.dump();
+  ASSERT_EQ(j["content"].size(), 1u) << j.dump();
+  const auto& block = j["content"].back();
+  ASSERT_EQ(block["type"], "tool_use");
+  EXPECT_EQ(block["name"], "get_weather");
+  EXPECT_TRUE(block["input"]["city"] == "Paris" || block["input"]["city"] == "Rome");
+  // The call and its result go back in.
+  script("Sunny.");
+  json follow = req;
+  follow["temperature"] = 0;
+  follow.erase("tool_choice");
+  follow["messages"].push_back({{"role", "assistant"}, {"content", j["content"]}});
+  json result = {{"type", "tool_result"}, {"tool_use_id", block["id"]}, {"content", "22 C, clear"}};
+  follow["messages"].push_back({{"role", "user"}, {"content", json::array({result})}});
+  auto f = post_json("/v1/messages", follow);
+  EXPECT_EQ(f["content"][0]["text"], "Sunny.");
+  EXPECT_EQ(f["stop_reason"], "end_turn");
+}
+
+TEST_F(ServerTest, AnthropicErrorsHaveAnthropicShape) {
+  struct Case {
+    std::string body;
+    int status;
+  };
+  for (const Case& c : std::vector<Case>{
+           {R"({"messages": [{"role": "user", "content": "x"}]})", 400},                     // max_tokens missing
+           {R"({"max_tokens": 5, "messages": []})", 400},                                    // empty
+           {R"({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]})", 400},  // role
+           {R"({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image"}]}]})", 400},
+           {R"({"max_tokens": 5, "thinking": {"type": "enabled", "budget_tokens": 0}, "messages": [{"role": "user",
+               "content": "x"}]})",
+            400},
+           {R"({"max_tokens": 5, "thinking": {"type": "enabled", "budget": 10}, "messages": [{"role": "user",
+               "content": "x"}]})",
+            400},
+           {R"({"max_tokens": 5, "tool_choice": {"type": "tool", "name": "nope"}, "tools": [{"name": "a",
+               "input_schema": {"type": "object"}}], "messages": [{"role": "user", "content": "x"}]})",
+            400},
+           {R"({"max_tokens": 5, "tools": [{"name": "a b", "input_schema": {"type": "object"}}], "messages": [{"role":
+               "user", "content": "x"}]})",
+            400},
+           {"{bad", 400}}) {
+    auto r = post("/v1/messages", c.body);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, c.status) << c.body << " -> " << r->body;
+    const json j = json::parse(r->body);
+    EXPECT_EQ(j["type"], "error") << r->body;
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error") << r->body;
+    EXPECT_TRUE(j["error"]["message"].is_string());
+  }
+  auto nf = client().Post("/v1/messages/nope", "{}", "application/json");
+  ASSERT_TRUE(nf);
+  EXPECT_EQ(nf->status, 404);
+  EXPECT_EQ(json::parse(nf->body)["error"]["type"], "not_found_error");
+}
+
+TEST_F(ServerTest, ApiKeyIsRequiredOnEveryRouteButHealth) {
+  TearDown();
+  configure = [](ServerOptions& o) { o.api_key = "sekret-key"; };
+  start();
+  struct Route {
+    std::string method, path;
+  };
+  const std::vector<Route> routes = {{"GET", "/v1/models"},
+                                     {"POST", "/v1/chat/completions"},
+                                     {"POST", "/v1/completions"},
+                                     {"POST", "/v1/messages"},
+                                     {"POST", "/v1/messages/count_tokens"},
+                                     {"POST", "/admin/park"},
+                                     {"POST", "/admin/unpark"},
+                                     {"GET", "/nothing/here"}};
+  const std::string body = json({{"prompt", "x"}, {"max_tokens", 1}}).dump();
+  auto send = [&](const Route& r, const httplib::Headers& h) {
+    auto c = client();
+    return r.method == "GET" ? c.Get(r.path.c_str(), h) : c.Post(r.path.c_str(), h, body, "application/json");
+  };
+  for (const auto& r : routes) {
+    for (const httplib::Headers& h :
+         {httplib::Headers{}, httplib::Headers{{"Authorization", "Bearer wrong"}},
+          httplib::Headers{{"x-api-key", "sekret-ke"}}, httplib::Headers{{"Authorization", "sekret-key"}}}) {
+      auto res = send(r, h);
+      ASSERT_TRUE(res) << r.path;
+      EXPECT_EQ(res->status, 401) << r.method << " " << r.path;
+      const json j = json::parse(res->body);
+      if (r.path.rfind("/v1/messages", 0) == 0)
+        EXPECT_EQ(j["error"]["type"], "authentication_error") << res->body;
+      else
+        EXPECT_EQ(j["error"]["code"], "invalid_api_key") << res->body;
+    }
+  }
+  EXPECT_EQ(client().Get("/health")->status, 200);
+  auto ok = client().Post("/v1/completions", {{"Authorization", "Bearer sekret-key"}}, body, "application/json");
+  EXPECT_EQ(ok->status, 200);
+  auto ok2 = client().Get("/v1/models", {{"x-api-key", "sekret-key"}});
+  EXPECT_EQ(ok2->status, 200);
+}
+
+TEST_F(ServerTest, ParkUnparkGivesTheSameGreedyOutput) {
+  auto req = chat_req("hi");
+  req["temperature"] = 0;
+  const auto before = post_json("/v1/chat/completions", req)["choices"][0]["message"]["content"];
+  auto park = post("/admin/park", "");
+  ASSERT_TRUE(park);
+  EXPECT_EQ(park->status, 200);
+  EXPECT_EQ(json::parse(client().Get("/health")->body)["model_state"], "parked");
+  auto r = post("/v1/chat/completions", req.dump());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503);
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "model_parked");
+  EXPECT_EQ(r->get_header_value("Retry-After"), "5");
+  auto am =
+      post("/v1/messages", json({{"max_tokens", 3}, {"messages", {{{"role", "user"}, {"content", "x"}}}}}).dump());
+  EXPECT_EQ(am->status, 503);
+  EXPECT_EQ(json::parse(am->body)["error"]["type"], "overloaded_error");
+  EXPECT_EQ(post("/admin/park", "")->status, 200);  // idempotent
+  auto up = post("/admin/unpark", "");
+  ASSERT_TRUE(up);
+  EXPECT_EQ(up->status, 200);
+  EXPECT_EQ(json::parse(up->body)["model_state"], "loaded");
+  EXPECT_EQ(post_json("/v1/chat/completions", req)["choices"][0]["message"]["content"], before);
+}
+
+TEST_F(ServerTest, ParkWaitsForTheRunningRequestAndAutoUnpark) {
+  TearDown();
+  configure = [](ServerOptions& o) { o.auto_unpark = true; };
+  start();
+  lm->set_delay(20ms);
+  auto running = std::async(std::launch::async, [&] {
+    return post("/v1/completions",
+                json({{"prompt", "Say:<｜Assistant｜>"}, {"stream", true}, {"temperature", 0}}).dump());
+  });
+  std::this_thread::sleep_for(80ms);
+  auto park = post("/admin/park", "");
+  ASSERT_TRUE(park);
+  EXPECT_EQ(park->status, 200);
+  auto done = running.get();
+  ASSERT_TRUE(done);
+  EXPECT_NE(done->body.find("data: [DONE]"), std::string::npos);
+  EXPECT_EQ(done->body.find("error"), std::string::npos) << "the running request completes before the park";
+  lm->set_delay(0ms);
+  // auto_unpark: the next request loads the model.
+  EXPECT_EQ(json::parse(client().Get("/health")->body)["model_state"], "parked");
+  auto j = post_json("/v1/completions", {{"prompt", "Say:<｜Assistant｜>"}, {"temperature", 0}});
+  EXPECT_EQ(j["choices"][0]["text"], "Hello world");
+  EXPECT_EQ(json::parse(client().Get("/health")->body)["model_state"], "loaded");
+}
+
+TEST_F(ServerTest, ParkWithoutLoaderIsRefused) {
+  TearDown();
+  configure = [](ServerOptions& o) { o.reload = nullptr; };
+  start();
+  auto r = post("/admin/park", "");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 409);
+}
+
+TEST_F(ServerTest, BadSchemasToolsAndBudgetsName400Fields) {
+  const std::string user = R"("messages": [{"role": "user", "content": "x"}])";
+  const auto first = post_json("/v1/chat/completions", chat_req("hi"));
+  struct Case {
+    std::string body, param;
+  };
+  const std::vector<Case> cases = {
+      {R"({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "string",
+          "pattern": "a+"}}}, )" +
+           user + "}",
+       "response_format.json_schema.schema.pattern"},
+      {R"({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"properties": {"a":
+          {"type": "string", "format": "email"}}}}}, )" +
+           user + "}",
+       "response_format.json_schema.schema.properties.a.format"},
+      {R"({"response_format": {"type": "json_schema", "json_schema": {"name": "bad name", "schema": {}}}, )" + user +
+           "}",
+       "response_format.json_schema.name"},
+      {R"({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {}, "strictly": true}}, )" +
+           user + "}",
+       "response_format.json_schema.strictly"},
+      {R"({"response_format": {"type": "json_schema"}, )" + user + "}", "response_format.json_schema"},
+      {R"({"response_format": {"type": "json_object", "extra": 1}, )" + user + "}", "response_format.extra"},
+      {R"({"thinking": {"type": "enabled", "budget_tokens": 0}, )" + user + "}", "thinking.budget_tokens"},
+      {R"({"thinking": {"type": "enabled", "budget_tokens": -4}, )" + user + "}", "thinking.budget_tokens"},
+      {R"({"thinking": {"type": "enabled", "budget_tokens": "many"}, )" + user + "}", "thinking.budget_tokens"},
+      {R"({"thinking": {"type": "enabled", "budget": 5}, )" + user + "}", "thinking.budget"},
+      {R"({"tool_choice": {"type": "function", "function": {"name": "f", "strict": true}}, "tools": [{"type":
+          "function", "function": {"name": "f"}}], )" +
+           user + "}",
+       "tool_choice.function.strict"},
+      {R"({"tool_choice": {"type": "function", "function": {"name": "g"}}, "tools": [{"type": "function",
+          "function": {"name": "f"}}], )" +
+           user + "}",
+       "tool_choice.function.name"},
+      {R"({"tool_choice": "sometimes", )" + user + "}", "tool_choice"},
+      {R"({"tool_choice": "required", )" + user + "}", "tool_choice"},
+      {R"({"tools": [{"type": "function", "function": {"name": "has space"}}], )" + user + "}",
+       "tools[0].function.name"},
+      {R"({"tools": [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "f"}}],
+          )" +
+           user + "}",
+       "tools[1].function.name"},
+      {R"({"tools": [{"type": "function"}], )" + user + "}", "tools[0].function"},
+      {R"({"tools": [{"type": "retrieval", "function": {"name": "f"}}], )" + user + "}", "tools[0].type"},
+      {R"({"tools": [{"type": "function", "function": {"name": "f", "parameters": [1]}}], )" + user + "}",
+       "tools[0].function.parameters"},
+      {R"({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}], )" + user +
+           "}",
+       "tools[0].function.parameters.type"},
+      {R"({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties":
+          {"a": {"$ref": "#/nowhere"}}}}}], )" +
+           user + "}",
+       "tools[0].function.parameters.properties.a.$ref"},
+      {R"({"messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "r"}]})",
+       "messages[1].tool_call_id"},
+      {R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [{"id":
+          "c", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]}]})",
+       "messages[1].tool_calls[0].function.arguments"},
+      {R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [{"id":
+          "c", "type": "function", "function": {"name": "f", "arguments": "{not json"}}]}]})",
+       "messages[1].tool_calls[0].function.arguments"},
+      {R"({"top_logprobs": 2, )" + user + "}", "top_logprobs"},
+      {R"({"reasoning_effort": "extreme", )" + user + "}", "reasoning_effort"},
+  };
+  for (const auto& c : cases) {
+    auto r = post("/v1/chat/completions", c.body);
+    ASSERT_TRUE(r) << c.body;
+    EXPECT_EQ(r->status, 400) << c.body << " -> " << r->body;
+    const json j = json::parse(r->body, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << r->body;
+    expect_error_shape(j, c.param);
+  }
+  // Nothing was lost: the server still answers, from the sequence the first request left.
+  auto ok = post_json("/v1/chat/completions", chat_req("hi"));
+  EXPECT_EQ(ok["choices"][0]["message"]["content"], "Hello world");
+  EXPECT_EQ(ok["usage"]["prompt_tokens_details"]["cached_tokens"], first["usage"]["prompt_tokens"].get<int>() - 1);
+  EXPECT_EQ(json::parse(client().Get("/health")->body)["model_state"], "loaded");
+}
+
+TEST_F(ServerTest, StructuredAnswerIsClosedWithinMaxTokens) {
+  // The FakeLm never ends its strings on its own; the answer must still parse when max_tokens runs out.
+  lm->set_script({});
+  const json schema = json::parse(R"({"type": "object", "properties": {"text": {"type": "string"}, "more": {"type":
+      "array", "items": {"type": "string"}}}, "required": ["text"], "additionalProperties": false})");
+  for (bool thinking : {false, true}) {
+    for (int max_tokens : {14, 25, 60}) {
+      auto req = chat_req("q", thinking);
+      req["max_tokens"] = max_tokens;
+      req["seed"] = max_tokens;
+      req["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"name", "t"}, {"schema", schema}}}};
+      auto j = post_json("/v1/chat/completions", req);
+      const auto& c = j["choices"][0];
+      const std::string text = c["message"]["content"];
+      const auto doc = nlohmann::ordered_json::parse(text, nullptr, false);
+      ASSERT_FALSE(doc.is_discarded()) << max_tokens << " " << thinking << ": " << text;
+      EXPECT_EQ(test::JsonValidator(nlohmann::ordered_json::parse(schema.dump())).check(doc), "") << text;
+      EXPECT_LE(j["usage"]["completion_tokens"].get<int>(), max_tokens);
+      EXPECT_EQ(c["finish_reason"], "length") << text;
+    }
+  }
+}
