@@ -3,12 +3,12 @@
 //
 // Checks:
 // * BITWISE (every element's bits equal): fill, round_bf16, scale, embed, gather/scatter/add_rows, rope, fp8_sim,
-//   fp4_sim, hadamard, check_finite, hc_post, and CUDA batch invariance (row t of a 300-token call equals the same
-//   row of a 1- or 7-token call). These ops are the same IEEE operations in the same order on both sides.
+//   fp4_sim, hadamard, check_finite, swiglu, hc_pre, hc_head, hc_post, and CUDA batch invariance (row t of an
+//   n-token call equals the same row of a smaller call). These ops are the same IEEE operations in the same order on
+//   both sides (exp: glibc's expf on both).
 // * ULP checks (expect_ulps: elements whose bits differ are "flips"; each flip must be within N ulps of the output
-//   format at that value, and the fraction of flips is bounded): rmsnorm, head_rms, swiglu, hc u outputs in bf16.
-// * expect_close (atol + rtol·|ref|): hc_pre / hc_head fp32 outputs, where the mix dot products are reduced in a
-//   different order than the CPU's 8 partial sums.
+//   format at that value, and the fraction of flips is bounded): rmsnorm, head_rms (sum of squares in a different
+//   order).
 #include <cstdarg>
 #include <cstring>
 #include <limits>
@@ -564,10 +564,8 @@ TEST(GpuOpsRows, CheckFinite) {
 }
 
 // ---- swiglu ------------------------------------------------------------------------------------------------------
-// Tolerance: CUDA expf is within 2 ulps, glibc's is correctly rounded in practice; through 1 + e, the division and
-// up to two products the fp32 result moves by <= ~5 ulps: bound 8 fp32 ulps, no bound on the count. bf16: the fp32
-// values differ by a few ulps, so a bf16 flip needs a value within ~2^-21 relative of a rounding boundary: each flip
-// within 1 bf16 ulp, at most 0.1% of the elements.
+// Bitwise: the clamps (std::min / std::max semantics), (g / (1 + exp(-g))) * up and the row weight are the same IEEE
+// operations in the same order on both sides, exp being glibc's expf on both (glibc_math.cuh on the device).
 TEST(GpuOpsRows, Swiglu) {
   DSV4_REQUIRE_GPU();
   const int64_t dim = 2048;
@@ -575,8 +573,11 @@ TEST(GpuOpsRows, Swiglu) {
     for (float limit : {10.0f, 0.0f})
       for (bool with_w : {true, false})
         for (bool bf16 : {false, true}) {
-          const auto g = randn(size_t(n * dim), 100 + uint32_t(n), 6.0f, bf16);  // crosses +-10 often
+          auto g = randn(size_t(n * dim), 100 + uint32_t(n), 6.0f, bf16);  // crosses +-10 often
           const auto up = randn(size_t(n * dim), 101 + uint32_t(n), 6.0f, bf16);
+          // exp's special ranges: overflow (-g > 88.72), the subnormal / underflow tail, +-0
+          const float special[] = {-89.0f, -100.0f, -87.5f, 103.5f, 104.0f, 110.0f, 0.0f, -0.0f, 1e-30f, -1e-30f};
+          for (size_t i = 0; i < g.size(); i += 97) g[i] = special[(i / 97) % (sizeof special / sizeof special[0])];
           auto w = randn(size_t(n), 102 + uint32_t(n), 0.3f);
           for (auto& v : w) v = std::abs(v);
           const float* wp = with_w ? w.data() : nullptr;
@@ -588,25 +589,29 @@ TEST(GpuOpsRows, Swiglu) {
           gops().swiglu(dg.as<float>(), du.as<float>(), n, dim, limit, dwp, bf16, dh.as<float>());
           const std::string sh = strf("n_rows=%lld dim=%lld limit=%g row_w=%s %s", (long long)n, (long long)dim,
                                       limit, with_w ? "yes" : "null", num(bf16));
-          expect_ulps("swiglu", sh, ref, to_host<float>(dev(), dh, g.size()), bf16, bf16 ? 1 : 8, bf16 ? 1e-3 : 1.0);
+          expect_bitwise("swiglu", sh, ref, to_host<float>(dev(), dh, g.size()));
           gops().swiglu(dg.as<float>(), du.as<float>(), n, dim, limit, dwp, bf16, dg.as<float>());  // h aliases g
-          expect_ulps("swiglu", sh + " in-place", ref, to_host<float>(dev(), dg, g.size()), bf16, bf16 ? 1 : 8,
-                      bf16 ? 1e-3 : 1.0);
+          expect_bitwise("swiglu", sh + " in-place", ref, to_host<float>(dev(), dg, g.size()));
         }
 }
 
 // ---- hyper-connections -------------------------------------------------------------------------------------------
+// hc_pre / hc_head are bitwise equal to the CPU (k_hc.cu: the mix dot products in the CPU's 8-partial-sum order, the
+// CPU's double sum of squares, glibc's expf, the CPU's operation order everywhere else). The n_tok values cover
+// every tile shape of the dot-product kernel (n_tok <= 32: one token per CTA; 33..1535: 4 tokens x 8 rows; >= 1536:
+// 8 tokens x 24 rows (hc_pre); hc_head: 8 tokens x 4 rows above 32), and the batch-invariance checks compare the rows
+// of the different shapes with each other.
 constexpr float kHcEps = 1e-6f, kNormEps = 1e-6f;
 constexpr int kSinkhorn = 20;
+constexpr int64_t kHcNTok[] = {1600, 300, 7, 1};  // the first is the largest (the batch-invariance reference)
 
 struct HcInputs {
   std::vector<float> X, fn, scale, base;
 };
 
-// exact_dots: X on the grid k/8 (|k| <= 16) and fn on k/1024 (|k| <= 16), so every product and every partial sum is
-// an exact fp32 value whatever the order: the mix dot products are then bitwise equal on both sides and the only
-// remaining differences come from expf (glibc vs CUDA, <= 2 ulps). Otherwise realistic: X bf16 N(0,1),
-// fn N(0, 0.01), scale and base N(0,1).
+// exact_dots: X on the grid k/8 (|k| <= 16) and fn on k/1024 (|k| <= 16), so every product and partial sum is exact
+// (many equal values, exact ties in max / softmax). Otherwise realistic: X bf16 N(0,1), fn N(0, 0.01), scale and
+// base N(0,1).
 HcInputs hc_inputs(int64_t n_tok, int hc, int64_t dim, int64_t n_mix, int64_t n_scale, bool exact_dots,
                    uint32_t seed) {
   HcInputs in;
@@ -626,19 +631,46 @@ HcInputs hc_inputs(int64_t n_tok, int hc, int64_t dim, int64_t n_mix, int64_t n_
   return in;
 }
 
+struct HcDev {  // device copies of HcInputs
+  Buffer X, fn, scale, base;
+};
+HcDev hc_to_device(const HcInputs& in) {
+  return {to_device(dev(), in.X), to_device(dev(), in.fn), to_device(dev(), in.scale), to_device(dev(), in.base)};
+}
+
 struct HcPreOut {
   std::vector<float> u, post, comb;
 };
 
-HcPreOut gpu_hc_pre(const HcInputs& in, int64_t n_tok, int hc, int64_t dim, bool bf16) {
-  Buffer dX = to_device(dev(), in.X), dfn = to_device(dev(), in.fn), ds = to_device(dev(), in.scale),
-         db = to_device(dev(), in.base);
+HcPreOut cpu_hc_pre(const HcInputs& in, int64_t n_tok, int hc, int64_t dim, bool bf16) {
+  HcPreOut r{std::vector<float>(size_t(n_tok * dim)), std::vector<float>(size_t(n_tok * hc)),
+             std::vector<float>(size_t(n_tok * hc * hc))};
+  cops().hc_pre(in.X.data(), n_tok, hc, dim, in.fn.data(), in.scale.data(), in.base.data(), kSinkhorn, kHcEps,
+                kNormEps, bf16, r.u.data(), r.post.data(), r.comb.data());
+  return r;
+}
+
+HcPreOut gpu_hc_pre(HcDev& d, int64_t n_tok, int hc, int64_t dim, bool bf16) {
   Buffer du = out_buffer<float>(dev(), size_t(n_tok * dim)), dp = out_buffer<float>(dev(), size_t(n_tok * hc)),
          dc = out_buffer<float>(dev(), size_t(n_tok * hc * hc));
-  gops().hc_pre(dX.as<float>(), n_tok, hc, dim, dfn.as<float>(), ds.as<float>(), db.as<float>(), kSinkhorn, kHcEps,
-                kNormEps, bf16, du.as<float>(), dp.as<float>(), dc.as<float>());
+  gops().hc_pre(d.X.as<float>(), n_tok, hc, dim, d.fn.as<float>(), d.scale.as<float>(), d.base.as<float>(),
+                kSinkhorn, kHcEps, kNormEps, bf16, du.as<float>(), dp.as<float>(), dc.as<float>());
   return {to_host<float>(dev(), du, size_t(n_tok * dim)), to_host<float>(dev(), dp, size_t(n_tok * hc)),
           to_host<float>(dev(), dc, size_t(n_tok * hc * hc))};
+}
+
+std::vector<float> cpu_hc_head(const HcInputs& in, int64_t n_tok, int hc, int64_t dim, bool bf16) {
+  std::vector<float> u(size_t(n_tok * dim));
+  cops().hc_head(in.X.data(), n_tok, hc, dim, in.fn.data(), in.scale.data(), in.base.data(), kHcEps, kNormEps, bf16,
+                 u.data());
+  return u;
+}
+
+std::vector<float> gpu_hc_head(HcDev& d, int64_t n_tok, int hc, int64_t dim, bool bf16) {
+  Buffer du = out_buffer<float>(dev(), size_t(n_tok * dim));
+  gops().hc_head(d.X.as<float>(), n_tok, hc, dim, d.fn.as<float>(), d.scale.as<float>(), d.base.as<float>(), kHcEps,
+                 kNormEps, bf16, du.as<float>());
+  return to_host<float>(dev(), du, size_t(n_tok * dim));
 }
 
 template <class T>
@@ -646,53 +678,45 @@ std::vector<T> head_rows(const std::vector<T>& v, size_t n) {
   return std::vector<T>(v.begin(), v.begin() + std::ptrdiff_t(n));
 }
 
-// Tolerances (realistic inputs): the 24 mix dot products over 16384 terms (|fn x| ~ 0.01, dot ~ N(0, 1.3)) differ
-// from the CPU's 8 sequential fp32 partial sums by ~1e-6 (random-walk estimate; worst cases ~1e-5). post, pre and C
-// are Lipschitz in mix with constants ~|scale| <= ~3, and the Sinkhorn iterations are contractive, so
-// post/comb/u(fp32) move by <= ~3e-5: atol 1e-4 + rtol 1e-4 (a wrong orientation / missing normalization / wrong
-// sigmoid moves them by >= 1e-3). u in bf16: flips within 1 bf16 ulp (or <= 1e-4 abs for |u| near 0) and at most
-// 1% of the elements (estimate ~0.1%: |du| ~ 1e-6 against a bf16 ulp of |u|·2^-8, log-weighted towards small |u|).
-// exact_dots inputs: only expf differs (<= 2 ulps into sigmoid / softmax, ~40 Sinkhorn roundings after it): post
-// and comb rtol 1e-5 + atol 1e-7, u (fp32) atol 1e-5 + rtol 1e-5 (Σ_j pre_j x_j with |x| <= 2), u bf16 flips <= 0.1%.
+void expect_hc_pre_bitwise(const std::string& sh, const HcPreOut& ref, const HcPreOut& got) {
+  expect_bitwise("hc_pre.u", sh, ref.u, got.u);
+  expect_bitwise("hc_pre.post", sh, ref.post, got.post);
+  expect_bitwise("hc_pre.comb", sh, ref.comb, got.comb);
+}
+
+struct HcCase {
+  int hc;
+  int64_t dim;
+  const char* what;
+};
+// real; tiny-a / tiny-b hidden; width % 4 != 0 (scalar loads in the dot kernel); dim < mix (the dots do not fit in
+// u: the per-token kernel computes them)
+constexpr HcCase kHcPreCases[] = {
+    {4, 4096, "real"}, {4, 128, "tiny-a"}, {4, 96, "tiny-b"}, {3, 33, "width%4!=0"}, {4, 16, "dim<mix"}};
+constexpr HcCase kHcHeadCases[] = {
+    {4, 4096, "real"}, {4, 128, "tiny-a"}, {4, 96, "tiny-b"}, {3, 33, "width%4!=0"}, {4, 2, "dim<mix"}};
+
 TEST(GpuOpsHc, HcPre) {
   DSV4_REQUIRE_GPU();
-  struct Case {
-    int hc;
-    int64_t dim;
-    const char* what;
-  };
-  // real; tiny-b hidden (2 splits); dim < mix (no split-K: the per-token kernel computes the dots)
-  const Case cases[] = {{4, 4096, "real"}, {4, 96, "tiny-b"}, {4, 16, "dim<mix"}};
-  for (const Case& c : cases)
-    for (bool exact : {true, false}) {
-      const int64_t n_mix = (2 + c.hc) * c.hc, n_max = 300;
+  for (const HcCase& c : kHcPreCases)
+    for (bool exact : {false, true}) {
+      const int64_t n_mix = (2 + c.hc) * c.hc, n_max = kHcNTok[0];
       const HcInputs in = hc_inputs(n_max, c.hc, c.dim, n_mix, 3, exact, 200 + uint32_t(c.dim) + (exact ? 7 : 0));
+      HcDev d = hc_to_device(in);
       for (bool bf16 : {false, true}) {
-        HcPreOut full;  // the 300-token CUDA result, for the batch-invariance checks
-        for (int64_t n_tok : {n_max, int64_t(7), int64_t(1)}) {
-          HcPreOut ref{std::vector<float>(size_t(n_tok * c.dim)), std::vector<float>(size_t(n_tok * c.hc)),
-                       std::vector<float>(size_t(n_tok * c.hc * c.hc))};
-          cops().hc_pre(in.X.data(), n_tok, c.hc, c.dim, in.fn.data(), in.scale.data(), in.base.data(), kSinkhorn,
-                        kHcEps, kNormEps, bf16, ref.u.data(), ref.post.data(), ref.comb.data());
-          const HcPreOut got = gpu_hc_pre(in, n_tok, c.hc, c.dim, bf16);
+        HcPreOut full;  // the n_max-token CUDA result, for the batch-invariance checks
+        for (int64_t n_tok : kHcNTok) {
           const std::string sh = strf("n_tok=%lld hc=%d dim=%lld (%s) %s inputs %s", (long long)n_tok, c.hc,
                                       (long long)c.dim, c.what, exact ? "exact-dot" : "realistic", num(bf16));
-          const double pc_atol = exact ? 1e-7 : 1e-4, pc_rtol = exact ? 1e-5 : 1e-4;
-          expect_close("hc_pre.post", sh, ref.post, got.post, pc_atol, pc_rtol);
-          expect_close("hc_pre.comb", sh, ref.comb, got.comb, pc_atol, pc_rtol);
-          if (bf16)
-            expect_ulps("hc_pre.u", sh, ref.u, got.u, true, 1, exact ? 1e-3 : 1e-2, exact ? 1e-5 : 1e-4);
-          else
-            expect_close("hc_pre.u", sh, ref.u, got.u, exact ? 1e-5 : 1e-4, exact ? 1e-5 : 1e-4);
+          const HcPreOut got = gpu_hc_pre(d, n_tok, c.hc, c.dim, bf16);
+          expect_hc_pre_bitwise(sh, cpu_hc_pre(in, n_tok, c.hc, c.dim, bf16), got);
           if (n_tok == n_max) {
             full = got;
           } else {
-            expect_bitwise("hc_pre.u batch-invariance", sh + " vs rows of n_tok=300", head_rows(full.u, got.u.size()),
-                           got.u);
-            expect_bitwise("hc_pre.post batch-invariance", sh + " vs rows of n_tok=300",
-                           head_rows(full.post, got.post.size()), got.post);
-            expect_bitwise("hc_pre.comb batch-invariance", sh + " vs rows of n_tok=300",
-                           head_rows(full.comb, got.comb.size()), got.comb);
+            const std::string vs = strf(" vs rows of n_tok=%lld", (long long)n_max);
+            expect_bitwise("hc_pre.u batch-invariance", sh + vs, head_rows(full.u, got.u.size()), got.u);
+            expect_bitwise("hc_pre.post batch-invariance", sh + vs, head_rows(full.post, got.post.size()), got.post);
+            expect_bitwise("hc_pre.comb batch-invariance", sh + vs, head_rows(full.comb, got.comb.size()), got.comb);
           }
         }
       }
@@ -701,41 +725,66 @@ TEST(GpuOpsHc, HcPre) {
 
 TEST(GpuOpsHc, HcHead) {
   DSV4_REQUIRE_GPU();
-  const struct {
-    int hc;
-    int64_t dim;
-  } cases[] = {{4, 4096}, {4, 96}, {4, 2}};  // real; tiny-b; dim < mix (= hc): no split-K
-  for (const auto& c : cases)
-    for (bool exact : {true, false}) {
-      const int64_t n_max = 300;
+  for (const HcCase& c : kHcHeadCases)
+    for (bool exact : {false, true}) {
+      const int64_t n_max = kHcNTok[0];
       const HcInputs in = hc_inputs(n_max, c.hc, c.dim, c.hc, 1, exact, 300 + uint32_t(c.dim) + (exact ? 7 : 0));
-      Buffer dX = to_device(dev(), in.X), dfn = to_device(dev(), in.fn), ds = to_device(dev(), in.scale),
-             db = to_device(dev(), in.base);
+      HcDev d = hc_to_device(in);
       for (bool bf16 : {false, true}) {
         std::vector<float> full;
-        for (int64_t n_tok : {n_max, int64_t(7), int64_t(1)}) {
-          std::vector<float> ref(size_t(n_tok * c.dim));
-          cops().hc_head(in.X.data(), n_tok, c.hc, c.dim, in.fn.data(), in.scale.data(), in.base.data(), kHcEps,
-                         kNormEps, bf16, ref.data());
-          Buffer du = out_buffer<float>(dev(), ref.size());
-          gops().hc_head(dX.as<float>(), n_tok, c.hc, c.dim, dfn.as<float>(), ds.as<float>(), db.as<float>(), kHcEps,
-                         kNormEps, bf16, du.as<float>());
-          const auto got = to_host<float>(dev(), du, ref.size());
-          const std::string sh = strf("n_tok=%lld hc=%d dim=%lld %s inputs %s", (long long)n_tok, c.hc,
-                                      (long long)c.dim, exact ? "exact-dot" : "realistic", num(bf16));
-          // tolerances: as hc_pre.u (same mix reduction, pre = sigmoid(mix*scale+base) + eps, same collapse)
-          if (bf16)
-            expect_ulps("hc_head.u", sh, ref, got, true, 1, exact ? 1e-3 : 1e-2, exact ? 1e-5 : 1e-4);
-          else
-            expect_close("hc_head.u", sh, ref, got, exact ? 1e-5 : 1e-4, exact ? 1e-5 : 1e-4);
+        for (int64_t n_tok : kHcNTok) {
+          const std::string sh = strf("n_tok=%lld hc=%d dim=%lld (%s) %s inputs %s", (long long)n_tok, c.hc,
+                                      (long long)c.dim, c.what, exact ? "exact-dot" : "realistic", num(bf16));
+          const auto got = gpu_hc_head(d, n_tok, c.hc, c.dim, bf16);
+          expect_bitwise("hc_head.u", sh, cpu_hc_head(in, n_tok, c.hc, c.dim, bf16), got);
           if (n_tok == n_max)
             full = got;
           else
-            expect_bitwise("hc_head.u batch-invariance", sh + " vs rows of n_tok=300", head_rows(full, got.size()),
-                           got);
+            expect_bitwise("hc_head.u batch-invariance", sh + strf(" vs rows of n_tok=%lld", (long long)n_max),
+                           head_rows(full, got.size()), got);
         }
       }
     }
+}
+
+// The sum of squares (k_hc.cu): the CPU adds double(x)^2 sequentially; the kernel sums in a tree and falls back to
+// the sequential sum when float(tree sum) could differ from float(sequential sum). Rows built to sit exactly on a
+// float rounding boundary: x = (x0, 2^-12, then 2^-30 ...) with x0 = 1 + j 2^-11, so x0^2 + 2^-24 is the midpoint
+// between two floats. "big first": the sequential sum drops every 2^-60 term (below half a double ulp of ~1) and
+// lands exactly on the midpoint (ties-to-even: rounds down), while any tree sum adds the small terms up first and
+// rounds up -- only the fallback gives the CPU's float here (without it r, and with it post / comb / u, differ).
+// "small first" (x0 and 2^-12 last): both orders keep the small terms and round up (the fallback is taken too and
+// must agree). Mixed with realistic rows (fast path) in the same call; random signs (squares are what count).
+TEST(GpuOpsHc, HcSumSqRoundingBoundary) {
+  DSV4_REQUIRE_GPU();
+  const int hc = 4;
+  const int64_t dim = 4096, width = hc * dim, n_tok = 48, n_mix = (2 + hc) * hc;
+  HcInputs in = hc_inputs(n_tok, hc, dim, n_mix, 3, false, 500);
+  std::mt19937 rng(501);
+  for (int64_t t = 0; t < n_tok; ++t) {
+    if (t % 3 == 2) continue;  // a realistic row
+    float* x = in.X.data() + t * width;
+    const bool big_first = t % 3 == 0;
+    for (int64_t k = 0; k < width; ++k) x[k] = std::ldexp(1.0f, -30);
+    const float x0 = 1.0f + float(t + 1) * std::ldexp(1.0f, -11);
+    x[big_first ? 0 : width - 2] = x0;
+    x[big_first ? 1 : width - 1] = std::ldexp(1.0f, -12);
+    for (int64_t k = 0; k < width; ++k)
+      if (rng() & 1) x[k] = -x[k];
+  }
+  HcDev d = hc_to_device(in);
+  // hc_head's fn / scale / base: the first hc rows of hc_pre's
+  HcInputs ih = in;
+  ih.fn.resize(size_t(hc * width));
+  ih.base.resize(size_t(hc));
+  ih.scale.resize(1);
+  HcDev dh = hc_to_device(ih);
+  for (bool bf16 : {false, true}) {
+    const std::string sh = strf("n_tok=%lld hc=%d dim=%lld (rows on a float rounding boundary of sum x^2) %s",
+                                (long long)n_tok, hc, (long long)dim, num(bf16));
+    expect_hc_pre_bitwise(sh, cpu_hc_pre(in, n_tok, hc, dim, bf16), gpu_hc_pre(d, n_tok, hc, dim, bf16));
+    expect_bitwise("hc_head.u", sh, cpu_hc_head(ih, n_tok, hc, dim, bf16), gpu_hc_head(dh, n_tok, hc, dim, bf16));
+  }
 }
 
 // hc_post is elementwise per (t, d) with the CPU's operation order: bitwise, out of place and in place (Xout = X).

@@ -4,21 +4,21 @@
 // (simt, small_m, cublaslt, auto), at tiny shapes with partial blocks and at the real V4-Flash shapes.
 //
 // Checks and tolerances (one printed line each):
-// * BITWISE vs CPU: (Q) on the simt and small_m paths. Their per-output order is the CPU's (per scale block an fma
-//   chain from 0 over the block, then acc += s * (sa * sw), blocks ascending; the products are exact) and the
-//   activation quantization is the same bit-exact formula, so every output bit must match. (FP8 with F32 scales:
-//   against the CPU's scalar kernels, see run_cpu.)
-// * BITWISE simt == small_m, every mode: both kernels use the same "chunk order" (k_gemm.cu).
+// * BITWISE vs CPU, (Q) and (D), on the simt and small_m paths. Every output is computed in the CPU's order of gemm.h:
+//   (Q) per scale block an fma chain from 0 over the block, then acc += s * (sa * sw), blocks ascending (the products
+//   are exact), with the same bit-exact activation quantization; (D) one fma chain over all of K in ascending k with
+//   the exactly dequantized weight (code * scale in one fp32 multiply, bf16-rounded with weight_as_bf16). Both
+//   kernels (tile_kernel, and small_kernel (Q) / rowchain_kernel (D) for decode) keep one accumulator per output, so
+//   every output bit must match, whatever the path, n_tok or row range. (FP8 with F32 scales in (Q): against the
+//   CPU's scalar kernels, see run_cpu.)
+// * BITWISE simt == small_m, every mode (implied by the above; checked on its own so a failure names the kernel).
 // * BITWISE batch invariance: row t of a 300-token call == the same row computed alone (simt and small_m).
-// * (D) vs CPU, simt / small_m: expect_close with atol = K * 2^-24 * B, B = max_m |x_m|_2 * max_n |Wd_n|_2 (Cauchy-
-//   Schwarz bound of sum_k |x_k * w_k|): the CPU runs one fma chain over K, the GPU chains of 32 columns added in
-//   order, and the difference of two fp32 summation orders of K terms is bounded by ~K * eps * sum|terms|.
-//   With out_bf16, rtol = 2^-7: an fp32 value next to a bf16 rounding boundary may round to the neighbour bf16 value
-//   (one bf16 ulp <= 2^-7 |value|).
-// * cuBLASLt vs CPU: atol = max(2^-11, K * 2^-24) * B (+ rtol 2^-7 with out_bf16): the 128-column partial sums are
-//   tensor-core FP8 accumulations (Hopper keeps ~14 bits inside one MMA chain, hence 2^-11 with margin) instead of
-//   the CPU's fma chain. Also: run-to-run determinism (bitwise). Not asserted (printed only): row t of a 300-token
-//   call vs the same row in a 64-token call — cuBLASLt may pick another algorithm for another n_tok.
+// * cuBLASLt vs CPU: atol = max(2^-11, K * 2^-24) * B (+ rtol 2^-7 with out_bf16), B = max_m |x_m|_2 * max_n |Wd_n|_2
+//   (Cauchy-Schwarz bound of sum_k |x_k * w_k|): the 128-column partial sums are tensor-core FP8 accumulations
+//   (Hopper keeps ~14 bits inside one MMA chain, hence 2^-11 with margin) instead of the CPU's fma chain, and an fp32
+//   value next to a bf16 rounding boundary may round to the neighbour (one bf16 ulp <= 2^-7 |value|). Also:
+//   run-to-run determinism (bitwise). Not asserted (printed only): row t of a 300-token call vs the same row in a
+//   64-token call — cuBLASLt may pick another algorithm for another n_tok.
 #include <cmath>
 #include <cstdarg>
 #include <cstring>
@@ -293,17 +293,16 @@ std::vector<float> rows_of(const std::vector<float>& y, int64_t t0, int64_t nt, 
 
 const char* path_name(GemmPath p) { return cuda::gemm_path_name(p); }
 
-// One CUDA result against the CPU reference, with the check its path and mode call for (see the file comment).
+// One CUDA result against the CPU reference, with the check its path calls for (see the file comment).
 void check_vs_cpu(const std::string& label, const std::vector<float>& ref, const std::vector<float>& got, bool Q,
                   GemmPath taken, int64_t K, double B, bool out_bf16) {
+  (void)Q;
   const double u = std::ldexp(1.0, -24);
   if (taken == GemmPath::cublaslt) {
     expect_close("linear", label, ref, got, std::max(std::ldexp(1.0, -11), double(K) * u) * B,
                  out_bf16 ? std::ldexp(1.0, -7) : 0.0);
-  } else if (Q) {
-    expect_bitwise("linear", label, ref, got);
   } else {
-    expect_close("linear", label, ref, got, double(K) * u * B, out_bf16 ? std::ldexp(1.0, -7) : 0.0);
+    expect_bitwise("linear", label, ref, got);  // (Q) and (D): the CPU's order on simt and small_m
   }
 }
 
@@ -441,6 +440,65 @@ TEST(CudaGemm, LinearCublasLtSmallShapes) {
   }
 }
 
+// (D) with extreme block scales, weight_as_bf16 on / off, bitwise vs CPU on simt and small_m. FP8 E8M0 exponents 0
+// and 2 (code * scale subnormal: there the bf16 rounding of the dequantized weight is not the identity, and
+// rowchain_kernel must not skip it; rows 0..127 see only these two blocks, so their outputs show it), 4 and 134
+// (2^7; rounding is the identity: an e4m3 code times a power of two >= 2^-124 keeps <= 4 significant bits, the
+// kernel skips it); F32 scales around 2^-130 (subnormal, always rounded); FP4 with exponents 0..3 (an e2m1 code times
+// any power of two is a bf16 value). 256 x 256 and 64 x 256: rowchain_kernel's fast path; 40 x 100: its per-element
+// path.
+TEST(CudaGemm, LinearDenseExtremeScales) {
+  DSV4_REQUIRE_GPU();
+  struct C {
+    Fmt f;
+    int64_t rows, cols;
+    std::vector<uint8_t> e8;  // E8M0 exponents of the scale grid, row-major (FP4: random 0..3)
+  };
+  const C cases[] = {{{GemmFormat::fp8, false, 128}, 256, 256, {0, 2, 4, 134}},
+                     {{GemmFormat::fp8, true, 128}, 64, 256, {}},
+                     {{GemmFormat::fp8, false, 64}, 40, 100, {1, 6}},
+                     {{GemmFormat::fp4}, 64, 256, {}}};
+  uint64_t seed = 700;
+  for (const C& c : cases) {
+    HostWeight h = make_weight(c.f, c.rows, c.cols, seed++);
+    Rng rng(seed++);
+    std::string sdesc;
+    if (c.f.f == GemmFormat::fp8 && c.f.sf32) {
+      for (size_t i = 0; i + 4 <= h.scale.size(); i += 4) {
+        const float sc = (0.5f + rng.uni()) * 0x1p-130f;
+        std::memcpy(&h.scale[i], &sc, 4);
+      }
+      sdesc = "f32 ~2^-130";
+    } else if (c.f.f == GemmFormat::fp4) {
+      for (auto& sc : h.scale) sc = uint8_t(rng.next() % 4);
+      sdesc = "e8m0 0..3";
+    } else {
+      ASSERT_EQ(h.scale.size(), c.e8.size());
+      h.scale = c.e8;
+      h.view.scale = h.scale.data();
+      sdesc = "e8m0";
+      for (const uint8_t e : c.e8) sdesc += strf(" %d", int(e));
+    }
+    const auto d = upload(h);
+    for (const bool wb : {true, false}) {
+      for (const int64_t n : {1, 5, 70}) {
+        LinearOpts o;
+        o.weight_as_bf16 = wb;
+        const std::vector<float> x = make_x(n, c.cols, seed++, false);
+        const std::vector<float> ref = run_cpu(h, x, n, c.rows, o);
+        const Buffer xd = to_device(*cuda(), x);
+        const std::string base = strf("%s %lldx%lld scales %s n_tok=%lld D%s out_fp32", fmt_name(c.f).c_str(),
+                                      (long long)c.rows, (long long)c.cols, sdesc.c_str(), (long long)n,
+                                      wb ? "+weight_as_bf16" : "");
+        const auto ys = run_gpu(d->v, xd.as<float>(), n, c.rows, o, GemmPath::simt, nullptr);
+        const auto ym = run_gpu(d->v, xd.as<float>(), n, c.rows, o, GemmPath::small_m, nullptr);
+        expect_bitwise("linear", base + " path=simt", ref, ys);
+        expect_bitwise("linear", base + " path=small_m", ref, ym);
+      }
+    }
+  }
+}
+
 // ---- real V4-Flash shapes ------------------------------------------------------------------------------------------
 namespace gm {
 struct RealCase {
@@ -498,7 +556,7 @@ TEST(CudaGemm, RealAttentionProjections) {
   DSV4_REQUIRE_GPU();
   // reference numerics: (Q) + bf16 output; dense: (D) fp32
   run_real({"wq_a", kFp8, 1024, 4096, kQ, true, 0, -1, {1, 2, 5, 64, 300}, true}, 11);
-  run_real({"wq_a", kFp8, 1024, 4096, kD, false, 0, -1, {1, 5, 64, 300}, false}, 12);
+  run_real({"wq_a", kFp8, 1024, 4096, kD, false, 0, -1, {1, 2, 5, 8, 64, 300}, false}, 12);
   run_real({"wq_b", kFp8, 32768, 1024, kQ, true, 0, -1, {1, 5, 64, 300}, true}, 13);
   run_real({"wq_b", kFp8, 32768, 1024, kD, false, 0, -1, {1, 64}, false}, 14);
   run_real({"wkv", kFp8, 512, 4096, kQ, true, 0, -1, {1, 5, 64, 300}, true}, 15);
@@ -510,7 +568,7 @@ TEST(CudaGemm, RealWoAGroupsWeightAsBf16) {
   DSV4_REQUIRE_GPU();
   // reference wo_a: FP8 weight dequantized to bf16, bf16 activations, no act quant, bf16 output; one group of
   // o_lora_rank = 1024 rows at a time (first and last group)
-  run_real({"wo_a.g0", kFp8, 8192, 4096, kDw, true, 0, 1024, {1, 5, 64, 300}, true}, 21);
+  run_real({"wo_a.g0", kFp8, 8192, 4096, kDw, true, 0, 1024, {1, 3, 5, 64, 300}, true}, 21);
   run_real({"wo_a.g7", kFp8, 8192, 4096, kDw, true, 7168, 8192, {1, 64}, true}, 21);
   run_real({"wo_a.g3", kFp8, 8192, 4096, kD, false, 3072, 4096, {1, 64}, false}, 22);
 }
@@ -521,12 +579,13 @@ TEST(CudaGemm, RealExperts) {
   run_real({"shared.w2", kFp8, 4096, 2048, kQ, true, 0, -1, {1, 64, 300}, true}, 32);
   run_real({"expert.w1", kFp4, 2048, 4096, kQ, true, 0, -1, {1, 5, 64}, true}, 33);
   run_real({"expert.w1", kFp4, 2048, 4096, kD, false, 0, -1, {1, 5, 64}, false}, 34);
+  run_real({"expert.w2", kFp4, 4096, 2048, kD, false, 0, -1, {1, 2, 64}, false}, 36);
   run_real({"expert.w2", kFp4, 4096, 2048, kQ, true, 0, -1, {1, 5, 64}, true}, 35);
 }
 
 TEST(CudaGemm, RealBf16HeadCompressorGate) {
   DSV4_REQUIRE_GPU();
-  run_real({"gate", kBf16, 256, 4096, kD, false, 0, -1, {1, 5, 64, 300}, true}, 41);
+  run_real({"gate", kBf16, 256, 4096, kD, false, 0, -1, {1, 2, 5, 8, 64, 300}, true}, 41);
   run_real({"compressor", kBf16, 1024, 4096, kD, false, 0, -1, {1, 5, 64, 300}, true}, 42);
   run_real({"head", kBf16, 129280, 4096, kD, false, 0, -1, {1, 5}, true}, 43);  // 1 GB weight, 64-bit offsets
 }

@@ -6,7 +6,9 @@
 #   golden  HF transformers dense golden of the demo model (tests/data/golden/dsv4-demo.dense.json) if missing
 #   test    scripts/test-gpu.sh (every GPU test), log + gtest JSON into $OUT
 #   demo    `dsv4 generate` on the demo model with --device cuda (both numerics)
-#   bench   `dsv4 bench` figures on the GPU when the build has them
+#   bench   `dsv4 bench model` on dummy V4-Flash weights (24 layers) when the build has it
+#   buildcheck  scripts/build-cuda.sh into build/ with the time left (checks the committed build script on this
+#           machine even when prebuilt binaries ran the tests)
 # Environment: OUT (results folder, from the run tool), DSV4_COMMIT (the commit the tree is, for the logs),
 # GTEST_FILTER (optional, narrows the tests). Everything is time-limited so partial results still come back.
 set -u
@@ -74,6 +76,15 @@ LOG=$OUT/run.log
     [ $LEFT -gt 20 ] && timeout $((LEFT - 5)) "$B/dsv4" bench model --config tests/data/configs/deepseek-v4-flash-config.json \
       --load-format dummy --layers 24 --device cuda --json > "$OUT/bench-model.json" 2> "$OUT/bench-model.log"
     echo "bench rc=$?"
+  fi
+  if has buildcheck; then
+    LEFT=$((590 - ($(date +%s) - T0)))
+    if [ $LEFT -gt 60 ]; then
+      log "buildcheck (limit ${LEFT}s)"
+      timeout $((LEFT - 5)) scripts/build-cuda.sh > "$OUT/build.log" 2>&1
+      echo "buildcheck rc=$?"
+      tail -3 "$OUT/build.log"
+    fi
   fi
   log "done"
 } > "$LOG" 2>&1

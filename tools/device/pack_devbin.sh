@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Pack a CUDA build made on the dev machine (build-cuda/, same CUDA 13.0 as the GPU machine) for a device run:
 # .scratch/devbin.tar.xz with stripped dsv4 + test_gpu and the shared libraries Ubuntu 24.04 lacks in the versions
-# they were linked against (spdlog 1.10, fmt 9). tools/device/cuda_run.sh unpacks and uses it.
+# they were linked against (spdlog 1.10, fmt 9, Debian's split cpp-httplib 0.11 and its brotli). tools/device/cuda_run.sh unpacks and uses it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 B=${1:-build-cuda}
@@ -9,7 +9,7 @@ T=$(mktemp -d)
 mkdir -p "$T/build-cuda/lib" .scratch
 cp "$B/dsv4" "$B/test_gpu" "$T/build-cuda/"
 strip "$T/build-cuda/dsv4" "$T/build-cuda/test_gpu"
-for l in libspdlog.so.1.10 libfmt.so.9; do cp -L "/lib/x86_64-linux-gnu/$l" "$T/build-cuda/lib/"; done
+for l in libspdlog.so.1.10 libfmt.so.9 libcpp-httplib.so.0.11 libbrotlidec.so.1 libbrotlienc.so.1 libbrotlicommon.so.1; do cp -L "/lib/x86_64-linux-gnu/$l" "$T/build-cuda/lib/"; done
 tar -C "$T" -cf - build-cuda | xz -T2 -6 > .scratch/devbin.tar.xz
 rm -rf "$T"
 ls -la .scratch/devbin.tar.xz

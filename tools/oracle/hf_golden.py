@@ -134,7 +134,7 @@ def golden_one(model_dir, out_dir, logprob_dir, device):
 
     name = os.path.basename(os.path.normpath(model_dir))
     cfg_dict = json.load(open(os.path.join(model_dir, "config.json")))
-    T = oc.read_safetensors(os.path.join(model_dir, "model.safetensors"))
+    T = oc.read_checkpoint(model_dir)
     cfg = hf_config(cfg_dict)
     print(f"[{name}] layer_types={cfg.layer_types} mlp_layer_types={cfg.mlp_layer_types} "
           f"rope={cfg.rope_parameters}", flush=True)

@@ -35,6 +35,19 @@ def read_safetensors(path):
     return out
 
 
+def read_checkpoint(model_dir):
+    """read_safetensors of a checkpoint folder: model.safetensors, or the shards named by
+    model.safetensors.index.json (sharded layout, e.g. models/dsv4-demo)."""
+    single = os.path.join(model_dir, "model.safetensors")
+    if os.path.exists(single):
+        return read_safetensors(single)
+    index = json.load(open(os.path.join(model_dir, "model.safetensors.index.json")))
+    out = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        out.update(read_safetensors(os.path.join(model_dir, shard)))
+    return out
+
+
 def e8m0_to_f32(u8):
     return torch.pow(2.0, u8.to(torch.float64) - 127.0).to(torch.float32)
 

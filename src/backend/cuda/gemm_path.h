@@ -3,14 +3,16 @@
 //
 // Paths of linear() (semantics of backend/gemm.h in every case; see k_gemm.cu for the kernels):
 //   simt     : tiled SIMT kernel (64 tokens x 64 rows per block), any shape, any number of tokens.
-//   small_m  : decode kernel (32 rows x 4 tokens per block, K split over the lanes), any shape.
+//   small_m  : decode kernels, any shape: (Q) 32 rows x 4 tokens per block, K split over the lanes by scale block;
+//              (D) one warp per 32 rows, one lane per row running the row's whole K chain (up to 4 tokens at once).
 //   cublaslt : cuBLASLt FP8 block-scaled GEMM ((Q) with FP8 weights only; Hopper sm_90 only; K, the output row
 //              range and its start multiples of 128, K/128 a multiple of 4, weight aux scales present).
 //   auto_    : cublaslt when it can run and n_tok >= 64, else small_m for n_tok <= 8, else simt.
-// simt and small_m use the same per-output summation order ("chunk order", k_gemm.cu), so they give bitwise the same
-// result and row t never depends on n_tok; in (Q) mode that order is the CPU's (gemm.h), so they also equal the CPU
-// bitwise. cuBLASLt uses its own order (tensor-core accumulation inside each 128-K block): deterministic for a given
-// shape, but neither bitwise equal to the other paths nor guaranteed independent of n_tok (algorithm choice).
+// simt and small_m compute every output in the CPU's order of gemm.h ((Q): per scale block an fma chain, blocks
+// added in order; (D): one fma chain over all of K), so in both products they equal the CPU and each other bitwise,
+// and row t never depends on n_tok. cuBLASLt uses its own order (tensor-core accumulation inside each 128-K block):
+// deterministic for a given shape, but neither bitwise equal to the other paths nor guaranteed independent of n_tok
+// (algorithm choice).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -80,6 +82,7 @@ struct MoeGemmArgs {
   const int32_t* small_list = nullptr;      // [E]
   const int32_t* n_small = nullptr;         // [1]
   int64_t n_rows_bound = 0;                 // host-known bound of the number of sorted rows (n_tok * k)
+  int64_t n_tok = 0;                        // tokens of the call (picks the decode kernel's rows per pass)
   const int32_t* row_tok = nullptr;         // [rows] token of each sorted row
   const float* row_w = nullptr;             // [rows] routing weight of each sorted row
   bool quant = false;      // (Q): activations are code values with per-128 scales

@@ -8,9 +8,9 @@
 // * the online softmax runs over the CPU's blocks of 64 entries of the concatenated window + compressed list, with
 //   the running max / rescale / sequential sum of the CPU, P rounded to bf16 for the PV product when bf16;
 // * the PV accumulation of every (head, dim) element is sequential in list order (__fadd_rn(acc, __fmul_rn(p, v)));
-// * exp is expf_glibc below: glibc's expf algorithm (the one CpuOps calls through std::exp) transcribed in double
-//   arithmetic; checked bitwise against glibc 2.36 libm expf for all 2^32 float inputs (both the FMA and the non-FMA
-//   code paths of glibc give the same bits, so the CPU's ifunc choice does not matter).
+// * exp is expf_glibc (backend/cuda/glibc_math.cuh): glibc's expf algorithm (the one CpuOps calls through std::exp)
+//   transcribed in double arithmetic; checked bitwise against glibc libm expf for all 2^32 float inputs (both the FMA
+//   and the non-FMA code paths of glibc give the same bits, so the CPU's ifunc choice does not matter).
 // Batch invariance: the arithmetic of one (token, head) does not depend on n_tok or on how heads are grouped into
 // CTAs (the group size G only changes which threads do the work).
 //
@@ -30,6 +30,7 @@
 #include <cstdint>
 
 #include "backend/cuda/device_numeric.cuh"
+#include "backend/cuda/glibc_math.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/cuda_backend.h"
 
@@ -41,46 +42,6 @@ constexpr int kBlock = 64;               // entries per online-softmax block (Cp
 constexpr int kChunk = 128;              // columns per QK staging chunk
 constexpr int kRowStride = kChunk + 8;   // floats per staged row of a QK chunk (bank-conflict padding)
 constexpr float kNegInf = -__builtin_huge_valf();
-
-// ---- expf, bit-identical to glibc (sysdeps/ieee754/flt-32/e_expf.c, EXP2F_TABLE_BITS 5, poly order 3) ------------
-// (The same function is in k_compressor.cu; keep the two copies identical.)
-__device__ const uint64_t kExp2fTab[32] = {
-    0x3ff0000000000000ull, 0x3fefd9b0d3158574ull, 0x3fefb5586cf9890full, 0x3fef9301d0125b51ull,
-    0x3fef72b83c7d517bull, 0x3fef54873168b9aaull, 0x3fef387a6e756238ull, 0x3fef1e9df51fdee1ull,
-    0x3fef06fe0a31b715ull, 0x3feef1a7373aa9cbull, 0x3feedea64c123422ull, 0x3feece086061892dull,
-    0x3feebfdad5362a27ull, 0x3feeb42b569d4f82ull, 0x3feeab07dd485429ull, 0x3feea47eb03a5585ull,
-    0x3feea09e667f3bcdull, 0x3fee9f75e8ec5f74ull, 0x3feea11473eb0187ull, 0x3feea589994cce13ull,
-    0x3feeace5422aa0dbull, 0x3feeb737b0cdc5e5ull, 0x3feec49182a3f090ull, 0x3feed503b23e255dull,
-    0x3feee89f995ad3adull, 0x3feeff76f2fb5e47ull, 0x3fef199bdd85529cull, 0x3fef3720dcef9069ull,
-    0x3fef5818dcfba487ull, 0x3fef7c97337b9b5full, 0x3fefa4afa2a490daull, 0x3fefd0765b6e4540ull};
-
-__device__ __forceinline__ float expf_glibc(float x) {
-  const uint32_t ux = __float_as_uint(x);
-  const uint32_t abstop = (ux >> 20) & 0x7ffu;
-  if (abstop >= 0x42bu) {                          // |x| >= 88 or x is NaN
-    if (ux == 0xff800000u) return 0.0f;            // -inf
-    if (abstop >= 0x7f8u) return __fadd_rn(x, x);  // +inf or NaN
-    if (x > 0x1.62e42ep6f) return __int_as_float(0x7f800000);  // overflow
-    if (x < -0x1.9fe368p6f) return 0.0f;                       // underflow
-    if (x < -0x1.9d1d9ep6f) return __int_as_float(1);          // glibc __math_may_uflowf: 0x1.4p-75f^2 = 2^-149
-  }
-  const double InvLn2N = 0x1.71547652b82fep+0 * 32.0, Shift = 0x1.8p+52;
-  const double C0 = 0x1.c6af84b912394p-5 / 32.0 / 32.0 / 32.0, C1 = 0x1.ebfce50fac4f3p-3 / 32.0 / 32.0,
-               C2 = 0x1.62e42ff0c52d6p-1 / 32.0;
-  const double xd = double(x);
-  double kd = __fma_rn(InvLn2N, xd, Shift);
-  const uint64_t ki = uint64_t(__double_as_longlong(kd));
-  kd = __dsub_rn(kd, Shift);
-  const double r = __fma_rn(InvLn2N, xd, -kd);
-  const uint64_t t = kExp2fTab[ki % 32] + (ki << 47);
-  const double s = __longlong_as_double((long long)t);
-  const double z = __fma_rn(C0, r, C1);
-  const double r2 = __dmul_rn(r, r);
-  double y = __fma_rn(C2, r, 1.0);
-  y = __fma_rn(z, r2, y);
-  y = __dmul_rn(y, s);
-  return __double2float_rn(y);
-}
 
 // ---- the kernel ------------------------------------------------------------------------------------------------
 struct AttnArgs {

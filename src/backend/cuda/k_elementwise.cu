@@ -3,12 +3,12 @@
 //
 // Exactness: every op whose CPU result is a fixed sequence of IEEE operations is written with explicit round-to-
 // nearest intrinsics (__fmul_rn / __fadd_rn / __fsub_rn / __fdiv_rn / __fsqrt_rn), so that nvcc cannot contract
-// a*b+c into an FMA: fill, round_bf16, scale, embed, rope, fp8_sim, fp4_sim, hadamard, check_finite and the row
-// copies are bitwise equal to the CPU. The remaining differences:
+// a*b+c into an FMA: fill, round_bf16, scale, embed, rope, fp8_sim, fp4_sim, hadamard, check_finite, swiglu (its
+// exp is glibc's expf, backend/cuda/glibc_math.cuh) and the row copies are bitwise equal to the CPU. The remaining
+// difference:
 // * rmsnorm / head_rms: the sum of squares accumulates in double (as the CPU) but in a tree order instead of the
 //   CPU's sequential one; the products are exact in double, so the two sums differ by a few double ulps and the fp32
 //   results agree except when float(sum) sits on a rounding boundary (vanishingly rare).
-// * swiglu: CUDA expf (<= 2 ulp) vs glibc expf (correctly rounded in practice).
 // Batch invariance: each row's reduction order depends only on the row width (never on n_rows), no atomics.
 #include <cuda_runtime.h>
 
@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "backend/cuda/device_numeric.cuh"
+#include "backend/cuda/glibc_math.cuh"
 #include "backend/cuda/kernels.h"
 
 namespace dsv4::cuda {
@@ -264,7 +265,7 @@ __global__ void swiglu_kernel(const float* g, const float* up, int64_t n_rows, i
       uv = limit < uv ? limit : uv;    // std::min(., limit)
       gv = limit < gv ? limit : gv;    // std::min(gv, limit)
     }
-    float v = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), uv);
+    float v = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf_glibc(-gv))), uv);  // (g / (1 + exp(-g))) * up
     if (row_w) v = __fmul_rn(row_w[i / dim], v);
     h[i] = maybe_bf16(v, bf16);
   }

@@ -3,23 +3,30 @@
 // Kernels
 //   act_quant_kernel    act_quant per 128 columns (spec §4.3): one warp per (row, 128-block); fp32 code values +
 //                       scales, or e4m3 bytes + transposed scales for cuBLASLt (gemm_cublaslt.cpp).
-//   tile_kernel         "simt": 64 tokens x 64 output rows per block, K in tiles of 32 through shared memory
-//                       (weights decoded once per tile), 4x4 outputs per thread. Kinds: linear, MoE w1+w3 (both
-//                       weights, SwiGLU epilogue), MoE w2; the MoE kinds find their (expert, M tile) from the tile
-//                       offsets of the routing plan (binary search) and exit past the total.
-//   small_kernel        "small_m": 32 output rows x 4 tokens per block for decode; the 32 lanes of a warp take 32
-//                       consecutive K chunks of the same row (coalesced 16-byte weight loads), the chunk partial sums
-//                       go through shared memory and one thread per output adds them in chunk order.
+//   tile_kernel         "simt", (Q) and (D): 64 tokens x 64 output rows per block, K in tiles of 32 through shared
+//                       memory (weights decoded once per tile), 4x4 outputs per thread. Kinds: linear, MoE w1+w3
+//                       (both weights, SwiGLU epilogue), MoE w2; the MoE kinds find their (expert, M tile) from the
+//                       tile offsets of the routing plan (binary search) and exit past the total.
+//   small_kernel        "small_m" in (Q): 32 output rows x 4 tokens per block for decode; the 32 lanes of a warp take
+//                       32 consecutive scale blocks of the same row (coalesced 16-byte weight loads), the block
+//                       partial sums go through shared memory and one thread per output adds them in block order.
+//   rowchain_kernel     "small_m" in (D): one warp per 32 output rows, one row per lane, every lane runs its row's
+//                       whole K chain (for up to 4 tokens / sorted rows at once: MT accumulators). The warp streams
+//                       its 32 rows through a shared-memory ring of 8 slots (32 weight bytes of each row + the
+//                       matching activations per slot, filled by cp.async 7 slots ahead, coalesced: two lanes per
+//                       row), so the loads never wait on the chain.
 //   finish_kernel       bf16 rounding / copy of cuBLASLt outputs.
 //   swiglu_kernel       SwiGLU of the shared expert.
 //
-// Summation order ("chunk order", identical in tile_kernel and small_kernel, so the two give bitwise the same
-// result for any n_tok, and row t never depends on the other rows). K is cut into chunks: (Q) the scale blocks
-// (128 for FP8, 32 for FP4), (D) 32 columns. For every output:
-//   q   = 0;  for k in the chunk ascending:  q = fma(a[k], w[k], q)          (a = x or qa, w = Wd or qw)
-//   (Q) acc = acc + q * (sa[m, k/128] * sw[n, kb])      (D) acc = acc + q    (acc0 = 0, chunks ascending)
-// In (Q) this is exactly the CPU order of gemm.h (the products are exact), so (Q) results are bitwise the CPU's.
-// In (D) the CPU runs one fma chain over all of K; ours differs by fp32 rounding only (K * eps * sum|x||w| bound).
+// Summation order per output element (the CPU's, gemm.h, in both products, so simt == small_m == CPU bitwise for
+// any n_tok, and row t never depends on the other rows):
+//   (Q) per scale block kb (128 columns for FP8, 32 for FP4):  q = 0;  for k in kb ascending: q = fma(qa[k], qw[k], q)
+//       acc = acc + q * (sa[m, k/128] * sw[n, kb])     (acc0 = 0, blocks ascending; every product is exact)
+//   (D) acc = 0;  for k = 0..K-1 ascending:  acc = fma(x[m, k], Wd[n, k], acc)      (one fp32 chain over all of K)
+//       Wd = code * scale (one fp32 multiply; E4M3 / E2M1 code values are exact) for FP8 / FP4, the stored value for
+//       BF16 / F32, then bf16-rounded (RNE on the bit pattern, as gemm_kernels.h) with weight_as_bf16.
+// The (D) chain cannot be split over lanes, so a (D) decode GEMV needs at least K dependent FMAs per output (about
+// K * 4 cycles: ~8 us at K = 4096); rowchain_kernel keeps every chain busy and otherwise runs at memory bandwidth.
 //
 // Exactness: no contraction is left to the compiler (__fmaf_rn / __fadd_rn / __fmul_rn everywhere it matters);
 // weights are decoded exactly (e4m3 / e2m1 by bit placement + a power-of-two multiply, as the CPU's values).
@@ -31,6 +38,7 @@
 
 #include "backend/cuda/device_numeric.cuh"
 #include "backend/cuda/gemm_path.h"
+#include "backend/cuda/glibc_math.cuh"
 #include "backend/cuda/kernels.h"
 
 namespace dsv4::cuda {
@@ -157,12 +165,20 @@ __device__ __forceinline__ float code1(const uint8_t* rowp, int64_t k) {
   }
 }
 
+// weight_as_bf16 rounding of a dequantized weight, bit for bit the CPU's (gemm_kernels.h bf16_round_bits: RNE on the
+// bit pattern, no NaN special case).
+__device__ __forceinline__ float wround_bf16(float v) {
+  const uint32_t b = __float_as_uint(v);
+  return __uint_as_float((b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u);
+}
+
 // (D) value of a code: exactly dequantized (code * scale, one fp32 rounding as the CPU), then bf16 when asked.
 template <int FMT>
 __device__ __forceinline__ float dequant(float code, float s, bool wbf16) {
   float v = code;
   if constexpr (FMT == kFmtFp8 || FMT == kFmtFp4) v = __fmul_rn(code, s);
-  return wbf16 ? round_bf16(v) : v;
+  if constexpr (FMT == kFmtBf16) return v;  // a bf16 value rounds to itself
+  return wbf16 ? wround_bf16(v) : v;
 }
 
 // 8 weight values of row n from column k (k % 8 == 0): code values (Q) or (D) values; 0 beyond K.
@@ -205,55 +221,14 @@ __device__ __forceinline__ void acts8(const float* rowp, int64_t k, int64_t K, b
   }
 }
 
-// ---- glibc expf (the CPU reference's std::exp(float)) -----------------------------------------------------------
-// Bitwise port of glibc 2.36 sysdeps/ieee754/flt-32/e_expf.c as compiled for x86-64 with FMA (the variant glibc
-// selects on every AVX2/FMA CPU; its fused operations are written out as __fma_rn). Checked against the host libm
-// on all binary32 inputs. Used by SwiGLU so that the CUDA result equals the CPU's bit for bit.
-__device__ const unsigned long long kExp2fTab[32] = {
-    0x3ff0000000000000ull, 0x3fefd9b0d3158574ull, 0x3fefb5586cf9890full, 0x3fef9301d0125b51ull,
-    0x3fef72b83c7d517bull, 0x3fef54873168b9aaull, 0x3fef387a6e756238ull, 0x3fef1e9df51fdee1ull,
-    0x3fef06fe0a31b715ull, 0x3feef1a7373aa9cbull, 0x3feedea64c123422ull, 0x3feece086061892dull,
-    0x3feebfdad5362a27ull, 0x3feeb42b569d4f82ull, 0x3feeab07dd485429ull, 0x3feea47eb03a5585ull,
-    0x3feea09e667f3bcdull, 0x3fee9f75e8ec5f74ull, 0x3feea11473eb0187ull, 0x3feea589994cce13ull,
-    0x3feeace5422aa0dbull, 0x3feeb737b0cdc5e5ull, 0x3feec49182a3f090ull, 0x3feed503b23e255dull,
-    0x3feee89f995ad3adull, 0x3feeff76f2fb5e47ull, 0x3fef199bdd85529cull, 0x3fef3720dcef9069ull,
-    0x3fef5818dcfba487ull, 0x3fef7c97337b9b5full, 0x3fefa4afa2a490daull, 0x3fefd0765b6e4540ull};
-
-__device__ __forceinline__ float glibc_expf(float x) {
-  const uint32_t ux = __float_as_uint(x), abstop = (ux >> 20) & 0x7FFu;
-  if (abstop > 0x42Au) {  // |x| >= 88 or not finite
-    if (ux == 0xFF800000u) return 0.0f;
-    if (abstop >= 0x7F8u) return __fadd_rn(x, x);
-    if (x > __uint_as_float(0x42B17217u)) return __uint_as_float(0x7F800000u);
-    if (x < __uint_as_float(0xC2CFF1B4u)) return 0.0f;
-    if (x < __uint_as_float(0xC2CE8ECFu)) return __uint_as_float(1u);  // __math_may_uflowf: 2^-149
-  }
-  const double kInvLn2N = __longlong_as_double(0x40471547652b82feLL);
-  const double kShift = __longlong_as_double(0x4338000000000000LL);
-  const double C0 = __longlong_as_double(0x3ebc6af84b912394LL);
-  const double C1 = __longlong_as_double(0x3f2ebfce50fac4f3LL);
-  const double C2 = __longlong_as_double(0x3f962e42ff0c52d6LL);
-  const double xd = static_cast<double>(x);
-  double kd = __fma_rn(kInvLn2N, xd, kShift);
-  const unsigned long long ki = static_cast<unsigned long long>(__double_as_longlong(kd));
-  kd = __dsub_rn(kd, kShift);
-  const double r = __fma_rn(kInvLn2N, xd, -kd);
-  const unsigned long long t = kExp2fTab[ki & 31] + (ki << 47);
-  const double z = __fma_rn(r, C0, C1);
-  const double r2 = __dmul_rn(r, r);
-  double y = __fma_rn(r, C2, 1.0);
-  y = __fma_rn(z, r2, y);
-  y = __dmul_rn(y, __longlong_as_double(static_cast<long long>(t)));
-  return __double2float_rn(y);
-}
-
-// CpuOps::swiglu of one element: clamp, (g / (1 + exp(-g))) * up, times the row weight, bf16 when asked.
+// CpuOps::swiglu of one element: clamp, (g / (1 + exp(-g))) * up, times the row weight, bf16 when asked. exp is the
+// bit-exact port of glibc's expf (glibc_math.cuh), the CPU's std::exp(float).
 __device__ __forceinline__ float swiglu_val(float g, float u, float limit, bool has_w, float rw, bool bf16) {
   if (limit > 0.0f) {
     u = fminf(fmaxf(u, -limit), limit);
     g = fminf(g, limit);
   }
-  float v = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, glibc_expf(-g))), u);
+  float v = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf_glibc(-g))), u);
   if (has_w) v = __fmul_rn(rw, v);
   return bf16 ? round_bf16(v) : v;
 }
@@ -423,7 +398,7 @@ constexpr int TBM = 64, TBN = 64, TBK = 32, TPAD = 4;
 template <int FMT, bool Q, int KIND>
 __global__ void __launch_bounds__(256) tile_kernel(const GArgs A) {
   constexpr int NW = KIND == kW13 ? 2 : 1;
-  constexpr int CPT = (Q && FMT == kFmtFp8) ? 4 : 1;  // K tiles per chunk (FP8 scale block = 128 = 4 tiles)
+  constexpr int CPT = (Q && FMT == kFmtFp8) ? 4 : 1;  // (Q) K tiles per scale block (FP8: 128 = 4 tiles)
   __shared__ __align__(16) float As[TBK][TBM + TPAD];
   __shared__ __align__(16) float Ws[NW][TBK][TBN + TPAD];
   __shared__ float SA[TBM];
@@ -527,7 +502,12 @@ __global__ void __launch_bounds__(256) tile_kernel(const GArgs A) {
 #pragma unroll
           for (int i = 0; i < 4; ++i)
 #pragma unroll
-            for (int j = 0; j < 4; ++j) q[w][i][j] = __fmaf_rn(av[i], wv[j], q[w][i][j]);
+            for (int j = 0; j < 4; ++j) {
+              if constexpr (Q)
+                q[w][i][j] = __fmaf_rn(av[i], wv[j], q[w][i][j]);  // the scale block's chain
+              else
+                acc[w][i][j] = __fmaf_rn(av[i], wv[j], acc[w][i][j]);  // (D): one chain over all K tiles
+            }
         }
       };
       if (kmax == TBK) {
@@ -536,21 +516,19 @@ __global__ void __launch_bounds__(256) tile_kernel(const GArgs A) {
       } else {
         for (int kk = 0; kk < kmax; ++kk) step(kk);
       }
-      if (chunk_end) {
+      if constexpr (Q) {
+        if (chunk_end) {
 #pragma unroll
-        for (int w = 0; w < NW; ++w)
+          for (int w = 0; w < NW; ++w)
 #pragma unroll
-          for (int i = 0; i < 4; ++i)
+            for (int i = 0; i < 4; ++i)
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              if constexpr (Q) {
+              for (int j = 0; j < 4; ++j) {
                 const float sc = __fmul_rn(SA[ty * 4 + i], SW[w][tx * 4 + j]);
                 acc[w][i][j] = __fadd_rn(acc[w][i][j], __fmul_rn(q[w][i][j], sc));
-              } else {
-                acc[w][i][j] = __fadd_rn(acc[w][i][j], q[w][i][j]);
+                q[w][i][j] = 0.0f;
               }
-              q[w][i][j] = 0.0f;
-            }
+        }
       }
     }
     __syncthreads();
@@ -569,15 +547,17 @@ __global__ void __launch_bounds__(256) tile_kernel(const GArgs A) {
   }
 }
 
-// ---- small-M kernel ("small_m") -----------------------------------------------------------------------------------
+// ---- small-M kernel ("small_m", (Q) only) -------------------------------------------------------------------------
+// The chunks are the scale blocks, so splitting K over the lanes keeps the CPU's (Q) order exactly.
 constexpr int SBN = 32;  // output rows per block (8 warps x 4)
 constexpr int SMG = 4;   // tokens per group
 constexpr int SQS = 33;  // padded row of the chunk-partial buffer
 
 template <int FMT, bool Q, int KIND>
 __global__ void __launch_bounds__(256, 2) small_kernel(const GArgs A) {
+  static_assert(Q, "(D) decode runs on rowchain_kernel: its chain must not be split");
   constexpr int NW = KIND == kW13 ? 2 : 1;
-  constexpr int CH = (Q && FMT == kFmtFp8) ? 128 : 32;  // chunk length (columns)
+  constexpr int CH = FMT == kFmtFp8 ? 128 : 32;  // chunk length (columns) = the scale block
   __shared__ float Qs[NW * SBN * SMG][SQS];
   __shared__ float Xc[SBN * SMG];
 
@@ -675,15 +655,11 @@ __global__ void __launch_bounds__(256, 2) small_kernel(const GArgs A) {
         const int jn = static_cast<int>(imin(32, NC - p * 32));
         for (int j = 0; j < jn; ++j) {
           const float qj = Qs[tid][j];
-          if constexpr (Q) {
-            const int64_t cc = p * 32 + j;  // chunk = scale block: bc == CH in (Q)
-            const float sw = osf32 ? __ldg(reinterpret_cast<const float*>(oscale) + osrow + cc)
-                                   : e8m0_to_float(__ldg(oscale + osrow + cc));
-            const float sc = __fmul_rn(osa[(cc * CH) >> 7], sw);
-            acc = __fadd_rn(acc, __fmul_rn(qj, sc));
-          } else {
-            acc = __fadd_rn(acc, qj);
-          }
+          const int64_t cc = p * 32 + j;  // chunk = scale block: bc == CH in (Q)
+          const float sw = osf32 ? __ldg(reinterpret_cast<const float*>(oscale) + osrow + cc)
+                                 : e8m0_to_float(__ldg(oscale + osrow + cc));
+          const float sc = __fmul_rn(osa[(cc * CH) >> 7], sw);
+          acc = __fadd_rn(acc, __fmul_rn(qj, sc));
         }
       }
       __syncthreads();
@@ -700,26 +676,327 @@ __global__ void __launch_bounds__(256, 2) small_kernel(const GArgs A) {
   }
 }
 
+// ---- row-chain kernel ("small_m", (D)) ----------------------------------------------------------------------------
+// One warp = RC_ROWS output rows, lane l owns row n0 + l and runs its whole (D) chain, for MT tokens (sorted rows) at
+// once (MT independent accumulators per weight). Data path: a per-warp ring of RC_S slots in shared memory; slot v
+// holds bytes [32 v, 32 v + 32) of each of the 32 rows (one 32-byte sector each, two lanes per row, so every cp.async
+// instruction moves 16 full sectors) and the activations of the slot's columns for the MT tokens. Slots are filled
+// RC_AHEAD ahead with cp.async (no registers held), consumed after cp.async.wait_group + __syncwarp (the copies of
+// the other lanes); a slot is refilled only after every lane has passed the __syncwarp that follows its last read.
+// Fast path: 16-byte aligned weight rows of a multiple of 32 bytes, 16-byte aligned activation rows, FP8 scale blocks
+// a multiple of 32 columns wide. Anything else (tiny odd shapes) runs the plain per-element chain (same order).
+constexpr int RC_ROWS = 32;           // output rows per block (one warp)
+constexpr int RC_S = 8;               // ring slots
+constexpr int RC_AHEAD = RC_S - 1;    // slots in flight ahead of the one being consumed
+constexpr int RC_BYTES = 32;          // weight bytes of one row per slot
+
+// Columns of one slot (32 bytes of a row).
+template <int FMT>
+constexpr int rc_cols() {
+  return FMT == kFmtFp4 ? 64 : FMT == kFmtFp8 ? 32 : FMT == kFmtBf16 ? 16 : 8;
+}
+
+// cp.async (sm_80+): 16 bytes global -> shared, bypassing L1. Elsewhere (host emulation) a plain copy.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem) : "memory");
+#else
+  *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+// Wait until at most N of this thread's committed groups are still pending.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// (D) values of the 8 columns [8p, 8p + 8) of a slot (u = the row's 32 bytes as 8 words), exactly the CPU's:
+// FP8 / FP4 code value (bit placement, exact) * block scale (one fp32 multiply; FP4: s0 for columns < 32 of the slot,
+// s1 above), BF16 / F32 as stored; then bf16-rounded when rnd (rowchain_kernel drops rnd where the rounding is the
+// identity).
+template <int FMT>
+__device__ __forceinline__ void rc_decode8(const uint32_t* u, int p, float s0, float s1, bool rnd, float* v) {
+  if constexpr (FMT == kFmtBf16) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t w = u[4 * p + i];
+      v[2 * i] = __uint_as_float(w << 16);
+      v[2 * i + 1] = __uint_as_float(w & 0xFFFF0000u);
+    }
+    (void)s0, (void)s1, (void)rnd;
+  } else if constexpr (FMT == kFmtF32) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = __uint_as_float(u[8 * p + i]);
+    if (rnd) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = wround_bf16(v[i]);
+    }
+    (void)s0, (void)s1;
+  } else if constexpr (FMT == kFmtFp8) {
+    // byte i of a word moved to the top, arithmetic shift by 4: sign at bit 31, the 7 magnitude bits at 26..20
+    // (dec_e4m3's placement; the CPU's SIMD decoder does the same)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t w = u[2 * p + h];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t top = i == 3 ? w : (w << (24 - 8 * i));
+        const uint32_t b = static_cast<uint32_t>(static_cast<int32_t>(top) >> 4) & 0x87F00000u;
+        v[4 * h + i] = __fmul_rn(__fmul_rn(__uint_as_float(b), 0x1p120f), s0);
+      }
+    }
+    if (rnd) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = wround_bf16(v[i]);
+    }
+    (void)s1;
+  } else {
+    // nibble i (element 8p + i: low nibble first) at the top, arithmetic shift by 6: sign at 31, magnitude at 24..22
+    const uint32_t w = u[p];
+    const float s = p < 4 ? s0 : s1;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t top = i == 7 ? w : (w << (28 - 4 * i));
+      const uint32_t b = static_cast<uint32_t>(static_cast<int32_t>(top) >> 6) & 0x81C00000u;
+      v[i] = __fmul_rn(__fmul_rn(__uint_as_float(b), 0x1p126f), s);
+    }
+    (void)rnd;  // an E2M1 code times a power of two has <= 2 significant bits: bf16 rounding is the identity
+  }
+}
+
+template <int FMT, int KIND, int MT>
+__global__ void __launch_bounds__(RC_ROWS) rowchain_kernel(const GArgs A) {
+  constexpr int NW = KIND == kW13 ? 2 : 1;
+  constexpr int SC = rc_cols<FMT>();               // columns per slot
+  constexpr int XCH = SC / 4;                      // 16-byte activation chunks of one token per slot
+  constexpr int XI = (MT * XCH + RC_ROWS - 1) / RC_ROWS;  // activation chunks per lane per slot
+  constexpr bool QF = FMT == kFmtFp8 || FMT == kFmtFp4;
+  __shared__ __align__(16) uint32_t Wr[NW][RC_S][RC_ROWS][RC_BYTES / 4];
+  __shared__ __align__(16) float Xr[RC_S][MT * SC];
+
+  const int lane = threadIdx.x;
+  const int64_t slot = blockIdx.x % A.n_slots, nt = blockIdx.x / A.n_slots;
+  int64_t base = 0, cnt = 0, e = 0;  // rows [base, base + cnt) (linear: tokens; MoE: sorted rows)
+  if constexpr (KIND == kLinear) {
+    base = slot * MT;
+    cnt = imin(MT, A.M - base);
+  } else {
+    if (slot >= *A.n_small) return;
+    e = A.small_list[slot];
+    base = A.seg_start[e];
+    cnt = A.seg_start[e + 1] - base;
+  }
+  WDesc wd[NW];
+  int64_t K = 0, nout = 0, wrow0 = 0;
+  block_weights<KIND>(A, e, wd, K, nout, wrow0);
+  const int64_t n0 = nt * RC_ROWS;
+  if (cnt <= 0 || n0 >= nout) return;  // (uniform over the warp)
+  const int64_t n = n0 + lane;
+  const bool row_ok = n < nout;
+  const bool wbf16 = A.weight_as_bf16;
+
+  bool fast = A.a_vec;
+#pragma unroll
+  for (int w = 0; w < NW; ++w)
+    fast = fast && wd[w].vec && wd[w].row_bytes % RC_BYTES == 0 && (FMT != kFmtFp8 || wd[w].bc % 32 == 0);
+
+  for (int64_t g0 = 0; g0 < cnt; g0 += MT) {
+    const int mc = static_cast<int>(imin(MT, cnt - g0));
+    float acc[NW][MT];
+#pragma unroll
+    for (int w = 0; w < NW; ++w)
+#pragma unroll
+      for (int t = 0; t < MT; ++t) acc[w][t] = 0.0f;
+
+    if (fast) {
+      const int nvec = static_cast<int>(K / SC);
+      // this lane's copies: weight rows r = 16 j + lane / 2, half lane % 2 of each 32-byte slot
+      const uint8_t* wsrc[NW][2];
+      bool won[2];
+      int wdst[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int r = 16 * j + (lane >> 1), h = lane & 1;
+        won[j] = n0 + r < nout;
+        wdst[j] = r * (RC_BYTES / 4) + 4 * h;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) wsrc[w][j] = wd[w].w + (wrow0 + n0 + r) * wd[w].row_bytes + 16 * h;
+      }
+      // activation chunk c = lane + 32 i: token c / XCH, columns 4 (c % XCH) .. + 3 of the slot
+      const float* xsrc[XI];
+      bool xon[XI];
+      int xdst[XI];
+#pragma unroll
+      for (int i = 0; i < XI; ++i) {
+        const int c = lane + RC_ROWS * i, t = c / XCH, q = c % XCH;
+        xon[i] = c < MT * XCH && t < mc;
+        xdst[i] = t * SC + 4 * q;
+        xsrc[i] = xon[i] ? A.a + act_row<KIND>(A, base + g0 + t) * A.lda + 4 * q : A.a;
+      }
+      auto issue = [&](int v) {
+        if (v < nvec) {
+          const int s = v % RC_S;
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+            if (won[j]) {
+#pragma unroll
+              for (int w = 0; w < NW; ++w)
+                cp_async16(&Wr[w][s][0][0] + wdst[j], wsrc[w][j] + int64_t(v) * RC_BYTES);
+            }
+#pragma unroll
+          for (int i = 0; i < XI; ++i)
+            if (xon[i]) cp_async16(&Xr[s][0] + xdst[i], xsrc[i] + int64_t(v) * SC);
+        }
+        cp_async_commit();  // one group per slot, empty past the end: the wait count stays uniform
+      };
+      // block scales of slot v for this lane's row (FP8: one per slot; FP4: two)
+      auto scales = [&](int v, float* s0, float* s1) {
+#pragma unroll
+        for (int w = 0; w < NW; ++w) {
+          s0[w] = 1.0f, s1[w] = 1.0f;
+          if (QF && row_ok && v < nvec) {
+            s0[w] = wscale(wd[w], wrow0 + n, int64_t(v) * SC);
+            if (FMT == kFmtFp4) s1[w] = wscale(wd[w], wrow0 + n, int64_t(v) * SC + 32);
+          }
+        }
+      };
+
+      __syncwarp();  // the previous pass has read its last slots before the ring is refilled
+#pragma unroll 1
+      for (int v = 0; v < RC_AHEAD; ++v) issue(v);
+      float ns0[NW], ns1[NW];
+      scales(0, ns0, ns1);
+#pragma unroll 1
+      for (int v = 0; v < nvec; ++v) {
+        cp_async_wait<RC_AHEAD - 1>();  // this lane's copies of slot v have landed
+        __syncwarp();                   // ... and every other lane's; all lanes are done with slot v - 1
+        issue(v + RC_AHEAD);            // refills slot (v - 1) % RC_S
+        float cs0[NW], cs1[NW];
+#pragma unroll
+        for (int w = 0; w < NW; ++w) cs0[w] = ns0[w], cs1[w] = ns1[w];
+        scales(v + 1, ns0, ns1);  // one slot ahead
+        if (row_ok) {
+          const int s = v % RC_S;
+          uint32_t u[NW][8];
+          bool rnd[NW];
+#pragma unroll
+          for (int w = 0; w < NW; ++w) {
+            const uint4 a = *reinterpret_cast<const uint4*>(&Wr[w][s][lane][0]);
+            const uint4 b = *reinterpret_cast<const uint4*>(&Wr[w][s][lane][4]);
+            u[w][0] = a.x, u[w][1] = a.y, u[w][2] = a.z, u[w][3] = a.w;
+            u[w][4] = b.x, u[w][5] = b.y, u[w][6] = b.z, u[w][7] = b.w;
+            // weight_as_bf16: code * 2^(e-127) (E8M0) has <= 4 significant bits, so bf16(v) == v unless the
+            // product is a tiny subnormal (scale < 2^-124); F32 scales always round
+            if constexpr (FMT == kFmtFp8)
+              rnd[w] = wbf16 && (wd[w].sf32 || !(cs0[w] >= 0x1p-124f));
+            else
+              rnd[w] = wbf16 && FMT == kFmtF32;
+          }
+          const float* xs = &Xr[s][0];
+#pragma unroll
+          for (int p = 0; p < SC / 8; ++p) {
+            float wv[NW][8];
+#pragma unroll
+            for (int w = 0; w < NW; ++w) rc_decode8<FMT>(u[w], p, cs0[w], cs1[w], rnd[w], wv[w]);
+#pragma unroll
+            for (int t = 0; t < MT; ++t) {
+              if (t < mc) {
+                const float4 xa = *reinterpret_cast<const float4*>(xs + t * SC + 8 * p);
+                const float4 xb = *reinterpret_cast<const float4*>(xs + t * SC + 8 * p + 4);
+                const float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+                for (int c = 0; c < 8; ++c)
+#pragma unroll
+                  for (int w = 0; w < NW; ++w) acc[w][t] = __fmaf_rn(xv[c], wv[w][c], acc[w][t]);
+              }
+            }
+          }
+        }
+      }
+      cp_async_wait<0>();
+    } else if (row_ok) {
+      // plain chain, any shape / alignment
+      const uint8_t* rp[NW];
+#pragma unroll
+      for (int w = 0; w < NW; ++w) rp[w] = wd[w].w + (wrow0 + n) * wd[w].row_bytes;
+      const float* xr[MT];
+#pragma unroll
+      for (int t = 0; t < MT; ++t) xr[t] = A.a + act_row<KIND>(A, base + g0 + (t < mc ? t : 0)) * A.lda;
+#pragma unroll 1
+      for (int64_t k = 0; k < K; ++k) {
+        float wv[NW];
+#pragma unroll
+        for (int w = 0; w < NW; ++w)
+          wv[w] = dequant<FMT>(code1<FMT>(rp[w], k), QF ? wscale(wd[w], wrow0 + n, k) : 1.0f, wbf16);
+#pragma unroll
+        for (int t = 0; t < MT; ++t) {
+          if (t < mc) {
+            const float xv = __ldg(xr[t] + k);
+#pragma unroll
+            for (int w = 0; w < NW; ++w) acc[w][t] = __fmaf_rn(xv, wv[w], acc[w][t]);
+          }
+        }
+      }
+    }
+    if (row_ok) {
+#pragma unroll
+      for (int t = 0; t < MT; ++t)
+        if (t < mc) store_out<KIND>(A, base + g0 + t, n, acc[0][t], acc[NW - 1][t]);
+    }
+  }
+}
+
 // ---- dispatch -------------------------------------------------------------------------------------------------------
+// The decode ("small") kernel of a product: (Q) small_kernel (32 rows x 4 tokens per 256-thread block), (D)
+// rowchain_kernel (32 rows x MT tokens per 32-thread block). Both cover 32 output rows per block.
+constexpr int kSmallRows = 32;
+static_assert(SBN == kSmallRows && RC_ROWS == kSmallRows, "grids of the two decode kernels are sized alike");
+
+// Tokens (sorted rows) per pass of the decode kernel: (Q) SMG; (D) 1 for single-token calls (no predicated
+// accumulators), else 4.
+int small_mt(bool Q, int64_t n_tok) { return Q ? SMG : (n_tok == 1 ? 1 : 4); }
+
+// grid = n_slots * ceil(nout / rows per block), blockIdx.x = row tile * n_slots + slot.
 template <int KIND, bool SMALL>
-void launch_kind(int fmt, bool Q, const GArgs& A, int64_t grid, cudaStream_t st) {
+void launch_kind(int fmt, bool Q, int mt, const GArgs& A, int64_t grid, cudaStream_t st) {
   if (grid <= 0) return;
-  const dim3 g(static_cast<unsigned>(grid)), b(256);
-#define DSV4_GEMM_CASE(F, QQ)                                     \
-  if (fmt == F && Q == QQ) {                                      \
+  const dim3 g(static_cast<unsigned>(grid)), b(256), bw(RC_ROWS);
+#define DSV4_GEMM_Q(F)                                            \
+  if (fmt == F && Q) {                                            \
     if constexpr (SMALL)                                          \
-      small_kernel<F, QQ, KIND><<<g, b, 0, st>>>(A);              \
+      small_kernel<F, true, KIND><<<g, b, 0, st>>>(A);            \
     else                                                          \
-      tile_kernel<F, QQ, KIND><<<g, b, 0, st>>>(A);               \
+      tile_kernel<F, true, KIND><<<g, b, 0, st>>>(A);             \
     return;                                                       \
   }
-  DSV4_GEMM_CASE(kFmtFp8, true)
-  DSV4_GEMM_CASE(kFmtFp4, true)
-  DSV4_GEMM_CASE(kFmtFp8, false)
-  DSV4_GEMM_CASE(kFmtFp4, false)
-  DSV4_GEMM_CASE(kFmtBf16, false)
-  DSV4_GEMM_CASE(kFmtF32, false)
-#undef DSV4_GEMM_CASE
+#define DSV4_GEMM_D(F)                                            \
+  if (fmt == F && !Q) {                                           \
+    if constexpr (SMALL) {                                        \
+      if (mt == 1)                                                \
+        rowchain_kernel<F, KIND, 1><<<g, bw, 0, st>>>(A);         \
+      else                                                        \
+        rowchain_kernel<F, KIND, 4><<<g, bw, 0, st>>>(A);         \
+    } else {                                                      \
+      tile_kernel<F, false, KIND><<<g, b, 0, st>>>(A);            \
+    }                                                             \
+    return;                                                       \
+  }
+  DSV4_GEMM_Q(kFmtFp8)
+  DSV4_GEMM_Q(kFmtFp4)
+  DSV4_GEMM_D(kFmtFp8)
+  DSV4_GEMM_D(kFmtFp4)
+  DSV4_GEMM_D(kFmtBf16)
+  DSV4_GEMM_D(kFmtF32)
+#undef DSV4_GEMM_Q
+#undef DSV4_GEMM_D
   fail_msg("linear: (Q) needs an FP8 or FP4 weight");
 }
 
@@ -785,17 +1062,18 @@ void moe_launch_both(int kind, const MoeGemmArgs& g, GArgs A, int64_t nout, cuda
   // small experts: at most min(E, P) of them
   GArgs As = A;
   As.n_slots = imin(E, P);
-  const int64_t gs = As.n_slots * cdiv(nout, SBN);
+  const int64_t gs = As.n_slots * cdiv(nout, kSmallRows);
+  const int mt = small_mt(g.quant, g.n_tok);
   // big experts (> kMoeSmallMax rows): at most ceil(P / 64) + P / (kMoeSmallMax + 1) tiles
   GArgs Ab = A;
   Ab.n_slots = cdiv(P, TBM) + imin(E, P / (kMoeSmallMax + 1));
   const int64_t gb = Ab.n_slots * cdiv(nout, TBN);
   if (kind == kW13) {
-    launch_kind<kW13, true>(fmt, g.quant, As, gs, stream);
-    launch_kind<kW13, false>(fmt, g.quant, Ab, gb, stream);
+    launch_kind<kW13, true>(fmt, g.quant, mt, As, gs, stream);
+    launch_kind<kW13, false>(fmt, g.quant, mt, Ab, gb, stream);
   } else {
-    launch_kind<kW2, true>(fmt, g.quant, As, gs, stream);
-    launch_kind<kW2, false>(fmt, g.quant, Ab, gb, stream);
+    launch_kind<kW2, true>(fmt, g.quant, mt, As, gs, stream);
+    launch_kind<kW2, false>(fmt, g.quant, mt, Ab, gb, stream);
   }
 }
 }  // namespace
@@ -929,11 +1207,12 @@ void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const 
   A.a_vec = aligned16(A.a) && p.K % 4 == 0;
   const int fmt = fmt_code(W.fmt);
   if (path == GemmPath::small_m) {
-    A.n_slots = cdiv(n_tok, SMG);
-    launch_kind<kLinear, true>(fmt, p.Q, A, A.n_slots * cdiv(p.nout, SBN), stream);
+    const int mt = small_mt(p.Q, n_tok);
+    A.n_slots = cdiv(n_tok, mt);
+    launch_kind<kLinear, true>(fmt, p.Q, mt, A, A.n_slots * cdiv(p.nout, kSmallRows), stream);
   } else {
     A.n_slots = cdiv(n_tok, TBM);
-    launch_kind<kLinear, false>(fmt, p.Q, A, A.n_slots * cdiv(p.nout, TBN), stream);
+    launch_kind<kLinear, false>(fmt, p.Q, 0, A, A.n_slots * cdiv(p.nout, TBN), stream);
   }
   gemm_internal::note_path(path);
 }

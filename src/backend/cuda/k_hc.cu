@@ -1,26 +1,43 @@
 // Hyper-connection kernels of CudaOps (spec §5.3; semantics: backend/ops.h; reference: CpuOps::hc_pre / hc_post /
-// hc_head in backend/cpu_ops.cpp).
+// hc_head in backend/cpu_ops.cpp). All three are bitwise equal to the CPU for every input.
 //
 // hc_pre / hc_head run in two kernels:
-//  A. hc_mix_partial_kernel: split-K GEMM of the mix rows with the streams. Block (token tile of kTT, K split s,
-//     mix slice z) stages fn[z*kMZ.., k] and X[t, k] in shared memory in chunks of kKC and accumulates one partial
-//     dot product per (token, mix row) over its split (fixed per-lane order + xor butterfly), written to
-//     u[t, s*mix + m] — u doubles as the scratch of the partials (the launchers have no scratch; u is overwritten
-//     by kernel B of the same call). The split plan depends only on (hc, dim): row t never depends on n_tok.
-//  B. hc_finish_kernel: one block per token. Sums the partials in split order (or, for dims too small to hold the
-//     partials, computes the dots itself), the sum of squares in double (tree order), then the CPU's exact sequence
-//     of fp32 operations for r, pre, post and the softmax + Sinkhorn normalizations of C (one lane per element of C
-//     — the rows / columns of one normalization are independent, so this is the CPU's arithmetic), and finally
-//     u[t, d] = Σ_j pre_j · x[j, d] in the CPU's order.
-//  Given the same mix values, B reproduces the CPU bitwise; the mix dot products differ from the CPU's 8-partial-sum
-//  fp32 order (and expf may differ from glibc's by an ulp), hence tolerances in the tests.
-// hc_post is elementwise per (token, d) and bitwise equal to the CPU.
+//  A. hc_dot_kernel: the mix dot products dot[t, m] = fn[m, :] . X[t, :] in the exact order of CpuOps' dot(): 8
+//     partial sums, chain l accumulating the elements k = l, l+8, l+16, ... sequentially (acc = acc + fn*x, product
+//     and sum rounded separately, no FMA; the CPU's tail loop also puts element k into chain k % 8), combined as
+//     ((0+1)+(2+3))+((4+5)+(6+7)) by a xor butterfly over the 8 lanes of a chain group. A thread owns chain l of a
+//     register tile of TT tokens x MM mix rows; the CTA (256 threads, all of them loading) streams X and fn through
+//     double-buffered shared memory in chunks of KC columns (a multiple of 8, so a chain stays a chain; the last
+//     chunk is zero-padded: acc + (+0) == acc exactly, acc is never -0). The tile shape is picked by n_tok (decode:
+//     one token x one mix row per CTA, 8 chains; prefill: wider tiles) -- every shape performs the same operations
+//     on every dot product, so the result never depends on n_tok (batch invariant). The dots go to u[t, 0..mix)
+//     (the launchers have no scratch; kernel B reads them before it overwrites u[t]); when mix > dim they do not fit
+//     and kernel B computes them itself, in the same order.
+//  B. hc_finish_kernel: one CTA per token. The sum of squares in double, see below; then the CPU's exact sequence of
+//     fp32 operations: r = 1 / sqrt(sum_sq / width + eps), mix = dot * r, pre / post through sigmoid
+//     1 / (1 + exp(-x)), the row softmax of C + hc_eps and the Sinkhorn normalizations (one lane per element of C:
+//     the rows / columns of one normalization are independent, sums in index order), exp = glibc's expf
+//     (glibc_math.cuh); finally u[t, d] = sum_j pre_j x[j, d] in the CPU's order (bf16 when bf16).
+//  Sum of squares: the CPU adds double(x)^2 sequentially (products exact in double) and rounds the double sum to
+//  float. Kernel B first sums in a tree (per thread, warp butterfly, warps in order; depth <= n/256 + 12). Both
+//  double sums are within gamma_{n-1}*S resp. gamma_{n/256+12}*S of the exact sum S (nonnegative terms), so the CPU's
+//  sum lies in [S_tree - E, S_tree + E] with E = (2n + 64) 2^-53 S_tree (a 2x margin, also covering the rounding of
+//  the interval ends). If both ends round to the same float, float(S_cpu) == float(S_tree) (rounding is monotone);
+//  otherwise (probability ~1e-4 per token: the interval holds a float rounding boundary; also any inf / NaN) one
+//  thread recomputes the CPU's sequential sum exactly (~16k dependent double adds, ~70 us for that CTA).
+// hc_post is elementwise per (token, d) with the CPU's operation order.
+//
+// Cost estimate (H200, hc 4 x dim 4096 = width 16384, mix 24): the floor is the CPU's dependency chain -- 2048
+// sequential fp32 adds per chain (~4 cycles each). n_tok = 1: 24 CTAs of 8 chains, ~11k cycles ~ 6 us for kernel A,
+// ~2-3 us for kernel B (Sinkhorn latency). n_tok = 2048: 256 CTAs of 8 tokens x 24 rows, issue-bound at 2 fp32
+// instructions (FMUL + FADD, no FMA allowed) per product: ~75-85 us for kernel A, ~5 us for kernel B.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 
 #include "backend/cuda/device_numeric.cuh"
+#include "backend/cuda/glibc_math.cuh"
 #include "backend/cuda/kernels.h"
 
 namespace dsv4::cuda {
@@ -29,106 +46,165 @@ namespace {
 constexpr int kMaxHc = 16;  // as CpuOps
 constexpr int kMaxMix = (2 + kMaxHc) * kMaxHc;
 constexpr int kThreads = 256;
-constexpr int kKC = 256;  // K chunk staged in shared memory (kernel A); a split covers a multiple of it
-constexpr int kTT = 16;   // tokens per tile (kernel A)
-constexpr int kMZ = 24;   // mix rows per blockIdx.z slice (kernel A)
 constexpr int kWarps = kThreads / 32;
-constexpr int kTPW = kTT / kWarps;  // tokens per warp (kernel A)
-static_assert(kTT % kWarps == 0 && kKC % 32 == 0, "tile shape");
+constexpr int kChains = 8;  // CpuOps dot(): 8 partial sums
 
-struct SplitPlan {
-  int n_splits = 0;  // 0: no split-K (the per-token kernel computes the dots)
-  int64_t kc = 0;    // K elements per split (a multiple of kKC)
-};
+// Tile shape of kernel A by n_tok (results do not depend on it).
+constexpr int64_t kDecodeMaxTok = 32;   // n_tok <= this: one (token, mix row) per CTA
+constexpr int64_t kLargeMinTok = 1536;  // hc_pre, n_tok >= this: 8 tokens x 24 rows per CTA, 6 dots per thread
 
-// As many splits of kKC as the width allows, at most dim / mix (the partials of a token live in its u row).
-SplitPlan plan_splits(int64_t width, int64_t dim, int64_t mix) {
-  SplitPlan p;
-  const int64_t want = (width + kKC - 1) / kKC, cap = dim / mix;
-  int64_t ns = std::min(want, cap);
-  if (ns <= 0) return p;
-  p.kc = ((width + ns - 1) / ns + kKC - 1) / kKC * kKC;
-  p.n_splits = int((width + p.kc - 1) / p.kc);
-  return p;
-}
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
-  return v;
-}
 __device__ __forceinline__ double warp_sum(double v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
   return v;
 }
 
-// CpuOps' sigmoidf: 1 / (1 + exp(-x)).
-__device__ __forceinline__ float sigmoid_f(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
+// The CPU's combination of the 8 partial sums held by 8 consecutive lanes (lane l = chain l):
+// ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7)) (fp32 addition is commutative, so every lane of the group ends with it).
+// Called by full warps.
+__device__ __forceinline__ float combine8(float a) {
+  a = __fadd_rn(a, __shfl_xor_sync(0xFFFFFFFFu, a, 1));
+  a = __fadd_rn(a, __shfl_xor_sync(0xFFFFFFFFu, a, 2));
+  a = __fadd_rn(a, __shfl_xor_sync(0xFFFFFFFFu, a, 4));
+  return a;
+}
 
-// ---- kernel A: split-K partial dot products ----------------------------------------------------------------------
-// grid: x = token tiles, y = splits, z = mix slices. part[t * dim + s * mix + m] = Σ_{k in split s} fn[m, k] x[t, k].
-__global__ void __launch_bounds__(kThreads) hc_mix_partial_kernel(const float* X, int64_t n_tok, int64_t width,
-                                                                  const float* fn, int mix, int64_t kc, int64_t dim,
-                                                                  float* part) {
-  __shared__ float fn_s[kMZ][kKC];
-  __shared__ float x_s[kTT][kKC];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t t0 = int64_t(blockIdx.x) * kTT;
-  const int s = blockIdx.y;
-  const int m0 = blockIdx.z * kMZ, nm = min(kMZ, mix - m0);
-  const int64_t k_begin = int64_t(s) * kc, k_end = k_begin + kc < width ? k_begin + kc : width;
+// CpuOps' sigmoidf: 1.0f / (1.0f + std::exp(-x)).
+__device__ __forceinline__ float sigmoid_f(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf_glibc(-x))); }
 
-  float acc[kTPW][kMZ];
+// ---- kernel A: the mix dot products in the CPU's order -----------------------------------------------------------
+// Threads: tid = 8 g + l (l: chain); group g = tg * RG + rg (rg: row group, tg: token group). A thread accumulates
+// chain l of the tokens tg*TT + q (q < TT) and the mix rows rg + RG*mm (mm < MM) of the CTA's tile. The 4 groups of
+// a warp share tg (RG % 4 == 0) or are one group (RG = TG = 1): X reads are broadcasts, fn reads hit 4 consecutive
+// rows, conflict-free with the row stride KC + 8 (= 8 mod 32 banks).
+template <int TT, int MM, int RG, int TG, int KC>
+struct DotTile {
+  static constexpr int kBT = TT * TG;          // tokens per CTA
+  static constexpr int kBM = MM * RG;          // mix rows per CTA
+  static constexpr int kRows = kBT + kBM;      // staged rows: X rows, then fn rows
+  static constexpr int kKS = KC + 8;           // staged row stride (floats)
+  static constexpr int kNC = kChains * RG * TG;  // compute threads
+  static constexpr int kNV = kRows * KC / 4 / kThreads;  // float4 loads per thread per chunk
+  static_assert(KC % 32 == 0 && (kRows * KC) % (4 * kThreads) == 0, "chunk shape");
+  static_assert(kNC <= kThreads && (RG % 4 == 0 || (RG == 1 && TG == 1)), "thread layout");
+  static_assert(2 * kRows * kKS * 4 <= 48 * 1024, "static shared memory");
+};
+
+template <int TT, int MM, int RG, int TG, int KC>
+__global__ void __launch_bounds__(kThreads) hc_dot_kernel(const float* X, int64_t n_tok, int64_t width,
+                                                          const float* fn, int mix, bool vec, int64_t out_stride,
+                                                          float* out) {
+  using T = DotTile<TT, MM, RG, TG, KC>;
+  __shared__ __align__(16) float sm[2][T::kRows * T::kKS];
+  const int tid = threadIdx.x;
+  const int64_t t0 = int64_t(blockIdx.x) * T::kBT;
+  const int m0 = int(blockIdx.y) * T::kBM;
+  const int64_t n_chunks = (width + KC - 1) / KC;
+
+  // staging: slot s = tid + kThreads * i of a chunk is (row s / (KC/4), columns 4 * (s % (KC/4)) .. +3)
+  float4 st[T::kNV];
+  auto load = [&](int64_t k0) {
 #pragma unroll
-  for (int q = 0; q < kTPW; ++q)
-#pragma unroll
-    for (int m = 0; m < kMZ; ++m) acc[q][m] = 0.0f;
-
-  for (int64_t k0 = k_begin; k0 < k_end; k0 += kKC) {
-    const int len = k_end - k0 < kKC ? int(k_end - k0) : kKC;
-    for (int e = threadIdx.x; e < kMZ * kKC; e += kThreads) {
-      const int m = e / kKC, k = e % kKC;
-      fn_s[m][k] = (m < nm && k < len) ? fn[int64_t(m0 + m) * width + k0 + k] : 0.0f;
+    for (int i = 0; i < T::kNV; ++i) {
+      const int s = tid + kThreads * i, r = s / (KC / 4);
+      const int64_t k = k0 + 4 * (s % (KC / 4));
+      const float* src = nullptr;
+      if (r < T::kBT) {
+        if (t0 + r < n_tok) src = X + (t0 + r) * width;
+      } else if (m0 + r - T::kBT < mix) {
+        src = fn + int64_t(m0 + r - T::kBT) * width;
+      }
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (src != nullptr) {
+        if (vec) {  // width % 4 == 0: the float4 is entirely inside or entirely outside the row
+          if (k < width) v = *reinterpret_cast<const float4*>(src + k);
+        } else {
+          if (k < width) v.x = src[k];
+          if (k + 1 < width) v.y = src[k + 1];
+          if (k + 2 < width) v.z = src[k + 2];
+          if (k + 3 < width) v.w = src[k + 3];
+        }
+      }
+      st[i] = v;
     }
-    for (int e = threadIdx.x; e < kTT * kKC; e += kThreads) {
-      const int tt = e / kKC, k = e % kKC;
-      const int64_t t = t0 + tt;
-      x_s[tt][k] = (t < n_tok && k < len) ? X[t * width + k0 + k] : 0.0f;
+  };
+  auto store = [&](int b) {
+#pragma unroll
+    for (int i = 0; i < T::kNV; ++i) {
+      const int s = tid + kThreads * i, r = s / (KC / 4), c = 4 * (s % (KC / 4));
+      *reinterpret_cast<float4*>(&sm[b][r * T::kKS + c]) = st[i];
     }
-    __syncthreads();
+  };
+
+  const int l = tid % kChains, g = tid / kChains, rg = g % RG, tg = g / RG;
+  const bool computes = tid < T::kNC;
+  float acc[TT][MM];
 #pragma unroll
-    for (int q = 0; q < kTPW; ++q) {
-      const int tt = warp * kTPW + q;
+  for (int q = 0; q < TT; ++q)
 #pragma unroll
-      for (int i = 0; i < kKC / 32; ++i) {
-        const float xv = x_s[tt][lane + 32 * i];
+    for (int mm = 0; mm < MM; ++mm) acc[q][mm] = 0.0f;
+
+  load(0);
+  store(0);
+  __syncthreads();
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    const int b = int(c & 1);
+    const bool more = c + 1 < n_chunks;
+    if (more) load((c + 1) * KC);  // in flight during the compute below
+    if (computes) {
+      const float* xs = &sm[b][(tg * TT) * T::kKS + l];
+      const float* fs = &sm[b][(T::kBT + rg) * T::kKS + l];
+#pragma unroll 16
+      for (int i = 0; i < KC / kChains; ++i) {  // element k = 8 i + l of the chunk
+        float xv[TT], fv[MM];
 #pragma unroll
-        for (int m = 0; m < kMZ; ++m) acc[q][m] = __fmaf_rn(fn_s[m][lane + 32 * i], xv, acc[q][m]);
+        for (int q = 0; q < TT; ++q) xv[q] = xs[q * T::kKS + kChains * i];
+#pragma unroll
+        for (int mm = 0; mm < MM; ++mm) fv[mm] = fs[mm * RG * T::kKS + kChains * i];
+#pragma unroll
+        for (int q = 0; q < TT; ++q)
+#pragma unroll
+          for (int mm = 0; mm < MM; ++mm) acc[q][mm] = __fadd_rn(acc[q][mm], __fmul_rn(fv[mm], xv[q]));
       }
     }
+    // buffer b ^ 1 was last read in iteration c - 1, before the barrier that ended it
+    if (more) store(b ^ 1);
     __syncthreads();
   }
 
+  if (tid < (T::kNC + 31) / 32 * 32) {  // whole warps (the shuffles); lanes past kNC hold zeros and write nothing
 #pragma unroll
-  for (int q = 0; q < kTPW; ++q) {
-    const int64_t t = t0 + warp * kTPW + q;
+    for (int q = 0; q < TT; ++q)
 #pragma unroll
-    for (int m = 0; m < kMZ; ++m) {
-      const float v = warp_sum(acc[q][m]);
-      if (lane == 0 && t < n_tok && m < nm) part[t * dim + int64_t(s) * mix + m0 + m] = v;
-    }
+      for (int mm = 0; mm < MM; ++mm) {
+        const float v = combine8(acc[q][mm]);
+        const int64_t t = t0 + tg * TT + q;
+        const int m = m0 + rg + RG * mm;
+        if (computes && l == 0 && t < n_tok && m < mix) out[t * out_stride + m] = v;
+      }
   }
 }
 
+template <int TT, int MM, int RG, int TG, int KC>
+void launch_dots(const float* X, int64_t n_tok, int64_t width, const float* fn, int mix, bool vec, int64_t out_stride,
+                 float* out, cudaStream_t stream) {
+  using T = DotTile<TT, MM, RG, TG, KC>;
+  const dim3 grid(unsigned((n_tok + T::kBT - 1) / T::kBT), unsigned((mix + T::kBM - 1) / T::kBM));
+  hc_dot_kernel<TT, MM, RG, TG, KC><<<grid, kThreads, 0, stream>>>(X, n_tok, width, fn, mix, vec, out_stride, out);
+}
+
 // ---- kernel B: per-token coefficients, Sinkhorn and collapse ---------------------------------------------------
-// HEAD: hc_head (mix = hc rows, pre only). Else hc_pre (mix = (2+hc)*hc; pre, post, comb).
+// HEAD: hc_head (mix = hc rows, pre only). Else hc_pre (mix = (2+hc)*hc; pre, post, comb). have_dots: kernel A left
+// the dot products in u[t, 0..mix).
 template <bool HEAD>
 __global__ void __launch_bounds__(kThreads) hc_finish_kernel(const float* X, int hc, int64_t dim, const float* fn,
                                                              const float* scale, const float* base, int sinkhorn_iters,
-                                                             float hc_eps, float norm_eps, bool bf16, int n_splits,
+                                                             float hc_eps, float norm_eps, bool bf16, bool have_dots,
                                                              int mix, float* u, float* post, float* comb) {
   __shared__ double red[kWarps];
+  __shared__ double ss_seq;
   __shared__ float mix_s[kMaxMix];
   __shared__ float pre_s[kMaxHc];
   __shared__ float C[kMaxHc * kMaxHc];
@@ -137,34 +213,48 @@ __global__ void __launch_bounds__(kThreads) hc_finish_kernel(const float* X, int
   const float* x = X + t * width;
   float* ut = u + t * dim;
 
-  // 1. dot products (the partials are read here, before the barrier that precedes any write of u[t])
-  if (n_splits > 0) {
-    for (int m = threadIdx.x; m < mix; m += kThreads) {
-      float s = 0.0f;
-      for (int sp = 0; sp < n_splits; ++sp) s = __fadd_rn(s, ut[int64_t(sp) * mix + m]);
-      mix_s[m] = s;
-    }
+  // 1. dot products (read from u[t] before the barriers that precede any write of u[t]; or computed here, in the
+  //    CPU's order: 32 rows at a time, 8 chain lanes per row)
+  if (have_dots) {
+    for (int m = threadIdx.x; m < mix; m += kThreads) mix_s[m] = ut[m];
   } else {
-    for (int m = warp; m < mix; m += kWarps) {
-      const float* fr = fn + int64_t(m) * width;
+    const int l = threadIdx.x % kChains, g = threadIdx.x / kChains;
+    for (int mb = 0; mb < mix; mb += kThreads / kChains) {  // uniform trip count (the shuffles)
+      const int m = mb + g;
       float a = 0.0f;
-      for (int64_t k = lane; k < width; k += 32) a = __fmaf_rn(fr[k], x[k], a);
-      a = warp_sum(a);
-      if (lane == 0) mix_s[m] = a;
+      if (m < mix) {
+        const float* fr = fn + int64_t(m) * width;
+        for (int64_t k = l; k < width; k += kChains) a = __fadd_rn(a, __fmul_rn(fr[k], x[k]));
+      }
+      a = combine8(a);
+      if (l == 0 && m < mix) mix_s[m] = a;
     }
   }
 
-  // 2. sum of squares in double (products exact), tree order
+  // 2. sum of squares in double: tree order, exact CPU (sequential) sum where the float rounding could differ
   double ss = 0.0;
   for (int64_t k = threadIdx.x; k < width; k += kThreads) {
     const double v = double(x[k]);
-    ss += v * v;
+    ss = __dadd_rn(ss, __dmul_rn(v, v));
   }
   ss = warp_sum(ss);
   if (lane == 0) red[warp] = ss;
   __syncthreads();  // red and mix_s complete
   ss = 0.0;
-  for (int w = 0; w < kWarps; ++w) ss += red[w];
+  for (int w = 0; w < kWarps; ++w) ss = __dadd_rn(ss, red[w]);  // every thread: the same value
+  const double err = __dmul_rn(ss, double(2 * width + 64) * 0x1p-53);
+  if (!(__double2float_rn(__dsub_rn(ss, err)) == __double2float_rn(__dadd_rn(ss, err)))) {  // uniform branch
+    if (threadIdx.x == 0) {
+      double s = 0.0;
+      for (int64_t k = 0; k < width; ++k) {
+        const double v = double(x[k]);
+        s = __dadd_rn(s, __dmul_rn(v, v));
+      }
+      ss_seq = s;
+    }
+    __syncthreads();
+    ss = ss_seq;
+  }
   // CpuOps hc_mix: r = 1 / sqrt(sum_sq / width + norm_eps); mix[m] = dot * r
   const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(__double2float_rn(ss), float(width)), norm_eps)));
 
@@ -187,7 +277,7 @@ __global__ void __launch_bounds__(kThreads) hc_finish_kernel(const float* X, int
         }
         float s = 0.0f;
         for (int k = 0; k < hc; ++k) {
-          row[k] = expf(__fsub_rn(row[k], mx));
+          row[k] = expf_glibc(__fsub_rn(row[k], mx));
           s = __fadd_rn(s, row[k]);
         }
         for (int k = 0; k < hc; ++k) row[k] = __fadd_rn(__fdiv_rn(row[k], s), hc_eps);
@@ -225,9 +315,9 @@ __global__ void __launch_bounds__(kThreads) hc_finish_kernel(const float* X, int
       for (int e = lane; e < n; e += 32) comb[t * n + e] = C[e];
     }
   }
-  __syncthreads();  // pre_s ready; every read of the partials in u[t] is done
+  __syncthreads();  // pre_s ready; every read of the dots in u[t] is done
 
-  // 4. collapse: u[d] = Σ_j pre_j x[j, d] (CPU order), bf16 when bf16
+  // 4. collapse: u[d] = sum_j pre_j x[j, d] (CPU order), bf16 when bf16
   for (int64_t d = threadIdx.x; d < dim; d += kThreads) {
     float s = 0.0f;
     for (int j = 0; j < hc; ++j) s = __fadd_rn(s, __fmul_rn(pre_s[j], x[int64_t(j) * dim + d]));
@@ -242,13 +332,20 @@ void hc_collapse(const float* X, int64_t n_tok, int hc, int64_t dim, const float
   if (n_tok <= 0 || hc <= 0 || hc > kMaxHc || dim <= 0) return;
   const int64_t width = int64_t(hc) * dim;
   const int mix = HEAD ? hc : (2 + hc) * hc;
-  const SplitPlan p = plan_splits(width, dim, mix);
-  if (p.n_splits > 0) {
-    const dim3 grid(unsigned((n_tok + kTT - 1) / kTT), unsigned(p.n_splits), unsigned((mix + kMZ - 1) / kMZ));
-    hc_mix_partial_kernel<<<grid, kThreads, 0, stream>>>(X, n_tok, width, fn, mix, p.kc, dim, u);
+  const bool have_dots = mix <= dim;  // the dots fit in u[t]
+  if (have_dots) {
+    const bool vec = width % 4 == 0 && aligned16(X) && aligned16(fn);
+    if (n_tok <= kDecodeMaxTok)
+      launch_dots<1, 1, 1, 1, 2048>(X, n_tok, width, fn, mix, vec, dim, u, stream);  // 1 token x 1 row
+    else if (HEAD)
+      launch_dots<1, 1, 4, 8, 256>(X, n_tok, width, fn, mix, vec, dim, u, stream);  // 8 tokens x 4 rows
+    else if (n_tok < kLargeMinTok)
+      launch_dots<1, 1, 8, 4, 256>(X, n_tok, width, fn, mix, vec, dim, u, stream);  // 4 tokens x 8 rows
+    else
+      launch_dots<2, 3, 8, 4, 128>(X, n_tok, width, fn, mix, vec, dim, u, stream);  // 8 tokens x 24 rows
   }
   hc_finish_kernel<HEAD><<<unsigned(n_tok), kThreads, 0, stream>>>(X, hc, dim, fn, scale, base, sinkhorn_iters,
-                                                                   hc_eps, norm_eps, bf16, p.n_splits, mix, u, post,
+                                                                   hc_eps, norm_eps, bf16, have_dots, mix, u, post,
                                                                    comb);
 }
 
@@ -314,8 +411,6 @@ void launch_hc_post(const float* f, const float* X, const float* post, const flo
   else
     hc_post_kernel<V, kMaxHc><<<grid, kPostThreads, 0, stream>>>(f, X, post, comb, hc, dim, chunks, bf16, Xout);
 }
-
-inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 }  // namespace
 

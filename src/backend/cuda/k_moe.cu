@@ -5,8 +5,9 @@
 //      of the small experts).
 //   2. (Q) act_quant of every token row once (codes + scales); the GEMMs gather rows through row_tok.
 //   3. moe_w13 (k_gemm.cu): w1 and w3 of each expert over its segment, SwiGLU with the pair's routing weight
-//      (bf16 when bf16) -> h [sorted rows, inter]. Small segments (decode) on the split-K small kernel, big ones on
-//      the tiled kernel; both use the same per-output summation order, so a row never depends on its segment.
+//      (bf16 when bf16) -> h [sorted rows, inter]. Small segments (decode) on the decode kernels ((Q) split by
+//      scale block, (D) one K chain per lane), big ones on the tiled kernel; all compute the CPU's per-output
+//      order (gemm.h), so a row never depends on its segment and (Q) and (D) both equal the CPU bitwise.
 //   4. (Q) act_quant of h in place; moe_w2 -> o [sorted rows, d_model] (bf16-rounded when q.out_bf16, as the CPU's
 //      linear rounds its output).
 //   5. shared expert through linear() (w1, w3, SwiGLU without weight, w2).
@@ -260,6 +261,7 @@ void moe(const MoeWeights& w, const float* x, int64_t n_tok, const int32_t* ids,
   g.small_list = I32(L.small);
   g.n_small = I32(L.nsmall);
   g.n_rows_bound = L.P;
+  g.n_tok = n_tok;
   g.row_tok = I32(L.rtok);
   g.row_w = F32(L.rw);
   g.quant = L.Q;
