@@ -27,9 +27,11 @@ CMD=("$PROG" --gtest_output="json:$JSON" "${EXTRA[@]}")
 {
   echo "# dsv4 GPU tests"
   echo "date:    $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
-  if rev=$(git rev-parse HEAD 2>/dev/null); then
+  # the caller may name the commit (a copied tree, or a prebuilt binary of another commit); else ask git
+  if [ -n "${DSV4_COMMIT:-}" ]; then rev=$DSV4_COMMIT
+  elif rev=$(git rev-parse HEAD 2>/dev/null); then
     git diff --quiet HEAD 2>/dev/null || rev="$rev (+ local changes)"
-  else rev=${DSV4_COMMIT:-unknown}; fi   # a copied tree without .git: the caller may name the commit
+  else rev=unknown; fi
   echo "commit:  $rev"
   echo "host:    $(uname -n) $(uname -r)"
   echo "gpus:"

@@ -39,6 +39,19 @@ inline const Model& tiny(const std::string& name, Numerics num) {
   return *it->second;
 }
 
+// The demo model (models/dsv4-demo), cached per numerics, with the tiny models' thread policy.
+inline const Model& demo_model(Numerics num) {
+  (void)tiny("tiny-a", num);
+  static std::map<int, std::unique_ptr<Model>> cache;
+  auto& m = cache[int(num)];
+  if (!m) {
+    ModelOptions o;
+    o.numerics = num;
+    m = Model::load(std::string(DSV4_SOURCE_DIR) + "/models/dsv4-demo", o);
+  }
+  return *m;
+}
+
 inline std::vector<int32_t> random_ids(int64_t n, int32_t vocab, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int32_t> d(2, vocab - 1);

@@ -15,7 +15,7 @@ TEST_P(GoldenTest, MatchesFixture) {
   const bool dense = num == Numerics::dense;
   const Golden g = load_golden(name, std::string(numerics_name(num)));
   ASSERT_FALSE(g.prompts.empty());
-  const Model& m = tiny(name, num);
+  const Model& m = name == "dsv4-demo" ? demo_model(num) : tiny(name, num);
   const int64_t V = m.n_vocab();
   Stats st;
   for (const auto& gp : g.prompts) {
@@ -54,6 +54,12 @@ TEST_P(GoldenTest, MatchesFixture) {
     EXPECT_GE(agree, std::min(nf.value("top1_agree", 1.0), 1.0)) << "top-1 agreement below the oracle noise floor";
   }
 }
+
+// The demo model has an HF dense golden (the official-code comparison of the demo is greedy_reference.json,
+// tests/model/test_model_demo.cpp).
+INSTANTIATE_TEST_SUITE_P(Demo, GoldenTest,
+                         ::testing::Combine(::testing::Values("dsv4-demo"), ::testing::Values(Numerics::dense)),
+                         [](const auto& info) { return std::string("dsv4demo_dense"); });
 
 INSTANTIATE_TEST_SUITE_P(Tiny, GoldenTest,
                          ::testing::Combine(::testing::Values("tiny-a", "tiny-b"),

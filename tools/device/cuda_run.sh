@@ -10,6 +10,7 @@
 #   buildcheck  scripts/build-cuda.sh into build/ with the time left (checks the committed build script on this
 #           machine even when prebuilt binaries ran the tests)
 # Environment: OUT (results folder, from the run tool), DSV4_COMMIT (the commit the tree is, for the logs),
+# DSV4_BUILT_AT (the source path a carried prebuilt tree was built from, default /work/main),
 # GTEST_FILTER (optional, narrows the tests). Everything is time-limited so partial results still come back.
 set -u
 OUT=${OUT:-/tmp/dsv4-out}
@@ -34,8 +35,13 @@ LOG=$OUT/run.log
   if [ -x build-cuda/test_gpu ] && [ -x build-cuda/dsv4 ]; then
     B=build-cuda
     export LD_LIBRARY_PATH=$PWD/build-cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    # the test programs name their data and the CLI by the dev machine's absolute paths
-    if [ ! -e /work/main ]; then mkdir -p /work && ln -s "$PWD" /work/main; fi
+    # the test programs name their data and the CLI by the absolute source path they were built from
+    # (DSV4_BUILT_AT, default /work/main): make it point here
+    SRC=${DSV4_BUILT_AT:-/work/main}
+    if [ "$(readlink -f "$SRC" 2>/dev/null)" != "$(readlink -f "$PWD")" ]; then
+      [ -e "$SRC" ] && [ ! -L "$SRC" ] && echo "warning: $SRC exists and is not this tree"
+      [ -e "$SRC" ] || { mkdir -p "$(dirname "$SRC")" && ln -s "$PWD" "$SRC"; }
+    fi
     log "using the carried prebuilt build-cuda/"
   elif has build; then
     log "build"
@@ -74,8 +80,9 @@ LOG=$OUT/run.log
     log "bench"
     LEFT=$((585 - ($(date +%s) - T0)))
     [ $LEFT -gt 20 ] && timeout $((LEFT - 5)) "$B/dsv4" bench model --config tests/data/configs/deepseek-v4-flash-config.json \
-      --load-format dummy --layers 24 --device cuda --json > "$OUT/bench-model.json" 2> "$OUT/bench-model.log"
+      --load-format dummy --layers 24 --device cuda --prefill 512 --ctx 512 --steps 16 --json > "$OUT/bench-model.json" 2> "$OUT/bench-model.log"
     echo "bench rc=$?"
+    tail -6 "$OUT/bench-model.log"
   fi
   if has buildcheck; then
     LEFT=$((590 - ($(date +%s) - T0)))

@@ -4,7 +4,7 @@
 # they were linked against (spdlog 1.10, fmt 9, Debian's split cpp-httplib 0.11 and its brotli). tools/device/cuda_run.sh unpacks and uses it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-B=${1:-build-cuda}
+B=${1:-build-cuda}   # e.g. /tmp/wt/build-cuda for a build of a clean worktree (then DSV4_BUILT_AT=/tmp/wt on the device)
 T=$(mktemp -d)
 mkdir -p "$T/build-cuda/lib" .scratch
 cp "$B/dsv4" "$B/test_gpu" "$T/build-cuda/"
