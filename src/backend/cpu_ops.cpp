@@ -167,10 +167,17 @@ void CpuOps::hadamard(float* x, int64_t n_rows, int64_t dim, bool bf16) const {
 }
 
 void CpuOps::check_finite(const float* x, int64_t n_rows, int64_t dim, int32_t* bad) const {
+  // exponent bits all ones <=> NaN or inf; branch-free so that the loop vectorizes (logits rows are 129k wide)
+#pragma omp parallel for schedule(static) if (par(n_rows * dim / 4))
   for (int64_t r = 0; r < n_rows; ++r) {
-    int32_t b = 0;
-    for (int64_t i = 0; i < dim; ++i) b |= std::isfinite(x[r * dim + i]) ? 0 : 1;
-    bad[r] = b;
+    const float* xr = x + r * dim;
+    uint32_t b = 0;
+    for (int64_t i = 0; i < dim; ++i) {
+      uint32_t u;
+      std::memcpy(&u, xr + i, 4);
+      b |= uint32_t((u & 0x7F800000u) == 0x7F800000u);
+    }
+    bad[r] = int32_t(b);
   }
 }
 
@@ -386,9 +393,15 @@ void CpuOps::compress_pool(const float* kv, const float* score, int64_t n_tok, c
   }
 }
 
-void CpuOps::indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_t dim, const float* keys,
+void CpuOps::indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_t dim, const PagedRows& keys,
                           const int32_t* n_visible, int64_t max_visible, const float* w, int64_t topk, bool bf16,
                           int32_t* sel) const {
+  // pool row of token t's logical key row j
+  auto pool_row = [&](int64_t t, int64_t j) -> int64_t {
+    if (!keys.pages) return j;
+    const int64_t pr = keys.page_rows;
+    return int64_t(keys.pages[int64_t(keys.table[t]) + j / pr]) * pr + j % pr;
+  };
 #pragma omp parallel for schedule(static) if (par(n_tok * n_heads * dim * 64))
   for (int64_t t = 0; t < n_tok; ++t) {
     const int64_t nv = std::max<int64_t>(n_visible[t], 0);
@@ -398,7 +411,7 @@ void CpuOps::indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_
     const float* qt = q + t * n_heads * dim;
     const float* wt = w + t * n_heads;
     for (int64_t j = 0; j < nv; ++j) {
-      const float* kj = keys + j * dim;
+      const float* kj = keys.rows + pool_row(t, j) * dim;
       float s = 0;
       for (int64_t h = 0; h < n_heads; ++h) {
         float d = maybe_bf(dot(qt + h * dim, kj, dim), bf16);
@@ -415,7 +428,7 @@ void CpuOps::indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_
     };
     std::partial_sort(order.begin(), order.begin() + kk, order.end(), better);
     int32_t* st = sel + t * topk;
-    for (int64_t i = 0; i < topk; ++i) st[i] = i < kk ? order[size_t(i)] : -1;
+    for (int64_t i = 0; i < topk; ++i) st[i] = i < kk ? int32_t(pool_row(t, order[size_t(i)])) : -1;
   }
 }
 
@@ -485,38 +498,59 @@ void CpuOps::moe(const MoeWeights& w, const float* x, int64_t n_tok, const int32
     fillp.assign(start.begin(), start.end() - 1);
     for (int64_t i = 0; i < n_tok * k; ++i) list[size_t(fillp[size_t(ids[i])]++)] = i;
   }
-  static thread_local std::vector<float> acc, xe, g, up, oe, rw;
+  // Every expert (and the shared one, item E) runs on its rows independently — in parallel over experts when there
+  // are several — into its slice of `out` (bucket order; the shared expert's n_tok rows after the n_tok * k pairs);
+  // then each token sums its slots in ascending (expert id, slot) order, then adds the shared expert: the order of
+  // the sequential version, so results do not depend on the thread count or on the split.
+  static thread_local std::vector<float> acc, out;
   acc.assign(static_cast<size_t>(n_tok * D), 0.0f);
-  auto run_expert = [&](const ExpertView& ew, int64_t ne, const float* xin, const float* row_w) {
+  out.resize(static_cast<size_t>((n_tok * k + (w.shared ? n_tok : 0)) * D));
+  auto run_expert = [&](const ExpertView& ew, int64_t ne, const float* xin, const float* row_w, float* o) {
+    static thread_local std::vector<float> g, up;
     const int64_t inter = ew.w1.rows;
     g.resize(static_cast<size_t>(ne * inter));
     up.resize(static_cast<size_t>(ne * inter));
-    oe.resize(static_cast<size_t>(ne * D));
     dsv4::linear(ew.w1, xin, ne, g.data(), q);
     dsv4::linear(ew.w3, xin, ne, up.data(), q);
     swiglu(g.data(), up.data(), ne, inter, swiglu_limit, row_w, bf16, g.data());
-    dsv4::linear(ew.w2, g.data(), ne, oe.data(), q);
+    dsv4::linear(ew.w2, g.data(), ne, o, q);
   };
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t s0 = start[size_t(e)], ne = start[size_t(e + 1)] - s0;
-    if (ne == 0) continue;
+  // (the thread_local vectors above are this thread's: other threads see them through these pointers only)
+  const int64_t* st = start.data();
+  const int64_t* ls = list.data();
+  float* ob = out.data();
+  auto item = [&](int64_t e) {
+    if (e == E) {
+      run_expert(*w.shared, n_tok, x, nullptr, ob + n_tok * k * D);
+      return;
+    }
+    const int64_t s0 = st[e], ne = st[e + 1] - s0;
+    if (ne == 0) return;
+    static thread_local std::vector<float> xe, rw;
     xe.resize(static_cast<size_t>(ne * D));
     rw.resize(static_cast<size_t>(ne));
     for (int64_t i = 0; i < ne; ++i) {
-      const int64_t pair = list[size_t(s0 + i)];
+      const int64_t pair = ls[s0 + i];
       std::memcpy(&xe[size_t(i * D)], x + (pair / k) * D, size_t(D) * 4);
       rw[size_t(i)] = wts[pair];
     }
-    run_expert(w.experts[e], ne, xe.data(), rw.data());
-    for (int64_t i = 0; i < ne; ++i) {
-      float* yt = &acc[size_t((list[size_t(s0 + i)] / k) * D)];
-      const float* o = &oe[size_t(i * D)];
+    run_expert(w.experts[e], ne, xe.data(), rw.data(), ob + s0 * D);
+  };
+  const int64_t n_items = E + (w.shared ? 1 : 0);
+  int64_t busy = 0;  // items with rows
+  for (int64_t e = 0; e < E; ++e) busy += st[e + 1] > st[e] ? 1 : 0;
+  busy += w.shared ? 1 : 0;
+#pragma omp parallel for schedule(dynamic, 1) if (busy >= 2)
+  for (int64_t e = 0; e < n_items; ++e) item(e);
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t i = start[size_t(e)]; i < start[size_t(e + 1)]; ++i) {
+      float* yt = &acc[size_t((list[size_t(i)] / k) * D)];
+      const float* o = &out[size_t(i * D)];
       for (int64_t d = 0; d < D; ++d) yt[d] += o[d];
     }
-  }
   if (w.shared) {
-    run_expert(*w.shared, n_tok, x, nullptr);
-    for (int64_t i = 0; i < n_tok * D; ++i) acc[size_t(i)] += oe[size_t(i)];
+    const float* o = out.data() + n_tok * k * D;
+    for (int64_t i = 0; i < n_tok * D; ++i) acc[size_t(i)] += o[size_t(i)];
   }
   if (bf16) round_bf16_inplace(acc.data(), n_tok * D);
   std::memcpy(y, acc.data(), size_t(n_tok * D) * 4);

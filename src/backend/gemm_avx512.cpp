@@ -450,6 +450,48 @@ void gemv_bf16(const PanelSrc& s, int64_t n0, const float* a, __m512 accv[kG]) {
   }
 }
 
+// BF16 dense product of MR tokens (token m at a + m*lda, accumulators at acc + m*ldacc) against one group: panel by
+// panel, each transposed weight word is decoded once and used by every token (MR accumulators + the 16 transposed
+// words stay in registers); per output the chain is gemv_bf16's (k ascending, one fma per element).
+template <int MR>
+void gemv_bf16_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, float* acc, int64_t ldacc) {
+  const int64_t K = s.cols;
+  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int p = 0; p < kG; ++p) {
+    __m512 accv[MR];
+    for (int m = 0; m < MR; ++m) accv[m] = _mm512_setzero_ps();
+    const uint8_t* base = s.w + (n0 + p * kPanel) * s.row_bytes;
+    for (int64_t k0 = 0; k0 < K; k0 += 32) {
+      __m512 T[16];
+      load_transposed(base, s.row_bytes, 2 * k0, T);
+      for (int c = 0; c < 16; ++c) {
+        const __m512 w0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_castps_si512(T[c]), 16));
+        const __m512 w1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(T[c]), hi));
+        for (int m = 0; m < MR; ++m) accv[m] = _mm512_fmadd_ps(_mm512_set1_ps(a[m * lda + k0 + 2 * c]), w0, accv[m]);
+        for (int m = 0; m < MR; ++m)
+          accv[m] = _mm512_fmadd_ps(_mm512_set1_ps(a[m * lda + k0 + 2 * c + 1]), w1, accv[m]);
+      }
+    }
+    for (int m = 0; m < MR; ++m) _mm512_storeu_ps(acc + m * ldacc + p * kPanel, accv[m]);
+  }
+}
+
+bool gemv_group_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, int mr, bool q, float* acc,
+                  int64_t ldacc) {
+  if (q || s.fmt != GemmFormat::bf16 || s.cols % 32 != 0 || mr < 1 || mr > 8) return false;
+  switch (mr) {
+    case 8: gemv_bf16_m<8>(s, n0, a, lda, acc, ldacc); break;
+    case 7: gemv_bf16_m<7>(s, n0, a, lda, acc, ldacc); break;
+    case 6: gemv_bf16_m<6>(s, n0, a, lda, acc, ldacc); break;
+    case 5: gemv_bf16_m<5>(s, n0, a, lda, acc, ldacc); break;
+    case 4: gemv_bf16_m<4>(s, n0, a, lda, acc, ldacc); break;
+    case 3: gemv_bf16_m<3>(s, n0, a, lda, acc, ldacc); break;
+    case 2: gemv_bf16_m<2>(s, n0, a, lda, acc, ldacc); break;
+    default: gemv_bf16_m<1>(s, n0, a, lda, acc, ldacc); break;
+  }
+  return true;
+}
+
 bool gemv_group(const PanelSrc& s, int64_t n0, const float* a, const float* sa, bool q, float* acc) {
   const int64_t K = s.cols;
   __m512 accv[kG];
@@ -550,7 +592,7 @@ void mk_d(const MkArgs& A) { mk<false>(A); }
 
 namespace dsv4::gemm_detail {
 const Kernels* avx512_kernels() {
-  static const Kernels k{decode_panel, fp4_panel_scales, act_quant_row, gemv_group, mk_q, mk_d};
+  static const Kernels k{decode_panel, fp4_panel_scales, act_quant_row, gemv_group, mk_q, mk_d, gemv_group_m};
   return &k;
 }
 }  // namespace dsv4::gemm_detail

@@ -35,6 +35,19 @@ struct KvRows {
   // win index i: i < n_ring -> ring[i], else fresh[i - n_ring].
 };
 
+// Rows of a paged pool as each token sees them (paged sequence state, model/state_pool.h): logical row j of token t
+// is pool row  pages[table[t] + j / page_rows] * page_rows + j % page_rows  (pages == nullptr: pool row j, one
+// contiguous buffer shared by every token). Pool row ids are int32; their element offsets are computed in 64 bits.
+struct PagedRows {
+  const float* rows = nullptr;       // the pool [*, dim]
+  const int32_t* pages = nullptr;    // concatenated page tables (page ids), or nullptr (contiguous)
+  const int32_t* table = nullptr;    // [n_tok] start of token t's page table in `pages` (with pages)
+  int64_t page_rows = 0;             // rows per page (with pages)
+  // Host hint, performance only: the longest run of consecutive tokens that share one page table (the tokens of one
+  // sequence in a step); <= 0: unknown. Backends may pick tile shapes by it; results never depend on it.
+  int64_t max_run = 0;
+};
+
 // One routed or shared SwiGLU expert: w2( silu(w1 x) * (w3 x) ).
 struct ExpertView {
   WeightView w1, w2, w3;
@@ -136,13 +149,15 @@ class Ops {
                              int64_t c, float* out) const = 0;
 
   // ---- lightning indexer (spec §5.6) ----------------------------------------------------------------------------
-  // For each query t: score_j = Σ_h relu(q[t,h,:]·keys[j,:]) · w[t,h] over j < n_visible[t]; writes the indices of
-  // the top min(topk, n_visible[t]) scores (descending; ties -> lower index first) to sel[t, :], padding with -1.
-  // q: [n_tok, n_heads, dim]; keys: [>= max n_visible, dim]; w: [n_tok, n_heads]; n_visible: [n_tok];
-  // max_visible >= every n_visible[t] (known to the host from positions; sizes device scratch).
-  // sel: [n_tok, topk]. bf16: each dot product, relu·w product and the head sum are rounded to bf16 (reference
-  // einsum in bf16).
-  virtual void indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_t dim, const float* keys,
+  // For each query t: score_j = Σ_h relu(q[t,h,:]·key_t(j)) · w[t,h] over the logical key rows j < n_visible[t] of
+  // token t (key_t(j): row j of `keys` as token t sees it, PagedRows); selects the top min(topk, n_visible[t])
+  // scores (descending; ties -> lower logical index j first) and writes their POOL row ids (keys.pages == nullptr:
+  // j itself) to sel[t, :] in that order, padding with -1. The selection and its order depend only on the scores
+  // and the logical indices, never on where the pages lie.
+  // q: [n_tok, n_heads, dim]; w: [n_tok, n_heads]; n_visible: [n_tok]; max_visible >= every n_visible[t] (known to
+  // the host from positions; sizes device scratch). sel: [n_tok, topk]. bf16: each dot product, relu·w product and
+  // the head sum are rounded to bf16 (reference einsum in bf16).
+  virtual void indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_t dim, const PagedRows& keys,
                             const int32_t* n_visible, int64_t max_visible, const float* w, int64_t topk,
                             bool bf16, int32_t* sel) const = 0;
 

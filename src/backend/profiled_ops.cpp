@@ -95,7 +95,7 @@ void ProfiledOps::compress_pool(const float* kv, const float* score, int64_t n_t
   timed("compress_pool", [&] { inner_.compress_pool(kv, score, n_tok, state_kv, state_score, cand, n_emit, n_cand, coff, c, out); });
 }
 
-void ProfiledOps::indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_t dim, const float* keys, const int32_t* n_visible, int64_t max_visible, const float* w, int64_t topk, bool bf16, int32_t* sel) const {
+void ProfiledOps::indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_t dim, const PagedRows& keys, const int32_t* n_visible, int64_t max_visible, const float* w, int64_t topk, bool bf16, int32_t* sel) const {
   timed("indexer_topk", [&] { inner_.indexer_topk(q, n_tok, n_heads, dim, keys, n_visible, max_visible, w, topk, bf16, sel); });
 }
 

@@ -41,7 +41,7 @@ class ProfiledOps final : public Ops {
   void hc_head(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale, const float* base, float hc_eps, float norm_eps, bool bf16, float* u) const override;
   void sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, const KvRows& kv, const int32_t* win_idx, int64_t k_win, const int32_t* comp_idx, int64_t k_comp, const float* sink, float scale, bool bf16, float* out) const override;
   void compress_pool(const float* kv, const float* score, int64_t n_tok, const float* state_kv, const float* state_score, const int32_t* cand, int64_t n_emit, int64_t n_cand, int coff, int64_t c, float* out) const override;
-  void indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_t dim, const float* keys, const int32_t* n_visible, int64_t max_visible, const float* w, int64_t topk, bool bf16, int32_t* sel) const override;
+  void indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_t dim, const PagedRows& keys, const int32_t* n_visible, int64_t max_visible, const float* w, int64_t topk, bool bf16, int32_t* sel) const override;
   void route(const float* logits, int64_t n_tok, int64_t n_experts, int64_t k, const float* bias, const int32_t* tid2eid, const int32_t* tokens, float route_scale, int32_t* ids_out, float* w_out) const override;
   void swiglu(const float* g, const float* up, int64_t n_rows, int64_t dim, float limit, const float* row_w, bool bf16, float* h) const override;
   void moe(const MoeWeights& w, const float* x, int64_t n_tok, const int32_t* ids, const float* wts, int64_t k, float swiglu_limit, const LinearOpts& q, bool bf16, float* y) const override;

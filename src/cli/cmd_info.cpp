@@ -14,6 +14,7 @@
 #include "loader/state_size.h"
 #include "loader/summary.h"
 #include "loader/weights.h"
+#include "model/state_layout.h"
 
 namespace dsv4::cli {
 namespace {
@@ -71,6 +72,7 @@ int run_info(const InfoOpts& o) {
   const CheckpointSummary s = summarize(set, cfg, w);
   const double per_tok = state_bytes_per_token(cfg);
   const uint64_t fixed = state_bytes_fixed_per_sequence(cfg);
+  const StateLayout paged = StateLayout::of(cfg);  // the engine loop's pool, as stored
   const int n_swa = cfg.count_layers_with_ratio(0), n_csa = cfg.count_layers_with_ratio(4),
             n_hca = cfg.count_layers_with_ratio(128);
   const std::string dense_fmt = weight_format_name(w.layers.empty() ? WeightFormat::BF16 : w.layers[0].attn.wq_a.fmt);
@@ -124,6 +126,13 @@ int run_info(const InfoOpts& o) {
     j["state_bytes_per_token"] = per_tok;
     j["state_bytes_fixed_per_sequence"] = fixed;
     j["state_dtype"] = "f32";
+    j["paged_state"] = {{"layout_version", StateLayout::kVersion},
+                        {"row_format", row_format_name(paged.row_format)},
+                        {"page_tokens", StateLayout::kPageTokens},
+                        {"page_bytes", paged.page_bytes},
+                        {"bytes_per_token", paged.bytes_per_token()},
+                        {"slot_bytes_per_sequence", paged.slot_bytes},
+                        {"snapshot_bytes", paged.snapshot_bytes}};
     j["gpu_bytes_weights"] = gpu_weights;
     j["gpu_bytes_needed"] = gpu_needed;
     std::printf("%s\n", j.dump(2).c_str());
@@ -168,6 +177,11 @@ int run_info(const InfoOpts& o) {
               group3(uint64_t(per_tok)).c_str(), group3(fixed).c_str(),
               gib(double(state_bytes_total(cfg, cfg.max_position_embeddings))).c_str(),
               (long long)cfg.max_position_embeddings);
+  std::printf("paged state  %s rows: %s B per %lld-token page (%s B/token), %s B slot per running sequence, %s B "
+              "per prefix-cache snapshot\n",
+              row_format_name(paged.row_format), group3(paged.page_bytes).c_str(),
+              (long long)StateLayout::kPageTokens, group3(uint64_t(paged.bytes_per_token())).c_str(),
+              group3(paged.slot_bytes).c_str(), group3(paged.snapshot_bytes).c_str());
   return 0;
 }
 

@@ -1,13 +1,16 @@
 // Attention of one layer over a step (spec §5.4): low-rank query with q_norm and per-head RMS, single latent KV with
 // kv_norm, partial interleaved RoPE, FP8-simulated window KV, window + compressed candidates (HCA: all visible rows;
-// CSA: the indexer's top-k), sparse attention with sinks, inverse RoPE, grouped low-rank output projection.
+// CSA: the indexer's top-k), sparse attention with sinks, inverse RoPE, grouped low-rank output projection; then the
+// step's snapshots of the window ring and the ring update. Every sequence of the step reads and writes its own rows of
+// the pool (slot ring rows, page rows) through the plan's index lists.
 #include "core/error.h"
 #include "model/model.h"
 
 namespace dsv4 {
 
-void Model::attention(int l, LayerState& ls, const StepPlan& plan, const DevicePlan& dp, const float* x,
+void Model::attention(int l, StatePool& pool, const StepPlan& plan, const DevicePlan& dp, const float* x,
                       float* out) const {
+  StatePool::LayerBuffers& lb = pool.layer(l);
   const LayerResident& lp = lr_[size_t(l)];
   const int64_t n = plan.n, H = cfg_.num_attention_heads, Dh = cfg_.head_dim;
   const int64_t rd = cfg_.qk_rope_head_dim, W = cfg_.sliding_window, QL = cfg_.q_lora_rank;
@@ -40,14 +43,23 @@ void Model::attention(int l, LayerState& ls, const StepPlan& plan, const DeviceP
   int64_t k_comp = 0, n_comp = 0;
   if (ratio == 4) {
     int32_t* sel = ws.alloc<int32_t>(n * cfg_.index_topk);  // [n, topk] compressed row ids
-    indexer(l, ls, plan, dp, x, qr, sel);
+    indexer(l, pool, plan, dp, x, qr, sel);
     comp_idx = sel;
     k_comp = cfg_.index_topk;
   }
   if (ratio > 0) {
-    compressor(lp.cmp, ls.cmp, plan, dp, x, false, ls.comp_ptr());
+    CompressorPools cp;
+    cp.ratio = ratio;
+    cp.coff = ModelConfig::compressor_coff(ratio);
+    cp.c = Dh;
+    cp.k = lb.cmp_k.as<float>();
+    cp.s = lb.cmp_s.as<float>();
+    cp.rows = lb.comp.as<float>();
+    cp.snap_k = lb.snap_cmp_k.as<float>();
+    cp.snap_s = lb.snap_cmp_s.as<float>();
+    compressor(lp.cmp, cp, plan, dp, x, false);
     const RatioPlan* rp = plan.ratio(ratio);
-    n_comp = rp->n_comp_before + rp->n_emit;
+    n_comp = pool.n_pages() * rp->rpp;
     if (ratio != 4) {
       size_t ri = size_t(rp - plan.ratios.data());
       comp_idx = dp.ratios[ri].all_idx;
@@ -56,7 +68,8 @@ void Model::attention(int l, LayerState& ls, const StepPlan& plan, const DeviceP
   }
 
   // 4-6. sparse attention over [ring | fresh] window rows and the compressed rows; inverse RoPE on the output
-  KvRows rows{ls.ring_ptr(), W, kv, n, ratio > 0 ? ls.comp_ptr() : nullptr, n_comp, Dh};
+  float* ring = lb.ring.as<float>();
+  KvRows rows{ring, plan.n_ring, kv, n, ratio > 0 ? lb.comp.as<float>() : nullptr, n_comp, Dh};
   float* o = ws.alloc<float>(n * H * Dh);     // [n, H, Dh]
   ops().sparse_attention(q, n, H, rows, dp.win_idx, W, comp_idx, k_comp, lp.attn_sink, float(cfg_.softmax_scale()),
                          bf, o);
@@ -79,8 +92,12 @@ void Model::attention(int l, LayerState& ls, const StepPlan& plan, const DeviceP
   ops().gather_rows(zg, n * G, nullptr, dp.group_back, n * G, R, z);
   ops().linear(lp.wo_b, z, n, out, Q);
 
-  // 8. window ring update (after every query of the step has read the old rows)
-  ops().scatter_rows(kv, dp.ring_src, ls.ring_ptr(), dp.ring_dst, int64_t(plan.ring_src.size()), Dh);
+  // 8. snapshots of the ring at 128-aligned positions inside the step (old ring rows + this step's rows, before the
+  // update), then the window ring update (after every query of the step has read the old rows)
+  for (size_t i = 0; i < plan.snap_ids.size(); ++i)
+    ops().gather_rows(ring, plan.n_ring, kv, dp.snap_ring_src + int64_t(i) * W, W, Dh,
+                      lb.snap_ring.as<float>() + plan.snap_ids[i] * W * Dh);
+  ops().scatter_rows(kv, dp.ring_src, ring, dp.ring_dst, int64_t(plan.ring_src.size()), Dh);
 }
 
 }  // namespace dsv4

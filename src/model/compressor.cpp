@@ -2,16 +2,17 @@
 // (2m candidates for the overlapping ratio-4 variant) completed in this step is pooled with a per-feature softmax
 // over candidates from this step's rows and the frontier state (the step plan names them); then the frontier
 // advances. Emitted rows: bf16 -> RMSNorm -> RoPE at the window's first position -> FP8 simulation (attention) or
-// Hadamard + FP4 simulation (indexer). Prefill and decode use the same plan, so chunking never changes the result.
+// Hadamard + FP4 simulation (indexer), then scattered to their page rows. Prefill and decode use the same plan, so
+// chunking never changes the result; several sequences per step pool only their own candidates.
 #include "model/model.h"
 
 namespace dsv4 {
 
-void Model::compressor(const CompressorResident& w, CompressorState& cs, const StepPlan& plan, const DevicePlan& dp,
-                       const float* x, bool indexer, float* rows) const {
-  const RatioPlan& rp = *plan.ratio(cs.ratio);
+void Model::compressor(const CompressorResident& w, const CompressorPools& cp, const StepPlan& plan,
+                       const DevicePlan& dp, const float* x, bool indexer) const {
+  const RatioPlan& rp = *plan.ratio(cp.ratio);
   const DeviceRatioPlan& drp = dp.ratios[size_t(&rp - plan.ratios.data())];
-  const int64_t n = plan.n, c = cs.c, width = cs.width(), rd = cfg_.qk_rope_head_dim;
+  const int64_t n = plan.n, c = cp.c, width = int64_t(cp.coff) * c, rd = cfg_.qk_rope_head_dim;
   const bool bf = bf16();
   Workspace& ws = be_->workspace();
   Workspace::Scope scope(ws);
@@ -23,8 +24,9 @@ void Model::compressor(const CompressorResident& w, CompressorState& cs, const S
 
   const int64_t ne = rp.n_emit;
   if (ne > 0) {
-    float* e = rows + rp.n_comp_before * c;     // [ne, c] appended compressed rows
-    ops().compress_pool(kp, sp, n, cs.k.as<float>(), cs.s.as<float>(), drp.cand, ne, rp.coff * rp.m, rp.coff, c, e);
+    Workspace::Scope es(ws);
+    float* e = ws.alloc<float>(ne * c);         // [ne, c] the rows completed in this step
+    ops().compress_pool(kp, sp, n, cp.k, cp.s, drp.cand, ne, rp.nr, rp.coff, c, e);
     if (bf) ops().round_bf16(e, ne * c);
     ops().rmsnorm(e, ne, c, w.norm, float(cfg_.rms_norm_eps), bf, e);
     ops().rope(e, ne, 1, c, rd, drp.emit_cs, false, bf);
@@ -36,15 +38,23 @@ void Model::compressor(const CompressorResident& w, CompressorState& cs, const S
         ops().fp8_sim(e, ne, c, c - rd, 64);
       }
     }
+    ops().scatter_rows(e, dp.iota, cp.rows, drp.emit_dst, ne, c);  // to their page rows
   }
-  // the new frontier (gathered first: its sources include the old frontier rows)
-  const int64_t nr = cs.rows();
-  float* nk = ws.alloc<float>(nr * width);
-  float* ns = ws.alloc<float>(nr * width);
-  ops().gather_rows(kp, n, cs.k.as<float>(), drp.upd, nr, width, nk);
-  ops().gather_rows(sp, n, cs.s.as<float>(), drp.upd, nr, width, ns);
-  be_->copy_on_device(cs.k.data(), nk, size_t(nr * width) * 4);
-  be_->copy_on_device(cs.s.data(), ns, size_t(nr * width) * 4);
+  // snapshots: frontier rows [0, m) at each 128-aligned position of the step (ratio 4; read before the update)
+  if (rp.coff == 2)
+    for (size_t i = 0; i < plan.snap_ids.size(); ++i) {
+      const int64_t id = plan.snap_ids[i], m = rp.m;
+      ops().gather_rows(kp, n, cp.k, drp.snap_src + int64_t(i) * m, m, width, cp.snap_k + id * m * width);
+      ops().gather_rows(sp, n, cp.s, drp.snap_src + int64_t(i) * m, m, width, cp.snap_s + id * m * width);
+    }
+  // the new frontiers of the step's slots (gathered first: their sources include the old frontier rows)
+  const int64_t nu = int64_t(rp.upd.size());
+  float* nk = ws.alloc<float>(nu * width);
+  float* ns = ws.alloc<float>(nu * width);
+  ops().gather_rows(kp, n, cp.k, drp.upd, nu, width, nk);
+  ops().gather_rows(sp, n, cp.s, drp.upd, nu, width, ns);
+  ops().scatter_rows(nk, dp.iota, cp.k, drp.upd_dst, nu, width);
+  ops().scatter_rows(ns, dp.iota, cp.s, drp.upd_dst, nu, width);
 }
 
 }  // namespace dsv4

@@ -1,6 +1,7 @@
-// The DeepSeek V4 forward pass over one sequence (spec §5.1–§5.3, §5.8): step plan, embedding into the hc streams,
-// blocks with hyper-connections, final hc_head + norm + head for the wanted rows. Attention, compressor, indexer and
-// MoE live in their own files. Everything between the plan upload and the logits copy runs on the backend's device.
+// The DeepSeek V4 forward pass over a batch of sequences (spec §5.1–§5.3, §5.8): validation, ubatch split, step
+// plan, embedding into the hc streams, blocks with hyper-connections, final hc_head + norm + head for the wanted rows;
+// the single-sequence entry point as a batch of one. Attention, compressor, indexer and MoE live in their own files.
+// Everything between the plan upload and the logits copy runs on the backend's device.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -14,28 +15,102 @@ void Model::forward(SequenceState& st, std::span<const int32_t> tokens, const st
                     const LogitsSink& sink) const {
   const int64_t n = int64_t(tokens.size());
   if (n == 0) return;
-  if (st.layers.size() != size_t(cfg_.num_hidden_layers)) fail("internal: sequence state does not match the model");
-  if (st.backend != be_) fail("internal: sequence state lives on another backend");
+  if (st.backend != be_ || st.pool.backend() != be_) fail("internal: sequence state lives on another backend");
   if (st.n_past + n > cfg_.max_position_embeddings)
     fail("context overflow: {} + {} positions exceed max_position_embeddings {}", st.n_past, n,
          cfg_.max_position_embeddings);
-  for (int32_t t : tokens)
-    if (t < 0 || t >= cfg_.vocab_size) fail("token id {} outside the vocabulary [0, {})", t, cfg_.vocab_size);
-  std::lock_guard<std::mutex> lock(mu_);
-  for (int64_t i = 0; i < n;) {
-    const int64_t m = std::min(opts_.ubatch, n - i);
-    std::vector<char> want(static_cast<size_t>(m));
-    for (int64_t j = 0; j < m; ++j) want[size_t(j)] = want_logits ? char(want_logits(st.n_past + j)) : 0;
-    forward_ubatch(st, tokens.subspan(static_cast<size_t>(i), size_t(m)), want, sink);
-    i += m;
+  st.reserve(cfg_, st.n_past + n);
+  Batch b;
+  BatchSeq& s = b.seqs.emplace_back();
+  s.slot = 0;
+  s.p0 = st.n_past;
+  s.tokens = tokens;
+  s.pages = st.pages;
+  s.logits = BatchSeq::Logits::mask;
+  s.mask.resize(size_t(n));
+  for (int64_t j = 0; j < n; ++j) s.mask[size_t(j)] = want_logits ? char(want_logits(st.n_past + j)) : 0;
+  forward(b, st.pool, [&](size_t, int64_t p, std::span<const float> lg, bool finite) {
+    if (!finite) {
+      st.n_past += n;  // the state holds every position of the call (as after a successful one)
+      fail("non-finite logits at position {}", p);
+    }
+    if (sink) sink(p, lg);
+  });
+  st.n_past += n;
+}
+
+void Model::validate(const Batch& b, const StatePool& pool) const {
+  if (pool.backend() != be_) fail("internal: state pool lives on another backend");
+  if (pool.layout().layers.size() != size_t(cfg_.num_hidden_layers)) fail("internal: state pool does not match the model");
+  std::vector<char> used(size_t(pool.n_slots()), 0);
+  for (const BatchSeq& s : b.seqs) {
+    const int64_t n = s.n();
+    if (n == 0) fail("batch: a sequence without tokens");
+    if (s.slot < 0 || s.slot >= pool.n_slots()) fail("batch: slot {} outside [0, {})", s.slot, pool.n_slots());
+    if (used[size_t(s.slot)]++) fail("batch: slot {} appears twice", s.slot);
+    if (s.p0 < 0) fail("batch: negative position {}", s.p0);
+    if (s.p0 + n > cfg_.max_position_embeddings)
+      fail("context overflow: {} + {} positions exceed max_position_embeddings {}", s.p0, n,
+           cfg_.max_position_embeddings);
+    for (int32_t t : s.tokens)
+      if (t < 0 || t >= cfg_.vocab_size) fail("token id {} outside the vocabulary [0, {})", t, cfg_.vocab_size);
+    const int64_t need = StateLayout::pages_for(s.p0 + n);
+    if (pool.layout().any_compressed) {
+      if (int64_t(s.pages.size()) < need)
+        fail("batch: slot {} has {} pages for {} positions (needs {})", s.slot, s.pages.size(), s.p0 + n, need);
+      for (int64_t k = 0; k < need; ++k)
+        if (s.pages[size_t(k)] < 0 || s.pages[size_t(k)] >= pool.n_pages())
+          fail("batch: page id {} outside [0, {})", s.pages[size_t(k)], pool.n_pages());
+    }
+    for (const auto& sn : s.snapshots) {
+      if (sn.at % StateLayout::kPageTokens != 0 || sn.at <= s.p0 || sn.at > s.p0 + n)
+        fail("batch: snapshot at {} is not a multiple of {} in ({}, {}]", sn.at, StateLayout::kPageTokens, s.p0,
+             s.p0 + n);
+      if (sn.id < 0 || sn.id >= pool.n_snapshots())
+        fail("batch: snapshot id {} outside [0, {})", sn.id, pool.n_snapshots());
+    }
   }
 }
 
-void Model::forward_ubatch(SequenceState& st, std::span<const int32_t> tokens, const std::vector<char>& want,
-                           const LogitsSink& sink) const {
-  const int64_t n = int64_t(tokens.size()), D = cfg_.hidden_size, HC = cfg_.hc_mult;
-  const StepPlan plan = StepPlan::build(cfg_, rope_plain_, rope_yarn_, st.n_past, tokens, want);
-  st.reserve(cfg_, st.n_past + n);
+void Model::forward(const Batch& b, StatePool& pool, const BatchLogitsSink& sink) const {
+  validate(b, pool);
+  std::lock_guard<std::mutex> lock(mu_);
+  // ubatches of <= opts_.ubatch tokens, filled in batch order; a sequence that does not fit continues in the next
+  // one (its later tokens then see the state its earlier ones left, exactly as a chunked prefill)
+  std::vector<PlanPiece> pieces;
+  int64_t room = opts_.ubatch;
+  auto flush = [&] {
+    if (pieces.empty()) return;
+    forward_ubatch(StepPlan::build(cfg_, pool.layout(), rope_plain_, rope_yarn_, pool.n_slots(), std::move(pieces)),
+                   pool, sink);
+    pieces.clear();
+    room = opts_.ubatch;
+  };
+  for (size_t i = 0; i < b.seqs.size(); ++i) {
+    const BatchSeq& s = b.seqs[i];
+    for (int64_t off = 0; off < s.n();) {
+      if (room == 0) flush();
+      const int64_t m = std::min(room, s.n() - off);
+      PlanPiece pc;
+      pc.seq = i;
+      pc.slot = s.slot;
+      pc.p0 = s.p0 + off;
+      pc.tokens = s.tokens.subspan(size_t(off), size_t(m));
+      pc.pages = s.pages;
+      pc.want.resize(size_t(m));
+      for (int64_t j = 0; j < m; ++j) pc.want[size_t(j)] = char(s.wants(off + j));
+      for (const auto& sn : s.snapshots)
+        if (sn.at > pc.p0 && sn.at <= pc.p0 + m) pc.snapshots.push_back({sn.at, sn.id});
+      pieces.push_back(std::move(pc));
+      room -= m;
+      off += m;
+    }
+  }
+  flush();
+}
+
+void Model::forward_ubatch(StepPlan plan, StatePool& pool, const BatchLogitsSink& sink) const {
+  const int64_t n = plan.n, D = cfg_.hidden_size, HC = cfg_.hc_mult;
   Workspace& ws = be_->workspace();
   Workspace::Scope scope(ws);
   const DevicePlan dp = DevicePlan::upload(plan, *be_, ws);
@@ -43,8 +118,7 @@ void Model::forward_ubatch(SequenceState& st, std::span<const int32_t> tokens, c
   // §5.1: e = embed[token]; X = [e, e, e, e]
   float* X = ws.alloc<float>(n * HC * D);
   ops().embed(embed_, dp.tokens, n, int(HC), X);
-  for (int l = 0; l < cfg_.num_hidden_layers; ++l) block(l, st, plan, dp, X);
-  st.n_past += n;
+  for (int l = 0; l < cfg_.num_hidden_layers; ++l) block(l, pool, plan, dp, X);
 
   // §5.8 head for the requested positions, a few rows at a time (bounded scratch); one copy back per group.
   constexpr int64_t kHeadRows = 16;
@@ -60,17 +134,22 @@ void Model::forward_ubatch(SequenceState& st, std::span<const int32_t> tokens, c
     ops().check_finite(logits, nr, V, bad);
     bad_host_.resize(size_t(nr));
     be_->copy_to_host(bad_host_.data(), bad, size_t(nr) * 4);
-    logits_host_.resize(size_t(nr * V));
-    be_->copy_to_host(logits_host_.data(), logits, size_t(nr * V) * 4);
+    const float* host = logits;  // the CPU backend's memory is host memory: no copy
+    if (!be_->device().is_cpu()) {
+      logits_host_.resize(size_t(nr * V));
+      be_->copy_to_host(logits_host_.data(), logits, size_t(nr * V) * 4);
+      host = logits_host_.data();
+    }
     for (int64_t i = 0; i < nr; ++i) {
-      const int64_t p = plan.logit_pos[size_t(r0 + i)];
-      if (bad_host_[size_t(i)]) fail("non-finite logits at position {}", p);
-      if (sink) sink(p, std::span<const float>(&logits_host_[size_t(i * V)], size_t(V)));
+      const size_t k = size_t(r0 + i);
+      if (sink)
+        sink(plan.logit_seq[k], plan.logit_pos[k], std::span<const float>(host + i * V, size_t(V)),
+             bad_host_[size_t(i)] == 0);
     }
   }
 }
 
-void Model::block(int l, SequenceState& st, const StepPlan& plan, const DevicePlan& dp, float* X) const {
+void Model::block(int l, StatePool& pool, const StepPlan& plan, const DevicePlan& dp, float* X) const {
   const LayerResident& p = lr_[size_t(l)];
   const int64_t n = plan.n, D = cfg_.hidden_size;
   const int HC = cfg_.hc_mult;
@@ -85,7 +164,7 @@ void Model::block(int l, SequenceState& st, const StepPlan& plan, const DevicePl
   ops().hc_pre(X, n, HC, D, p.hc_attn_fn, p.hc_attn_scale, p.hc_attn_base, cfg_.hc_sinkhorn_iters, hc_eps, eps, bf16(),
                u, post, comb);
   ops().rmsnorm(u, n, D, p.attn_norm, eps, bf16(), u);
-  attention(l, st.layers[size_t(l)], plan, dp, u, y);
+  attention(l, pool, plan, dp, u, y);
   ops().hc_post(y, X, post, comb, n, HC, D, bf16(), X);
   // §5.2 FFN sublayer
   ops().hc_pre(X, n, HC, D, p.hc_ffn_fn, p.hc_ffn_scale, p.hc_ffn_base, cfg_.hc_sinkhorn_iters, hc_eps, eps, bf16(),

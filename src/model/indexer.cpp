@@ -1,19 +1,30 @@
 // Lightning indexer of ratio-4 layers (spec §5.6): its own overlapping compressor (Hadamard + FP4 keys), queries
 // from the q latent (wq_b, RoPE, Hadamard, FP4), per-head weights from x, score_j = Σ_h relu(q_h·k_j)·w_h over the
-// visible rows j < floor((p+1)/4), top-k selection (inside the op: no host round trip).
+// visible rows j < floor((p+1)/4) of the token's own sequence (paged keys), top-k selection as pool row ids (inside
+// the op: no host round trip).
 #include <cmath>
 
 #include "model/model.h"
 
 namespace dsv4 {
 
-void Model::indexer(int l, LayerState& ls, const StepPlan& plan, const DevicePlan& dp, const float* x,
+void Model::indexer(int l, StatePool& pool, const StepPlan& plan, const DevicePlan& dp, const float* x,
                     const float* qr, int32_t* sel) const {
   const LayerResident& lp = lr_[size_t(l)];
   const int64_t n = plan.n, IH = cfg_.index_n_heads, IDh = cfg_.index_head_dim;
   const int64_t rd = cfg_.qk_rope_head_dim, topk = cfg_.index_topk;
   const bool bf = bf16();
-  compressor(lp.idx_cmp, ls.idx_cmp, plan, dp, x, true, ls.idx_ptr());
+  StatePool::LayerBuffers& lb = pool.layer(l);
+  CompressorPools cp;
+  cp.ratio = 4;
+  cp.coff = 2;
+  cp.c = IDh;
+  cp.k = lb.idx_k.as<float>();
+  cp.s = lb.idx_s.as<float>();
+  cp.rows = lb.keys.as<float>();
+  cp.snap_k = lb.snap_idx_k.as<float>();
+  cp.snap_s = lb.snap_idx_s.as<float>();
+  compressor(lp.idx_cmp, cp, plan, dp, x, true);
   const RatioPlan& rp = *plan.ratio(4);
   const DeviceRatioPlan& drp = dp.ratios[size_t(&rp - plan.ratios.data())];
 
@@ -32,7 +43,13 @@ void Model::indexer(int l, LayerState& ls, const StepPlan& plan, const DevicePla
   ops().linear(lp.idx_weights_proj, x, n, w, wo);
   const float wscale = float(std::pow(double(IDh), -0.5) * std::pow(double(IH), -0.5));
   ops().scale(w, n * IH, wscale, bf);
-  ops().indexer_topk(q, n, IH, IDh, ls.idx_ptr(), drp.n_visible, rp.max_visible, w, topk, bf, sel);
+  PagedRows keys;
+  keys.rows = lb.keys.as<float>();
+  keys.pages = drp.key_pages;
+  keys.table = drp.key_table;
+  keys.page_rows = rp.rpp;
+  keys.max_run = rp.max_run;
+  ops().indexer_topk(q, n, IH, IDh, keys, drp.n_visible, rp.max_visible, w, topk, bf, sel);  // pool rows
 }
 
 }  // namespace dsv4

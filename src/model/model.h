@@ -3,11 +3,14 @@
 //
 // Forward pass: spec §5 (embedding, 4-stream hyper-connections, attention with window + compressed KV + indexer, MoE,
 // head), written once against the op interface (backend/ops.h). Each step is planned on the host from positions
-// (model/step_plan.h) and then runs entirely on the backend's device; only the wanted logits come back.
+// (model/step_plan.h) and then runs entirely on the backend's device; only the wanted logits come back. One step
+// runs a ragged batch of sequences (model/batch.h) whose state lives in one StatePool (model/state_pool.h); the
+// single-sequence API (SequenceState, ModelSequence) is a batch of one over a private pool.
 // Numerics (ONE switch, backend/numerics.h): `reference` reproduces every quantization point of the official
 // implementation (§8), `dense` is fp32 with exactly dequantized weights (what HF transformers computes).
-// Results are independent of how a sequence is split into append() calls (any chunking, decode) and, on the CPU, of
-// the thread count: every op is per-row/per-token with fixed reduction orders and visibility is position based.
+// Results are independent of how a sequence is split into append() calls (any chunking, decode), of what else shares
+// its steps and, on the CPU, of the thread count: every op is per-row/per-token with fixed reduction orders and
+// visibility is position based.
 //
 // Memory: resident weights (CPU: the mapped checkpoint; CUDA: a device copy) + small fp32 copies of norms / hc / ape /
 // sinks / biases + per-sequence state (sequence_state.h) + a workspace bounded by the ubatch size.
@@ -27,16 +30,18 @@
 #include "loader/config.h"
 #include "loader/safetensors.h"
 #include "loader/weights.h"
+#include "model/batch.h"
 #include "model/language_model.h"
 #include "model/rope.h"
 #include "model/sequence_state.h"
+#include "model/state_pool.h"
 #include "model/step_plan.h"
 
 namespace dsv4 {
 
 struct ModelOptions {
   Numerics numerics = Numerics::reference;
-  int64_t ubatch = 256;            // max tokens per forward step inside one append (bounds scratch memory)
+  int64_t ubatch = 256;            // max tokens per forward step (a batch is split into ubatches; bounds scratch)
   Device device{};                 // where to run (ignored when `backend` is given)
   Backend* backend = nullptr;      // run on this backend (not owned; must outlive the model), e.g. a test double
   int n_threads = 0;               // CPU backend: OpenMP threads (> 0: set at load, process-wide; 0: keep)
@@ -93,6 +98,8 @@ class Model final : public LanguageModel {
 
   // A fresh sequence state on this model's backend.
   SequenceState fresh_state() const { return SequenceState::fresh(cfg_, *be_); }
+  // A state pool for many sequences on this model's backend (model/state_pool.h).
+  StatePool make_pool(const StatePoolOptions& o) const { return StatePool(cfg_, *be_, o); }
 
   // Receives the next-token logits (fp32, n_vocab, host memory) after position `pos`.
   using LogitsSink = std::function<void(int64_t pos, std::span<const float> logits)>;
@@ -103,6 +110,13 @@ class Model final : public LanguageModel {
   // non-finite logits.
   void forward(SequenceState& st, std::span<const int32_t> tokens, const std::function<bool(int64_t)>& want_logits,
                const LogitsSink& sink) const;
+
+  // One batched step (model/batch.h): every sequence of `batch` advances by its tokens in `pool` (split into ubatches
+  // of <= options().ubatch tokens); the wanted logits go to `sink`, and the requested snapshots are taken. Sequence
+  // positions are not tracked here: the caller owns which slot holds how many positions. Throws dsv4::Error on an
+  // invalid batch (out-of-range ids, slots, pages or snapshots, a slot twice, context overflow); non-finite logits
+  // are reported to the sink, not thrown.
+  void forward(const Batch& batch, StatePool& pool, const BatchLogitsSink& sink) const;
 
   // Convenience: fresh-state prefill returning the logits of every position ([n, n_vocab]).
   std::vector<float> logits_all(std::span<const int32_t> tokens) const;
@@ -121,16 +135,24 @@ class Model final : public LanguageModel {
   static std::unique_ptr<Model> init(const ModelOptions& opts, ModelConfig cfg);
   void make_resident();
   const float* upload_f32(const WeightRef& w, size_t expect, const char* what, int layer);
-  void forward_ubatch(SequenceState& st, std::span<const int32_t> tokens, const std::vector<char>& want,
-                      const LogitsSink& sink) const;
-  void block(int layer, SequenceState& st, const StepPlan& plan, const DevicePlan& dp, float* X) const;
-  void attention(int layer, LayerState& ls, const StepPlan& plan, const DevicePlan& dp, const float* x,
+  // The state one compressor reads and writes in the pool.
+  struct CompressorPools {
+    int ratio = 0, coff = 1;
+    int64_t c = 0;                               // pooled row width
+    float *k = nullptr, *s = nullptr;            // frontiers [n_slots * coff*ratio, coff*c]
+    float* rows = nullptr;                       // compressed rows / indexer keys [n_pages * rpp, c]
+    float *snap_k = nullptr, *snap_s = nullptr;  // snapshot frontier rows [n_snapshots * ratio, coff*c] (ratio 4)
+  };
+  void validate(const Batch& batch, const StatePool& pool) const;
+  void forward_ubatch(StepPlan plan, StatePool& pool, const BatchLogitsSink& sink) const;
+  void block(int layer, StatePool& pool, const StepPlan& plan, const DevicePlan& dp, float* X) const;
+  void attention(int layer, StatePool& pool, const StepPlan& plan, const DevicePlan& dp, const float* x,
                  float* out) const;
-  // Runs one compressor over x [n, D], writing the emitted rows at row n_comp_before of `rows` (width c) and
-  // advancing the frontier `cs`.
-  void compressor(const CompressorResident& w, CompressorState& cs, const StepPlan& plan, const DevicePlan& dp,
-                  const float* x, bool indexer, float* rows) const;
-  void indexer(int layer, LayerState& ls, const StepPlan& plan, const DevicePlan& dp, const float* x,
+  // Runs one compressor over x [n, D]: the emitted rows go to their pool rows, snapshots take their frontier rows,
+  // and the frontiers of the step's slots advance.
+  void compressor(const CompressorResident& w, const CompressorPools& cp, const StepPlan& plan, const DevicePlan& dp,
+                  const float* x, bool indexer) const;
+  void indexer(int layer, StatePool& pool, const StepPlan& plan, const DevicePlan& dp, const float* x,
                const float* qr, int32_t* sel) const;
   void moe(int layer, const DevicePlan& dp, int64_t n, const float* x, float* out) const;
   void head(const float* X, int64_t n, float* logits) const;

@@ -73,8 +73,8 @@ void ModelSequence::recover(int64_t p) {
 }
 
 void ModelSequence::restore(const Snapshot& s) {
-  if (s.state.layers.size() != state_.layers.size() || int64_t(s.tokens.size()) != s.state.n_past ||
-      s.state.backend != state_.backend)
+  if (s.state.pool.layout().layers.size() != state_.pool.layout().layers.size() ||
+      int64_t(s.tokens.size()) != s.state.n_past || s.state.backend != state_.backend)
     fail("restore: snapshot does not belong to this model");
   tokens_ = s.tokens;
   state_ = s.state;

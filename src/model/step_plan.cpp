@@ -15,100 +15,156 @@ const RatioPlan* StepPlan::ratio(int m) const {
 
 namespace {
 
-// The compressor plan of ratio m for tokens at positions [p0, p0 + n) (spec §5.5).
-RatioPlan plan_ratio(int m, int64_t p0, int64_t n, const RopeTable& yarn) {
+// The compressor plan of ratio m for the pieces of a step (spec §5.5; index spaces in step_plan.h).
+RatioPlan plan_ratio(int m, int64_t n, const std::vector<PlanPiece>& pieces, const std::vector<int64_t>& piece_t0,
+                     const RopeTable& yarn) {
   RatioPlan r;
   r.m = m;
   r.coff = ModelConfig::compressor_coff(m);
-  const int64_t p_end = p0 + n, w0 = p0 / m, w_end = p_end / m;
+  r.rpp = StateLayout::kPageTokens / m;
+  r.nr = int64_t(r.coff) * m;
   const bool overlap = r.coff == 2;
+  const int64_t nr = r.nr, rpp = r.rpp;
   r.ape_row.resize(size_t(n));
-  for (int64_t t = 0; t < n; ++t) r.ape_row[size_t(t)] = int32_t((p0 + t) % m);
-
-  // Source of position q's projections: this step's row, or the frontier row that holds it at the step's start
-  // (window w0 = the partial window: rows [m, 2m) when overlapping, else [0, m); window w0 - 1 = rows [0, m)).
-  auto src = [&](int64_t q) -> int32_t {
-    if (q < 0) return -1;
-    if (q >= p0) return int32_t(q - p0);
-    const int64_t w = q / m;
-    if (w == w0) return int32_t(n + (overlap ? m : 0) + q % m);
-    if (overlap && w == w0 - 1) return int32_t(n + q % m);
-    return -1;  // not held (never asked for)
-  };
-
-  r.n_comp_before = w0;
-  r.n_emit = w_end - w0;
-  const int64_t nc = r.coff * m;
-  r.cand.resize(size_t(r.n_emit * nc));
+  r.n_visible.resize(size_t(n));
   std::vector<int64_t> epos;
-  for (int64_t e = 0; e < r.n_emit; ++e) {
-    const int64_t w = w0 + e;
-    int32_t* c = &r.cand[size_t(e * nc)];
-    if (overlap) {
-      for (int64_t j = 0; j < m; ++j) c[j] = src((w - 1) * m + j);      // previous window, first half
-      for (int64_t j = 0; j < m; ++j) c[m + j] = src(w * m + j);        // this window, second half
-    } else {
-      for (int64_t j = 0; j < m; ++j) c[j] = src(w * m + j);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const PlanPiece& pc = pieces[i];
+    const int64_t p0 = pc.p0, ni = int64_t(pc.tokens.size()), t0 = piece_t0[i], p_end = p0 + ni;
+    const int64_t w0 = p0 / m, w_end = p_end / m, fbase = n + pc.slot * nr;
+    for (int64_t t = 0; t < ni; ++t) {
+      r.ape_row[size_t(t0 + t)] = int32_t((p0 + t) % m);
+      r.n_visible[size_t(t0 + t)] = int32_t((p0 + t + 1) / m);
     }
-    epos.push_back(w * m);
+    r.max_visible = std::max(r.max_visible, p_end / m);
+    r.max_run = std::max(r.max_run, ni);
+
+    // Source of position q's projections: this step's row, or the frontier row that holds it at the step's start
+    // (window w0 = the partial window: rows [m, 2m) when overlapping, else [0, m); window w0 - 1 = rows [0, m)).
+    auto src = [&](int64_t q) -> int32_t {
+      if (q < 0) return -1;
+      if (q >= p0) return int32_t(t0 + q - p0);
+      const int64_t w = q / m;
+      if (w == w0) return int32_t(fbase + (overlap ? m : 0) + q % m);
+      if (overlap && w == w0 - 1) return int32_t(fbase + q % m);
+      return -1;  // not held (never asked for)
+    };
+    auto pool_row = [&](int64_t w) { return int32_t(int64_t(pc.pages[size_t(w / rpp)]) * rpp + w % rpp); };
+
+    for (int64_t w = w0; w < w_end; ++w) {
+      if (overlap) {
+        for (int64_t j = 0; j < m; ++j) r.cand.push_back(src((w - 1) * m + j));  // previous window, first half
+        for (int64_t j = 0; j < m; ++j) r.cand.push_back(src(w * m + j));        // this window, second half
+      } else {
+        for (int64_t j = 0; j < m; ++j) r.cand.push_back(src(w * m + j));
+      }
+      epos.push_back(w * m);
+      r.emit_dst.push_back(pool_row(w));
+    }
+
+    // The frontier after the step: previous complete window (overlap) + the partial window w_end.
+    std::vector<int32_t> upd(static_cast<size_t>(nr));
+    for (int64_t j = 0; j < m; ++j) {
+      const int64_t cur = w_end * m + j;  // row j of the partial window
+      const int32_t keep_cur = int32_t(fbase + (overlap ? m : 0) + j);
+      upd[size_t((overlap ? m : 0) + j)] = (cur >= p0 && cur < p_end) ? int32_t(t0 + cur - p0) : keep_cur;
+      if (overlap) {
+        const int64_t prev = (w_end - 1) * m + j;
+        upd[size_t(j)] = w_end == 0 ? int32_t(fbase + j) : src(prev);
+      }
+    }
+    for (int64_t j = 0; j < nr; ++j)
+      if (upd[size_t(j)] != int32_t(fbase + j)) {  // rows that keep their value need no copy (decode: 1-8 rows)
+        r.upd.push_back(upd[size_t(j)]);
+        r.upd_dst.push_back(int32_t(pc.slot * nr + j));
+      }
+
+    // Snapshots: the frontier rows [0, m) at position B are the last complete window [B - m, B).
+    if (overlap)
+      for (const auto& sn : pc.snapshots)
+        for (int64_t j = 0; j < m; ++j) r.snap_src.push_back(src(sn.at - m + j));
   }
+  r.n_emit = int64_t(epos.size());
   r.emit_cs.resize(size_t(r.n_emit) * size_t(yarn.rd()));
   yarn.cos_sin(epos, r.emit_cs.data());
 
-  // The frontier after the step: previous complete window (overlap) + the partial window w_end.
-  r.upd.resize(size_t(nc));
-  for (int64_t j = 0; j < m; ++j) {
-    const int64_t cur = w_end * m + j;  // row j of the partial window
-    const int32_t keep_cur = int32_t(n + (overlap ? m : 0) + j);
-    r.upd[size_t((overlap ? m : 0) + j)] = (cur >= p0 && cur < p_end) ? int32_t(cur - p0) : keep_cur;
-    if (overlap) {
-      const int64_t prev = (w_end - 1) * m + j;
-      r.upd[size_t(j)] = w_end == 0 ? int32_t(n + j) : src(prev);
-    }
-  }
-
-  r.n_visible.resize(size_t(n));
-  for (int64_t t = 0; t < n; ++t) r.n_visible[size_t(t)] = int32_t((p0 + t + 1) / m);
-  r.max_visible = p_end / m;
   if (m != 4) {
     r.k_all = r.max_visible;
     r.all_idx.assign(size_t(n * r.k_all), -1);
-    for (int64_t t = 0; t < n; ++t)
-      for (int64_t j = 0; j < r.n_visible[size_t(t)]; ++j) r.all_idx[size_t(t * r.k_all + j)] = int32_t(j);
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const PlanPiece& pc = pieces[i];
+      for (int64_t t = 0; t < int64_t(pc.tokens.size()); ++t) {
+        const int64_t row = piece_t0[i] + t;
+        int32_t* out = r.all_idx.data() + row * r.k_all;
+        for (int64_t j = 0; j < r.n_visible[size_t(row)]; ++j)
+          out[j] = int32_t(int64_t(pc.pages[size_t(j / rpp)]) * rpp + j % rpp);
+      }
+    }
+  } else {
+    r.key_table.resize(size_t(n));
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const PlanPiece& pc = pieces[i];
+      const int32_t start = int32_t(r.key_pages.size());
+      const int64_t np = StateLayout::pages_for(pc.p0 + int64_t(pc.tokens.size()));
+      r.key_pages.insert(r.key_pages.end(), pc.pages.begin(), pc.pages.begin() + np);
+      for (int64_t t = 0; t < int64_t(pc.tokens.size()); ++t) r.key_table[size_t(piece_t0[i] + t)] = start;
+    }
   }
   return r;
 }
 
 }  // namespace
 
-StepPlan StepPlan::build(const ModelConfig& cfg, const RopeTable& plain, const RopeTable& yarn, int64_t p0,
-                         std::span<const int32_t> tokens, const std::vector<char>& want_logits) {
+StepPlan StepPlan::build(const ModelConfig& cfg, const StateLayout& layout, const RopeTable& plain,
+                         const RopeTable& yarn, int64_t n_slots, std::vector<PlanPiece> pieces) {
   StepPlan p;
-  const int64_t n = int64_t(tokens.size()), W = cfg.sliding_window;
-  p.n = n;
-  p.p0 = p0;
+  const int64_t W = cfg.sliding_window;
   p.window = W;
   p.rd = cfg.qk_rope_head_dim;
-  p.tokens.assign(tokens.begin(), tokens.end());
+  p.n_ring = n_slots * W;
+  p.pieces = std::move(pieces);
+  for (const PlanPiece& pc : p.pieces) {
+    p.piece_t0.push_back(p.n);
+    p.n += int64_t(pc.tokens.size());
+  }
+  const int64_t n = p.n;
   std::vector<int64_t> pos(static_cast<size_t>(n));
-  for (int64_t t = 0; t < n; ++t) pos[size_t(t)] = p0 + t;
+  for (size_t i = 0; i < p.pieces.size(); ++i) {
+    const PlanPiece& pc = p.pieces[i];
+    p.tokens.insert(p.tokens.end(), pc.tokens.begin(), pc.tokens.end());
+    for (int64_t t = 0; t < int64_t(pc.tokens.size()); ++t) pos[size_t(p.piece_t0[i] + t)] = pc.p0 + t;
+  }
   p.cs_plain.resize(size_t(n * p.rd));
   p.cs_yarn.resize(size_t(n * p.rd));
   plain.cos_sin(pos, p.cs_plain.data());
   yarn.cos_sin(pos, p.cs_yarn.data());
 
-  // window candidates: positions max(0, p-W+1) .. p, oldest -> newest (spec §5.4-4)
+  // window candidates: positions max(0, p-W+1) .. p, oldest -> newest (spec §5.4-4); ring writes; snapshots
   p.win_idx.assign(size_t(n * W), -1);
-  for (int64_t t = 0; t < n; ++t) {
-    const int64_t q_pos = p0 + t;
-    int32_t* row = &p.win_idx[size_t(t * W)];
-    int64_t c = 0;
-    for (int64_t qp = std::max<int64_t>(0, q_pos - W + 1); qp <= q_pos; ++qp)
-      row[c++] = int32_t(qp >= p0 ? W + (qp - p0) : qp % W);
-  }
-  for (int64_t t = std::max<int64_t>(0, n - W); t < n; ++t) {
-    p.ring_src.push_back(int32_t(t));
-    p.ring_dst.push_back(int32_t((p0 + t) % W));
+  for (size_t i = 0; i < p.pieces.size(); ++i) {
+    const PlanPiece& pc = p.pieces[i];
+    const int64_t p0 = pc.p0, ni = int64_t(pc.tokens.size()), t0 = p.piece_t0[i];
+    auto win_src = [&](int64_t qp) {
+      return int32_t(qp >= p0 ? p.n_ring + t0 + (qp - p0) : pc.slot * W + qp % W);
+    };
+    for (int64_t t = 0; t < ni; ++t) {
+      const int64_t q_pos = p0 + t;
+      int32_t* row = &p.win_idx[size_t((t0 + t) * W)];
+      int64_t c = 0;
+      for (int64_t qp = std::max<int64_t>(0, q_pos - W + 1); qp <= q_pos; ++qp) row[c++] = win_src(qp);
+    }
+    for (int64_t t = std::max<int64_t>(0, ni - W); t < ni; ++t) {
+      p.ring_src.push_back(int32_t(t0 + t));
+      p.ring_dst.push_back(int32_t(pc.slot * W + (p0 + t) % W));
+    }
+    for (const auto& sn : pc.snapshots) {
+      p.snap_ids.push_back(sn.id);
+      // ring slot r at position B holds the position q in [B - W, B) with q % W == r (none when q < 0: row 0,
+      // never read)
+      std::vector<int32_t> ring(static_cast<size_t>(W), 0);
+      for (int64_t q = std::max<int64_t>(0, sn.at - W); q < sn.at; ++q) ring[size_t(q % W)] = win_src(q);
+      p.snap_ring_src.insert(p.snap_ring_src.end(), ring.begin(), ring.end());
+    }
   }
 
   const int64_t G = cfg.o_groups;
@@ -121,15 +177,25 @@ StepPlan StepPlan::build(const ModelConfig& cfg, const RopeTable& plain, const R
     }
 
   std::set<int> ms;
-  for (int l = 0; l < cfg.num_hidden_layers; ++l)
-    if (cfg.compress_ratio(l) > 0) ms.insert(cfg.compress_ratio(l));
-  for (int m : ms) p.ratios.push_back(plan_ratio(m, p0, n, yarn));
+  for (const auto& l : layout.layers)
+    if (l.ratio > 0) ms.insert(l.ratio);
+  size_t n_iota = 1;
+  for (int m : ms) {
+    p.ratios.push_back(plan_ratio(m, n, p.pieces, p.piece_t0, yarn));
+    n_iota = std::max({n_iota, size_t(p.ratios.back().n_emit), p.ratios.back().upd.size()});
+  }
+  p.iota.resize(n_iota);
+  for (size_t i = 0; i < n_iota; ++i) p.iota[i] = int32_t(i);
 
-  for (int64_t t = 0; t < n; ++t)
-    if (t < int64_t(want_logits.size()) && want_logits[size_t(t)]) {
-      p.logit_rows.push_back(int32_t(t));
-      p.logit_pos.push_back(p0 + t);
-    }
+  for (size_t i = 0; i < p.pieces.size(); ++i) {
+    const PlanPiece& pc = p.pieces[i];
+    for (int64_t t = 0; t < int64_t(pc.tokens.size()); ++t)
+      if (t < int64_t(pc.want.size()) && pc.want[size_t(t)]) {
+        p.logit_rows.push_back(int32_t(p.piece_t0[i] + t));
+        p.logit_seq.push_back(pc.seq);
+        p.logit_pos.push_back(pc.p0 + t);
+      }
+  }
   return p;
 }
 
@@ -156,31 +222,47 @@ DevicePlan DevicePlan::upload(const StepPlan& p, Backend& be, Workspace& ws) {
   Packer pk;
   const size_t o_tok = pk.add(p.tokens), o_win = pk.add(p.win_idx), o_rs = pk.add(p.ring_src),
                o_rd = pk.add(p.ring_dst), o_gf = pk.add(p.group_fwd), o_gb = pk.add(p.group_back),
-               o_lr = pk.add(p.logit_rows), o_cp = pk.add(p.cs_plain), o_cy = pk.add(p.cs_yarn);
+               o_lr = pk.add(p.logit_rows), o_io = pk.add(p.iota), o_sr = pk.add(p.snap_ring_src),
+               o_cp = pk.add(p.cs_plain), o_cy = pk.add(p.cs_yarn);
   struct R {
-    size_t ape, cand, upd, nv, all, cs;
+    size_t ape, cand, edst, upd, udst, nv, all, kp, kt, ss, cs;
   };
   std::vector<R> ro;
   for (const auto& r : p.ratios)
-    ro.push_back({pk.add(r.ape_row), pk.add(r.cand), pk.add(r.upd), pk.add(r.n_visible), pk.add(r.all_idx),
-                  pk.add(r.emit_cs)});
+    ro.push_back({pk.add(r.ape_row), pk.add(r.cand), pk.add(r.emit_dst), pk.add(r.upd), pk.add(r.upd_dst),
+                  pk.add(r.n_visible), pk.add(r.all_idx), pk.add(r.key_pages), pk.add(r.key_table),
+                  pk.add(r.snap_src), pk.add(r.emit_cs)});
   uint8_t* dev = static_cast<uint8_t*>(ws.alloc_bytes(std::max<size_t>(pk.bytes_.size(), 1)));
   be.copy_to_device(dev, pk.bytes_.data(), pk.bytes_.size());
   auto at = [&](size_t off) -> const void* { return off == Packer::kNone ? nullptr : dev + off; };
+  auto i32 = [&](size_t off) { return static_cast<const int32_t*>(at(off)); };
   DevicePlan d;
-  d.tokens = static_cast<const int32_t*>(at(o_tok));
-  d.win_idx = static_cast<const int32_t*>(at(o_win));
-  d.ring_src = static_cast<const int32_t*>(at(o_rs));
-  d.ring_dst = static_cast<const int32_t*>(at(o_rd));
-  d.group_fwd = static_cast<const int32_t*>(at(o_gf));
-  d.group_back = static_cast<const int32_t*>(at(o_gb));
-  d.logit_rows = static_cast<const int32_t*>(at(o_lr));
+  d.tokens = i32(o_tok);
+  d.win_idx = i32(o_win);
+  d.ring_src = i32(o_rs);
+  d.ring_dst = i32(o_rd);
+  d.group_fwd = i32(o_gf);
+  d.group_back = i32(o_gb);
+  d.logit_rows = i32(o_lr);
+  d.iota = i32(o_io);
+  d.snap_ring_src = i32(o_sr);
   d.cs_plain = static_cast<const float*>(at(o_cp));
   d.cs_yarn = static_cast<const float*>(at(o_cy));
-  for (const auto& r : ro)
-    d.ratios.push_back({static_cast<const int32_t*>(at(r.ape)), static_cast<const int32_t*>(at(r.cand)),
-                        static_cast<const int32_t*>(at(r.upd)), static_cast<const int32_t*>(at(r.nv)),
-                        static_cast<const int32_t*>(at(r.all)), static_cast<const float*>(at(r.cs))});
+  for (const auto& r : ro) {
+    DeviceRatioPlan x;
+    x.ape_row = i32(r.ape);
+    x.cand = i32(r.cand);
+    x.emit_dst = i32(r.edst);
+    x.upd = i32(r.upd);
+    x.upd_dst = i32(r.udst);
+    x.n_visible = i32(r.nv);
+    x.all_idx = i32(r.all);
+    x.key_pages = i32(r.kp);
+    x.key_table = i32(r.kt);
+    x.snap_src = i32(r.ss);
+    x.emit_cs = static_cast<const float*>(at(r.cs));
+    d.ratios.push_back(x);
+  }
   return d;
 }
 

@@ -326,6 +326,16 @@ TEST(Gemm, DecodeShapes) {
     run_case(c, rng);
 }
 
+TEST(Gemm, SmallBatchShapes) {
+  // 2-8 tokens against full 64-row groups: the fused multi-token GEMV (AVX-512, BF16 dense: the lm head and the
+  // compressor projections of a batch of decodes), plus partial groups and K not a multiple of 32 (panel path).
+  std::mt19937 rng(8);
+  for (int64_t n : {2, 3, 4, 5, 7, 8, 9})
+    for (const Case& c : {Case{GemmFormat::bf16, 192, 96, n, D()}, Case{GemmFormat::bf16, 128, 512, n, D(true)},
+                          Case{GemmFormat::bf16, 100, 64, n, D()}, Case{GemmFormat::bf16, 64, 80, n, D(true, true)}})
+      run_case(c, rng);
+}
+
 TEST(Gemm, RowOfOutputIndependentOfBatch) {
   // Row t of y depends only on row t of x: a 1-token call equals the same row of a 37-token call.
   std::mt19937 rng(5);

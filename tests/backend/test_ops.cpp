@@ -290,7 +290,9 @@ TEST(Ops, IndexerTopkScoresTiesAndPadding) {
   std::vector<float> w{1.0f, 5.0f, 1.0f, 5.0f};
   std::vector<int32_t> nv{8, 2};
   std::vector<int32_t> sel(2 * 3);
-  ops().indexer_topk(q.data(), 2, H, dim, keys.data(), nv.data(), 8, w.data(), 3, false, sel.data());
+  PagedRows kr;
+  kr.rows = keys.data();
+  ops().indexer_topk(q.data(), 2, H, dim, kr, nv.data(), 8, w.data(), 3, false, sel.data());
   // scores token 0: j=3,7 -> 2; others 1: top3 = 3, 7, 0 (ties -> lower index)
   EXPECT_EQ(sel[0], 3);
   EXPECT_EQ(sel[1], 7);
@@ -299,6 +301,44 @@ TEST(Ops, IndexerTopkScoresTiesAndPadding) {
   EXPECT_EQ(sel[3], 0);
   EXPECT_EQ(sel[4], 1);
   EXPECT_EQ(sel[5], -1);
+}
+
+// Paged keys: the same logical keys scattered over pages of 2 rows in a pool, two sequences with their own page
+// tables in one call. The selection (by score, ties -> lower LOGICAL index) is the contiguous one, mapped to pool rows.
+TEST(Ops, IndexerTopkPagedKeysSelectPoolRows) {
+  const int64_t H = 2, dim = 4, pr = 2;
+  std::vector<float> logical(8 * 4, 0.0f);
+  for (int j = 0; j < 8; ++j) logical[size_t(j * 4 + j % 4)] = float(j % 4 == 3 ? 2 : 1);
+  // sequence A: logical pages 0..3 -> pool pages 5, 1, 6, 3; sequence B (other keys): pages 0, 2
+  const std::vector<int32_t> pages{5, 1, 6, 3, 0, 2};
+  std::vector<float> pool(7 * pr * 4, 0.0f);
+  for (int j = 0; j < 8; ++j) {
+    const int64_t row = int64_t(pages[size_t(j / pr)]) * pr + j % pr;
+    std::copy(logical.begin() + j * 4, logical.begin() + j * 4 + 4, pool.begin() + row * 4);
+  }
+  for (int j = 0; j < 4; ++j) pool[size_t((pages[size_t(4 + j / pr)] * pr + j % pr) * 4 + 3 - j % 4)] = 3.0f;  // B
+  std::vector<float> q{1, 1, 1, 1, -1, -1, -1, -1, 1, 1, 1, 1, -1, -1, -1, -1, 1, 1, 1, 1, 0, 0, 0, 0};
+  std::vector<float> w{1.0f, 5.0f, 1.0f, 5.0f, 1.0f, 1.0f};
+  std::vector<int32_t> nv{8, 2, 3}, table{0, 0, 4};
+  std::vector<int32_t> sel(3 * 3);
+  PagedRows kr;
+  kr.rows = pool.data();
+  kr.pages = pages.data();
+  kr.table = table.data();
+  kr.page_rows = pr;
+  kr.max_run = 2;
+  ops().indexer_topk(q.data(), 3, H, dim, kr, nv.data(), 8, w.data(), 3, false, sel.data());
+  auto prow = [&](int t0, int j) { return int32_t(pages[size_t(t0 + j / pr)] * pr + j % pr); };
+  EXPECT_EQ(sel[0], prow(0, 3));
+  EXPECT_EQ(sel[1], prow(0, 7));
+  EXPECT_EQ(sel[2], prow(0, 0));
+  EXPECT_EQ(sel[3], prow(0, 0));
+  EXPECT_EQ(sel[4], prow(0, 1));
+  EXPECT_EQ(sel[5], -1);
+  // sequence B: every visible key scores 3 (ties): logical order 0, 1, 2
+  EXPECT_EQ(sel[6], prow(4, 0));
+  EXPECT_EQ(sel[7], prow(4, 1));
+  EXPECT_EQ(sel[8], prow(4, 2));
 }
 
 TEST(Ops, RouteHashAndBiasedTopk) {

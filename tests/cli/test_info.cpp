@@ -113,6 +113,15 @@ TEST(CliInfo, FlashJsonDetails) {
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["state_bytes_per_token"].get<double>(), 13760.0);
   EXPECT_EQ(j["state_bytes_fixed_per_sequence"].get<uint64_t>(), 23478272u);
+  // the engine loop's paged layout (fp32 rows): 21 CSA x 32 x (512 + 128) x 4 + 20 HCA x 512 x 4 per 128 tokens;
+  // slot = rings + frontiers (= the fixed state above); snapshot = rings + CSA frontier rows [0, 4)
+  const auto& ps = j["paged_state"];
+  EXPECT_EQ(ps["row_format"], "f32");
+  EXPECT_EQ(ps["page_tokens"], 128);
+  EXPECT_EQ(ps["page_bytes"].get<uint64_t>(), 1761280u);
+  EXPECT_EQ(ps["bytes_per_token"].get<double>(), 13760.0);
+  EXPECT_EQ(ps["slot_bytes_per_sequence"].get<uint64_t>(), 23478272u);
+  EXPECT_EQ(ps["snapshot_bytes"].get<uint64_t>(), 12132352u);
   EXPECT_EQ(j["num_mtp_layers"], 1);
   EXPECT_EQ(j["mtp_bound"], true);
   // spec §2.4: 290.94 B with MTP, 13.80 B active (incl. the input embedding)

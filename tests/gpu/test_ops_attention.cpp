@@ -12,7 +12,9 @@
 // * indexer_topk (a) exact inputs (every dot product and head sum exact in fp32 and bf16, massive ties): the
 //   selections must equal the CPU's exactly, order included; (b) realistic random inputs at the real shape: the
 //   selected sets may differ only at near-ties of the CPU's k-th score (expected: no difference at all, the scores
-//   are computed in the CPU's order).
+//   are computed in the CPU's order); (c) paged keys (PagedRows): several sequences per call, each with its own page
+//   table over one scattered pool, runs of 1 .. 40 tokens per sequence (so score tiles span sequences), with and
+//   without the max_run hint: the selected POOL rows must equal the CPU's exactly, order included.
 #include <algorithm>
 #include <cmath>
 #include <cstdarg>
@@ -324,21 +326,44 @@ struct IdxInputs {
   int64_t n_tok = 0, H = 0, dim = 0, max_visible = 0, topk = 0;
   std::vector<float> q, keys, w;
   std::vector<int32_t> nv;
+  // paged keys (empty pages: one contiguous pool shared by every token): token t's logical key j is pool row
+  // pages[table[t] + j / page_rows] * page_rows + j % page_rows of `keys`
+  std::vector<int32_t> pages, table;
+  int64_t page_rows = 0, max_run = 0;
 };
 
 std::vector<int32_t> idx_cpu(const IdxInputs& in, bool bf16) {
   std::vector<int32_t> sel(size_t(in.n_tok * in.topk));
-  cops().indexer_topk(in.q.data(), in.n_tok, in.H, in.dim, in.keys.data(), in.nv.data(), in.max_visible, in.w.data(),
-                      in.topk, bf16, sel.data());
+  PagedRows kr;
+  kr.rows = in.keys.data();
+  if (!in.pages.empty()) {
+    kr.pages = in.pages.data();
+    kr.table = in.table.data();
+    kr.page_rows = in.page_rows;
+    kr.max_run = in.max_run;
+  }
+  cops().indexer_topk(in.q.data(), in.n_tok, in.H, in.dim, kr, in.nv.data(), in.max_visible, in.w.data(), in.topk,
+                      bf16, sel.data());
   return sel;
 }
 
 std::vector<int32_t> idx_cuda(const IdxInputs& in, bool bf16) {
   Buffer q = to_device(dev(), in.q), keys = to_device(dev(), in.keys), w = to_device(dev(), in.w),
          nv = to_device(dev(), in.nv);
+  Buffer pages, table;
+  PagedRows kr;
+  kr.rows = keys.as<float>();
+  if (!in.pages.empty()) {
+    pages = to_device(dev(), in.pages);
+    table = to_device(dev(), in.table);
+    kr.pages = pages.as<int32_t>();
+    kr.table = table.as<int32_t>();
+    kr.page_rows = in.page_rows;
+    kr.max_run = in.max_run;
+  }
   Buffer sel = out_buffer<int32_t>(dev(), size_t(in.n_tok * in.topk));
-  gops().indexer_topk(q.as<float>(), in.n_tok, in.H, in.dim, keys.as<float>(), nv.as<int32_t>(), in.max_visible,
-                      w.as<float>(), in.topk, bf16, sel.as<int32_t>());
+  gops().indexer_topk(q.as<float>(), in.n_tok, in.H, in.dim, kr, nv.as<int32_t>(), in.max_visible, w.as<float>(),
+                      in.topk, bf16, sel.as<int32_t>());
   return to_host<int32_t>(dev(), sel, size_t(in.n_tok * in.topk));
 }
 
@@ -438,6 +463,75 @@ TEST(GpuOpsAttention, IndexerTopkChunked) {
     expect_sel_equal(strf("H4 d128 top64 n_tok=3 nv<top-k, %s", num(bf16)), big, idx_cpu(big, bf16),
                      idx_cuda(big, bf16));
   }
+}
+
+// Paged keys, several sequences per call (the batched forward's layout): sequence i has runs[i] consecutive tokens
+// and nvis[i] logical keys in pages of `page_rows` rows scattered over one pool (shuffled page ids, some pages
+// unused); exact inputs with massive ties. Token t' of sequence i sees nvis[i] - (runs[i] - 1 - t') keys (the causal
+// growth inside a prefill chunk).
+IdxInputs make_idx_paged(int64_t H, int64_t topk, const std::vector<int64_t>& runs, const std::vector<int32_t>& nvis,
+                         int64_t page_rows, uint32_t seed) {
+  std::vector<int32_t> nv;
+  for (size_t i = 0; i < runs.size(); ++i)
+    for (int64_t t = 0; t < runs[i]; ++t) nv.push_back(std::max<int32_t>(0, nvis[i] - int32_t(runs[i] - 1 - t)));
+  const int32_t max_nv = *std::max_element(nvis.begin(), nvis.end());
+  IdxInputs in = make_idx_exact(H, topk, nv, max_nv, seed);  // keys: [max(nv), dim] logical rows
+  std::mt19937 rng(seed + 7);
+  int64_t n_pages = 3;  // + unused pages
+  std::vector<int64_t> seq_pages;
+  for (int32_t v : nvis) {
+    seq_pages.push_back((v + page_rows - 1) / page_rows);
+    n_pages += seq_pages.back();
+  }
+  std::vector<int32_t> ids(static_cast<size_t>(n_pages));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  const int64_t n_logical = int64_t(in.keys.size()) / in.dim;
+  std::vector<float> pool(size_t(n_pages * page_rows * in.dim), 0.0625f);
+  size_t next = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const int32_t start = int32_t(in.pages.size());
+    for (int64_t k = 0; k < seq_pages[i]; ++k) in.pages.push_back(ids[next++]);
+    const int64_t shift = int64_t(rng() % 17);  // sequence i's key j is logical row (j + shift) % n_logical
+    for (int32_t j = 0; j < nvis[i]; ++j) {
+      const int64_t row = int64_t(in.pages[size_t(start + j / page_rows)]) * page_rows + j % page_rows;
+      const int64_t src = (j + shift) % n_logical;
+      std::copy(in.keys.begin() + src * in.dim, in.keys.begin() + (src + 1) * in.dim, pool.begin() + row * in.dim);
+    }
+    for (int64_t t = 0; t < runs[i]; ++t) in.table.push_back(start);
+  }
+  in.keys = std::move(pool);
+  in.page_rows = page_rows;
+  return in;
+}
+
+TEST(GpuOpsAttention, IndexerTopkPagedKeysOfSeveralSequences) {
+  DSV4_REQUIRE_GPU();
+  // decode of 24 sequences (1 token each); a mix of decodes and prefill chunks (runs 1 .. 40: score tiles span
+  // sequences); V4-Flash shape (64 heads, top-512) and the tiny models' (1 head, top-16); pages of 32 rows
+  struct Case {
+    int64_t H, topk;
+    std::vector<int64_t> runs;
+    std::vector<int32_t> nvis;
+    const char* what;
+  };
+  std::vector<Case> cases;
+  {
+    std::vector<int64_t> runs(24, 1);
+    std::vector<int32_t> nvis;
+    for (int i = 0; i < 24; ++i) nvis.push_back(1 + (i * 997) % 3000);
+    cases.push_back({64, 512, runs, nvis, "H64 top512 decode x24"});
+  }
+  cases.push_back({64, 512, {1, 3, 16, 1, 40, 2, 20, 1}, {700, 33, 2000, 5, 1024, 513, 64, 1}, "H64 top512 mixed"});
+  cases.push_back({1, 16, {5, 1, 1, 17, 9, 1}, {40, 16, 1, 100, 17, 3}, "H1 top16 mixed"});
+  for (const Case& c : cases)
+    for (bool bf16 : {false, true})
+      for (bool hint : {false, true}) {
+        IdxInputs in = make_idx_paged(c.H, c.topk, c.runs, c.nvis, 32, 1300 + uint32_t(c.runs.size()));
+        in.max_run = hint ? *std::max_element(c.runs.begin(), c.runs.end()) : 0;
+        expect_sel_equal(strf("paged %s, max_run %lld, %s", c.what, (long long)in.max_run, num(bf16)), in,
+                         idx_cpu(in, bf16), idx_cuda(in, bf16));
+      }
 }
 
 // The CPU's scores (same formula and order as CpuOps::indexer_topk), for the near-tie analysis.

@@ -100,7 +100,7 @@ void CudaOps::compress_pool(const float* kv, const float* score, int64_t n_tok, 
   if (n_emit > 0)
     DSV4_CUDA_OP(compress_pool, kv, score, n_tok, state_kv, state_score, cand, n_emit, n_cand, coff, c, out);
 }
-void CudaOps::indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_t dim, const float* keys,
+void CudaOps::indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_t dim, const PagedRows& keys,
                            const int32_t* n_visible, int64_t max_visible, const float* w, int64_t topk, bool bf16,
                            int32_t* sel) const {
   if (n_tok <= 0) return;

@@ -42,7 +42,7 @@ class CudaOps final : public Ops {
   void compress_pool(const float* kv, const float* score, int64_t n_tok, const float* state_kv,
                      const float* state_score, const int32_t* cand, int64_t n_emit, int64_t n_cand, int coff,
                      int64_t c, float* out) const override;
-  void indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_t dim, const float* keys,
+  void indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_t dim, const PagedRows& keys,
                     const int32_t* n_visible, int64_t max_visible, const float* w, int64_t topk, bool bf16,
                     int32_t* sel) const override;
   void route(const float* logits, int64_t n_tok, int64_t n_experts, int64_t k, const float* bias,

@@ -1,11 +1,18 @@
 // Lightning indexer scores + exact top-k (spec §5.6; semantics: Ops::indexer_topk in backend/ops.h; reference:
 // CpuOps::indexer_topk in backend/cpu_ops.cpp).
 //
+// Keys are paged (PagedRows): logical key row j of token t lives at pool row pages[table[t] + j / page_rows] *
+// page_rows + j % page_rows (pages == nullptr: row j). Scores and the selection work on logical indices j; only the
+// key loads and the final write (pool row ids) go through the page table.
+//
 // Two kernels per chunk of tokens:
-// 1. indexer_score_kernel: score[t, j] = maybe_bf(Σ_h maybe_bf(relu(maybe_bf(q[t,h]·key[j])) · w[t,h])) for
+// 1. indexer_score_kernel: score[t, j] = maybe_bf(Σ_h maybe_bf(relu(maybe_bf(q[t,h]·key_t(j))) · w[t,h])) for
 //    j < n_visible[t], written to scratch as an order-preserving uint32 (-0.0 mapped to +0.0). A CTA takes 16 tokens
 //    x 128 keys (4 x 128 or 1 x 256 for fewer tokens): the key tile stays in shared memory for all heads, q is staged
-//    2 heads at a time; every thread owns 4 (or 1) tokens x 2 keys. The arithmetic is the CPU's, in the CPU's order:
+//    2 heads at a time; every thread owns 4 (or 1) tokens x 2 keys. Tokens of a tile that belong to different
+//    sequences (different page tables) are handled as consecutive segments, each with its own key tile; every token
+//    is accumulated in exactly one segment, so its arithmetic does not depend on its neighbours. The launcher picks
+//    the tile shape from the tokens per sequence (PagedRows::max_run). The arithmetic is the CPU's, in the CPU's order:
 //    the dot uses the CPU's 8 fixed partial sums (lane l accumulates elements l, l+8, ... with separately rounded
 //    products and sums, combined as ((0+1)+(2+3))+((4+5)+(6+7))), the head sum runs in ascending h, no FMA anywhere.
 //    The scores, hence the selections, are therefore bitwise those of the CPU.
@@ -70,7 +77,10 @@ __device__ __forceinline__ void lds8(const float* p, float (&v)[8]) {
 struct ScoreArgs {
   const float* q;  // chunk base [n, H, dim]
   int64_t n, H, dim;
-  const float* keys;
+  const float* keys;         // key pool
+  const int32_t* pages;      // page tables, or nullptr (contiguous keys)
+  const int32_t* table;      // chunk base [n]: start of each token's page table (with pages)
+  int64_t page_rows;
   const int32_t* n_visible;  // chunk base [n]
   int64_t max_visible;
   const float* w;  // chunk base [n, H]
@@ -87,9 +97,15 @@ template <int TG, int TPT>
 struct ScoreCfg {
   static constexpr int KP = kThreads / TG, TT = TG * TPT, TJ = 2 * KP;
   static size_t smem(int64_t dim) {
-    return sizeof(float) * (size_t(TJ + TT * kHC) * size_t(round8(dim) + 4) + TT * kHC) + sizeof(int) * (TT + 1);
+    return sizeof(float) * (size_t(TJ + TT * kHC) * size_t(round8(dim) + 4) + TT * kHC) + sizeof(int) * (2 * TT);
   }
 };
+
+// Pool row of logical key row j for a token whose page table starts at tb (contiguous keys: j).
+__device__ __forceinline__ int64_t key_pool_row(const int32_t* pages, int64_t page_rows, int tb, int64_t j) {
+  if (pages == nullptr) return j;
+  return int64_t(pages[int64_t(tb) + j / page_rows]) * page_rows + j % page_rows;
+}
 
 template <int TG, int TPT>
 __global__ void __launch_bounds__(kThreads, 2) indexer_score_kernel(ScoreArgs a) {
@@ -100,89 +116,102 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_score_kernel(ScoreArgs a)
   float* ks = reinterpret_cast<float*>(smem4);  // [TJ][KS] key tile
   float* qs = ks + TJ * KS;                     // [TT][kHC][KS] q of the staged heads
   float* ws = qs + TT * kHC * KS;               // [TT][kHC]
-  int* nv_s = reinterpret_cast<int*>(ws + TT * kHC);  // [TT]
-  int* nvmax_s = nv_s + TT;
+  int* nv_s = reinterpret_cast<int*>(ws + TT * kHC);  // [TT] visible keys per token
+  int* tb_s = nv_s + TT;                              // [TT] page-table start per token (-1: past the chunk)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t j0 = int64_t(blockIdx.x) * TJ, t0 = int64_t(blockIdx.y) * TT;
-  if (tid == 0) *nvmax_s = 0;
-  __syncthreads();
   if (tid < TT) {
     int64_t nv = 0;
-    if (t0 + tid < a.n) nv = std::min<int64_t>(std::max<int32_t>(a.n_visible[t0 + tid], 0), a.max_visible);
+    int tb = -1;
+    if (t0 + tid < a.n) {
+      nv = std::min<int64_t>(std::max<int32_t>(a.n_visible[t0 + tid], 0), a.max_visible);
+      tb = a.pages ? a.table[t0 + tid] : 0;
+    }
     nv_s[tid] = int(nv);
-    atomicMax(nvmax_s, int(nv));
+    tb_s[tid] = tb;
   }
   __syncthreads();
-  const int64_t nvmax = *nvmax_s;
-  if (j0 >= nvmax) return;  // no token of the tile sees these keys (CTA-uniform)
-
-  // key tile (rows >= nvmax and columns >= dim are zero); one warp per row
-  for (int r = warp; r < TJ; r += kThreads / 32) {
-    const int64_t j = j0 + r;
-    const float* src = j < nvmax ? a.keys + j * a.dim : nullptr;
-    for (int col = lane * 4; col < DP; col += 128)
-      *reinterpret_cast<float4*>(ks + r * KS + col) = load4(src, col, a.dim, a.vec);
-  }
 
   const int kp = tid % KP, tg = tid / KP;  // keys kp, kp + KP; tokens TPT tg .. TPT tg + TPT - 1
   float s[TPT][2];
 #pragma unroll
   for (int x = 0; x < TPT; ++x) s[x][0] = s[x][1] = 0.0f;
 
-  for (int64_t hc0 = 0; hc0 < a.H; hc0 += kHC) {
-    __syncthreads();  // previous q stage consumed (and the key tile written)
-    for (int r = warp; r < TT * kHC; r += kThreads / 32) {  // one warp per (token, head) row
-      const int64_t t = t0 + r / kHC, h = hc0 + r % kHC;
-      const float* src = (t < a.n && h < a.H) ? a.q + (t * a.H + h) * a.dim : nullptr;
-      for (int col = lane * 4; col < DP; col += 128)
-        *reinterpret_cast<float4*>(qs + r * KS + col) = load4(src, col, a.dim, a.vec);
-    }
-    if (tid < TT * kHC) {
-      const int64_t tt = tid / kHC, hh = tid % kHC, t = t0 + tt, h = hc0 + hh;
-      ws[tid] = (t < a.n && h < a.H) ? a.w[t * a.H + h] : 0.0f;
-    }
-    __syncthreads();
-    const int nh = int(std::min<int64_t>(kHC, a.H - hc0));
-    for (int hh = 0; hh < nh; ++hh) {
-      float ch[TPT][2][8];
+  // Segments: runs of consecutive tokens with one page table (CTA-uniform: computed by every thread from shared
+  // memory). Tokens past the chunk (tb -1) come last.
+  for (int seg0 = 0; seg0 < TT && tb_s[seg0] >= 0;) {
+    const int tb = tb_s[seg0];
+    int seg1 = seg0 + 1, nvmax = nv_s[seg0];
+    while (seg1 < TT && tb_s[seg1] == tb) nvmax = max(nvmax, nv_s[seg1++]);
+    if (j0 < nvmax) {  // some token of the segment sees these keys
+      __syncthreads();  // the previous segment's key tile and q stage are consumed
+      // key tile (rows >= nvmax and columns >= dim are zero); one warp per row
+      for (int r = warp; r < TJ; r += kThreads / 32) {
+        const int64_t j = j0 + r;
+        const float* src = j < nvmax ? a.keys + key_pool_row(a.pages, a.page_rows, tb, j) * a.dim : nullptr;
+        for (int col = lane * 4; col < DP; col += 128)
+          *reinterpret_cast<float4*>(ks + r * KS + col) = load4(src, col, a.dim, a.vec);
+      }
+
+      for (int64_t hc0 = 0; hc0 < a.H; hc0 += kHC) {
+        __syncthreads();  // previous q stage consumed (and the key tile written)
+        for (int r = warp; r < TT * kHC; r += kThreads / 32) {  // one warp per (token, head) row
+          const int64_t t = t0 + r / kHC, h = hc0 + r % kHC;
+          const float* src = (t < a.n && h < a.H) ? a.q + (t * a.H + h) * a.dim : nullptr;
+          for (int col = lane * 4; col < DP; col += 128)
+            *reinterpret_cast<float4*>(qs + r * KS + col) = load4(src, col, a.dim, a.vec);
+        }
+        if (tid < TT * kHC) {
+          const int64_t tt = tid / kHC, hh = tid % kHC, t = t0 + tt, h = hc0 + hh;
+          ws[tid] = (t < a.n && h < a.H) ? a.w[t * a.H + h] : 0.0f;
+        }
+        __syncthreads();
+        const int nh = int(std::min<int64_t>(kHC, a.H - hc0));
+        for (int hh = 0; hh < nh; ++hh) {
+          float ch[TPT][2][8];
 #pragma unroll
-      for (int x = 0; x < TPT; ++x)
+          for (int x = 0; x < TPT; ++x)
 #pragma unroll
-        for (int l = 0; l < 8; ++l) ch[x][0][l] = ch[x][1][l] = 0.0f;
-      const float* k0p = ks + kp * KS;
-      const float* k1p = ks + (kp + KP) * KS;
-      const float* qp = qs + (tg * TPT * kHC + hh) * KS;
+            for (int l = 0; l < 8; ++l) ch[x][0][l] = ch[x][1][l] = 0.0f;
+          const float* k0p = ks + kp * KS;
+          const float* k1p = ks + (kp + KP) * KS;
+          const float* qp = qs + (tg * TPT * kHC + hh) * KS;
 #pragma unroll 2
-      for (int c = 0; c < DP; c += 8) {
-        float k0[8], k1[8];
-        lds8(k0p + c, k0);
-        lds8(k1p + c, k1);
+          for (int c = 0; c < DP; c += 8) {
+            float k0[8], k1[8];
+            lds8(k0p + c, k0);
+            lds8(k1p + c, k1);
 #pragma unroll
-        for (int x = 0; x < TPT; ++x) {
-          float qv[8];
-          lds8(qp + x * kHC * KS + c, qv);
+            for (int x = 0; x < TPT; ++x) {
+              float qv[8];
+              lds8(qp + x * kHC * KS + c, qv);
 #pragma unroll
-          for (int l = 0; l < 8; ++l) {
-            ch[x][0][l] = __fadd_rn(ch[x][0][l], __fmul_rn(qv[l], k0[l]));
-            ch[x][1][l] = __fadd_rn(ch[x][1][l], __fmul_rn(qv[l], k1[l]));
+              for (int l = 0; l < 8; ++l) {
+                ch[x][0][l] = __fadd_rn(ch[x][0][l], __fmul_rn(qv[l], k0[l]));
+                ch[x][1][l] = __fadd_rn(ch[x][1][l], __fmul_rn(qv[l], k1[l]));
+              }
+            }
+          }
+#pragma unroll
+          for (int x = 0; x < TPT; ++x) {
+            const int tt = tg * TPT + x;
+            if (tt < seg0 || tt >= seg1) continue;  // another segment's token: accumulated with its own keys
+            const float wv = ws[tt * kHC + hh];
+#pragma unroll
+            for (int y = 0; y < 2; ++y) {
+              const float* c8 = ch[x][y];
+              float d = __fadd_rn(__fadd_rn(__fadd_rn(c8[0], c8[1]), __fadd_rn(c8[2], c8[3])),
+                                  __fadd_rn(__fadd_rn(c8[4], c8[5]), __fadd_rn(c8[6], c8[7])));
+              d = maybe_bf16(d, a.bf16);
+              d = d > 0.0f ? d : 0.0f;
+              s[x][y] = __fadd_rn(s[x][y], maybe_bf16(__fmul_rn(d, wv), a.bf16));
+            }
           }
         }
       }
-#pragma unroll
-      for (int x = 0; x < TPT; ++x) {
-        const float wv = ws[(tg * TPT + x) * kHC + hh];
-#pragma unroll
-        for (int y = 0; y < 2; ++y) {
-          const float* c8 = ch[x][y];
-          float d = __fadd_rn(__fadd_rn(__fadd_rn(c8[0], c8[1]), __fadd_rn(c8[2], c8[3])),
-                              __fadd_rn(__fadd_rn(c8[4], c8[5]), __fadd_rn(c8[6], c8[7])));
-          d = maybe_bf16(d, a.bf16);
-          d = d > 0.0f ? d : 0.0f;
-          s[x][y] = __fadd_rn(s[x][y], maybe_bf16(__fmul_rn(d, wv), a.bf16));
-        }
-      }
     }
+    seg0 = seg1;
   }
 
 #pragma unroll
@@ -205,7 +234,9 @@ __device__ __forceinline__ uint64_t make_key(uint32_t ordered, int64_t j) {
 
 __global__ void __launch_bounds__(kThreads) indexer_select_kernel(const uint32_t* scores, int64_t stride,
                                                                   const int32_t* n_visible, int64_t max_visible,
-                                                                  int64_t topk, int32_t* sel) {
+                                                                  int64_t topk, const int32_t* pages,
+                                                                  const int32_t* table, int64_t page_rows,
+                                                                  int32_t* sel) {
   extern __shared__ unsigned long long list[];  // [next_pow2(min(topk, max_visible))]
   __shared__ uint32_t hist[kThreads / 32][256];
   __shared__ uint32_t sh_digit, sh_above, sh_count, sh_n;
@@ -322,8 +353,15 @@ __global__ void __launch_bounds__(kThreads) indexer_select_kernel(const uint32_t
       __syncthreads();
     }
   }
-  for (int64_t i = tid; i < topk; i += kThreads)
-    st[i] = i < kk ? int32_t(0xFFFFFFFFu - uint32_t(list[i] & 0xFFFFFFFFull)) : -1;
+  const int tb = pages ? table[t] : 0;
+  for (int64_t i = tid; i < topk; i += kThreads) {
+    if (i >= kk) {
+      st[i] = -1;
+      continue;
+    }
+    const int64_t j = int64_t(0xFFFFFFFFu - uint32_t(list[i] & 0xFFFFFFFFull));
+    st[i] = int32_t(key_pool_row(pages, page_rows, tb, j));
+  }
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -360,7 +398,7 @@ size_t indexer_topk_scratch_bytes(int64_t n_tok, int64_t max_visible, int64_t to
   return size_t(chunk_tokens(n_tok, max_visible)) * size_t(std::max<int64_t>(max_visible, 1)) * sizeof(uint32_t);
 }
 
-void indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_t dim, const float* keys,
+void indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_t dim, const PagedRows& keys,
                   const int32_t* n_visible, int64_t max_visible, const float* w, int64_t topk, bool bf16,
                   int32_t* sel, void* scratch, cudaStream_t stream) {
   if (n_tok <= 0 || topk <= 0) return;
@@ -383,21 +421,27 @@ void indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_t dim, c
       a.n = n;
       a.H = n_heads;
       a.dim = dim;
-      a.keys = keys;
+      a.keys = keys.rows;
+      a.pages = keys.pages;
+      a.table = keys.pages ? keys.table + c0 : nullptr;
+      a.page_rows = keys.page_rows;
       a.n_visible = n_visible + c0;
       a.max_visible = max_visible;
       a.w = w + c0 * n_heads;
       a.bf16 = bf16;
-      a.vec = dim % 4 == 0 && aligned16(q) && aligned16(keys);
+      a.vec = dim % 4 == 0 && aligned16(q) && aligned16(keys.rows);
       a.scores = scores;
-      // Tile shape by the number of tokens (the results do not depend on it): 16 x 128, 4 x 128 or 1 x 256
-      // (the last only where its 137 KiB of shared memory fit).
-      if (n >= 16) launch_scores<4, 4>(a, stream);
-      else if (n > 1 || ScoreCfg<1, 1>::smem(dim) > max_smem_optin()) launch_scores<4, 1>(a, stream);
+      // Tile shape by the tokens that share one page table (one sequence; the results do not depend on it):
+      // 16 x 128, 4 x 128 or 1 x 256 (the last only where its 137 KiB of shared memory fit). A tile spanning
+      // several sequences loads one key tile per sequence.
+      const int64_t run = keys.max_run > 0 ? std::min(keys.max_run, n) : n;
+      if (run >= 16) launch_scores<4, 4>(a, stream);
+      else if (run > 1 || ScoreCfg<1, 1>::smem(dim) > max_smem_optin()) launch_scores<4, 1>(a, stream);
       else launch_scores<1, 1>(a, stream);
     }
-    indexer_select_kernel<<<unsigned(n), kThreads, sel_smem, stream>>>(scores, max_visible, n_visible + c0,
-                                                                      max_visible, topk, sel + c0 * topk);
+    indexer_select_kernel<<<unsigned(n), kThreads, sel_smem, stream>>>(
+        scores, max_visible, n_visible + c0, max_visible, topk, keys.pages, keys.pages ? keys.table + c0 : nullptr,
+        keys.page_rows, sel + c0 * topk);
   }
 }
 

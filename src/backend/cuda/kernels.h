@@ -68,9 +68,10 @@ void compress_pool(const float* kv, const float* score, int64_t n_tok, const flo
                    cudaStream_t stream);
 
 // ---- lightning indexer (k_indexer.cu) ----------------------------------------------------------------------------
-// max_visible: an upper bound of n_visible[t] over the tokens (known to the host from positions).
+// max_visible: an upper bound of n_visible[t] over the tokens (known to the host from positions). keys: paged
+// (PagedRows, ops.h); sel receives pool row ids.
 size_t indexer_topk_scratch_bytes(int64_t n_tok, int64_t max_visible, int64_t topk);
-void indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_t dim, const float* keys,
+void indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_t dim, const PagedRows& keys,
                   const int32_t* n_visible, int64_t max_visible, const float* w, int64_t topk, bool bf16,
                   int32_t* sel, void* scratch, cudaStream_t stream);
 

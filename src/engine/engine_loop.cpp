@@ -1,0 +1,356 @@
+// The engine loop (engine_loop.h): pool sizing, request intake, one scheduler step per iteration.
+#include "engine/engine_loop.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "backend/parallel.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace dsv4 {
+
+const char* to_string(StreamEnd e) {
+  switch (e) {
+    case StreamEnd::running: return "running";
+    case StreamEnd::stop: return "stop";
+    case StreamEnd::length: return "length";
+    case StreamEnd::cancelled: return "cancelled";
+    case StreamEnd::error: return "error";
+  }
+  return "?";
+}
+
+// ---- RequestStream --------------------------------------------------------------------------------------------------
+
+std::vector<int32_t> RequestStream::next(size_t have) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return r_.tokens.size() > have || r_.end != StreamEnd::running; });
+  if (r_.tokens.size() <= have) return {};
+  return std::vector<int32_t>(r_.tokens.begin() + int64_t(have), r_.tokens.end());
+}
+
+RequestStream::Result RequestStream::wait() const {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return r_.end != StreamEnd::running; });
+  return r_;
+}
+
+bool RequestStream::finished() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return r_.end != StreamEnd::running;
+}
+
+void RequestStream::push(int32_t token) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    r_.tokens.push_back(token);
+  }
+  cv_.notify_all();
+}
+
+void RequestStream::finish(StreamEnd end, std::string error, int64_t prompt_tokens, int64_t cached_tokens,
+                           int64_t preemptions) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (r_.end != StreamEnd::running) return;
+    r_.end = end;
+    r_.error = std::move(error);
+    r_.prompt_tokens = prompt_tokens;
+    r_.cached_tokens = cached_tokens;
+    r_.preemptions = preemptions;
+  }
+  cv_.notify_all();
+}
+
+// ---- EngineLoop -----------------------------------------------------------------------------------------------------
+
+namespace {
+
+// argmax with ties -> lowest id (sampling/sampler.h's argmax) over finite logits, in two vectorizable passes.
+// (16 independent lanes: no reassociation needed, so it vectorizes without fast-math; -0 == +0 in the second pass)
+int32_t greedy_token(std::span<const float> lg) {
+  constexpr size_t kLanes = 16;
+  float m[kLanes];
+  for (size_t l = 0; l < kLanes; ++l) m[l] = lg[0];
+  size_t i = 0;
+  for (; i + kLanes <= lg.size(); i += kLanes)
+    for (size_t l = 0; l < kLanes; ++l) m[l] = lg[i + l] > m[l] ? lg[i + l] : m[l];
+  float mx = m[0];
+  for (size_t l = 1; l < kLanes; ++l) mx = m[l] > mx ? m[l] : mx;
+  for (; i < lg.size(); ++i) mx = lg[i] > mx ? lg[i] : mx;
+  for (size_t j = 0; j < lg.size(); ++j)
+    if (lg[j] == mx) return int32_t(j);
+  return 0;
+}
+
+uint64_t cache_salt(const Model& m) {
+  // rows differ between numerics and layout versions: never share blocks across them
+  return (uint64_t(m.numerics() == Numerics::reference ? 1 : 2) << 32) ^ uint64_t(StateLayout::kVersion);
+}
+
+}  // namespace
+
+EngineLoop::EngineLoop(std::shared_ptr<const Model> model, const EngineLoopOptions& o)
+    : model_(std::move(model)), opts_(o) {
+  if (!model_) fail("engine loop: no model");
+  const int64_t max_ctx = model_->max_context();
+  if (o.n_ctx < 0) fail("engine loop: n_ctx must be >= 0 (got {})", o.n_ctx);
+  n_ctx_ = o.n_ctx == 0 ? max_ctx : std::min(o.n_ctx, max_ctx);
+  if (o.max_running < 1) fail("engine loop: max_running must be >= 1 (got {})", o.max_running);
+  const StateLayout L = StateLayout::of(model_->config());
+  int64_t n_pages = o.n_pages, n_snaps = o.n_snapshots;
+  if (n_pages <= 0) {
+    const uint64_t slots = uint64_t(o.max_running) * L.slot_bytes;
+    if (o.state_bytes <= slots + L.page_bytes)
+      fail("state memory of {} bytes cannot hold {} sequence slots of {} bytes and a page of {} bytes", o.state_bytes,
+           o.max_running, L.slot_bytes, L.page_bytes);
+    uint64_t rest = o.state_bytes - slots;
+    if (n_snaps < 0) n_snaps = L.snapshot_bytes ? int64_t(rest / 4 / L.snapshot_bytes) : 0;
+    rest -= std::min<uint64_t>(rest, uint64_t(n_snaps) * L.snapshot_bytes);
+    // no compressed layers: pages hold no rows; enough ids for every slot's context
+    n_pages = L.page_bytes ? int64_t(rest / L.page_bytes)
+                           : o.max_running * StateLayout::pages_for(n_ctx_);
+    n_pages = std::min<int64_t>(n_pages, (int64_t(1) << 31) / StateLayout::kPageTokens - 1);
+    if (n_pages < 1) fail("state memory of {} bytes leaves no page for the compressed rows", o.state_bytes);
+  }
+  if (n_snaps < 0) n_snaps = 0;
+  pool_ = model_->make_pool({o.max_running, n_pages, n_snaps});
+  PrefixCache::Options co;
+  co.n_pages = n_pages;
+  co.n_snapshots = n_snaps;
+  co.salt = cache_salt(*model_);
+  cache_ = std::make_unique<PrefixCache>(co);
+  SchedulerOptions so;
+  so.max_running = o.max_running;
+  so.batch_tokens = o.batch_tokens;
+  so.align_chunks = o.align_chunks;
+  so.snapshot_interval = o.snapshot_interval;
+  sched_ = std::make_unique<Scheduler>(so, *cache_);
+  stats_.pool_slots = o.max_running;
+  stats_.pool_pages = n_pages;
+  stats_.pool_snapshots = n_snaps;
+  stats_.pool_bytes = pool_.bytes();
+  log::debug("engine loop: {} slots, {} pages of 128 tokens ({} B each), {} snapshots ({} B each), {} tokens per step, "
+            "{:.1f} MiB of state",
+            o.max_running, n_pages, L.page_bytes, n_snaps, L.snapshot_bytes, o.batch_tokens,
+            double(pool_.bytes()) / double(1 << 20));
+  if (o.start_thread) thread_ = std::thread([this] { loop(); });
+}
+
+EngineLoop::~EngineLoop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  for (auto& [id, lv] : inbox_) lv.stream->finish(StreamEnd::cancelled, {}, int64_t(lv.req.prompt.size()), 0, 0);
+  for (auto& [id, lv] : live_) lv.stream->finish(StreamEnd::cancelled, {}, int64_t(lv.req.prompt.size()), 0, 0);
+}
+
+std::shared_ptr<RequestStream> EngineLoop::submit(EngineRequest req) {
+  const int64_t n = int64_t(req.prompt.size());
+  if (n == 0) fail("empty prompt");
+  for (int32_t t : req.prompt)
+    if (t < 0 || t >= model_->n_vocab()) fail("token id {} outside the vocabulary [0, {})", t, model_->n_vocab());
+  if (n >= n_ctx_) fail("the prompt has {} tokens; the context holds {} (prompt + at least one generated token)", n, n_ctx_);
+  if (StateLayout::pages_for(n) > pool_.n_pages())
+    fail("the prompt needs {} pages of state; the pool has {} (raise the state memory)", StateLayout::pages_for(n),
+         pool_.n_pages());
+  if (req.max_tokens == 0 || req.max_tokens < -1) fail("max_tokens must be >= 1 or -1 (got {})", req.max_tokens);
+  Live lv;
+  lv.sampler = std::make_unique<Sampler>(req.sampling, model_->n_vocab());  // validates the parameters
+  lv.sampler->set_prompt(req.prompt);
+  lv.req = std::move(req);
+  std::shared_ptr<RequestStream> stream;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t id = next_id_++;
+    stream = std::make_shared<RequestStream>(id);
+    lv.stream = stream;
+    inbox_.emplace_back(id, std::move(lv));
+  }
+  cv_.notify_all();
+  return stream;
+}
+
+void EngineLoop::cancel(uint64_t id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancels_.push_back(id);
+  }
+  cv_.notify_all();
+}
+
+void EngineLoop::end(uint64_t id, StreamEnd e, std::string error) {
+  auto it = live_.find(id);
+  if (it == live_.end()) return;
+  const Scheduler::Sequence* s = sched_->find(id);
+  const int64_t cached = s && s->n_cached > 0 ? s->n_cached : 0;
+  const int64_t preempted = s ? s->n_preempted : 0;
+  it->second.stream->finish(e, std::move(error), int64_t(it->second.req.prompt.size()), cached, preempted);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.prompt_tokens += int64_t(it->second.req.prompt.size());
+    stats_.cached_tokens += cached;
+    ++stats_.requests_finished;
+  }
+  sched_->remove(id);
+  live_.erase(it);
+}
+
+void EngineLoop::drain_inbox() {
+  std::deque<std::pair<uint64_t, Live>> in;
+  std::vector<uint64_t> cancels;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    in.swap(inbox_);
+    cancels.swap(cancels_);
+  }
+  for (auto& [id, lv] : in) {
+    sched_->add(id, lv.req.prompt);
+    live_.emplace(id, std::move(lv));
+  }
+  for (uint64_t id : cancels) end(id, StreamEnd::cancelled);
+}
+
+void EngineLoop::run_step() {
+  Scheduler::Step st = sched_->schedule();
+  for (uint64_t id : st.failed)
+    end(id, StreamEnd::error,
+        fmt::format("the request needs more state memory than the pool holds ({} pages of 128 tokens)",
+                    pool_.n_pages()));
+  if (st.items.empty()) return;
+  for (const auto& r : st.restores) {
+    if (r.snapshot >= 0) pool_.restore_snapshot(r.snapshot, r.slot);
+    else pool_.reset_slot(r.slot);
+  }
+  Batch b;
+  std::vector<uint64_t> ids;
+  for (const auto& it : st.items) {
+    const Scheduler::Sequence* s = sched_->find(it.id);
+    BatchSeq bs;
+    bs.slot = it.slot;
+    bs.p0 = it.p0;
+    bs.tokens = std::span<const int32_t>(s->tokens.data() + it.p0, size_t(it.n));
+    bs.pages = s->pages;
+    bs.logits = it.logits ? BatchSeq::Logits::last : BatchSeq::Logits::none;
+    bs.snapshots = it.snapshots;
+    b.seqs.push_back(std::move(bs));
+    ids.push_back(it.id);
+  }
+  // sampled tokens (or a failure) of the sequences whose chunk reached their last token
+  struct Out {
+    uint64_t id;
+    int32_t token = -1;
+    bool bad = false;
+  };
+  std::vector<Out> outs;
+  std::vector<float> scratch;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string failure;
+  try {
+    model_->forward(b, pool_, [&](size_t si, int64_t, std::span<const float> lg, bool finite) {
+      Out o{ids[si]};
+      if (!finite) {
+        o.bad = true;
+      } else {
+        Sampler& smp = *live_.at(ids[si]).sampler;
+        const SamplingParams& sp = smp.params();
+        if (sp.greedy() && sp.repetition_penalty == 1.0f && sp.presence_penalty == 0.0f &&
+            sp.frequency_penalty == 0.0f) {
+          o.token = greedy_token(lg);  // what sample() computes for these parameters (finite logits), faster
+        } else {
+          scratch.assign(lg.begin(), lg.end());
+          o.token = smp.sample(scratch);
+        }
+      }
+      outs.push_back(o);
+    });
+  } catch (const Error& e) {
+    failure = e.what();
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!failure.empty()) {  // the step's state is unknown: end its requests (their blocks may be incomplete)
+    log::warn("forward step failed: {}", failure);
+    for (const auto& it : st.items)
+      for (const auto& sn : it.snapshots) cache_->free_snapshot(sn.id);
+    for (uint64_t id : ids) end(id, StreamEnd::error, "forward step failed: " + failure);
+    publish_stats();
+    return;
+  }
+  sched_->commit(st);
+  int64_t generated = 0;
+  for (const Out& o : outs) {
+    auto it = live_.find(o.id);
+    if (it == live_.end()) continue;
+    Live& lv = it->second;
+    if (o.bad) {
+      end(o.id, StreamEnd::error, "non-finite logits");
+      continue;
+    }
+    if (o.token == model_->eos_id() && !lv.req.ignore_eos) {
+      end(o.id, StreamEnd::stop);
+      continue;
+    }
+    lv.sampler->accept(o.token);
+    sched_->append(o.id, o.token);
+    lv.stream->push(o.token);
+    ++lv.generated;
+    ++generated;
+    const Scheduler::Sequence* s = sched_->find(o.id);
+    if ((lv.req.max_tokens > 0 && lv.generated >= lv.req.max_tokens) || int64_t(s->tokens.size()) >= n_ctx_)
+      end(o.id, StreamEnd::length);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.steps;
+    stats_.step_tokens += st.n_tokens();
+    stats_.generated_tokens += generated;
+    stats_.forward_seconds += secs;
+  }
+  publish_stats();
+}
+
+void EngineLoop::publish_stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.preemptions = sched_->preemptions();
+  stats_.running = int64_t(sched_->n_running());
+  stats_.waiting = int64_t(sched_->n_waiting());
+  stats_.cache = cache_->stats();
+}
+
+bool EngineLoop::step() {
+  drain_inbox();
+  publish_stats();
+  if (sched_->idle()) return false;
+  run_step();
+  return true;
+}
+
+void EngineLoop::run_until_idle() {
+  while (step()) {
+  }
+}
+
+void EngineLoop::loop() {
+  if (opts_.n_threads > 0) set_num_threads(opts_.n_threads);
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !inbox_.empty() || !cancels_.empty() || !sched_->idle(); });
+      if (stop_) return;
+    }
+    drain_inbox();
+    publish_stats();
+    if (!sched_->idle()) run_step();
+  }
+}
+
+EngineLoop::Stats EngineLoop::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+}  // namespace dsv4

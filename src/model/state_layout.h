@@ -1,0 +1,58 @@
+// The paged layout of DeepSeek V4 sequence state (spec §5.5, §6), as a pure function of the config: what a slot, a
+// page and a boundary snapshot hold per layer and how many bytes each takes as stored. Used by the StatePool
+// (model/state_pool.h, the device storage), the prefix cache's accounting and `dsv4 info`.
+//
+//   slot (one per running sequence, fixed size): per layer the window ring [window, head_dim] (row = position %
+//     window) and, per compressor, its frontier k, s [coff*ratio, coff*c] (spec §5.5 decode state machine).
+//   page (128 tokens of one sequence, shareable once full): per compressed layer the rows of the page's positions,
+//     128 / ratio rows of head_dim (CSA: 32, HCA: 1), and on CSA layers as many indexer key rows of index_head_dim.
+//     Logical compressed row w of a sequence lives in page table[w / rows_per_page] at row w % rows_per_page.
+//   snapshot (the state at a 128-aligned position B that pages cannot carry): per layer the ring at B
+//     [window, head_dim] in ring-slot order, and per overlapping (ratio-4) compressor the frontier rows [0, ratio)
+//     of k and s (the last complete window, which the next window pools with). Nothing else is needed at B: every
+//     ratio divides 128, so no other compressor holds a partial window there (spec §5.5; serving-and-api §1.1).
+//
+// Row format: fp32 in this layout version (rows are bf16 / FP8 / FP4-representable in reference numerics, so the
+// compact formats of spec §6.1 — 584-byte FP8 + bf16 attention rows, FP4 indexer keys — are a lossless later
+// change of `row_format` and of the ops that read rows; page and snapshot addressing stay as they are).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "loader/config.h"
+
+namespace dsv4 {
+
+enum class RowFormat { f32 };
+const char* row_format_name(RowFormat f);
+
+struct StateLayout {
+  static constexpr int64_t kPageTokens = 128;  // tokens per page = prefix-cache block = snapshot grid
+  static constexpr int kVersion = 1;           // bumped when anything below changes (disk tier, later)
+
+  struct Layer {
+    int ratio = 0;                  // 0: window only; 4: CSA (+ indexer); 128: HCA
+    int coff = 1;                   // 2 for the overlapping ratio-4 compressor
+    int64_t rows_per_page = 0;      // compressed rows per page (kPageTokens / ratio; 0 without a compressor)
+    bool indexer = false;           // ratio 4: indexer keys + indexer compressor
+    int64_t frontier_rows() const { return int64_t(coff) * ratio; }
+  };
+
+  RowFormat row_format = RowFormat::f32;
+  int64_t window = 0, head_dim = 0, index_head_dim = 0;
+  std::vector<Layer> layers;        // main layers (the MTP block is not run)
+  bool any_compressed = false;
+
+  // Bytes as stored.
+  uint64_t slot_bytes = 0;          // ring + frontiers of every layer
+  uint64_t page_bytes = 0;          // compressed rows + indexer keys of one page, every layer
+  uint64_t snapshot_bytes = 0;      // rings + overlap frontier rows of every layer
+  double bytes_per_token() const { return double(page_bytes) / double(kPageTokens); }
+
+  // Throws dsv4::Error when a compress ratio does not divide kPageTokens.
+  static StateLayout of(const ModelConfig& cfg);
+  // Pages holding the compressed rows of positions [0, n_positions).
+  static int64_t pages_for(int64_t n_positions) { return (n_positions + kPageTokens - 1) / kPageTokens; }
+};
+
+}  // namespace dsv4
