@@ -2,6 +2,13 @@
 // requests and shut down cleanly (exit code 0). --api-key / --api-key-file require a key on every route but /health;
 // --reasoning-budget caps thinking requests that set no budget of their own; /admin/park releases the model, which
 // /admin/unpark (or, with --auto-unpark, the next request) loads again from the same folder with the same options.
+// Continuous batching (engine/engine_loop.h): --parallel sequences run at once, --batch-tokens tokens per forward
+// step, --kv-memory bytes of sequence state (slots + pages + snapshots of the prefix cache), --queue sequences may
+// wait beyond the running ones (then 503 queue_full). Defaults per device:
+//   cpu:  --parallel 16, --batch-tokens 512, --kv-memory 1G (a fraction f means f * 1G);
+//   cuda: --parallel 256, --batch-tokens 2048, --kv-memory 0.9 (a fraction of the GPU memory free once the weights
+//         are resident).
+// --cache-dir / --cache-size: the prefix cache's disk tier (EngineLoopOptions::cache_dir / cache_size).
 #include <pthread.h>
 
 #include <atomic>
@@ -12,10 +19,13 @@
 #include <string>
 #include <thread>
 
+#include "cli/byte_size.h"
 #include "cli/command.h"
 #include "cli/device_option.h"
 #include "core/error.h"
+#include "engine/batch_model.h"
 #include "engine/model_loader.h"
+#include "model/model.h"
 #include "server/auth.h"
 #include "server/server.h"
 
@@ -23,7 +33,9 @@ namespace {
 
 struct Opts {
   std::string model, host = "127.0.0.1", numerics = "reference", model_name;
-  int port = 8080, queue = 16, threads = 0;
+  int port = 8080, queue = 64, threads = 0;
+  int64_t parallel = 0, batch_tokens = 0;  // 0: the device's default
+  std::string kv_memory, cache_dir, cache_size = "16G";
   std::string device;
   int64_t ctx = 32768;
   double keepalive = 5.0;
@@ -39,8 +51,18 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
   app.add_option("--port", o->port, "port (default 8080; 0 = any free port)")->check(CLI::Range(0, 65535));
   app.add_option("--ctx", o->ctx, "context size per request: prompt + output tokens (default 32768)")
       ->check(CLI::Range(int64_t(2), int64_t(1) << 40));
-  app.add_option("--queue", o->queue, "requests that may wait behind the running one (default 16)")
-      ->check(CLI::Range(0, 4096));
+  app.add_option("--queue", o->queue,
+                 "sequences that may wait beyond the running ones; more get 503 queue_full (default 64)")
+      ->check(CLI::Range(0, 1 << 20));
+  app.add_option("--parallel", o->parallel, "sequences running at once (default: cpu 16, cuda 256)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 16));
+  app.add_option("--batch-tokens", o->batch_tokens, "tokens per forward step (default: cpu 512, cuda 2048)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  app.add_option("--kv-memory", o->kv_memory,
+                 "sequence-state memory: bytes (8G, 512M) or a fraction such as 0.9 (cuda: of the free GPU memory; "
+                 "cpu: of 1G); default cpu 1G, cuda 0.9");
+  app.add_option("--cache-dir", o->cache_dir, "disk tier of the prefix cache (default: none)");
+  app.add_option("--cache-size", o->cache_size, "bytes the disk tier may use (default 16G)");
   app.add_option("--numerics", o->numerics, "reference | dense (default reference)");
   app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")->check(CLI::NonNegativeNumber);
   dsv4::cli::add_device_option(app, o->device);
@@ -72,6 +94,25 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
     LoadedModel lm = load_model(o->model, o->numerics, o->threads, device);
     std::fprintf(stderr, "device: %s\n", lm.device.c_str());
     if (!lm.tokenizer) fail("{}: no tokenizer.json (the server needs one)", o->model);
+    auto model = std::dynamic_pointer_cast<const Model>(lm.model);
+    if (!model) fail("internal: the loaded model is not a DeepSeek V4 model");
+    lm.model.reset();
+    const bool gpu = device.kind != DeviceKind::cpu;
+    EngineLoopOptions eo;
+    eo.max_running = o->parallel > 0 ? o->parallel : gpu ? 256 : 16;
+    eo.batch_tokens = o->batch_tokens > 0 ? o->batch_tokens : gpu ? 2048 : 512;
+    eo.n_threads = o->threads;
+    {
+      const uint64_t cpu_default = uint64_t(1) << 30;
+      const auto kv = o->kv_memory.empty() ? (gpu ? cli::ByteSize(cli::Fraction{0.9}) : cli::ByteSize(cpu_default))
+                                           : cli::parse_byte_size(o->kv_memory, "--kv-memory", true);
+      if (const auto* f = std::get_if<cli::Fraction>(&kv))
+        eo.state_bytes = uint64_t(f->value * double(gpu ? model->backend().memory().free : cpu_default));
+      else
+        eo.state_bytes = std::get<uint64_t>(kv);
+    }
+    eo.cache_dir = o->cache_dir;
+    eo.cache_size = std::get<uint64_t>(cli::parse_byte_size(o->cache_size, "--cache-size", false));
     ServerOptions so;
     so.host = o->host;
     so.port = o->port;
@@ -82,8 +123,14 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
     so.api_key = api_key;
     so.reasoning_budget = o->reasoning_budget;
     so.auto_unpark = o->auto_unpark;
-    so.reload = [o, device] { return load_model(o->model, o->numerics, o->threads, device).model; };
-    Server server(so, std::move(lm.model), lm.tokenizer);  // the only reference: /admin/park frees the model
+    so.engine = eo;
+    so.reload = [o, device]() -> std::shared_ptr<const BatchModel> {
+      auto m = std::dynamic_pointer_cast<const Model>(load_model(o->model, o->numerics, o->threads, device).model);
+      if (!m) fail("internal: the loaded model is not a DeepSeek V4 model");
+      return batch_model_of(std::move(m));
+    };
+    // the only reference: /admin/park frees the model
+    Server server(so, batch_model_of(std::move(model)), lm.tokenizer);
     int port = server.bind();
 
     std::atomic<bool> done{false};
@@ -97,8 +144,12 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
     });
-    std::fprintf(stderr, "dsv4 serve: model '%s' on http://%s:%d (ctx %lld, queue %d)\n", so.model_name.c_str(),
-                 so.host.c_str(), port, static_cast<long long>(server.n_ctx()), so.queue);
+    std::fprintf(stderr,
+                 "dsv4 serve: model '%s' on http://%s:%d (ctx %lld, parallel %lld, batch tokens %lld, kv memory %.0f "
+                 "MiB, queue %d)\n",
+                 so.model_name.c_str(), so.host.c_str(), port, static_cast<long long>(server.n_ctx()),
+                 static_cast<long long>(eo.max_running), static_cast<long long>(eo.batch_tokens),
+                 double(eo.state_bytes) / double(1 << 20), so.queue);
     server.serve();
     done = true;
     pthread_kill(sig.native_handle(), SIGTERM);  // wake sigwait if no signal came

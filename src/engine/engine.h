@@ -26,19 +26,6 @@
 
 namespace dsv4 {
 
-struct GenerationCallbacks {
-  // Called once per generated token (EOS excluded) with the text it completes (may be empty: partial UTF-8, or text
-  // held back because it may start a stop string). Return false to cancel. At the end, text still held back is
-  // delivered with id -1 (its return value is then ignored).
-  std::function<bool(int32_t id, std::string_view text)> on_token;
-  // With GenerationRequest::top_logprobs >= 0: called for each generated token (EOS excluded) right before its
-  // on_token, with the model's log-probabilities at that position (sampling/logprobs.h: before penalties, the
-  // constraint's mask, temperature and top-k/p).
-  std::function<void(const TokenLogprobs&)> on_logprobs;
-  // Polled between prefill chunks and before each decode step; true cancels (finish = cancelled).
-  std::function<bool()> should_cancel;
-};
-
 class Engine {
  public:
   // n_ctx: positions a sequence may hold (<= model.max_context(); 0 = model.max_context()).

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "backend/parallel.h"
 #include "core/error.h"
@@ -41,10 +42,21 @@ bool RequestStream::finished() const {
   return r_.end != StreamEnd::running;
 }
 
-void RequestStream::push(int32_t token) {
+std::vector<int32_t> RequestStream::next_for(size_t have, std::chrono::milliseconds timeout,
+                                             std::vector<TokenLogprobs>* logprobs) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return r_.tokens.size() > have || r_.end != StreamEnd::running; });
+  if (r_.tokens.size() <= have) return {};
+  if (logprobs && r_.logprobs.size() == r_.tokens.size())
+    logprobs->insert(logprobs->end(), r_.logprobs.begin() + int64_t(have), r_.logprobs.end());
+  return std::vector<int32_t>(r_.tokens.begin() + int64_t(have), r_.tokens.end());
+}
+
+void RequestStream::push(int32_t token, TokenLogprobs* lp) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     r_.tokens.push_back(token);
+    if (lp) r_.logprobs.push_back(std::move(*lp));
   }
   cv_.notify_all();
 }
@@ -84,21 +96,16 @@ int32_t greedy_token(std::span<const float> lg) {
   return 0;
 }
 
-uint64_t cache_salt(const Model& m) {
-  // rows differ between numerics and layout versions: never share blocks across them
-  return (uint64_t(m.numerics() == Numerics::reference ? 1 : 2) << 32) ^ uint64_t(StateLayout::kVersion);
-}
-
 }  // namespace
 
-EngineLoop::EngineLoop(std::shared_ptr<const Model> model, const EngineLoopOptions& o)
+EngineLoop::EngineLoop(std::shared_ptr<const BatchModel> model, const EngineLoopOptions& o)
     : model_(std::move(model)), opts_(o) {
   if (!model_) fail("engine loop: no model");
   const int64_t max_ctx = model_->max_context();
   if (o.n_ctx < 0) fail("engine loop: n_ctx must be >= 0 (got {})", o.n_ctx);
   n_ctx_ = o.n_ctx == 0 ? max_ctx : std::min(o.n_ctx, max_ctx);
   if (o.max_running < 1) fail("engine loop: max_running must be >= 1 (got {})", o.max_running);
-  const StateLayout L = StateLayout::of(model_->config());
+  const StateLayout L = model_->state_layout();
   int64_t n_pages = o.n_pages, n_snaps = o.n_snapshots;
   if (n_pages <= 0) {
     const uint64_t slots = uint64_t(o.max_running) * L.slot_bytes;
@@ -115,11 +122,11 @@ EngineLoop::EngineLoop(std::shared_ptr<const Model> model, const EngineLoopOptio
     if (n_pages < 1) fail("state memory of {} bytes leaves no page for the compressed rows", o.state_bytes);
   }
   if (n_snaps < 0) n_snaps = 0;
-  pool_ = model_->make_pool({o.max_running, n_pages, n_snaps});
+  pool_ = model_->make_state({o.max_running, n_pages, n_snaps});
   PrefixCache::Options co;
   co.n_pages = n_pages;
   co.n_snapshots = n_snaps;
-  co.salt = cache_salt(*model_);
+  co.salt = model_->state_salt();
   cache_ = std::make_unique<PrefixCache>(co);
   SchedulerOptions so;
   so.max_running = o.max_running;
@@ -130,11 +137,11 @@ EngineLoop::EngineLoop(std::shared_ptr<const Model> model, const EngineLoopOptio
   stats_.pool_slots = o.max_running;
   stats_.pool_pages = n_pages;
   stats_.pool_snapshots = n_snaps;
-  stats_.pool_bytes = pool_.bytes();
+  stats_.pool_bytes = pool_->bytes();
   log::debug("engine loop: {} slots, {} pages of 128 tokens ({} B each), {} snapshots ({} B each), {} tokens per step, "
             "{:.1f} MiB of state",
             o.max_running, n_pages, L.page_bytes, n_snaps, L.snapshot_bytes, o.batch_tokens,
-            double(pool_.bytes()) / double(1 << 20));
+            double(pool_->bytes()) / double(1 << 20));
   if (o.start_thread) thread_ = std::thread([this] { loop(); });
 }
 
@@ -155,10 +162,11 @@ std::shared_ptr<RequestStream> EngineLoop::submit(EngineRequest req) {
   for (int32_t t : req.prompt)
     if (t < 0 || t >= model_->n_vocab()) fail("token id {} outside the vocabulary [0, {})", t, model_->n_vocab());
   if (n >= n_ctx_) fail("the prompt has {} tokens; the context holds {} (prompt + at least one generated token)", n, n_ctx_);
-  if (StateLayout::pages_for(n) > pool_.n_pages())
+  if (StateLayout::pages_for(n) > pool_->n_pages())
     fail("the prompt needs {} pages of state; the pool has {} (raise the state memory)", StateLayout::pages_for(n),
-         pool_.n_pages());
+         pool_->n_pages());
   if (req.max_tokens == 0 || req.max_tokens < -1) fail("max_tokens must be >= 1 or -1 (got {})", req.max_tokens);
+  if (req.top_logprobs < -1) fail("top_logprobs must be >= 0 or -1 (got {})", req.top_logprobs);
   Live lv;
   lv.sampler = std::make_unique<Sampler>(req.sampling, model_->n_vocab());  // validates the parameters
   lv.sampler->set_prompt(req.prompt);
@@ -167,6 +175,7 @@ std::shared_ptr<RequestStream> EngineLoop::submit(EngineRequest req) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     const uint64_t id = next_id_++;
+    ++stats_.requests_submitted;
     stream = std::make_shared<RequestStream>(id);
     lv.stream = stream;
     inbox_.emplace_back(id, std::move(lv));
@@ -194,6 +203,7 @@ void EngineLoop::end(uint64_t id, StreamEnd e, std::string error) {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.prompt_tokens += int64_t(it->second.req.prompt.size());
     stats_.cached_tokens += cached;
+    if (cached > 0) ++stats_.cache_hits;
     ++stats_.requests_finished;
   }
   sched_->remove(id);
@@ -220,11 +230,11 @@ void EngineLoop::run_step() {
   for (uint64_t id : st.failed)
     end(id, StreamEnd::error,
         fmt::format("the request needs more state memory than the pool holds ({} pages of 128 tokens)",
-                    pool_.n_pages()));
+                    pool_->n_pages()));
   if (st.items.empty()) return;
   for (const auto& r : st.restores) {
-    if (r.snapshot >= 0) pool_.restore_snapshot(r.snapshot, r.slot);
-    else pool_.reset_slot(r.slot);
+    if (r.snapshot >= 0) pool_->restore_snapshot(r.snapshot, r.slot);
+    else pool_->reset_slot(r.slot);
   }
   Batch b;
   std::vector<uint64_t> ids;
@@ -242,29 +252,37 @@ void EngineLoop::run_step() {
   }
   // sampled tokens (or a failure) of the sequences whose chunk reached their last token
   struct Out {
-    uint64_t id;
+    uint64_t id = 0;
     int32_t token = -1;
     bool bad = false;
+    std::string error;  // the request's sampling or constraint failed (the others go on)
+    std::optional<TokenLogprobs> lp;
   };
   std::vector<Out> outs;
   std::vector<float> scratch;
   const auto t0 = std::chrono::steady_clock::now();
   std::string failure;
   try {
-    model_->forward(b, pool_, [&](size_t si, int64_t, std::span<const float> lg, bool finite) {
-      Out o{ids[si]};
-      if (!finite) {
-        o.bad = true;
-      } else {
-        Sampler& smp = *live_.at(ids[si]).sampler;
+    model_->forward(b, *pool_, [&](size_t si, int64_t, std::span<const float> lg, bool finite) {
+      Out o;
+      o.id = ids[si];
+      if (!finite) o.bad = true;
+      else try {
+        Live& lv = live_.at(ids[si]);
+        Sampler& smp = *lv.sampler;
         const SamplingParams& sp = smp.params();
-        if (sp.greedy() && sp.repetition_penalty == 1.0f && sp.presence_penalty == 0.0f &&
+        if (!lv.req.constraint && sp.greedy() && sp.repetition_penalty == 1.0f && sp.presence_penalty == 0.0f &&
             sp.frequency_penalty == 0.0f) {
           o.token = greedy_token(lg);  // what sample() computes for these parameters (finite logits), faster
         } else {
           scratch.assign(lg.begin(), lg.end());
+          if (lv.req.constraint) lv.req.constraint->apply(scratch);  // the request's own mask (batch invariant)
           o.token = smp.sample(scratch);
         }
+        if (lv.req.top_logprobs >= 0 && (o.token != model_->eos_id() || lv.req.ignore_eos))
+          o.lp = token_logprobs(lg, o.token, lv.req.top_logprobs);  // of the raw logits
+      } catch (const Error& e) {
+        o.error = e.what();
       }
       outs.push_back(o);
     });
@@ -282,7 +300,7 @@ void EngineLoop::run_step() {
   }
   sched_->commit(st);
   int64_t generated = 0;
-  for (const Out& o : outs) {
+  for (Out& o : outs) {
     auto it = live_.find(o.id);
     if (it == live_.end()) continue;
     Live& lv = it->second;
@@ -290,13 +308,25 @@ void EngineLoop::run_step() {
       end(o.id, StreamEnd::error, "non-finite logits");
       continue;
     }
+    if (!o.error.empty()) {
+      end(o.id, StreamEnd::error, o.error);
+      continue;
+    }
+    if (lv.req.constraint) {
+      try {
+        lv.req.constraint->accept(o.token);
+      } catch (const Error& e) {
+        end(o.id, StreamEnd::error, e.what());
+        continue;
+      }
+    }
     if (o.token == model_->eos_id() && !lv.req.ignore_eos) {
       end(o.id, StreamEnd::stop);
       continue;
     }
     lv.sampler->accept(o.token);
     sched_->append(o.id, o.token);
-    lv.stream->push(o.token);
+    lv.stream->push(o.token, o.lp ? &*o.lp : nullptr);
     ++lv.generated;
     ++generated;
     const Scheduler::Sequence* s = sched_->find(o.id);
@@ -309,6 +339,9 @@ void EngineLoop::run_step() {
     stats_.step_tokens += st.n_tokens();
     stats_.generated_tokens += generated;
     stats_.forward_seconds += secs;
+    size_t b = 0;
+    while (b < kStepBuckets.size() && secs > kStepBuckets[b]) ++b;
+    ++stats_.step_buckets[b];
   }
   publish_stats();
 }

@@ -9,8 +9,14 @@
 // greedy tokens, and the same sampled tokens for a seed (one draw per generated token, never repeated on resume).
 // Memory: the pool is sized once from state_bytes (--kv-memory) or explicit counts; a full pool makes new work wait
 // or preempts (scheduler.h), and a request that cannot fit at all finishes with an error, never a crash.
-// Token level only: no text, stop strings or constraints here (the server layer adds them on top, later).
+// Token level: no text here. Per request, on the loop thread, a TokenConstraint (structured output, reasoning
+// budgets) masks the logits before sampling and is told the sampled token, and log-probabilities of the raw logits
+// can be recorded with each token; both only read the request's own logits, so batch invariance holds. Text-level
+// stops (stop strings) are the caller's: it cancels the request once its text matched (engine/loop_generation.h).
+// The model is any BatchModel (engine/batch_model.h): the DeepSeek V4 Model, or a test double.
 #pragma once
+#include <array>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -21,11 +27,14 @@
 #include <thread>
 #include <vector>
 
+#include "engine/batch_model.h"
 #include "engine/prefix_cache.h"
 #include "engine/scheduler.h"
 #include "model/model.h"
+#include "sampling/logprobs.h"
 #include "sampling/sampler.h"
 #include "sampling/sampling_params.h"
+#include "sampling/token_constraint.h"
 
 namespace dsv4 {
 
@@ -51,6 +60,10 @@ struct EngineRequest {
   SamplingParams sampling;
   int64_t max_tokens = -1;          // generated tokens at most; -1: until n_ctx
   bool ignore_eos = false;          // keep going after the model's EOS token (benchmarks)
+  // Applied to this request's logits before sampling and told each sampled token (loop thread); null: none.
+  std::shared_ptr<TokenConstraint> constraint;
+  // >= 0: with each token its log-probabilities (sampling/logprobs.h: of the raw logits) and this many alternatives.
+  int top_logprobs = -1;
 };
 
 enum class StreamEnd { running, stop, length, cancelled, error };
@@ -63,6 +76,7 @@ class RequestStream {
     StreamEnd end = StreamEnd::running;
     std::string error;              // StreamEnd::error: why
     std::vector<int32_t> tokens;    // every generated token
+    std::vector<TokenLogprobs> logprobs;  // EngineRequest::top_logprobs >= 0: one per token
     int64_t prompt_tokens = 0;
     int64_t cached_tokens = 0;      // prompt tokens reused from the prefix cache (not recomputed)
     int64_t preemptions = 0;
@@ -71,13 +85,17 @@ class RequestStream {
   // Blocks until tokens beyond the first `have` exist or the request ended; returns the tokens from `have` on
   // (empty: the request ended with no more tokens).
   std::vector<int32_t> next(size_t have) const;
+  // As next(), but waits at most `timeout` (then returns nothing), and appends the new tokens' log-probabilities to
+  // *logprobs (when recorded and logprobs is not null).
+  std::vector<int32_t> next_for(size_t have, std::chrono::milliseconds timeout,
+                                std::vector<TokenLogprobs>* logprobs = nullptr) const;
   // Blocks until the request ended.
   Result wait() const;
   bool finished() const;
 
   explicit RequestStream(uint64_t id) : id_(id) {}
   // Loop side.
-  void push(int32_t token);
+  void push(int32_t token, TokenLogprobs* lp = nullptr);
   void finish(StreamEnd end, std::string error, int64_t prompt_tokens, int64_t cached_tokens, int64_t preemptions);
 
  private:
@@ -91,7 +109,9 @@ class EngineLoop {
  public:
   // Sizes the pool (throws dsv4::Error when state_bytes cannot hold max_running slots and a page each) and starts
   // the loop thread (unless start_thread is false).
-  EngineLoop(std::shared_ptr<const Model> model, const EngineLoopOptions& opts = {});
+  EngineLoop(std::shared_ptr<const BatchModel> model, const EngineLoopOptions& opts = {});
+  EngineLoop(std::shared_ptr<const Model> model, const EngineLoopOptions& opts = {})
+      : EngineLoop(batch_model_of(std::move(model)), opts) {}
   // Stops the loop; requests still running end as cancelled.
   ~EngineLoop();
   EngineLoop(const EngineLoop&) = delete;
@@ -109,8 +129,13 @@ class EngineLoop {
   // Manual mode: step until every request has ended.
   void run_until_idle();
 
+  // Upper bounds (seconds) of the step-time histogram's buckets (Stats::step_buckets; the last bucket is +Inf).
+  static constexpr std::array<double, 12> kStepBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                                          0.1,   0.25,   0.5,   1.0,  2.5,   10.0};
   struct Stats {
     int64_t steps = 0, step_tokens = 0, prompt_tokens = 0, cached_tokens = 0, generated_tokens = 0;
+    int64_t requests_submitted = 0, cache_hits = 0;   // cache_hits: finished requests with cached_tokens > 0
+    std::array<int64_t, kStepBuckets.size() + 1> step_buckets{};  // steps per step-time bucket (not cumulative)
     int64_t requests_finished = 0, preemptions = 0, running = 0, waiting = 0;
     double forward_seconds = 0;
     int64_t pool_slots = 0, pool_pages = 0, pool_snapshots = 0;
@@ -119,7 +144,7 @@ class EngineLoop {
   };
   // As of the end of the last step (or intake). Thread-safe.
   Stats stats() const;
-  const Model& model() const { return *model_; }
+  const BatchModel& model() const { return *model_; }
   int64_t n_ctx() const { return n_ctx_; }
 
  private:
@@ -135,10 +160,10 @@ class EngineLoop {
   void end(uint64_t id, StreamEnd e, std::string error = {});
   void publish_stats();  // scheduler / cache counters into stats_ (loop thread)
 
-  std::shared_ptr<const Model> model_;
+  std::shared_ptr<const BatchModel> model_;
   EngineLoopOptions opts_;
   int64_t n_ctx_ = 0;
-  StatePool pool_;
+  std::unique_ptr<BatchState> pool_;
   std::unique_ptr<PrefixCache> cache_;
   std::unique_ptr<Scheduler> sched_;
   std::map<uint64_t, Live> live_;    // loop thread only

@@ -48,7 +48,10 @@ void parse_common(const J& body, ApiRequest& r, int64_t n_ctx, const char* promp
     if (!so->is_object()) bad_request("stream_options", "'stream_options' must be an object");
     r.include_usage = boolean(*so, "include_usage", "stream_options").value_or(false);
   }
-  if (auto n = integer(body, "n"); n && *n != 1) unsupported("n", "n > 1 (several choices)");
+  if (auto n = integer(body, "n")) {
+    if (*n < 1 || *n > kMaxChoices) bad_request("n", fmt::format("'n' must be in [1, {}], got {}", kMaxChoices, *n));
+    r.n = static_cast<int>(*n);
+  }
   if (const J* lb = field(body, "logit_bias"); lb && !(lb->is_object() && lb->empty()))
     unsupported("logit_bias", "logit_bias");
 

@@ -2,8 +2,9 @@
 // GenerationRequest plus what the responders need. Unknown top-level fields are ignored; known fields with a wrong
 // type or range, malformed JSON, empty messages, prompts or max_tokens beyond the context, unknown fields inside the
 // objects this server defines (response_format, response_format.json_schema, thinking, tool_choice), and unsupported
-// features (n > 1, logit_bias, echo, best_of > 1, suffix) throw ApiError 400 naming the field.
+// features (logit_bias, echo, best_of > 1, suffix) throw ApiError 400 naming the field.
 //
+// n: choices, 1..kMaxChoices (each its own sequence, sharing the prompt's cached blocks; see server.h for seeds).
 // Sampling fields: temperature [0, 2] (default 1), top_p (0, 1], top_k (int, <= 0 off), min_p [0, 1], seed (int),
 // stop (string or array of up to 16 non-empty strings), presence_penalty / frequency_penalty [-2, 2],
 // repetition_penalty (0, 10], max_tokens / max_completion_tokens (int >= 1; default: the rest of the context).
@@ -42,7 +43,10 @@
 
 namespace dsv4 {
 
+inline constexpr int kMaxChoices = 16;
+
 struct ApiRequest {
+  int n = 1;               // choices (OpenAI n)
   bool chat = true;        // a chat message is generated (chat completions, Anthropic messages)
   bool anthropic = false;  // /v1/messages
   bool stream = false;

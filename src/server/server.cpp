@@ -4,9 +4,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <ctime>
 #include <list>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
@@ -14,17 +16,17 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/constraint_vocab.h"
-#include "engine/engine.h"
+#include "engine/loop_generation.h"
 #include "engine/output_constraint.h"
 #include "server/anthropic_api.h"
 #include "server/api_error.h"
 #include "server/auth.h"
 #include "server/connection_monitor.h"
 #include "server/generation_output.h"
-#include "server/model_host.h"
+#include "server/loop_host.h"
+#include "server/metrics.h"
 #include "server/openai_format.h"
 #include "server/openai_request.h"
-#include "server/request_queue.h"
 #include "server/sse_writer.h"
 
 namespace dsv4 {
@@ -61,24 +63,60 @@ ApiError shutting_down() { return ApiError(503, "the server is shutting down", "
 struct Server::Impl {
   ServerOptions opts;
   std::shared_ptr<const Tokenizer> tok;
-  ModelHost host;
-  RequestQueue queue;
+  LoopHost host;
   httplib::Server http;
   std::atomic<bool> stopping{false};
   std::atomic<int> open_streams{0};  // SSE responses not yet completely written (see stop())
   std::atomic<bool> bound{false};
   int port = -1;
 
+  // Admission: sequences admitted at once (running + waiting in the loop + being answered) <= capacity.
+  std::mutex admit_mu;
+  int64_t in_flight = 0;
+  const int64_t capacity;
+  std::atomic<int64_t> rejected{0}, http_requests{0};
+  Metrics metrics;
+
   std::once_flag vocab_once;
   std::shared_ptr<const ConstraintVocab> vocab;
   std::mutex automata_mu;
   std::list<std::pair<std::string, std::shared_ptr<GrammarAutomaton>>> automata;  // most recently used first
 
-  Impl(ServerOptions o, std::shared_ptr<const LanguageModel> m, std::shared_ptr<const Tokenizer> t)
+  static EngineLoopOptions loop_options(const ServerOptions& o) {
+    EngineLoopOptions e = o.engine;
+    e.n_ctx = o.n_ctx;
+    return e;
+  }
+
+  Impl(ServerOptions o, std::shared_ptr<const BatchModel> m, std::shared_ptr<const Tokenizer> t)
       : opts(std::move(o)),
         tok(std::move(t)),
-        host(std::move(m), opts.reload, opts.n_ctx, opts.prefill_chunk),
-        queue(opts.queue) {}
+        host(std::move(m), opts.reload, loop_options(opts)),
+        capacity(opts.engine.max_running + opts.queue) {}
+
+  // A place for n sequences, released when the last copy is destroyed; null when the server is full.
+  class Admission {
+   public:
+    Admission(Impl& i, int64_t n) : impl_(i), n_(n) {}
+    ~Admission() {
+      std::lock_guard lk(impl_.admit_mu);
+      impl_.in_flight -= n_;
+    }
+
+   private:
+    Impl& impl_;
+    int64_t n_;
+  };
+  std::shared_ptr<Admission> admit(int64_t n) {
+    std::lock_guard lk(admit_mu);
+    if (in_flight + n > capacity) return nullptr;
+    in_flight += n;
+    return std::make_shared<Admission>(*this, n);
+  }
+  int64_t admitted() {
+    std::lock_guard lk(admit_mu);
+    return in_flight;
+  }
 
   void send_error(httplib::Response& res, const ApiError& e, bool anthropic) const {
     if (e.status() == 503)
@@ -118,54 +156,146 @@ struct Server::Impl {
     return a;
   }
 
-  // Server defaults and the token constraint of a parsed request.
-  void prepare(ApiRequest& ar) {
-    if (ar.chat && ar.thinking && ar.reasoning_budget < 0 && opts.reasoning_budget > 0)
-      ar.reasoning_budget = opts.reasoning_budget;
+  // The token constraint of one generation of a parsed request (null: none). Stateful: one per choice.
+  std::shared_ptr<TokenConstraint> make_constraint(const ApiRequest& ar) {
     const bool budget = ar.chat && ar.thinking && ar.reasoning_budget >= 0;
-    if (!ar.grammar && !budget) return;
+    if (!ar.grammar && !budget) return nullptr;
     OutputConstraintOptions o;
     o.thinking = ar.thinking;
     o.reasoning_budget = budget ? ar.reasoning_budget : -1;
     o.max_tokens = ar.gen.max_tokens;
     if (ar.grammar) o.grammar = automaton(ar);
     try {
-      ar.gen.constraint = std::make_shared<OutputConstraint>(constraint_vocab(), std::move(o));
+      return std::make_shared<OutputConstraint>(constraint_vocab(), std::move(o));
     } catch (const Error& e) {
       throw ApiError(500, fmt::format("constrained decoding is not available: {}", e.what()), "server_error");
     }
   }
 
+  // Server defaults and the token constraint of a parsed request (choice 0's).
+  void prepare(ApiRequest& ar) {
+    if (ar.chat && ar.thinking && ar.reasoning_budget < 0 && opts.reasoning_budget > 0)
+      ar.reasoning_budget = opts.reasoning_budget;
+    ar.gen.constraint = make_constraint(ar);
+  }
+
   // A structured answer that the constraint closed early to fit max_tokens ended because of the length limit.
-  static void note_forced_close(const ApiRequest& ar, GenerationResult& r) {
-    auto c = std::dynamic_pointer_cast<OutputConstraint>(ar.gen.constraint);
+  static void note_forced_close(const std::shared_ptr<TokenConstraint>& constraint, GenerationResult& r) {
+    auto c = std::dynamic_pointer_cast<OutputConstraint>(constraint);
     if (c && c->forced_close() && r.finish == FinishReason::stop) r.finish = FinishReason::length;
   }
 
-  // Under a running ticket: the engine, loading the model again first when parked with auto_unpark.
-  Engine& engine_for_request() {
-    if (host.state() != ModelHost::State::kLoaded) {
-      if (!opts.auto_unpark)
-        throw ApiError(503, "the model is parked; POST /admin/unpark loads it", "server_error", "", "model_parked");
+  // The loop for one request, loading the model again first when parked with auto_unpark.
+  LoopHost::Lease lease_for_request() {
+    std::string err;
+    std::optional<LoopHost::Lease> l = [&]() -> std::optional<LoopHost::Lease> {
       try {
-        host.unpark();
+        return host.acquire(opts.auto_unpark);
       } catch (const Error& e) {
-        throw ApiError(500, fmt::format("loading the model failed: {}", e.what()), "server_error");
+        err = e.what();
+        return std::nullopt;
       }
+    }();
+    if (!err.empty()) throw ApiError(500, fmt::format("loading the model failed: {}", err), "server_error");
+    if (!l) throw ApiError(503, "the model is parked; POST /admin/unpark loads it", "server_error", "", "model_parked");
+    return std::move(*l);
+  }
+
+  // The n choices of a request: choice i gets seed + i and its own constraint; choice 0 runs on this thread, the
+  // others on their own threads once choice 0's prompt has been computed (its first token or its end), so that they
+  // reuse its cached blocks. cb(i) gives choice i's callbacks (called from choice i's thread); done(i, r) runs on
+  // choice i's thread when it ended without an error. Throws the first choice's dsv4::Error (the others are
+  // cancelled).
+  struct Choices {
+    std::vector<GenerationResult> results;
+    std::vector<std::shared_ptr<TokenConstraint>> constraints;
+  };
+  Choices run_choices(EngineLoop& loop, const ApiRequest& ar, const std::function<GenerationCallbacks(int)>& cb,
+                      const std::function<void(int, GenerationResult&)>& done) {
+    const int n = ar.n;
+    Choices c;
+    c.results.resize(size_t(n));
+    c.constraints.resize(size_t(n));
+    std::vector<GenerationRequest> reqs(size_t(n), ar.gen);
+    for (int i = 0; i < n; ++i) {
+      reqs[size_t(i)].sampling.seed = ar.gen.sampling.seed + uint64_t(i);
+      c.constraints[size_t(i)] = i == 0 ? ar.gen.constraint : make_constraint(ar);
+      reqs[size_t(i)].constraint = c.constraints[size_t(i)];
     }
-    return host.engine();
+    std::mutex mu;
+    std::condition_variable cv;
+    bool prefilled = false;
+    std::atomic<bool> failed{false};
+    auto mark = [&] {
+      std::lock_guard lk(mu);
+      prefilled = true;
+      cv.notify_all();
+    };
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
+    auto run = [&](int i) {
+      try {
+        GenerationCallbacks g = cb(i);
+        if (i == 0 && n > 1) {
+          auto inner = g.on_token;
+          g.on_token = [&, inner](int32_t id, std::string_view text) {
+            mark();
+            return inner ? inner(id, text) : true;
+          };
+        }
+        auto outer_cancel = g.should_cancel;
+        g.should_cancel = [&, outer_cancel] { return failed.load() || (outer_cancel && outer_cancel()); };
+        GenerationResult r = generate_on_loop(loop, reqs[size_t(i)], tok.get(), g);
+        note_forced_close(c.constraints[size_t(i)], r);
+        if (done) done(i, r);
+        c.results[size_t(i)] = std::move(r);
+      } catch (...) {
+        errors[size_t(i)] = std::current_exception();
+        failed = true;
+      }
+      if (i == 0) mark();
+    };
+    std::vector<std::thread> others;
+    for (int i = 1; i < n; ++i)
+      others.emplace_back([&, i] {
+        {
+          std::unique_lock lk(mu);
+          cv.wait(lk, [&] { return prefilled; });
+        }
+        if (failed) {
+          c.results[size_t(i)].finish = FinishReason::cancelled;
+          return;
+        }
+        run(i);
+      });
+    run(0);
+    for (auto& t : others) t.join();
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
+    return c;
+  }
+
+  // usage of n choices: the prompt once (choice 0's cached tokens), completion tokens of all.
+  static GenerationResult usage_of(const std::vector<GenerationResult>& rs) {
+    GenerationResult u = rs.front();
+    for (size_t i = 1; i < rs.size(); ++i) u.ids.insert(u.ids.end(), rs[i].ids.begin(), rs[i].ids.end());
+    return u;
+  }
+  static bool any_cancelled(const std::vector<GenerationResult>& rs) {
+    for (const auto& r : rs)
+      if (r.finish == FinishReason::cancelled) return true;
+    return false;
   }
 
   void setup_routes();
   void handle_generate(const httplib::Request& req, httplib::Response& res, Api api);
   void handle_admin(const httplib::Request& req, httplib::Response& res, bool park);
-  void respond_whole(ApiRequest& ar, RequestQueue::Ticket& ticket, ConnectionMonitor& mon, httplib::Response& res);
-  bool stream_openai(ApiRequest& ar, RequestQueue::Ticket& ticket, ConnectionMonitor& mon, httplib::DataSink& sink);
-  bool stream_anthropic(ApiRequest& ar, RequestQueue::Ticket& ticket, ConnectionMonitor& mon, httplib::DataSink& sink);
+  void respond_whole(ApiRequest& ar, ConnectionMonitor& mon, httplib::Response& res);
+  bool stream_openai(ApiRequest& ar, ConnectionMonitor& mon, httplib::DataSink& sink);
+  bool stream_anthropic(ApiRequest& ar, ConnectionMonitor& mon, httplib::DataSink& sink);
 };
 
 void Server::Impl::setup_routes() {
-  const int threads = opts.queue + 16;
+  const int threads = int(capacity) + 16;
   http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   http.set_payload_max_length(opts.max_body_bytes);
   http.set_keep_alive_timeout(2);
@@ -202,14 +332,28 @@ void Server::Impl::setup_routes() {
   });
 
   http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    const auto st = host.stats();
+    const int64_t admitted = this->admitted();
     json j = {{"status", stopping ? "shutting_down" : "ok"},
               {"model", opts.model_name},
               {"model_state", host.state_name()},
               {"n_ctx", host.n_ctx()},
-              {"busy", queue.busy()},
-              {"waiting", queue.waiting()},
-              {"queue", queue.max_waiting()}};
+              {"busy", admitted > 0},
+              {"running", st ? st->running : 0},
+              {"waiting", st ? st->waiting : 0},
+              {"in_flight", admitted},
+              {"parallel", opts.engine.max_running},
+              {"queue", opts.queue}};
     send_json(res, stopping ? 503 : 200, j);
+  });
+  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    ServerCounters sc;
+    sc.in_flight = admitted();
+    sc.capacity = capacity;
+    sc.rejected = rejected.load();
+    sc.http_requests = http_requests.load();
+    sc.loaded = host.state() == LoopHost::State::kLoaded;
+    res.set_content(metrics.render(host.stats(), host.state_layout(), sc), "text/plain; version=0.0.4");
   });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     json m = {{"id", opts.model_name},
@@ -246,14 +390,12 @@ void Server::Impl::handle_admin(const httplib::Request& req, httplib::Response& 
     if (park && !host.can_park())
       throw ApiError(409, "this server cannot park its model (no loader)", "invalid_request_error", "",
                      "park_unsupported");
-    auto ticket = queue.enter();  // after the requests already waiting
-    if (!ticket->wait([this] { return stopping.load(); })) throw shutting_down();
     json j;
     if (park) {
-      host.park();
+      host.park();  // after the requests in flight
       j = {{"status", "parked"}, {"model_state", host.state_name()}};
     } else {
-      const bool was_loaded = host.state() == ModelHost::State::kLoaded;
+      const bool was_loaded = host.state() == LoopHost::State::kLoaded;
       try {
         host.unpark();
       } catch (const Error& e) {
@@ -272,24 +414,29 @@ void Server::Impl::handle_admin(const httplib::Request& req, httplib::Response& 
 
 void Server::Impl::handle_generate(const httplib::Request& req, httplib::Response& res, Api api) {
   const bool anthropic = api == Api::kMessages;
+  ++http_requests;
   try {
     if (stopping) throw shutting_down();
     auto ar = std::make_shared<ApiRequest>(
         api == Api::kChat         ? parse_chat_completion_request(req.body, *tok, host.n_ctx())
         : api == Api::kCompletion ? parse_completion_request(req.body, *tok, host.n_ctx(), host.bos_id())
                                   : parse_anthropic_request(req.body, *tok, host.n_ctx(), false));
-    if (host.state() != ModelHost::State::kLoaded && !opts.auto_unpark)
+    if (host.state() != LoopHost::State::kLoaded && !opts.auto_unpark)
       throw ApiError(503, "the model is parked; POST /admin/unpark loads it", "server_error", "", "model_parked");
     prepare(*ar);
-    std::shared_ptr<RequestQueue::Ticket> ticket = queue.try_enter();
-    if (!ticket)
-      throw ApiError(503, fmt::format("the server is busy ({} requests waiting); retry later", queue.max_waiting()),
+    std::shared_ptr<Admission> admission = admit(ar->n);
+    if (!admission) {
+      ++rejected;
+      throw ApiError(503,
+                     fmt::format("the server is busy ({} sequences running or waiting, the most it admits); retry later",
+                                 capacity),
                      "server_error", "", "queue_full");
+    }
     auto mon = std::make_shared<ConnectionMonitor>(req.remote_addr, req.remote_port, req.local_port);
-    log::info("{} {}: {} prompt tokens, max_tokens {}, stream {}{}", req.method, req.path, ar->gen.prompt.size(),
-              ar->gen.max_tokens, ar->stream, ar->gen.constraint ? ", constrained" : "");
+    log::info("{} {}: {} prompt tokens, max_tokens {}, n {}, stream {}{}", req.method, req.path,
+              ar->gen.prompt.size(), ar->gen.max_tokens, ar->n, ar->stream, ar->gen.constraint ? ", constrained" : "");
     if (!ar->stream) {
-      respond_whole(*ar, *ticket, *mon, res);
+      respond_whole(*ar, *mon, res);
       return;
     }
     res.set_header("Cache-Control", "no-cache");
@@ -297,9 +444,9 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
     ++open_streams;
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, ar, ticket, mon](size_t, httplib::DataSink& sink) {
-          bool ok =
-              ar->anthropic ? stream_anthropic(*ar, *ticket, *mon, sink) : stream_openai(*ar, *ticket, *mon, sink);
+        [this, ar, admission, mon](size_t, httplib::DataSink& sink) mutable {
+          bool ok = ar->anthropic ? stream_anthropic(*ar, *mon, sink) : stream_openai(*ar, *mon, sink);
+          admission.reset();
           if (ok) sink.done();
           return ok;
         },
@@ -310,66 +457,74 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
   }
 }
 
-void Server::Impl::respond_whole(ApiRequest& ar, RequestQueue::Ticket& ticket, ConnectionMonitor& mon,
-                                 httplib::Response& res) {
+void Server::Impl::respond_whole(ApiRequest& ar, ConnectionMonitor& mon, httplib::Response& res) {
   auto gone = [&] { return stopping.load() || mon.closed(); };
-  if (!ticket.wait(gone)) {
-    if (stopping) send_error(res, shutting_down(), ar.anthropic);
-    return;  // client gone: nobody to answer
-  }
-  Engine& engine = engine_for_request();
-  GenerationOutput out(ar.chat, ar.thinking);
-  GenerationCallbacks cb;
-  cb.on_logprobs = [&](const TokenLogprobs& lp) { out.push_logprobs(lp); };
-  cb.on_token = [&](int32_t id, std::string_view text) {
-    out.push(id, text);
-    return true;
-  };
-  cb.should_cancel = gone;
-  GenerationResult r;
+  LoopHost::Lease lease = lease_for_request();
+  std::vector<GenerationOutput> outs;
+  for (int i = 0; i < ar.n; ++i) outs.emplace_back(ar.chat, ar.thinking);
+  Choices c;
   try {
-    r = engine.generate(ar.gen, tok.get(), cb);
+    c = run_choices(
+        lease.loop(), ar,
+        [&](int i) {
+          GenerationOutput& out = outs[size_t(i)];
+          GenerationCallbacks cb;
+          cb.on_logprobs = [&out](const TokenLogprobs& lp) { out.push_logprobs(lp); };
+          cb.on_token = [&out](int32_t id, std::string_view text) {
+            out.push(id, text);
+            return true;
+          };
+          cb.should_cancel = gone;
+          return cb;
+        },
+        nullptr);
   } catch (const Error& e) {
     throw ApiError(500, fmt::format("generation failed: {}", e.what()), "server_error");
   }
-  if (r.finish == FinishReason::cancelled) {
+  if (any_cancelled(c.results)) {
     if (stopping) send_error(res, shutting_down(), ar.anthropic);
-    return;
+    return;  // client gone: nobody to answer
   }
-  note_forced_close(ar, r);
-  out.finish();
+  for (auto& out : outs) out.finish();
   if (ar.anthropic) {
-    send_json(res, 200, anthropic_message_json("msg_" + random_hex(24), opts.model_name, out, r));
+    send_json(res, 200, anthropic_message_json("msg_" + random_hex(24), opts.model_name, outs[0], c.results[0]));
     return;
   }
   const int64_t created = std::time(nullptr);
-  json choice;
-  if (ar.chat) {
-    choice = {{"index", 0},
-              {"message", chat_message_json(out)},
-              {"logprobs",
-               ar.logprobs ? chat_logprobs_json(out.answer_logprobs(), out.reasoning_logprobs(), *tok) : json(nullptr)},
-              {"finish_reason", openai_finish_reason(out, r.finish)}};
-  } else {
-    int64_t offset = 0;
-    choice = {{"index", 0},
-              {"text", out.text()},
-              {"logprobs", ar.logprobs ? completion_logprobs_json(out.answer_logprobs(), *tok, offset) : json(nullptr)},
-              {"finish_reason", openai_finish_reason(out, r.finish)}};
+  json choices = json::array();
+  int64_t reasoning = 0;
+  for (int i = 0; i < ar.n; ++i) {
+    const GenerationOutput& out = outs[size_t(i)];
+    const GenerationResult& r = c.results[size_t(i)];
+    reasoning += out.reasoning_tokens();
+    if (ar.chat) {
+      choices.push_back(
+          {{"index", i},
+           {"message", chat_message_json(out)},
+           {"logprobs",
+            ar.logprobs ? chat_logprobs_json(out.answer_logprobs(), out.reasoning_logprobs(), *tok) : json(nullptr)},
+           {"finish_reason", openai_finish_reason(out, r.finish)}});
+    } else {
+      int64_t offset = 0;
+      choices.push_back(
+          {{"index", i},
+           {"text", out.text()},
+           {"logprobs", ar.logprobs ? completion_logprobs_json(out.answer_logprobs(), *tok, offset) : json(nullptr)},
+           {"finish_reason", openai_finish_reason(out, r.finish)}});
+    }
   }
   json body = {{"id", (ar.chat ? "chatcmpl-" : "cmpl-") + random_hex(24)},
                {"object", ar.chat ? "chat.completion" : "text_completion"},
                {"created", created},
                {"model", opts.model_name},
                {"system_fingerprint", "dsv4"},
-               {"choices", json::array({choice})},
-               {"usage", usage_json(r, out.reasoning_tokens())},
-               {"timings", timings_json(r.timings)}};
+               {"choices", std::move(choices)},
+               {"usage", usage_json(usage_of(c.results), reasoning)},
+               {"timings", timings_json(c.results[0].timings)}};
   send_json(res, 200, body);
 }
 
-bool Server::Impl::stream_openai(ApiRequest& ar, RequestQueue::Ticket& ticket, ConnectionMonitor& mon,
-                                 httplib::DataSink& sink) {
+bool Server::Impl::stream_openai(ApiRequest& ar, ConnectionMonitor& mon, httplib::DataSink& sink) {
   SseWriter w(sink);
   Keepalive ka(w, opts.keepalive_s);
   const std::string id = (ar.chat ? "chatcmpl-" : "cmpl-") + random_hex(24);
@@ -386,40 +541,43 @@ bool Server::Impl::stream_openai(ApiRequest& ar, RequestQueue::Ticket& ticket, C
     w.send_raw("data: [DONE]\n\n");
   };
 
-  if (!ticket.wait(gone)) {
-    if (stopping) send_error_event(shutting_down());
-    return w.ok() && stopping;
-  }
-  Engine* engine = nullptr;
+  std::optional<LoopHost::Lease> lease;
   try {
-    engine = &engine_for_request();
+    lease.emplace(lease_for_request());
   } catch (const ApiError& e) {
     send_error_event(e);
     return w.ok();
   }
   if (ar.chat)
-    w.data(chunk({{"index", 0},
-                  {"delta", {{"role", "assistant"}, {"content", ""}}},
-                  {"logprobs", nullptr},
-                  {"finish_reason", nullptr}}));
+    for (int i = 0; i < ar.n; ++i)
+      w.data(chunk({{"index", i},
+                    {"delta", {{"role", "assistant"}, {"content", ""}}},
+                    {"logprobs", nullptr},
+                    {"finish_reason", nullptr}}));
 
-  GenerationOutput out(ar.chat, ar.thinking);
-  int64_t text_offset = 0;
-  // Log-probabilities waiting for a chunk (those of tokens whose text was held back included).
-  auto take_logprobs = [&]() -> json {
-    if (!ar.logprobs || !out.has_pending_logprobs()) return nullptr;
-    if (ar.chat) return chat_logprobs_json(out.take_answer_logprobs(), out.take_reasoning_logprobs(), *tok);
-    return completion_logprobs_json(out.take_answer_logprobs(), *tok, text_offset);
+  // Per choice: its parsed output and the completion text offset of its log-probabilities.
+  struct Choice {
+    GenerationOutput out;
+    int64_t text_offset = 0;
   };
-  auto send_delta = [&](const ChatDelta& d) {
+  std::vector<Choice> cs;
+  for (int i = 0; i < ar.n; ++i) cs.push_back({GenerationOutput(ar.chat, ar.thinking)});
+  // Log-probabilities waiting for a chunk (those of tokens whose text was held back included).
+  auto take_logprobs = [&](Choice& c) -> json {
+    if (!ar.logprobs || !c.out.has_pending_logprobs()) return nullptr;
+    if (ar.chat) return chat_logprobs_json(c.out.take_answer_logprobs(), c.out.take_reasoning_logprobs(), *tok);
+    return completion_logprobs_json(c.out.take_answer_logprobs(), *tok, c.text_offset);
+  };
+  auto send_delta = [&](int i, const ChatDelta& d) {
+    Choice& c = cs[size_t(i)];
     if (!ar.chat) {
       if (!d.content.empty())
-        w.data(chunk({{"index", 0}, {"text", d.content}, {"logprobs", take_logprobs()}, {"finish_reason", nullptr}}));
+        w.data(chunk({{"index", i}, {"text", d.content}, {"logprobs", take_logprobs(c)}, {"finish_reason", nullptr}}));
       return;
     }
     auto one = [&](json delta) {
       w.data(chunk(
-          {{"index", 0}, {"delta", std::move(delta)}, {"logprobs", take_logprobs()}, {"finish_reason", nullptr}}));
+          {{"index", i}, {"delta", std::move(delta)}, {"logprobs", take_logprobs(c)}, {"finish_reason", nullptr}}));
     };
     if (!d.reasoning.empty()) one({{"reasoning_content", d.reasoning}});
     if (!d.content.empty()) one({{"content", d.content}});
@@ -429,63 +587,67 @@ bool Server::Impl::stream_openai(ApiRequest& ar, RequestQueue::Ticket& ticket, C
       one({{"tool_calls", tc}});
     }
   };
-  GenerationCallbacks cb;
-  cb.on_logprobs = [&](const TokenLogprobs& lp) { out.push_logprobs(lp); };
-  cb.on_token = [&](int32_t tid, std::string_view text) {
-    send_delta(out.push(tid, text));
-    return !gone();
-  };
-  cb.should_cancel = gone;
-  GenerationResult r;
+  Choices res;
   try {
-    r = engine->generate(ar.gen, tok.get(), cb);
+    res = run_choices(
+        lease->loop(), ar,
+        [&](int i) {
+          GenerationCallbacks cb;
+          cb.on_logprobs = [&, i](const TokenLogprobs& lp) { cs[size_t(i)].out.push_logprobs(lp); };
+          cb.on_token = [&, i](int32_t tid, std::string_view text) {
+            send_delta(i, cs[size_t(i)].out.push(tid, text));
+            return !gone();
+          };
+          cb.should_cancel = gone;
+          return cb;
+        },
+        [&](int i, GenerationResult& r) {
+          if (r.finish == FinishReason::cancelled) return;
+          Choice& c = cs[size_t(i)];
+          send_delta(i, c.out.finish());
+          if (ar.chat)
+            w.data(chunk({{"index", i},
+                          {"delta", json::object()},
+                          {"logprobs", take_logprobs(c)},
+                          {"finish_reason", openai_finish_reason(c.out, r.finish)}}));
+          else
+            w.data(chunk({{"index", i},
+                          {"text", ""},
+                          {"logprobs", take_logprobs(c)},
+                          {"finish_reason", openai_finish_reason(c.out, r.finish)}}));
+        });
   } catch (const Error& e) {
     log::error("generation failed: {}", e.what());
     send_error_event(ApiError(500, fmt::format("generation failed: {}", e.what()), "server_error"));
     return w.ok();
   }
-  if (r.finish == FinishReason::cancelled) {
-    log::info("stream cancelled after {} tokens", r.ids.size());
+  if (any_cancelled(res.results)) {
+    log::info("stream cancelled after {} tokens", res.results[0].ids.size());
     if (!stopping) return false;  // the client went away: nothing more to write
     send_error_event(shutting_down());
     return w.ok();  // end the chunked body properly after [DONE]
   }
-  note_forced_close(ar, r);
-  send_delta(out.finish());
-  if (ar.chat)
-    w.data(chunk({{"index", 0},
-                  {"delta", json::object()},
-                  {"logprobs", take_logprobs()},
-                  {"finish_reason", openai_finish_reason(out, r.finish)}}));
-  else
-    w.data(chunk({{"index", 0},
-                  {"text", ""},
-                  {"logprobs", take_logprobs()},
-                  {"finish_reason", openai_finish_reason(out, r.finish)}}));
   if (ar.include_usage) {
+    int64_t reasoning = 0;
+    for (const auto& c : cs) reasoning += c.out.reasoning_tokens();
     json u = chunk_base(id, created, ar.chat);
     u["choices"] = json::array();
-    u["usage"] = usage_json(r, out.reasoning_tokens());
-    u["timings"] = timings_json(r.timings);
+    u["usage"] = usage_json(usage_of(res.results), reasoning);
+    u["timings"] = timings_json(res.results[0].timings);
     w.data(u);
   }
   w.send_raw("data: [DONE]\n\n");
   return w.ok();
 }
 
-bool Server::Impl::stream_anthropic(ApiRequest& ar, RequestQueue::Ticket& ticket, ConnectionMonitor& mon,
-                                    httplib::DataSink& sink) {
+bool Server::Impl::stream_anthropic(ApiRequest& ar, ConnectionMonitor& mon, httplib::DataSink& sink) {
   SseWriter w(sink);
   Keepalive ka(w, opts.keepalive_s);
   auto gone = [&] { return stopping.load() || !w.ok() || mon.closed(); };
   auto send_error_event = [&](const ApiError& e) { w.event("error", e.to_anthropic_json()); };
-  if (!ticket.wait(gone)) {
-    if (stopping) send_error_event(shutting_down());
-    return w.ok() && stopping;
-  }
-  Engine* engine = nullptr;
+  std::optional<LoopHost::Lease> lease;
   try {
-    engine = &engine_for_request();
+    lease.emplace(lease_for_request());
   } catch (const ApiError& e) {
     send_error_event(e);
     return w.ok();
@@ -502,7 +664,7 @@ bool Server::Impl::stream_anthropic(ApiRequest& ar, RequestQueue::Ticket& ticket
   cb.should_cancel = gone;
   GenerationResult r;
   try {
-    r = engine->generate(ar.gen, tok.get(), cb);
+    r = generate_on_loop(lease->loop(), ar.gen, tok.get(), cb);
   } catch (const Error& e) {
     log::error("generation failed: {}", e.what());
     send_error_event(ApiError(500, fmt::format("generation failed: {}", e.what()), "server_error"));
@@ -513,16 +675,18 @@ bool Server::Impl::stream_anthropic(ApiRequest& ar, RequestQueue::Ticket& ticket
     send_error_event(shutting_down());
     return w.ok();
   }
-  note_forced_close(ar, r);
+  note_forced_close(ar.gen.constraint, r);
   as.delta(out.finish());
   as.finish(out, r);
   return w.ok();
 }
 
-Server::Server(ServerOptions opts, std::shared_ptr<const LanguageModel> model, std::shared_ptr<const Tokenizer> tok) {
+Server::Server(ServerOptions opts, std::shared_ptr<const BatchModel> model, std::shared_ptr<const Tokenizer> tok) {
   if (!model || !tok) fail("server: no model or tokenizer");
   if (opts.n_ctx < 2) fail("--ctx must be at least 2, got {}", opts.n_ctx);
   if (opts.queue < 0) fail("--queue must be >= 0, got {}", opts.queue);
+  if (opts.engine.max_running < 1) fail("--parallel must be >= 1, got {}", opts.engine.max_running);
+  if (opts.engine.batch_tokens < 1) fail("--batch-tokens must be >= 1, got {}", opts.engine.batch_tokens);
   if (opts.port < 0 || opts.port > 65535) fail("--port must be in [0, 65535], got {}", opts.port);
   if (opts.model_name.empty()) fail("the model name must not be empty");
   if (opts.reasoning_budget == 0 || opts.reasoning_budget < -1)
@@ -551,8 +715,9 @@ int Server::bind() {
 
 void Server::serve() {
   bind();
-  log::info("listening on http://{}:{} (model '{}', n_ctx {}, queue {}{})", impl_->opts.host, impl_->port,
-            impl_->opts.model_name, impl_->host.n_ctx(), impl_->opts.queue,
+  log::info("listening on http://{}:{} (model '{}', n_ctx {}, parallel {}, batch tokens {}, queue {}{})",
+            impl_->opts.host, impl_->port, impl_->opts.model_name, impl_->host.n_ctx(),
+            impl_->opts.engine.max_running, impl_->opts.engine.batch_tokens, impl_->opts.queue,
             impl_->opts.api_key.empty() ? "" : ", API key required");
   if (!impl_->stopping) impl_->http.listen_after_bind();
 }

@@ -112,8 +112,9 @@ test('models list reports the folder name', async () => {
 });
 
 test('non-streaming chat completion with usage', async () => {
+  const long = 'Tell me about the Congress. '.repeat(60);
   const r = await client.chat.completions.create({
-    model: 'dsv4-demo', messages: user('Tell me about the Congress.'), max_tokens: 8, temperature: 0, ...noThink,
+    model: 'dsv4-demo', messages: user(long), max_tokens: 8, temperature: 0, ...noThink,
   });
   assert.equal(r.object, 'chat.completion');
   const c = r.choices[0];
@@ -126,12 +127,14 @@ test('non-streaming chat completion with usage', async () => {
   assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens);
   assert.equal(typeof r.usage.prompt_tokens_details.cached_tokens, 'number');
   assert.equal(r.usage.prompt_cache_hit_tokens + r.usage.prompt_cache_miss_tokens, r.usage.prompt_tokens);
-  // Same request again: greedy output is identical and the prompt comes from the cached sequence.
+  // Same request again: greedy output is identical and the prompt's whole 128-token blocks (before its last token)
+  // come from the prefix cache.
   const again = await client.chat.completions.create({
-    model: 'dsv4-demo', messages: user('Tell me about the Congress.'), max_tokens: 8, temperature: 0, ...noThink,
+    model: 'dsv4-demo', messages: user(long), max_tokens: 8, temperature: 0, ...noThink,
   });
   assert.equal(again.choices[0].message.content, c.message.content);
-  assert.equal(again.usage.prompt_tokens_details.cached_tokens, r.usage.prompt_tokens - 1);
+  assert.ok(r.usage.prompt_tokens > 256);
+  assert.equal(again.usage.prompt_tokens_details.cached_tokens, Math.floor((r.usage.prompt_tokens - 1) / 128) * 128);
 });
 
 test('thinking mode returns reasoning_content', async () => {
@@ -272,7 +275,7 @@ test('HTTP-level errors: OpenAI error objects with the right status, server keep
     ['/v1/chat/completions', '{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}', 400, 'temperature'],
     ['/v1/chat/completions', '{"messages": [{"role": "user", "content": "x"}], "max_tokens": -5}', 400, 'max_tokens'],
     ['/v1/chat/completions', `{"messages": [{"role": "user", "content": "x"}], "max_tokens": ${CTX}}`, 400, 'max_tokens'],
-    ['/v1/chat/completions', '{"messages": [{"role": "user", "content": "x"}], "n": 3}', 400, 'n'],
+    ['/v1/chat/completions', '{"messages": [{"role": "user", "content": "x"}], "n": 17}', 400, 'n'],
     ['/v1/chat/completions', '{"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 99}', 400, 'top_logprobs'],
     ['/v1/completions', '{"prompt": 5}', 400, 'prompt'],
     ['/v1/completions', `{"prompt": "${'word '.repeat(CTX + 10)}"}`, 400, 'prompt'],

@@ -25,7 +25,7 @@ inline const char* kDsmlCall =
 
 class ServerTest : public ::testing::Test {
  public:
-  void start(int queue = 4, int64_t n_ctx = 2048) {
+  void start(int queue = 4, int64_t n_ctx = 2048, int64_t parallel = 4) {
     tok = std::make_shared<Tokenizer>(Tokenizer::from_json_text(test::tiny_tokenizer_json()));
     lm = std::make_shared<test::FakeLm>(tok->n_vocab(), 8192);
     script("Hello world");
@@ -33,9 +33,11 @@ class ServerTest : public ::testing::Test {
     o.port = 0;
     o.n_ctx = n_ctx;
     o.queue = queue;
+    o.engine.max_running = parallel;
+    o.engine.batch_tokens = 256;
     o.model_name = "test-model";
     o.keepalive_s = 0.05;
-    o.reload = [this] { return std::shared_ptr<const LanguageModel>(lm); };
+    o.reload = [this] { return std::shared_ptr<const BatchModel>(lm); };
     if (configure) configure(o);
     server = std::make_unique<Server>(o, lm, tok);
     port = server->bind();

@@ -36,7 +36,9 @@ TEST_F(ServerTest, HealthAndModels) {
 }
 
 TEST_F(ServerTest, ChatCompletionWithUsageAndPrefixCache) {
-  auto req = chat_req("hi there");
+  // A prompt of a few 128-token blocks (the tiny tokenizer has one token per byte): the prefix cache reuses whole
+  // blocks.
+  auto req = chat_req(std::string(300, 'a') + " hi there");
   req["temperature"] = 0;
   auto j = post_json("/v1/chat/completions", req);
   EXPECT_EQ(j["object"], "chat.completion");
@@ -51,12 +53,14 @@ TEST_F(ServerTest, ChatCompletionWithUsageAndPrefixCache) {
   EXPECT_EQ(j["usage"]["completion_tokens"], 11);
   EXPECT_EQ(j["usage"]["total_tokens"], n_prompt + 11);
   EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
-  // The same request again: everything but the last prompt token comes from the cached sequence.
+  // The same request again: every whole block before the last prompt token comes from the prefix cache.
+  const size_t cached = (n_prompt - 1) / 128 * 128;
+  ASSERT_GE(cached, 256u);
   auto j2 = post_json("/v1/chat/completions", req);
   EXPECT_EQ(j2["choices"][0]["message"]["content"], "Hello world");
-  EXPECT_EQ(j2["usage"]["prompt_tokens_details"]["cached_tokens"], n_prompt - 1);
-  EXPECT_EQ(j2["usage"]["prompt_cache_hit_tokens"], n_prompt - 1);
-  EXPECT_EQ(j2["usage"]["prompt_cache_miss_tokens"], 1);
+  EXPECT_EQ(j2["usage"]["prompt_tokens_details"]["cached_tokens"], cached);
+  EXPECT_EQ(j2["usage"]["prompt_cache_hit_tokens"], cached);
+  EXPECT_EQ(j2["usage"]["prompt_cache_miss_tokens"], n_prompt - cached);
 }
 
 TEST_F(ServerTest, ThinkingModeSplitsReasoning) {
@@ -258,7 +262,8 @@ TEST_F(ServerTest, BadRequestsGetOpenAIErrors) {
       {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"seed":"s"})", "seed", 400},
       {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"presence_penalty":5})",
        "presence_penalty", 400},
-      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"n":2})", "n", 400},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"n":0})", "n", 400},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"n":17})", "n", 400},
       {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"logprobs":"yes"})", "logprobs", 400},
       {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})",
        "top_logprobs", 400},
@@ -295,9 +300,9 @@ TEST_F(ServerTest, BadRequestsGetOpenAIErrors) {
   EXPECT_EQ(ok["choices"][0]["message"]["content"], "Hell");
 }
 
-TEST_F(ServerTest, QueueFullAnswers503AndRequestsRunOneAtATime) {
+TEST_F(ServerTest, QueueFullAnswers503AndStepsNeverOverlap) {
   TearDown();
-  start(/*queue=*/2);
+  start(/*queue=*/2, /*n_ctx=*/2048, /*parallel=*/1);  // admits 1 running + 2 waiting
   lm->set_delay(15ms);
   std::vector<std::future<httplib::Result>> fs;
   for (int i = 0; i < 7; ++i)
@@ -318,11 +323,11 @@ TEST_F(ServerTest, QueueFullAnswers503AndRequestsRunOneAtATime) {
       ++busy;
     }
   }
-  // At least the queue's capacity is served; a third only if the worker took one off the queue before the burst
-  // ended (timing-dependent, so not asserted).
-  EXPECT_GE(ok, 2);
+  // At least the admitted capacity is served; more only if one finished before the burst ended (timing-dependent,
+  // so not asserted).
+  EXPECT_GE(ok, 3);
   EXPECT_GE(busy, 1);  // 7 arrive within a few ms while each takes > 100 ms
-  EXPECT_EQ(lm->max_in_flight, 1);
+  EXPECT_EQ(lm->max_in_flight, 1);  // one forward step at a time, whatever the number of requests
   wait_idle();
 }
 

@@ -1,0 +1,109 @@
+// One request's text layer on the engine loop (loop_generation.h).
+#include "engine/loop_generation.h"
+
+#include <optional>
+
+#include "core/error.h"
+#include "sampling/stop_matcher.h"
+#include "tokenizer/stream_decoder.h"
+
+namespace dsv4 {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+}  // namespace
+
+GenerationResult generate_on_loop(EngineLoop& loop, const GenerationRequest& req, const Tokenizer* tok,
+                                  const GenerationCallbacks& cb, std::chrono::milliseconds poll) {
+  if (!req.stop.empty() && !tok) fail("stop strings need a tokenizer");
+  StopMatcher stops(req.stop);
+  std::optional<StreamDecoder> decoder;
+  if (tok) decoder.emplace(*tok);
+  auto cancelled = [&] { return cb.should_cancel && cb.should_cancel(); };
+
+  EngineRequest er;
+  er.prompt = req.prompt;
+  er.sampling = req.sampling;
+  er.max_tokens = req.max_tokens;
+  er.ignore_eos = req.ignore_eos;
+  er.constraint = req.constraint;
+  er.top_logprobs = req.top_logprobs;
+  const auto t0 = Clock::now();
+  auto stream = loop.submit(std::move(er));
+
+  GenerationResult res;
+  auto& tm = res.timings;
+  tm.prompt_tokens = static_cast<int64_t>(req.prompt.size());
+  std::optional<FinishReason> ours;  // we ended it: a stop string, on_token said no, or should_cancel
+  std::optional<Clock::time_point> t_first;
+  std::vector<TokenLogprobs> lps;
+  size_t have = 0;
+  while (!ours) {
+    if (cancelled()) {
+      ours = FinishReason::cancelled;
+      break;
+    }
+    const bool fin = stream->finished();  // then every token is in already
+    lps.clear();
+    std::vector<int32_t> toks =
+        stream->next_for(have, fin ? std::chrono::milliseconds(0) : poll, req.top_logprobs >= 0 ? &lps : nullptr);
+    if (toks.empty()) {
+      if (fin) break;
+      continue;
+    }
+    if (!t_first) t_first = Clock::now();
+    for (size_t i = 0; i < toks.size() && !ours; ++i) {
+      const int32_t id = toks[i];
+      ++have;
+      res.ids.push_back(id);
+      if (cb.on_logprobs && i < lps.size()) cb.on_logprobs(lps[i]);
+      std::string piece;
+      bool stopped = false;
+      if (decoder) {
+        auto r = stops.push(decoder->push(id));
+        piece = std::move(r.text);
+        res.text += piece;
+        if (r.stopped) {
+          stopped = true;
+          res.stop_matched = r.matched;
+        }
+      }
+      const bool go_on = !cb.on_token || cb.on_token(id, piece);
+      if (stopped) ours = FinishReason::stop;
+      else if (!go_on) ours = FinishReason::cancelled;
+    }
+  }
+  if (ours) loop.cancel(stream->id());
+  const RequestStream::Result r = stream->wait();
+  const auto t_end = Clock::now();
+  if (ours) {
+    res.finish = *ours;
+  } else {
+    switch (r.end) {
+      case StreamEnd::stop: res.finish = FinishReason::stop; break;
+      case StreamEnd::length: res.finish = FinishReason::length; break;
+      case StreamEnd::cancelled: res.finish = FinishReason::cancelled; break;
+      case StreamEnd::error: fail("{}", r.error);
+      case StreamEnd::running: fail("internal: the request's stream ended while running");
+    }
+  }
+  tm.cached_tokens = r.cached_tokens;
+  tm.prefill_tokens = tm.prompt_tokens - tm.cached_tokens;
+  tm.prefill_ms = ms_between(t0, t_first.value_or(t_end));
+  tm.decode_tokens = res.ids.empty() ? 0 : static_cast<int64_t>(res.ids.size()) - 1;
+  tm.decode_ms = t_first ? ms_between(*t_first, t_end) : 0.0;
+  // Release text held back (partial stop-string prefix, incomplete UTF-8) unless a stop string ended the output.
+  if (decoder && res.stop_matched.empty() && res.finish != FinishReason::cancelled) {
+    std::string tail = stops.push(decoder->flush()).text + stops.flush();
+    if (!tail.empty()) {
+      res.text += tail;
+      if (cb.on_token) cb.on_token(-1, tail);
+    }
+  }
+  return res;
+}
+
+}  // namespace dsv4
