@@ -357,6 +357,7 @@ void setup_gemm(CLI::App& app, Runner& run) {
 
 }  // namespace
 void setup_bench_model(CLI::App& app, Runner& run);  // bench_model.cpp
+void setup_bench_serve(CLI::App& app, Runner& run);  // bench_serve.cpp
 namespace {
 
 // Benchmark kinds of `dsv4 bench`. Add one line per kind (name, help, setup).
@@ -371,6 +372,8 @@ const BenchKind kBenchKinds[] = {
     {"model", "the whole forward pass on a backend (--device): prefill tok/s, decode ms/step and GB/s, per-op times",
      setup_bench_model},
     {"structured", "decode ms/token of a model with and without a JSON-schema constraint", setup_bench_structured},
+    {"serve", "aggregate tokens/s of the HTTP server at several numbers of concurrent clients (--clients 1,8)",
+     setup_bench_serve},
 };
 
 void setup_bench(CLI::App& app, Runner& run) {
@@ -390,6 +393,6 @@ void setup_bench(CLI::App& app, Runner& run) {
 
 }  // namespace
 
-DSV4_COMMAND(bench, "Performance benchmarks (bench gemm, bench model, bench structured)", setup_bench);
+DSV4_COMMAND(bench, "Performance benchmarks (bench gemm, bench model, bench structured, bench serve)", setup_bench);
 
 }  // namespace dsv4::cli

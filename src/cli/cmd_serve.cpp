@@ -16,6 +16,7 @@
 #include <csignal>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -89,6 +90,10 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
 
     std::string api_key = o->api_key;
     if (!o->api_key_file.empty()) api_key = read_api_key_file(o->api_key_file);
+    const std::optional<cli::ByteSize> kv_arg =
+        o->kv_memory.empty() ? std::nullopt
+                             : std::optional<cli::ByteSize>(cli::parse_byte_size(o->kv_memory, "--kv-memory", true));
+    const uint64_t cache_size = std::get<uint64_t>(cli::parse_byte_size(o->cache_size, "--cache-size", false));
     std::fprintf(stderr, "loading %s ...\n", o->model.c_str());
     const Device device = dsv4::cli::resolve_device(o->device);
     LoadedModel lm = load_model(o->model, o->numerics, o->threads, device);
@@ -104,15 +109,14 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
     eo.n_threads = o->threads;
     {
       const uint64_t cpu_default = uint64_t(1) << 30;
-      const auto kv = o->kv_memory.empty() ? (gpu ? cli::ByteSize(cli::Fraction{0.9}) : cli::ByteSize(cpu_default))
-                                           : cli::parse_byte_size(o->kv_memory, "--kv-memory", true);
+      const cli::ByteSize kv = kv_arg ? *kv_arg : gpu ? cli::ByteSize(cli::Fraction{0.9}) : cli::ByteSize(cpu_default);
       if (const auto* f = std::get_if<cli::Fraction>(&kv))
         eo.state_bytes = uint64_t(f->value * double(gpu ? model->backend().memory().free : cpu_default));
       else
         eo.state_bytes = std::get<uint64_t>(kv);
     }
     eo.cache_dir = o->cache_dir;
-    eo.cache_size = std::get<uint64_t>(cli::parse_byte_size(o->cache_size, "--cache-size", false));
+    eo.cache_size = cache_size;
     ServerOptions so;
     so.host = o->host;
     so.port = o->port;

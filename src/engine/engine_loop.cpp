@@ -198,16 +198,20 @@ void EngineLoop::end(uint64_t id, StreamEnd e, std::string error) {
   const Scheduler::Sequence* s = sched_->find(id);
   const int64_t cached = s && s->n_cached > 0 ? s->n_cached : 0;
   const int64_t preempted = s ? s->n_preempted : 0;
-  it->second.stream->finish(e, std::move(error), int64_t(it->second.req.prompt.size()), cached, preempted);
-  {
+  const int64_t n_prompt = int64_t(it->second.req.prompt.size());
+  std::shared_ptr<RequestStream> stream = it->second.stream;
+  sched_->remove(id);
+  live_.erase(it);
+  {  // counted before the stream ends, so that whoever waits on it sees the counters include it
     std::lock_guard<std::mutex> lock(mu_);
-    stats_.prompt_tokens += int64_t(it->second.req.prompt.size());
+    stats_.prompt_tokens += n_prompt;
     stats_.cached_tokens += cached;
     if (cached > 0) ++stats_.cache_hits;
     ++stats_.requests_finished;
+    stats_.running = int64_t(sched_->n_running());
+    stats_.waiting = int64_t(sched_->n_waiting());
   }
-  sched_->remove(id);
-  live_.erase(it);
+  stream->finish(e, std::move(error), n_prompt, cached, preempted);
 }
 
 void EngineLoop::drain_inbox() {
@@ -299,7 +303,6 @@ void EngineLoop::run_step() {
     return;
   }
   sched_->commit(st);
-  int64_t generated = 0;
   for (Out& o : outs) {
     auto it = live_.find(o.id);
     if (it == live_.end()) continue;
@@ -326,9 +329,12 @@ void EngineLoop::run_step() {
     }
     lv.sampler->accept(o.token);
     sched_->append(o.id, o.token);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.generated_tokens;  // before the token is visible (see end())
+    }
     lv.stream->push(o.token, o.lp ? &*o.lp : nullptr);
     ++lv.generated;
-    ++generated;
     const Scheduler::Sequence* s = sched_->find(o.id);
     if ((lv.req.max_tokens > 0 && lv.generated >= lv.req.max_tokens) || int64_t(s->tokens.size()) >= n_ctx_)
       end(o.id, StreamEnd::length);
@@ -337,7 +343,6 @@ void EngineLoop::run_step() {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.steps;
     stats_.step_tokens += st.n_tokens();
-    stats_.generated_tokens += generated;
     stats_.forward_seconds += secs;
     size_t b = 0;
     while (b < kStepBuckets.size() && secs > kStepBuckets[b]) ++b;

@@ -52,6 +52,7 @@ void parse_common(const J& body, ApiRequest& r, int64_t n_ctx, const char* promp
     if (*n < 1 || *n > kMaxChoices) bad_request("n", fmt::format("'n' must be in [1, {}], got {}", kMaxChoices, *n));
     r.n = static_cast<int>(*n);
   }
+  r.gen.ignore_eos = boolean(body, "ignore_eos").value_or(false);
   if (const J* lb = field(body, "logit_bias"); lb && !(lb->is_object() && lb->empty()))
     unsupported("logit_bias", "logit_bias");
 

@@ -4,6 +4,7 @@
 // objects this server defines (response_format, response_format.json_schema, thinking, tool_choice), and unsupported
 // features (logit_bias, echo, best_of > 1, suffix) throw ApiError 400 naming the field.
 //
+// ignore_eos (bool, vLLM's extension): generate max_tokens tokens whatever the model's EOS (benchmarks).
 // n: choices, 1..kMaxChoices (each its own sequence, sharing the prompt's cached blocks; see server.h for seeds).
 // Sampling fields: temperature [0, 2] (default 1), top_p (0, 1], top_k (int, <= 0 off), min_p [0, 1], seed (int),
 // stop (string or array of up to 16 non-empty strings), presence_penalty / frequency_penalty [-2, 2],

@@ -23,6 +23,7 @@
 #include "server/auth.h"
 #include "server/connection_monitor.h"
 #include "server/generation_output.h"
+#include "server/listen_backlog.h"
 #include "server/loop_host.h"
 #include "server/metrics.h"
 #include "server/openai_format.h"
@@ -483,6 +484,7 @@ void Server::Impl::respond_whole(ApiRequest& ar, ConnectionMonitor& mon, httplib
   }
   if (any_cancelled(c.results)) {
     if (stopping) send_error(res, shutting_down(), ar.anthropic);
+    else log::info("request cancelled after {} tokens: the client went away", c.results[0].ids.size());
     return;  // client gone: nobody to answer
   }
   for (auto& out : outs) out.finish();
@@ -710,6 +712,7 @@ int Server::bind() {
   if (p <= 0) fail("cannot listen on {}:{} (address in use or not available)", o.host, o.port);
   impl_->port = p;
   impl_->bound = true;
+  if (raise_listen_backlog(p, 1024) == 0) log::warn("could not raise the listen backlog of port {}", p);
   return p;
 }
 

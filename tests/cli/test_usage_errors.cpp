@@ -37,6 +37,13 @@ TEST(CliUsage, ImpossibleValuesAreRejected) {
   expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--reasoning-budget", "0"});
   expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--api-key-file", "/nonexistent/key"});
   expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--api-key", "a", "--api-key-file", "/tmp/k"});
+  expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--parallel", "0"});
+  expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--batch-tokens", "0"});
+  expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--kv-memory", "lots"});
+  expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--kv-memory", "8X"});
+  expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--kv-memory", "-1G"});
+  expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--kv-memory", "1K"});  // cannot hold the slots
+  expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--cache-size", "0.5"});
 }
 
 TEST(CliUsage, HelpStillWorks) {

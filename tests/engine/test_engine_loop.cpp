@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <limits>
 #include <map>
 #include <thread>
 
@@ -294,4 +295,80 @@ TEST(EngineLoop, ThreadedLoopServesSubmittersOnOtherThreads) {
   }
   loop.cancel(s->id());
   EXPECT_EQ(s->wait().end, StreamEnd::cancelled);
+}
+
+namespace {
+// Allows only tokens t with t % 3 == r (a per-request mask), and records the tokens it was told.
+class ModuloConstraint : public TokenConstraint {
+ public:
+  explicit ModuloConstraint(int r) : r_(r) {}
+  void apply(std::span<float> logits) override {
+    for (size_t t = 0; t < logits.size(); ++t)
+      if (int(t % 3) != r_) logits[t] = -std::numeric_limits<float>::infinity();
+  }
+  void accept(int32_t token) override { seen.push_back(token); }
+  std::vector<int32_t> seen;
+
+ private:
+  int r_;
+};
+}  // namespace
+
+TEST(EngineLoop, ConstraintsAndLogprobsArePerRequestAndBatchInvariant) {
+  auto m = load("tiny-a");
+  // Alone (one request per loop) vs. all at once with unconstrained neighbours.
+  auto run = [&](bool together) {
+    EngineLoop loop(m, manual(8, 200));
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    std::vector<std::shared_ptr<ModuloConstraint>> cs;
+    for (int r = 0; r < 9; ++r) {
+      EngineRequest q = greedy_req(ids(20 + 17 * r, r, m->n_vocab()), 12);
+      if (r % 3 != 2) {
+        cs.push_back(std::make_shared<ModuloConstraint>(r % 3));
+        q.constraint = cs.back();
+      }
+      if (r % 2 == 0) q.top_logprobs = 3;
+      if (r == 4) {
+        q.sampling.temperature = 0.8f;
+        q.sampling.seed = 77;
+      }
+      streams.push_back(loop.submit(std::move(q)));
+      if (!together) loop.run_until_idle();
+    }
+    loop.run_until_idle();
+    std::vector<RequestStream::Result> out;
+    for (auto& s : streams) out.push_back(s->wait());
+    return std::make_pair(out, cs);
+  };
+  const auto [alone, cs_alone] = run(false);
+  const auto [together, cs_together] = run(true);
+  for (size_t r = 0; r < alone.size(); ++r) {
+    EXPECT_EQ(together[r].tokens, alone[r].tokens) << r;
+    ASSERT_EQ(together[r].logprobs.size(), r % 2 == 0 ? together[r].tokens.size() : 0u) << r;
+    for (size_t i = 0; i < together[r].logprobs.size(); ++i) {
+      EXPECT_EQ(together[r].logprobs[i].id, together[r].tokens[i]);
+      EXPECT_EQ(together[r].logprobs[i].logprob, alone[r].logprobs[i].logprob);  // bitwise: the same raw logits
+      ASSERT_EQ(together[r].logprobs[i].top.size(), 3u);
+      EXPECT_EQ(together[r].logprobs[i].top[0].id, alone[r].logprobs[i].top[0].id);
+    }
+    if (r % 3 != 2)
+      for (int32_t t : together[r].tokens) EXPECT_EQ(int(t % 3), int(r % 3)) << "request " << r << " token " << t;
+  }
+  // Each constraint was told exactly its request's tokens (plus a final EOS when the request stopped).
+  for (size_t k = 0; k < cs_together.size(); ++k) {
+    const size_t r = k + k / 2;  // requests 0, 1, 3, 4, 6, 7 are constrained
+    std::vector<int32_t> seen = cs_together[k]->seen;
+    if (together[r].end == StreamEnd::stop) seen.pop_back();
+    EXPECT_EQ(seen, together[r].tokens) << r;
+  }
+  // Logprobs of the unmasked raw logits: the first token's equals the solo path's log_softmax.
+  {
+    const auto prompt = ids(20, 0, m->n_vocab());
+    ModelSequence seq(*m);
+    std::vector<float> lg(static_cast<size_t>(m->n_vocab()));
+    seq.append(prompt, lg);
+    const TokenLogprobs want = token_logprobs(lg, alone[0].tokens[0], 3);
+    EXPECT_EQ(alone[0].logprobs[0].logprob, want.logprob);
+    EXPECT_EQ(alone[0].logprobs[0].top[0].id, want.top[0].id);
+  }
 }

@@ -1,0 +1,222 @@
+// `dsv4 bench serve`: aggregate generation throughput of the HTTP server (continuous batching) at several numbers of
+// concurrent clients. Starts `dsv4 serve`'s Server in-process on a free port (same model and engine options as
+// serve: --device, --parallel, --batch-tokens, --kv-memory, --threads) — or measures a running server (--url) — and
+// for each --clients C runs C client threads, each sending --requests non-streamed /v1/completions requests one
+// after the other: a distinct prompt of --prompt tokens (ids, so no two clients share a prefix block), greedy,
+// max_tokens --tokens with ignore_eos. Reports per C: requests, completion tokens, wall time, aggregate tokens/s,
+// mean request latency, and the ratio of each level's tokens/s to the first level's. --json prints one JSON object.
+//
+//   dsv4 bench serve -m models/dsv4-demo --clients 1,8 [--tokens 32] [--prompt 64] [--requests 2] [--json]
+//   dsv4 bench serve -m DIR --device cuda --clients 1,8,64,256 --parallel 256 --json
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/byte_size.h"
+#include "cli/command.h"
+#include "cli/device_option.h"
+#include "core/error.h"
+#include "engine/batch_model.h"
+#include "engine/model_loader.h"
+#include "model/model.h"
+#include "server/server.h"
+
+namespace dsv4::cli {
+
+namespace {
+
+struct ServeBenchOpts {
+  std::string model, url, device, numerics = "reference", kv_memory;
+  std::vector<int> clients{1, 8};
+  int tokens = 32, prompt = 64, requests = 2, threads = 0;
+  int64_t parallel = 0, batch_tokens = 0;
+  bool json = false;
+};
+
+struct Level {
+  int clients = 0;
+  int64_t requests = 0, failed = 0, completion_tokens = 0;
+  double wall_s = 0, mean_latency_ms = 0;
+  double tokens_per_s() const { return wall_s > 0 ? double(completion_tokens) / wall_s : 0; }
+};
+
+Level run_level(const std::string& host, int port, int clients, const ServeBenchOpts& o, int32_t n_vocab, int salt) {
+  Level lv;
+  lv.clients = clients;
+  std::atomic<int64_t> tokens{0}, done{0}, failed{0};
+  std::atomic<int64_t> latency_us{0};
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> th;
+  for (int c = 0; c < clients; ++c)
+    th.emplace_back([&, c] {
+      httplib::Client cl(host, port);
+      cl.set_read_timeout(3600, 0);
+      for (int r = 0; r < o.requests; ++r) {
+        std::vector<int32_t> ids{0};  // BOS, then ids unique to (level, client, request)
+        for (int i = 1; i < o.prompt; ++i)
+          ids.push_back(int32_t(3 + (uint64_t(i) * 7919 + uint64_t(c) * 104729 + uint64_t(r) * 1299709 +
+                                     uint64_t(salt) * 15485863) %
+                                        uint64_t(std::max(1, n_vocab - 3))));
+        nlohmann::json body = {{"prompt", ids},          {"max_tokens", o.tokens}, {"temperature", 0},
+                               {"ignore_eos", true},     {"stream", false}};
+        const auto q0 = std::chrono::steady_clock::now();
+        auto res = cl.Post("/v1/completions", body.dump(), "application/json");
+        latency_us += std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - q0)
+                          .count();
+        if (!res || res->status != 200) {
+          ++failed;
+          continue;
+        }
+        auto j = nlohmann::json::parse(res->body, nullptr, false);
+        if (j.is_discarded()) {
+          ++failed;
+          continue;
+        }
+        tokens += j["usage"]["completion_tokens"].get<int64_t>();
+        ++done;
+      }
+    });
+  for (auto& t : th) t.join();
+  lv.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  lv.requests = done;
+  lv.failed = failed;
+  lv.completion_tokens = tokens;
+  lv.mean_latency_ms = done + failed > 0 ? double(latency_us) / 1e3 / double(done + failed) : 0;
+  return lv;
+}
+
+int run_serve_bench(const ServeBenchOpts& o) {
+  if (o.clients.empty()) fail("--clients: give at least one number");
+  for (int c : o.clients)
+    if (c < 1) fail("--clients must be positive numbers (got {})", c);
+  std::string host = "127.0.0.1";
+  int port = 0;
+  int32_t n_vocab = 1000;
+  std::unique_ptr<Server> server;
+  std::thread serving;
+  std::string device_name = "remote";
+  EngineLoopOptions eo;
+  if (!o.url.empty()) {
+    const auto colon = o.url.rfind(':');
+    const auto slashes = o.url.find("//");
+    if (colon == std::string::npos || slashes == std::string::npos) fail("--url must look like http://HOST:PORT");
+    host = o.url.substr(slashes + 2, colon - slashes - 2);
+    port = std::stoi(o.url.substr(colon + 1));
+  } else {
+    if (o.model.empty()) fail("give -m MODEL (or --url of a running server)");
+    const Device device = resolve_device(o.device);
+    LoadedModel lm = load_model(o.model, o.numerics, o.threads, device);
+    if (!lm.tokenizer) fail("{}: no tokenizer.json", o.model);
+    device_name = lm.device;
+    auto model = std::dynamic_pointer_cast<const Model>(lm.model);
+    if (!model) fail("internal: the loaded model is not a DeepSeek V4 model");
+    n_vocab = model->n_vocab();
+    const bool gpu = !device.is_cpu();
+    eo.max_running = o.parallel > 0 ? o.parallel : gpu ? 256 : 16;
+    eo.batch_tokens = o.batch_tokens > 0 ? o.batch_tokens : gpu ? 2048 : 512;
+    eo.n_threads = o.threads;
+    const uint64_t cpu_default = uint64_t(1) << 30;
+    const auto kv = o.kv_memory.empty() ? (gpu ? ByteSize(Fraction{0.9}) : ByteSize(cpu_default))
+                                        : parse_byte_size(o.kv_memory, "--kv-memory", true);
+    if (const auto* f = std::get_if<Fraction>(&kv))
+      eo.state_bytes = uint64_t(f->value * double(gpu ? model->backend().memory().free : cpu_default));
+    else
+      eo.state_bytes = std::get<uint64_t>(kv);
+    ServerOptions so;
+    so.port = 0;
+    so.n_ctx = o.prompt + o.tokens + 8;
+    so.queue = 1 << 16;
+    so.engine = eo;
+    lm.model.reset();
+    server = std::make_unique<Server>(so, batch_model_of(std::move(model)), lm.tokenizer);
+    port = server->bind();
+    serving = std::thread([&] { server->serve(); });
+    for (int i = 0; i < 500; ++i) {
+      httplib::Client c(host, port);
+      if (c.Get("/health")) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  // Warm-up: one short request (first-use costs out of the measurement).
+  {
+    ServeBenchOpts w = o;
+    w.requests = 1;
+    w.tokens = 2;
+    run_level(host, port, 1, w, n_vocab, 9999);
+  }
+  std::vector<Level> levels;
+  for (size_t i = 0; i < o.clients.size(); ++i) {
+    levels.push_back(run_level(host, port, o.clients[i], o, n_vocab, int(i)));
+    const Level& l = levels.back();
+    if (!o.json)
+      std::printf("clients %4d: %5lld requests (%lld failed), %7lld tokens in %7.2f s: %8.1f tok/s aggregate, "
+                  "mean latency %.0f ms, x%.2f of the first level\n",
+                  l.clients, static_cast<long long>(l.requests), static_cast<long long>(l.failed),
+                  static_cast<long long>(l.completion_tokens), l.wall_s, l.tokens_per_s(), l.mean_latency_ms,
+                  levels.front().tokens_per_s() > 0 ? l.tokens_per_s() / levels.front().tokens_per_s() : 0.0);
+  }
+  if (server) {
+    server->stop();
+    serving.join();
+  }
+  if (o.json) {
+    nlohmann::ordered_json j = {{"bench", "serve"},
+                                {"model", o.model.empty() ? o.url : o.model},
+                                {"device", device_name},
+                                {"parallel", eo.max_running},
+                                {"batch_tokens", eo.batch_tokens},
+                                {"kv_memory_bytes", eo.state_bytes},
+                                {"prompt_tokens", o.prompt},
+                                {"max_tokens", o.tokens},
+                                {"requests_per_client", o.requests}};
+    nlohmann::ordered_json rs = nlohmann::ordered_json::array();
+    for (const Level& l : levels)
+      rs.push_back({{"clients", l.clients},
+                    {"requests", l.requests},
+                    {"failed", l.failed},
+                    {"completion_tokens", l.completion_tokens},
+                    {"wall_s", l.wall_s},
+                    {"tokens_per_s", l.tokens_per_s()},
+                    {"mean_latency_ms", l.mean_latency_ms},
+                    {"ratio_to_first", levels.front().tokens_per_s() > 0
+                                           ? l.tokens_per_s() / levels.front().tokens_per_s()
+                                           : 0.0}});
+    j["levels"] = rs;
+    std::printf("%s\n", j.dump(2).c_str());
+  }
+  for (const Level& l : levels)
+    if (l.failed > 0) return 1;
+  return 0;
+}
+
+}  // namespace
+
+void setup_bench_serve(CLI::App& app, Runner& run) {
+  auto o = std::make_shared<ServeBenchOpts>();
+  app.add_option("-m,--model", o->model, "model folder (an in-process server is started on it)");
+  app.add_option("--url", o->url, "measure a running server instead (http://HOST:PORT)");
+  app.add_option("--clients", o->clients, "concurrent clients per level (default 1,8)")->delimiter(',');
+  app.add_option("--tokens", o->tokens, "generated tokens per request (default 32)")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--prompt", o->prompt, "prompt tokens per request (default 64)")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--requests", o->requests, "requests per client, one after the other (default 2)")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--threads", o->threads, "CPU compute threads (default 0: all cores)")->check(CLI::NonNegativeNumber);
+  add_device_option(app, o->device);
+  app.add_option("--numerics", o->numerics, "reference | dense (default reference)");
+  app.add_option("--parallel", o->parallel, "running sequences (default: cpu 16, cuda 256)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 16));
+  app.add_option("--batch-tokens", o->batch_tokens, "tokens per step (default: cpu 512, cuda 2048)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  app.add_option("--kv-memory", o->kv_memory, "sequence-state memory (as serve; default cpu 1G, cuda 0.9)");
+  app.add_flag("--json", o->json, "print one JSON object");
+  run = [o] { return run_serve_bench(*o); };
+}
+
+}  // namespace dsv4::cli
