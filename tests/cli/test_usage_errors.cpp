@@ -42,8 +42,15 @@ TEST(CliUsage, ImpossibleValuesAreRejected) {
   expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--kv-memory", "lots"});
   expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--kv-memory", "8X"});
   expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--kv-memory", "-1G"});
-  expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--kv-memory", "1K"});  // cannot hold the slots
   expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--cache-size", "0.5"});
+}
+
+TEST(CliUsage, TooLittleStateMemoryIsAClearError) {
+  // Known only once the model's state layout is loaded: after the loading lines, one error line and exit 1.
+  ProcResult r = run_dsv4({"serve", "-m", kDemo, "--port", "0", "--kv-memory", "1K"});
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("dsv4: error: state memory of 1024 bytes cannot hold 16 sequence slots"), std::string::npos)
+      << r.err;
 }
 
 TEST(CliUsage, HelpStillWorks) {

@@ -291,7 +291,7 @@ test('HTTP-level errors: OpenAI error objects with the right status, server keep
   assert.equal(nf.status, 404);
   assertErrorShape(await nf.json());
   await assert.rejects(
-    client.chat.completions.create({ model: 'dsv4-demo', messages: user('x'), n: 2 }),
+    client.chat.completions.create({ model: 'dsv4-demo', messages: user('x'), n: 0 }),
     (e) => e.status === 400 && e instanceof OpenAI.BadRequestError,
   );
   // Unknown fields are ignored.
@@ -300,4 +300,26 @@ test('HTTP-level errors: OpenAI error objects with the right status, server keep
   }));
   assert.equal(ok.status, 200, ok.text);
   assert.equal((await health()).status, 200);
+});
+
+test('n > 1 through the SDK: one choice per index, greedy choices equal; /metrics counts them', async () => {
+  await waitIdle();
+  const before = await (await fetch(`${base}/metrics`)).text();
+  const count = (text, name) => Number(text.split('\n').find((l) => l.startsWith(`${name} `)).split(' ')[1]);
+  const r = await client.chat.completions.create({
+    model: 'dsv4-demo', messages: user('Name a colour.'), max_tokens: 5, temperature: 0, n: 3, ...noThink,
+  });
+  assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2]);
+  assert.equal(r.choices[1].message.content, r.choices[0].message.content);
+  assert.equal(r.choices[2].message.content, r.choices[0].message.content);
+  const completion = r.usage.completion_tokens;
+  assert.ok(completion > 0 && completion % 3 === 0, `completion tokens ${completion}`);  // three equal choices
+  await waitIdle();
+  const after = await (await fetch(`${base}/metrics`)).text();
+  for (const line of after.split('\n')) {
+    if (line === '' || line.startsWith('# ')) continue;
+    assert.match(line, /^dsv4_[a-z_]+(\{le="[^"]+"\})? -?[0-9.]+(e[-+]?[0-9]+)?$/, line);
+  }
+  assert.equal(count(after, 'dsv4_requests_finished_total') - count(before, 'dsv4_requests_finished_total'), 3);
+  assert.equal(count(after, 'dsv4_generated_tokens_total') - count(before, 'dsv4_generated_tokens_total'), completion);
 });

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <cctype>
 #include <future>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -56,6 +57,18 @@ TEST_F(ServerTest, ConcurrentMixedRequestsEqualTheirSoloRuns) {
   const std::string schema = R"({"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "object",
       "properties": {"a": {"type": "integer"}, "b": {"type": "string", "maxLength": 5}}, "required": ["a", "b"],
       "additionalProperties": false}}})";
+  // A stop string each seeded request surely meets: two ASCII characters from the middle of its unstopped text.
+  auto stop_for = [&](const json& r) {
+    json probe = r;
+    probe.erase("stop");
+    const std::string t = post_json("/v1/completions", probe)["choices"][0]["text"].get<std::string>();
+    for (size_t k = 4; k + 1 < t.size(); ++k)
+      if (std::isalnum(static_cast<unsigned char>(t[k])) && std::isalnum(static_cast<unsigned char>(t[k + 1])))
+        return t.substr(k, 2);
+    for (size_t k = 2; k < t.size(); ++k)
+      if (std::isalnum(static_cast<unsigned char>(t[k]))) return t.substr(k, 1);
+    return std::string("\x01");
+  };
   std::vector<std::pair<std::string, json>> reqs;
   for (int i = 0; i < 16; ++i) {
     const std::string prompt = std::string(size_t(40 + 23 * i), char('a' + i % 26)) + std::to_string(i);
@@ -65,7 +78,7 @@ TEST_F(ServerTest, ConcurrentMixedRequestsEqualTheirSoloRuns) {
         break;
       case 1: {  // seeded sampling with log-probabilities and a stop string that may or may not match
         json r = {{"prompt", prompt}, {"max_tokens", 24}, {"temperature", 1.5}, {"seed", 100 + i}, {"logprobs", 2}};
-        r["stop"] = json::array({"e", "x"});
+        r["stop"] = json::array({stop_for(r), "\x02"});
         reqs.push_back({"/v1/completions", r});
         break;
       }
@@ -102,6 +115,9 @@ TEST_F(ServerTest, ConcurrentMixedRequestsEqualTheirSoloRuns) {
     const json got = fs[i].get();
     EXPECT_EQ(got, solo[i]) << "request " << i << ": " << reqs[i].second.dump();
     tokens += got["completion_tokens"].get<int64_t>();
+    if (i % 4 == 1) {
+      EXPECT_EQ(got["choices"][0]["finish_reason"], "stop") << got.dump();  // the stop string was met
+    }
     if (i % 4 == 2) {  // the constrained answer parses and follows the schema
       const json a = json::parse(got["choices"][0]["message"]["content"].get<std::string>(), nullptr, false);
       ASSERT_TRUE(a.is_object()) << got.dump();
@@ -250,4 +266,17 @@ TEST_F(ServerTest, MetricsParseAndCount) {
       prev = std::max(prev, v);
     }
   EXPECT_GT(prev, 0);
+}
+
+TEST_F(ServerTest, AnthropicUsageReportsCacheReadInputTokens) {
+  const json req = {{"max_tokens", 4}, {"messages", {{{"role", "user"}, {"content", std::string(400, 'z')}}}}};
+  const json a = post_json("/v1/messages", req);
+  EXPECT_EQ(a["usage"]["cache_read_input_tokens"], 0);
+  const int64_t n = a["usage"]["input_tokens"].get<int64_t>();
+  const json b = post_json("/v1/messages", req);
+  const int64_t cached = (n - 1) / 128 * 128;
+  ASSERT_GE(cached, 384);
+  EXPECT_EQ(b["usage"]["cache_read_input_tokens"], cached);
+  EXPECT_EQ(b["usage"]["input_tokens"], n - cached);  // Anthropic: input_tokens excludes the cache reads
+  EXPECT_EQ(b["content"], a["content"]);
 }
