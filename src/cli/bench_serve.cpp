@@ -10,6 +10,7 @@
 //   dsv4 bench serve -m DIR --device cuda --clients 1,8,64,256 --parallel 256 --json
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -132,7 +133,7 @@ int run_serve_bench(const ServeBenchOpts& o) {
     ServerOptions so;
     so.port = 0;
     so.n_ctx = o.prompt + o.tokens + 8;
-    so.queue = 1 << 16;
+    so.queue = *std::max_element(o.clients.begin(), o.clients.end());
     so.engine = eo;
     lm.model.reset();
     server = std::make_unique<Server>(so, batch_model_of(std::move(model)), lm.tokenizer);

@@ -226,7 +226,7 @@ struct Server::Impl {
     std::mutex mu;
     std::condition_variable cv;
     bool prefilled = false;
-    std::atomic<bool> failed{false};
+    std::atomic<bool> failed{false}, first_cancelled{false};
     auto mark = [&] {
       std::lock_guard lk(mu);
       prefilled = true;
@@ -247,6 +247,7 @@ struct Server::Impl {
         g.should_cancel = [&, outer_cancel] { return failed.load() || (outer_cancel && outer_cancel()); };
         GenerationResult r = generate_on_loop(loop, reqs[size_t(i)], tok.get(), g);
         note_forced_close(c.constraints[size_t(i)], r);
+        if (i == 0 && r.finish == FinishReason::cancelled) first_cancelled = true;
         if (done) done(i, r);
         c.results[size_t(i)] = std::move(r);
       } catch (...) {
@@ -262,7 +263,7 @@ struct Server::Impl {
           std::unique_lock lk(mu);
           cv.wait(lk, [&] { return prefilled; });
         }
-        if (failed) {
+        if (failed || first_cancelled) {
           c.results[size_t(i)].finish = FinishReason::cancelled;
           return;
         }
@@ -296,7 +297,8 @@ struct Server::Impl {
 };
 
 void Server::Impl::setup_routes() {
-  const int threads = int(capacity) + 16;
+  // One HTTP thread per admitted request plus some for /health, /metrics and refusals (at most 1024).
+  const int threads = int(std::min<int64_t>(capacity + 16, 1024));
   http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   http.set_payload_max_length(opts.max_body_bytes);
   http.set_keep_alive_timeout(2);
