@@ -7,6 +7,7 @@
 #include "backend/parallel.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "engine/cache_identity.h"
 
 namespace dsv4 {
 
@@ -85,8 +86,8 @@ int32_t greedy_token(std::span<const float> lg) {
 }
 
 uint64_t cache_salt(const Model& m) {
-  // rows differ between numerics and layout versions: never share blocks across them
-  return (uint64_t(m.numerics() == Numerics::reference ? 1 : 2) << 32) ^ uint64_t(StateLayout::kVersion);
+  // rows differ between models, numerics, layout versions and devices: never share blocks across them
+  return cache_identity(m);
 }
 
 }  // namespace
@@ -121,6 +122,13 @@ EngineLoop::EngineLoop(std::shared_ptr<const Model> model, const EngineLoopOptio
   co.n_snapshots = n_snaps;
   co.salt = cache_salt(*model_);
   cache_ = std::make_unique<PrefixCache>(co);
+  if (!o.cache_dir.empty()) {
+    DiskCacheOptions dco;
+    dco.dir = o.cache_dir;
+    dco.max_bytes = o.cache_size;
+    disk_ = std::make_unique<DiskCache>(dco, pool_, co.salt);
+    if (disk_->enabled()) cache_->set_tier(disk_.get());
+  }
   SchedulerOptions so;
   so.max_running = o.max_running;
   so.batch_tokens = o.batch_tokens;
@@ -145,6 +153,14 @@ EngineLoop::~EngineLoop() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (disk_ && disk_->enabled()) {
+    try {
+      cache_->flush_to_tier();
+      disk_->drain();
+    } catch (const std::exception& e) {
+      log::warn("disk cache: writing the cached blocks at shutdown failed: {}", e.what());
+    }
+  }
   for (auto& [id, lv] : inbox_) lv.stream->finish(StreamEnd::cancelled, {}, int64_t(lv.req.prompt.size()), 0, 0);
   for (auto& [id, lv] : live_) lv.stream->finish(StreamEnd::cancelled, {}, int64_t(lv.req.prompt.size()), 0, 0);
 }
@@ -319,6 +335,7 @@ void EngineLoop::publish_stats() {
   stats_.running = int64_t(sched_->n_running());
   stats_.waiting = int64_t(sched_->n_waiting());
   stats_.cache = cache_->stats();
+  if (disk_) stats_.disk = disk_->stats();
 }
 
 bool EngineLoop::step() {
