@@ -21,6 +21,7 @@
 #include "server/auth.h"
 #include "server/connection_monitor.h"
 #include "server/generation_output.h"
+#include "server/http_transport.h"
 #include "server/model_host.h"
 #include "server/openai_format.h"
 #include "server/openai_request.h"
@@ -63,7 +64,7 @@ struct Server::Impl {
   std::shared_ptr<const Tokenizer> tok;
   ModelHost host;
   RequestQueue queue;
-  httplib::Server http;
+  HttpServer http;                   // cpp-httplib over a reactor (server/http_transport.h)
   std::atomic<bool> stopping{false};
   std::atomic<int> open_streams{0};  // SSE responses not yet completely written (see stop())
   std::atomic<bool> bound{false};
@@ -165,10 +166,10 @@ struct Server::Impl {
 };
 
 void Server::Impl::setup_routes() {
-  const int threads = opts.queue + 16;
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  HttpTransportOptions transport = opts.http;
+  if (transport.workers <= 0) transport.workers = opts.queue + 16;  // every queued request streams keepalives
+  http.set_transport(transport);
   http.set_payload_max_length(opts.max_body_bytes);
-  http.set_keep_alive_timeout(2);
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (opts.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
     const std::string key = presented_api_key(req.get_header_value("Authorization"), req.get_header_value("x-api-key"));
@@ -542,8 +543,9 @@ Server::~Server() { stop(); }
 int Server::bind() {
   if (impl_->bound) return impl_->port;
   auto& o = impl_->opts;
-  int p = o.port == 0 ? impl_->http.bind_to_any_port(o.host) : (impl_->http.bind_to_port(o.host, o.port) ? o.port : -1);
-  if (p <= 0) fail("cannot listen on {}:{} (address in use or not available)", o.host, o.port);
+  std::string why;
+  const int p = impl_->http.bind_port(o.host, o.port, why);
+  if (p <= 0) fail("cannot listen on {}:{}: {}", o.host, o.port, why);
   impl_->port = p;
   impl_->bound = true;
   return p;

@@ -31,6 +31,7 @@
 #include <string>
 
 #include "model/language_model.h"
+#include "server/http_options.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dsv4 {
@@ -50,6 +51,8 @@ struct ServerOptions {
   int park_retry_after_s = 5;     // Retry-After of model_parked answers
   // Loads the model again after /admin/park (same folder and options); empty: parking is refused (409).
   std::function<std::shared_ptr<const LanguageModel>()> reload;
+  // Connections (server/http_transport.h): timeouts, connection limit, request threads (0: queue + 16).
+  HttpTransportOptions http;
 };
 
 class Server {
