@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "server/connection_monitor.h"
 #include "server/http_transport.h"
 #include "server_fixture.h"
 
@@ -70,6 +71,12 @@ struct TestServer {
     http.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok", "text/plain"); });
     http.Post("/echo", [](const httplib::Request& req, httplib::Response& res) {
       res.set_content(std::to_string(req.body.size()) + ":" + req.body.substr(0, 16), "text/plain");
+    });
+    http.Get("/socket", [](const httplib::Request& req, httplib::Response& res) {
+      ConnectionMonitor mon(req.remote_addr, req.remote_port, req.local_port);
+      res.set_content(std::string(HttpServer::current_socket() >= 0 ? "socket" : "none") +
+                          (mon.found() && !mon.closed() ? " monitored" : ""),
+                      "text/plain");
     });
     http.Get("/stream", [](const httplib::Request&, httplib::Response& res) {
       res.set_chunked_content_provider("text/plain", [](size_t, httplib::DataSink& sink) {
@@ -235,6 +242,14 @@ TEST(HttpTransport, KeepAliveAndPipelinedRequestsShareAConnection) {
     EXPECT_EQ(r->body, "ok");
   }
   EXPECT_EQ(s.http.stats().busy, 0);
+}
+
+TEST(HttpTransport, HandlersSeeTheirConnectionsSocket) {
+  TestServer s(small(1));
+  auto r = s.client().Get("/socket");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->body, "socket monitored");
+  EXPECT_EQ(HttpServer::current_socket(), -1);  // not on a request thread
 }
 
 TEST(HttpTransport, MoreConcurrentStreamsThanThreadsAllComplete) {
