@@ -313,10 +313,28 @@ void HttpServer::on_readable(Conn& c, bool& done, bool& dispatch, const char*& r
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-    done = true;  // closed by the client (0) or failed
+    // closed by the client (0) or failed: a request completed before a half-close is still served
+    done = true;
+    break;
+  }
+  if (done) {
+    bool complete = false;
+    if (!c.buf.empty() && parse(c, complete, reply) && complete) {
+      done = false;
+      dispatch = true;
+      ::shutdown(c.fd, SHUT_RD);  // nothing more to read: the connection closes after the response
+    }
     return;
   }
   if (c.buf.empty()) return;
+  bool complete = false;
+  if (!parse(c, complete, reply)) done = true;
+  dispatch = complete;
+}
+
+// The request in c.buf so far: `complete` once it can go to a request thread. false: close (with `reply`).
+bool HttpServer::parse(Conn& c, bool& complete, const char*& reply) {
+  complete = false;
   if (c.phase == Conn::Phase::idle) {  // leftover bytes of a pipelined request
     c.phase = Conn::Phase::header;
     c.deadline = Clock::now() + seconds(opts_.header_timeout_s);
@@ -328,13 +346,13 @@ void HttpServer::on_readable(Conn& c, bool& done, bool& dispatch, const char*& r
       c.scanned = c.buf.size();
       if (c.buf.size() > opts_.max_header_bytes) {
         reply = "HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
-        done = true;
+        return false;
       }
-      return;
+      return true;
     }
     c.header_end = p + 4;
     size_t length = 0;
-    bool expect = false;
+    size_t expect_at = 0, expect_len = 0;  // the Expect header line, CRLF included
     std::string_view head(c.buf.data(), p + 2);
     for (size_t pos = head.find("\r\n"); pos != std::string_view::npos && pos + 2 < head.size();) {
       const size_t next = head.find("\r\n", pos + 2);
@@ -344,38 +362,46 @@ void HttpServer::on_readable(Conn& c, bool& done, bool& dispatch, const char*& r
         const std::string_view value = trim(line.substr(colon + 1));
         if (iequal_prefix(line, "content-length:")) length = size_t(std::strtoull(std::string(value).c_str(), nullptr, 10));
         else if (iequal_prefix(line, "transfer-encoding:")) c.chunked = lower(value).find("chunked") != std::string::npos;
-        else if (iequal_prefix(line, "expect:")) expect = true;
+        else if (iequal_prefix(line, "expect:") && lower(value) == "100-continue") {
+          expect_at = pos + 2;
+          expect_len = next + 2 - expect_at;
+        }
       }
       pos = next;
     }
     c.phase = Conn::Phase::body;
     c.deadline = Clock::now() + seconds(opts_.body_timeout_s);
-    // the client waits for "100 Continue" before its body, or the body is refused (413) unread: httplib handles it
-    if (expect || length > payload_max_length_) {
-      dispatch = true;
-      return;
+    if (length > payload_max_length_) {  // refused unread (413): httplib answers from the header
+      complete = true;
+      return true;
+    }
+    if (expect_len > 0) {  // the client waits for "100 Continue": answer it here, and httplib never sees the Expect
+      c.buf.erase(expect_at, expect_len);
+      c.header_end -= expect_len;
+      static const char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
+      (void)!::send(c.fd, kContinue, sizeof kContinue - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
     }
     c.need = c.header_end + length;
     c.chunk_pos = c.header_end;
   }
   if (!c.chunked) {
-    dispatch = c.buf.size() >= c.need;
-    return;
+    complete = c.buf.size() >= c.need;
+    return true;
   }
   // chunked body: size line, data, CRLF ... up to the last chunk and its trailer
   for (;;) {
     const size_t eol = c.buf.find("\r\n", c.chunk_pos);
-    if (eol == std::string::npos) return;
+    if (eol == std::string::npos) return true;
     const size_t size = size_t(std::strtoull(c.buf.substr(c.chunk_pos, eol - c.chunk_pos).c_str(), nullptr, 16));
     if (size == 0) {
-      if (c.buf.compare(eol + 2, 2, "\r\n") == 0 || c.buf.find("\r\n\r\n", eol) != std::string::npos) dispatch = true;
-      return;
+      complete = c.buf.compare(eol + 2, 2, "\r\n") == 0 || c.buf.find("\r\n\r\n", eol) != std::string::npos;
+      return true;
     }
     if (c.buf.size() - c.header_end > payload_max_length_) {  // httplib refuses it
-      dispatch = true;
-      return;
+      complete = true;
+      return true;
     }
-    if (eol + 2 + size + 2 > c.buf.size()) return;
+    if (eol + 2 + size + 2 > c.buf.size()) return true;
     c.chunk_pos = eol + 2 + size + 2;
   }
 }

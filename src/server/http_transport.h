@@ -6,8 +6,8 @@
 // handler, then the keep-alive wait for the next request. So every slow, idle or keep-alive client holds a thread,
 // and a bounded pool is blocked by as many slowloris connections as it has threads. Here instead:
 //   - accept: the accepted socket goes to a reactor thread (epoll) and no request thread is involved;
-//   - the reactor reads the request — header and body (Content-Length, or a chunked body up to its last chunk) —
-//     into memory, under deadlines: the first byte within idle_timeout_s (of the accept or of the previous
+//   - the reactor reads the request — header and body (Content-Length, or a chunked body up to its last chunk; it
+//     answers "Expect: 100-continue" itself) — into memory, under deadlines: the first byte within idle_timeout_s (of the accept or of the previous
 //     response: keep-alive), the whole header within header_timeout_s of its first byte, the body within
 //     body_timeout_s of the header; a connection past its deadline is closed (408 where a request had begun);
 //   - a complete request goes to one of `workers` request threads, which runs httplib's request processing on a
@@ -71,6 +71,7 @@ class HttpServer : public httplib::Server {
   void worker_loop();
   void watch(std::unique_ptr<Conn> c);         // hand a connection to the reactor
   void on_readable(Conn& c, bool& done, bool& dispatch, const char*& reply);
+  bool parse(Conn& c, bool& complete, const char*& reply);
   void close_conn(std::unique_ptr<Conn> c, const char* reply);
 
   HttpTransportOptions opts_;

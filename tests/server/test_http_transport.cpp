@@ -216,6 +216,24 @@ TEST(HttpTransport, SlowBodiesAreTimedOutTooAndCompleteOnesAreServed) {
   got = read_until_closed(fd, 500ms, closed);
   EXPECT_NE(got.find("8:helloabc"), std::string::npos) << got;
   ::close(fd);
+  // Expect: 100-continue: the body follows the interim answer, and only one interim answer is sent
+  fd = connect_to(s.port);
+  send_all(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n");
+  got = read_until_closed(fd, 300ms, closed);
+  EXPECT_EQ(got, "HTTP/1.1 100 Continue\r\n\r\n");
+  send_all(fd, "abcd");
+  got = read_until_closed(fd, 500ms, closed);
+  EXPECT_NE(got.find("4:abcd"), std::string::npos) << got;
+  EXPECT_EQ(got.find("100 Continue"), std::string::npos) << got;
+  ::close(fd);
+  // a complete request followed by a half-close is still answered
+  fd = connect_to(s.port);
+  send_all(fd, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  ::shutdown(fd, SHUT_WR);
+  got = read_until_closed(fd, 2000ms, closed);
+  EXPECT_NE(got.find("ok"), std::string::npos) << got;
+  EXPECT_TRUE(closed);
+  ::close(fd);
 }
 
 TEST(HttpTransport, KeepAliveAndPipelinedRequestsShareAConnection) {
