@@ -4,6 +4,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -75,12 +76,13 @@ struct HttpServer::Conn {
   size_t header_end = 0;        // 0: header incomplete
   size_t need = 0;              // Content-Length requests: header_end + length
   size_t chunk_pos = 0;         // chunked requests: the next chunk-size line
+  size_t request_end = 0;       // a complete request: where it ends in buf (0: unknown, close after it)
   bool chunked = false;
   Phase phase = Phase::idle;
   Clock::time_point deadline;
 
   void reset_request() {
-    scanned = header_end = need = chunk_pos = 0;
+    scanned = header_end = need = chunk_pos = request_end = 0;
     chunked = false;
     phase = Phase::idle;
   }
@@ -274,6 +276,8 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
     return false;
   }
   ++open_;
+  int yes = 1;  // streamed tokens go out as they are written
+  ::setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof yes);
   auto c = std::make_unique<Conn>();
   c->fd = sock;
   watch(std::move(c));
@@ -386,6 +390,7 @@ bool HttpServer::parse(Conn& c, bool& complete, const char*& reply) {
   }
   if (!c.chunked) {
     complete = c.buf.size() >= c.need;
+    if (complete) c.request_end = c.need;
     return true;
   }
   // chunked body: size line, data, CRLF ... up to the last chunk and its trailer
@@ -393,8 +398,10 @@ bool HttpServer::parse(Conn& c, bool& complete, const char*& reply) {
     const size_t eol = c.buf.find("\r\n", c.chunk_pos);
     if (eol == std::string::npos) return true;
     const size_t size = size_t(std::strtoull(c.buf.substr(c.chunk_pos, eol - c.chunk_pos).c_str(), nullptr, 16));
-    if (size == 0) {
-      complete = c.buf.compare(eol + 2, 2, "\r\n") == 0 || c.buf.find("\r\n\r\n", eol) != std::string::npos;
+    if (size == 0) {  // the last chunk, then trailer lines up to an empty one
+      const size_t end = c.buf.compare(eol + 2, 2, "\r\n") == 0 ? eol + 4 : c.buf.find("\r\n\r\n", eol);
+      complete = end != std::string::npos;
+      if (complete) c.request_end = end == eol + 4 ? end : end + 4;
       return true;
     }
     if (c.buf.size() - c.header_end > payload_max_length_) {  // httplib refuses it
@@ -517,8 +524,10 @@ void HttpServer::worker_loop() {
     }
     t_socket = -1;
     --busy_;
-    if (ok && !closed && !stopping_) {  // keep-alive: back to the reactor with what follows the request
-      c->buf.erase(0, std::min(consumed, c->buf.size()));
+    // keep-alive: back to the reactor with what follows the request (a body the handler did not read, e.g. of a
+    // 401, is skipped: the reactor knows where the request ends); a request that was not whole in memory closes
+    if (ok && !closed && !stopping_ && c->request_end > 0 && consumed <= c->request_end) {
+      c->buf.erase(0, c->request_end);
       watch(std::move(c));
     } else {
       close_conn(std::move(c), nullptr);

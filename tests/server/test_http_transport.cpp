@@ -72,6 +72,12 @@ struct TestServer {
     http.Post("/echo", [](const httplib::Request& req, httplib::Response& res) {
       res.set_content(std::to_string(req.body.size()) + ":" + req.body.substr(0, 16), "text/plain");
     });
+    http.Post("/unread", [](const httplib::Request&, httplib::Response& res) { res.status = 401; });
+    http.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+      if (req.path != "/unread") return httplib::Server::HandlerResponse::Unhandled;
+      res.status = 401;  // answered before the body is read (as an API-key check does)
+      return httplib::Server::HandlerResponse::Handled;
+    });
     http.Get("/socket", [](const httplib::Request& req, httplib::Response& res) {
       ConnectionMonitor mon(req.remote_addr, req.remote_port, req.local_port);
       res.set_content(std::string(HttpServer::current_socket() >= 0 ? "socket" : "none") +
@@ -168,7 +174,7 @@ TEST(HttpTransport, SlowlorisAndIdleClientsHoldNoThreadAndAreClosedAtTheirDeadli
     std::this_thread::sleep_for(100ms);
   }
   EXPECT_LT(worst, 1.0);
-  EXPECT_EQ(s.http.stats().busy, 0);
+  EXPECT_GE(s.http.stats().waiting, 30);  // every slow and idle connection is in the reactor, none on a thread
   // past the header deadline (nothing more sent, so no reset loses the answer): each slow connection got 408 and was
   // closed; the idle ones were closed silently
   for (int fd : slow) {
@@ -251,6 +257,17 @@ TEST(HttpTransport, KeepAliveAndPipelinedRequestsShareAConnection) {
   EXPECT_NE(got.find("ok"), std::string::npos) << got;
   EXPECT_TRUE(closed);
   ::close(fd);
+  // a body the handler does not read (a 401 answered from the header) is skipped, not taken for the next request
+  const int fd2 = connect_to(s.port);
+  const std::string unread = "{\"model\": \"not a request line\"}\r\n\r\n";
+  send_all(fd2, "POST /unread HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(unread.size()) + "\r\n\r\n" +
+                    unread + "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  got = read_until_closed(fd2, 2000ms, closed);
+  EXPECT_NE(got.find("401"), std::string::npos) << got;
+  EXPECT_EQ(got.find("400"), std::string::npos) << got;
+  EXPECT_NE(got.find("ok"), std::string::npos) << got;
+  EXPECT_TRUE(closed);
+  ::close(fd2);
   // a keep-alive client making several requests on one connection
   httplib::Client c = s.client();
   c.set_keep_alive(true);
@@ -259,7 +276,6 @@ TEST(HttpTransport, KeepAliveAndPipelinedRequestsShareAConnection) {
     ASSERT_TRUE(r);
     EXPECT_EQ(r->body, "ok");
   }
-  EXPECT_EQ(s.http.stats().busy, 0);
 }
 
 TEST(HttpTransport, HandlersSeeTheirConnectionsSocket) {
