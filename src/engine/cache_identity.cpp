@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/checksum.h"
+#include "engine/disk_cache.h"
 #include "model/state_layout.h"
 
 namespace dsv4 {
@@ -85,6 +86,9 @@ uint64_t cache_identity(const Model& m) {
     c.add_value(ly.indexer);
   }
   c.add_value(int(m.backend().device().kind));
+  // files of another disk format get other names: never looked up, aged out by the size bound (instead of one
+  // rejection warning per file after an upgrade)
+  c.add_value(DiskCache::kFormatVersion);
   return c.h;
 }
 

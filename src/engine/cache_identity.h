@@ -6,7 +6,8 @@
 // size, the first 64 KiB — the header — and 4 KiB at the middle and at the end of each: cheap, and different for
 // any retrained or fine-tuned checkpoint of the same shape), the numerics, the StateLayout (version, row format,
 // window, head widths, per-layer ratio / overlap / rows per page), and the device kind (cpu / cuda: the CUDA
-// prefill GEMMs are not bitwise equal to the CPU's). A model without files (load_dummy) hashes its config fields.
+// prefill GEMMs are not bitwise equal to the CPU's), and the disk tier's format version. A model without files
+// (load_dummy) hashes its config fields.
 #pragma once
 #include <cstdint>
 
