@@ -508,3 +508,18 @@ TEST(DiskCache, FailingWritesLogOnceAndTheEngineKeepsWorking) {
   EXPECT_EQ(b.cached, 0);
   for (const auto& e : fs::directory_iterator(dir.path)) ADD_FAILURE() << "left behind: " << e.path();
 }
+
+TEST(DiskCache, ThreadedLoopsKeepHitsAcrossARestart) {
+  auto m = load("demo");
+  TempDir dir;
+  EngineLoopOptions o = on_disk(dir.path);
+  o.start_thread = true;
+  const auto p = ids(300, 4, m->n_vocab());
+  const auto want = solo(*m, p, 4);
+  for (int run = 0; run < 2; ++run) {
+    EngineLoop loop(m, o);
+    const auto r = loop.submit(greedy_req(p, 4))->wait();
+    EXPECT_EQ(r.tokens, want) << run;
+    EXPECT_EQ(r.cached_tokens, run == 0 ? 0 : 256) << run;
+  }
+}
