@@ -2,6 +2,7 @@
 #include "engine/batch_model.h"
 
 #include "core/error.h"
+#include "engine/cache_identity.h"
 #include "model/model.h"
 
 namespace dsv4 {
@@ -15,6 +16,7 @@ class PoolState final : public BatchState {
   size_t bytes() const override { return pool.bytes(); }
   void reset_slot(int64_t slot) override { pool.reset_slot(slot); }
   void restore_snapshot(int64_t snapshot, int64_t slot) override { pool.restore_snapshot(snapshot, slot); }
+  StatePool* pool() override { return &pool; }
   StatePool pool;
 };
 
@@ -26,10 +28,9 @@ class ModelBatch final : public BatchModel {
   int32_t eos_id() const override { return m_->eos_id(); }
   int64_t max_context() const override { return m_->max_context(); }
   StateLayout state_layout() const override { return StateLayout::of(m_->config()); }
-  uint64_t state_salt() const override {
-    // rows differ between numerics and layout versions: never share blocks across them
-    return (uint64_t(m_->numerics() == Numerics::reference ? 1 : 2) << 32) ^ uint64_t(StateLayout::kVersion);
-  }
+  // weights, numerics, state layout, device kind and disk format (engine/cache_identity.h): never share blocks across
+  // models whose rows differ
+  uint64_t state_salt() const override { return cache_identity(*m_); }
   std::unique_ptr<BatchState> make_state(const StatePoolOptions& o) const override {
     return std::make_unique<PoolState>(m_->make_pool(o));
   }

@@ -26,6 +26,9 @@ class BatchState {
   virtual void reset_slot(int64_t slot) = 0;
   // Slot `slot` as the state at the snapshot's position (the pages up to it are the caller's business).
   virtual void restore_snapshot(int64_t snapshot, int64_t slot) = 0;
+  // The StatePool behind it (the prefix cache's disk tier copies pages and snapshots out of it), or nullptr for a
+  // state that has none (test doubles).
+  virtual StatePool* pool() { return nullptr; }
 };
 
 class BatchModel {

@@ -8,6 +8,7 @@
 #include "backend/parallel.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "engine/cache_identity.h"
 
 namespace dsv4 {
 
@@ -128,6 +129,17 @@ EngineLoop::EngineLoop(std::shared_ptr<const BatchModel> model, const EngineLoop
   co.n_snapshots = n_snaps;
   co.salt = model_->state_salt();
   cache_ = std::make_unique<PrefixCache>(co);
+  if (!o.cache_dir.empty()) {
+    if (StatePool* pool = pool_->pool()) {
+      DiskCacheOptions dco;
+      dco.dir = o.cache_dir;
+      dco.max_bytes = o.cache_size;
+      disk_ = std::make_unique<DiskCache>(dco, *pool, co.salt);
+      if (disk_->enabled()) cache_->set_tier(disk_.get());
+    } else {
+      log::warn("disk cache: this model's state has no pool to store; --cache-dir ignored");
+    }
+  }
   SchedulerOptions so;
   so.max_running = o.max_running;
   so.batch_tokens = o.batch_tokens;
@@ -152,6 +164,14 @@ EngineLoop::~EngineLoop() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (disk_ && disk_->enabled()) {
+    try {
+      cache_->flush_to_tier();
+      disk_->drain();
+    } catch (const std::exception& e) {
+      log::warn("disk cache: writing the cached blocks at shutdown failed: {}", e.what());
+    }
+  }
   for (auto& [id, lv] : inbox_) lv.stream->finish(StreamEnd::cancelled, {}, int64_t(lv.req.prompt.size()), 0, 0);
   for (auto& [id, lv] : live_) lv.stream->finish(StreamEnd::cancelled, {}, int64_t(lv.req.prompt.size()), 0, 0);
 }
@@ -357,6 +377,7 @@ void EngineLoop::publish_stats() {
   stats_.running = int64_t(sched_->n_running());
   stats_.waiting = int64_t(sched_->n_waiting());
   stats_.cache = cache_->stats();
+  if (disk_) stats_.disk = disk_->stats();
 }
 
 bool EngineLoop::step() {

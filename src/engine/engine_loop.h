@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "engine/batch_model.h"
+#include "engine/disk_cache.h"
 #include "engine/prefix_cache.h"
 #include "engine/scheduler.h"
 #include "model/model.h"
@@ -49,8 +50,9 @@ struct EngineLoopOptions {
   int64_t n_ctx = 0;                // positions per request (prompt + generated); 0: the model's context
   int n_threads = 0;                // CPU: OpenMP threads of the loop thread (> 0: set there; 0: the default)
   bool start_thread = true;         // false: no thread, the caller drives step() (tests, benchmarks)
-  // Disk tier of the prefix cache (--cache-dir / --cache-size): evicted blocks and snapshots are kept there.
-  // Empty: no disk tier.
+  // Disk tier of the prefix cache (--cache-dir / --cache-size, engine/disk_cache.h): blocks and snapshots evicted
+  // from the pool, and at shutdown every cached one, are kept there and found again by later requests and by a new
+  // EngineLoop on the same directory. Empty: no disk tier.
   std::string cache_dir;
   uint64_t cache_size = uint64_t(16) << 30;
 };
@@ -112,7 +114,7 @@ class EngineLoop {
   EngineLoop(std::shared_ptr<const BatchModel> model, const EngineLoopOptions& opts = {});
   EngineLoop(std::shared_ptr<const Model> model, const EngineLoopOptions& opts = {})
       : EngineLoop(batch_model_of(std::move(model)), opts) {}
-  // Stops the loop; requests still running end as cancelled.
+  // Stops the loop; requests still running end as cancelled; with a disk tier, every cached block is written there.
   ~EngineLoop();
   EngineLoop(const EngineLoop&) = delete;
   EngineLoop& operator=(const EngineLoop&) = delete;
@@ -141,6 +143,7 @@ class EngineLoop {
     int64_t pool_slots = 0, pool_pages = 0, pool_snapshots = 0;
     uint64_t pool_bytes = 0;
     PrefixCache::Stats cache;
+    DiskCache::Stats disk;          // all zero without a disk tier
   };
   // As of the end of the last step (or intake). Thread-safe.
   Stats stats() const;
@@ -164,6 +167,7 @@ class EngineLoop {
   EngineLoopOptions opts_;
   int64_t n_ctx_ = 0;
   std::unique_ptr<BatchState> pool_;
+  std::unique_ptr<DiskCache> disk_;  // reads and writes the pool: declared after it (destroyed before it)
   std::unique_ptr<PrefixCache> cache_;
   std::unique_ptr<Scheduler> sched_;
   std::map<uint64_t, Live> live_;    // loop thread only

@@ -15,6 +15,9 @@
 // snapshots are evicted least recently used first (independently of pages), and go with their block's page.
 // Match rule: the longest chain of cached blocks 0..k-1 whose last block has a snapshot, 128 k <= max_tokens (the
 // caller passes prompt length - 1, so at least one token is computed and yields the next-token logits).
+// Lower tier (optional, engine/disk_cache.h): a cached block's page or an attached snapshot that is about to be
+// reused is offered to the tier first (it copies the rows out of the pool), and fill() brings blocks and snapshots
+// that only the tier holds back into pages and snapshots here, so that match() finds them.
 #pragma once
 #include <cstdint>
 #include <list>
@@ -37,6 +40,33 @@ class PrefixCache {
     uint64_t salt = 0;           // block_hash_root(salt): model / numerics / layout identity
   };
   explicit PrefixCache(const Options& o);
+
+  // Storage below this cache (the disk tier). Calls come from the thread that uses the cache.
+  class Tier {
+   public:
+    virtual ~Tier() = default;
+    // The page of cached block `hash` / the snapshot attached to it is about to be reused: keep a copy if wanted
+    // (read it from the pool now). `wait` false: never block (drop the copy when behind); true: shutdown flush.
+    virtual void keep_page(const BlockHash& hash, const BlockHash& parent, std::span<const int32_t> tokens,
+                           int32_t page, bool wait) = 0;
+    virtual void keep_snapshot(const BlockHash& hash, int64_t snapshot, bool wait) = 0;
+    virtual bool has_page(const BlockHash& hash) const = 0;
+    virtual bool has_snapshot(const BlockHash& hash) const = 0;
+    // Write the kept rows of block `hash` (whose parent and tokens must match) into `page` / the kept snapshot
+    // after it into `snapshot`. false when there is no usable copy (missing, invalid: then it is forgotten).
+    virtual bool load_page(const BlockHash& hash, const BlockHash& parent, std::span<const int32_t> tokens,
+                           int32_t page) = 0;
+    virtual bool load_snapshot(const BlockHash& hash, int64_t snapshot) = 0;
+  };
+  // Not owned; nullptr: none.
+  void set_tier(Tier* tier) { tier_ = tier; }
+  // Bring the longest reusable prefix of `tokens` (the match rule, 128 k <= max_tokens) that this cache and the tier
+  // hold together into this cache, when it is longer than what match() finds here alone: the tier's blocks go into
+  // free or evicted pages (cached-idle afterwards), the tier's snapshot after the last block into a snapshot. Uses
+  // only pages and snapshots that nobody references. Returns the blocks loaded from the tier.
+  int64_t fill(std::span<const int32_t> tokens, int64_t max_tokens);
+  // Offer every cached block (with its snapshot) to the tier, least recently used first (shutdown).
+  void flush_to_tier();
 
   // ---- pages ----
   // A page for a sequence (refcount 1): a free page first, else the least recently used cached-idle page (its block
@@ -93,6 +123,7 @@ class PrefixCache {
     int64_t cached_blocks = 0, pages_referenced = 0, pages_idle = 0, pages_free = 0;
     int64_t snapshots_attached = 0, snapshots_free = 0;
     int64_t evicted_pages = 0, evicted_snapshots = 0;
+    int64_t tier_pages_loaded = 0, tier_snapshots_loaded = 0;  // fill()
   };
   Stats stats() const;
 
@@ -105,6 +136,8 @@ class PrefixCache {
   };
   void drop_block(const BlockHash& h);  // the block of an evicted page
   void touch_snapshot(int64_t snap);
+  void offer(const BlockHash& h, bool wait);  // the block's page and snapshot to the tier
+  void ref_page(int32_t page);
 
   BlockHash root_;
   std::vector<int32_t> ref_;                         // [n_pages] refcounts
@@ -120,6 +153,8 @@ class PrefixCache {
   std::list<int64_t> idle_snaps_;                    // attached snapshots, front: least recently used
   std::vector<std::list<int64_t>::iterator> snap_it_;
   int64_t evicted_pages_ = 0, evicted_snaps_ = 0;
+  Tier* tier_ = nullptr;
+  int64_t tier_pages_ = 0, tier_snaps_ = 0;
 };
 
 }  // namespace dsv4

@@ -204,6 +204,7 @@ Scheduler::Step Scheduler::schedule() {
   while (!any_preempted && budget > 0 && !free_slots_.empty() && !waiting_.empty()) {
     Sequence& s = seqs_.at(waiting_.front());
     const int64_t len = int64_t(s.tokens.size());
+    cache_.fill(s.tokens, len - 1);  // blocks only the lower tier (disk) holds: into pages first
     const PrefixCache::Match m = cache_.match(s.tokens, len - 1);
     const int64_t hit = m.n_blocks * kBlock;
     int64_t n = chunk(s, hit, std::min(len - hit, budget), step.items.empty());

@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "server/http_transport.h"
+
 namespace dsv4 {
 
 namespace {
@@ -49,6 +51,11 @@ bool matches(int fd, const std::string* remote_addr, int remote_port, int local_
 ConnectionMonitor::ConnectionMonitor(const std::string& remote_addr, int remote_port, int local_port)
     : remote_port_(remote_port), local_port_(local_port) {
   if (remote_port <= 0 || local_port <= 0) return;
+  // the request thread's own connection (server/http_transport.h), without a scan of every descriptor
+  if (const int cur = HttpServer::current_socket(); cur >= 0 && matches(cur, &remote_addr, remote_port, local_port)) {
+    fd_ = cur;
+    return;
+  }
   DIR* d = opendir("/proc/self/fd");
   if (!d) return;
   while (dirent* e = readdir(d)) {

@@ -1,6 +1,7 @@
 // Detects that an HTTP client went away while its request is queued or generating (Linux).
 // cpp-httplib 0.11 does not expose the connection's socket to handlers, so the socket is found once by its
-// addresses (local port + remote address/port, via /proc/self/fd and getsockname/getpeername) and then polled:
+// addresses (local port + remote address/port: the request thread's socket, server/http_transport.h, else a search of
+// /proc/self/fd with getsockname/getpeername) and then polled:
 // the peer closed when poll reports POLLRDHUP/POLLHUP/POLLERR or a MSG_PEEK read returns 0.
 #pragma once
 #include <string>

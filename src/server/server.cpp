@@ -26,6 +26,7 @@
 #include "server/listen_backlog.h"
 #include "server/loop_host.h"
 #include "server/metrics.h"
+#include "server/http_transport.h"
 #include "server/openai_format.h"
 #include "server/openai_request.h"
 #include "server/sse_writer.h"
@@ -65,7 +66,7 @@ struct Server::Impl {
   ServerOptions opts;
   std::shared_ptr<const Tokenizer> tok;
   LoopHost host;
-  httplib::Server http;
+  HttpServer http;                   // cpp-httplib over a reactor (server/http_transport.h)
   std::atomic<bool> stopping{false};
   std::atomic<int> open_streams{0};  // SSE responses not yet completely written (see stop())
   std::atomic<bool> bound{false};
@@ -297,11 +298,12 @@ struct Server::Impl {
 };
 
 void Server::Impl::setup_routes() {
-  // One HTTP thread per admitted request plus some for /health, /metrics and refusals (at most 1024).
-  const int threads = int(std::min<int64_t>(capacity + 16, 1024));
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  // Request threads of the transport: one per admitted request (running + queued: every queued one streams
+  // keepalives) plus some for /health, /metrics and refusals.
+  HttpTransportOptions transport = opts.http;
+  if (transport.workers <= 0) transport.workers = int(capacity + 16);
+  http.set_transport(transport);
   http.set_payload_max_length(opts.max_body_bytes);
-  http.set_keep_alive_timeout(2);
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (opts.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
     const std::string key = presented_api_key(req.get_header_value("Authorization"), req.get_header_value("x-api-key"));
@@ -710,8 +712,9 @@ Server::~Server() { stop(); }
 int Server::bind() {
   if (impl_->bound) return impl_->port;
   auto& o = impl_->opts;
-  int p = o.port == 0 ? impl_->http.bind_to_any_port(o.host) : (impl_->http.bind_to_port(o.host, o.port) ? o.port : -1);
-  if (p <= 0) fail("cannot listen on {}:{} (address in use or not available)", o.host, o.port);
+  std::string why;
+  const int p = impl_->http.bind_port(o.host, o.port, why);
+  if (p <= 0) fail("cannot listen on {}:{}: {}", o.host, o.port, why);
   impl_->port = p;
   impl_->bound = true;
   if (raise_listen_backlog(p, 1024) == 0) log::warn("could not raise the listen backlog of port {}", p);

@@ -44,6 +44,7 @@
 
 #include "engine/batch_model.h"
 #include "engine/engine_loop.h"
+#include "server/http_options.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dsv4 {
@@ -65,6 +66,8 @@ struct ServerOptions {
   int park_retry_after_s = 5;     // Retry-After of model_parked answers
   // Loads the model again after /admin/park (same folder and options); empty: parking is refused (409).
   std::function<std::shared_ptr<const BatchModel>()> reload;
+  // Connections (server/http_transport.h): timeouts, connection limit, request threads (0: parallel + queue + 16).
+  HttpTransportOptions http;
 };
 
 class Server {

@@ -2,6 +2,10 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 #include <regex>
 
@@ -73,6 +77,28 @@ TEST(CliServe, RefusesModelsWithoutTokenizerAndBadOptions) {
   ProcResult q = run_dsv4({"serve", "-m", "/nonexistent", "--port", "0"}, "serve_err3");
   EXPECT_EQ(q.code, 1);
   EXPECT_NE(q.err.find("dsv4: error:"), std::string::npos) << q.err;
+}
+
+TEST(CliServe, APortInUseIsAClearErrorAndANonZeroExit) {
+  // the port's holder even allows sharing (SO_REUSEPORT, as cpp-httplib's default socket options set): dsv4 must
+  // not join it
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  int yes = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &yes, sizeof yes);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 4), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const std::string port = std::to_string(ntohs(a.sin_port));
+  ProcResult r = run_dsv4({"serve", "-m", kDemo, "--port", port, "--threads", "1"}, "serve_port_in_use");
+  ::close(fd);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("dsv4: error: cannot listen on 127.0.0.1:" + port + ": the address is already in use"),
+            std::string::npos)
+      << r.err;
 }
 
 }  // namespace

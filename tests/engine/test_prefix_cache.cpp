@@ -3,7 +3,9 @@
 // and of snapshots (independently), duplicate blocks, and the accounting of available pages.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
+#include <unordered_map>
 
 #include "engine/block_hash.h"
 #include "engine/prefix_cache.h"
@@ -178,4 +180,126 @@ TEST(PrefixCache, DuplicateBlocksStayPrivate) {
   EXPECT_EQ(c.stats().pages_free, 3);  // p2 went back free, not idle
   c.release_page(p1);
   EXPECT_EQ(c.stats().pages_idle, 1);
+}
+
+namespace {
+
+// A lower tier that remembers what it was given (the disk tier's contract without files).
+struct FakeTier : PrefixCache::Tier {
+  struct Page {
+    BlockHash parent;
+    std::vector<int32_t> tokens;
+  };
+  std::unordered_map<BlockHash, Page, BlockHashHasher> pages;
+  std::unordered_map<BlockHash, int, BlockHashHasher> snaps;
+  std::vector<BlockHash> bad;           // loads of these fail
+  std::vector<BlockHash> kept_order;    // keep_page calls, in order
+  int64_t page_loads = 0, snap_loads = 0;
+  void keep_page(const BlockHash& h, const BlockHash& parent, std::span<const int32_t> t, int32_t, bool) override {
+    kept_order.push_back(h);
+    pages[h] = {parent, std::vector<int32_t>(t.begin(), t.end())};
+  }
+  void keep_snapshot(const BlockHash& h, int64_t, bool) override { snaps[h] = 1; }
+  bool has_page(const BlockHash& h) const override { return pages.count(h) != 0; }
+  bool has_snapshot(const BlockHash& h) const override { return snaps.count(h) != 0; }
+  bool load_page(const BlockHash& h, const BlockHash& parent, std::span<const int32_t> t, int32_t) override {
+    if (std::find(bad.begin(), bad.end(), h) != bad.end()) return false;
+    auto it = pages.find(h);
+    if (it == pages.end() || it->second.parent != parent || !std::equal(t.begin(), t.end(), it->second.tokens.begin()))
+      return false;
+    ++page_loads;
+    return true;
+  }
+  bool load_snapshot(const BlockHash& h, int64_t) override {
+    if (std::find(bad.begin(), bad.end(), h) != bad.end() || !snaps.count(h)) return false;
+    ++snap_loads;
+    return true;
+  }
+};
+
+}  // namespace
+
+TEST(PrefixCacheTier, EvictedBlocksGoToTheTierAndFillBringsThemBack) {
+  PrefixCache c({4, 2, 7});
+  FakeTier tier;
+  c.set_tier(&tier);
+  const auto t = toks(3 * B + 10, 1);
+  Registered r = register_blocks(c, t);
+  snap(c, r.hashes[0]);
+  snap(c, r.hashes[2]);
+  c.release_pages(r.pages);
+  EXPECT_EQ(c.match(t, int64_t(t.size()) - 1).n_blocks, 3);
+  EXPECT_EQ(c.fill(t, int64_t(t.size()) - 1), 0);  // nothing missing here: no load
+  // another sequence takes every page: the three blocks (and their snapshots) are offered before reuse
+  std::vector<int32_t> held;
+  for (int i = 0; i < 4; ++i) held.push_back(*c.alloc_page());
+  EXPECT_EQ(tier.pages.size(), 3u);
+  EXPECT_EQ(tier.snaps.size(), 2u);
+  c.release_pages(held);
+  EXPECT_EQ(c.match(t, int64_t(t.size()) - 1).n_blocks, 0);
+  EXPECT_EQ(c.fill(t, int64_t(t.size()) - 1), 3);
+  EXPECT_EQ(tier.snap_loads, 1);  // only the last block's snapshot is needed
+  const auto m = c.match(t, int64_t(t.size()) - 1);
+  EXPECT_EQ(m.n_blocks, 3);
+  EXPECT_EQ(c.stats().tier_pages_loaded, 3);
+  EXPECT_EQ(c.stats().tier_snapshots_loaded, 1);
+  EXPECT_EQ(c.pages_referenced(), 0);  // the loaded pages are cached-idle, nobody holds them
+  // max_tokens bounds what is loaded like match(): one block
+  PrefixCache d({4, 2, 7});
+  d.set_tier(&tier);
+  EXPECT_EQ(d.fill(t, 2 * B - 1), 1);
+  EXPECT_EQ(d.match(t, 2 * B - 1).n_blocks, 1);
+}
+
+TEST(PrefixCacheTier, FillKeepsTheChainCachedHereAndUsesOnlyUnreferencedPages) {
+  PrefixCache c({4, 2, 7});
+  FakeTier tier;
+  c.set_tier(&tier);
+  const auto t = toks(3 * B + 10, 2);
+  Registered r = register_blocks(c, t);
+  snap(c, r.hashes[2]);
+  // block 2 goes to the tier, blocks 0 and 1 stay cached-idle here
+  c.release_page(r.pages[2]);
+  const int32_t other = *c.alloc_page();  // the free page
+  (void)other;
+  const int32_t evicted = *c.alloc_page();  // evicts block 2 (the least recently used idle page)
+  EXPECT_EQ(evicted, r.pages[2]);
+  EXPECT_TRUE(tier.has_page(r.hashes[2]));
+  EXPECT_TRUE(tier.has_snapshot(r.hashes[2]));
+  c.release_page(r.pages[1]);
+  c.release_page(r.pages[0]);
+  EXPECT_EQ(c.match(t, int64_t(t.size()) - 1).n_blocks, 0);
+  // every page is referenced or holds the chain: the load has nowhere to go, and must not evict block 0 or 1
+  EXPECT_EQ(c.fill(t, int64_t(t.size()) - 1), 0);
+  EXPECT_TRUE(c.contains(r.hashes[0]));
+  EXPECT_TRUE(c.contains(r.hashes[1]));
+  // one page free again: block 2 and its snapshot come back
+  c.release_page(evicted);
+  EXPECT_EQ(c.fill(t, int64_t(t.size()) - 1), 1);
+  EXPECT_EQ(c.match(t, int64_t(t.size()) - 1).n_blocks, 3);
+  EXPECT_EQ(c.pages_referenced(), 1);  // `other` only
+}
+
+TEST(PrefixCacheTier, AFailedLoadFallsBackToTheLongestUsablePrefix) {
+  PrefixCache c({4, 2, 7});
+  FakeTier tier;
+  c.set_tier(&tier);
+  const auto t = toks(3 * B + 10, 3);
+  Registered r = register_blocks(c, t);
+  snap(c, r.hashes[0]);
+  snap(c, r.hashes[2]);
+  c.flush_to_tier();  // every block, least recently used first (all referenced here: in page order)
+  EXPECT_EQ(tier.pages.size(), 3u);
+  EXPECT_EQ(tier.snaps.size(), 2u);
+  PrefixCache d({4, 2, 7});
+  d.set_tier(&tier);
+  tier.bad = {r.hashes[2]};  // block 2's page is unusable: block 0's snapshot is the best end
+  EXPECT_EQ(d.fill(t, int64_t(t.size()) - 1), 2);
+  EXPECT_EQ(d.match(t, int64_t(t.size()) - 1).n_blocks, 1);
+  PrefixCache e({4, 2, 7});
+  e.set_tier(&tier);
+  tier.bad = {r.hashes[0]};  // block 0 unusable: nothing
+  EXPECT_EQ(e.fill(t, int64_t(t.size()) - 1), 0);
+  EXPECT_EQ(e.match(t, int64_t(t.size()) - 1).n_blocks, 0);
+  EXPECT_EQ(e.pages_available(), 4);
 }

@@ -1,0 +1,538 @@
+// The connection layer under cpp-httplib (http_transport.h): bind options, the reactor that reads requests under
+// deadlines, the request threads, and the stream that serves a buffered request to httplib.
+#include "server/http_transport.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <unordered_map>
+
+#include "core/log.h"
+
+namespace dsv4 {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+thread_local int t_socket = -1;
+
+Clock::duration seconds(double s) { return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s)); }
+int poll_ms(double s) { return int(std::max(0.0, s) * 1000.0); }
+
+bool iequal_prefix(std::string_view line, std::string_view name) {
+  if (line.size() < name.size()) return false;
+  for (size_t i = 0; i < name.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(line[i])) != name[i]) return false;
+  return true;
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  return s;
+}
+
+void addr_text(const sockaddr_storage& ss, std::string& ip, int& port) {
+  char buf[INET6_ADDRSTRLEN] = {0};
+  if (ss.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+    ::inet_ntop(AF_INET, &a->sin_addr, buf, sizeof buf);
+    port = ntohs(a->sin_port);
+  } else if (ss.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+    ::inet_ntop(AF_INET6, &a->sin6_addr, buf, sizeof buf);
+    port = ntohs(a->sin6_port);
+  }
+  ip = buf;
+}
+
+}  // namespace
+
+// ---- a connection and its request as read so far ------------------------------------------------------------------
+
+struct HttpServer::Conn {
+  enum class Phase { idle, header, body };
+  int fd = -1;
+  std::string buf;              // bytes read and not yet consumed by httplib (the request, then what follows it)
+  size_t scanned = 0;           // header end searched up to here
+  size_t header_end = 0;        // 0: header incomplete
+  size_t need = 0;              // Content-Length requests: header_end + length
+  size_t chunk_pos = 0;         // chunked requests: the next chunk-size line
+  size_t request_end = 0;       // a complete request: where it ends in buf (0: unknown, close after it)
+  bool chunked = false;
+  Phase phase = Phase::idle;
+  Clock::time_point deadline;
+
+  void reset_request() {
+    scanned = header_end = need = chunk_pos = request_end = 0;
+    chunked = false;
+    phase = Phase::idle;
+  }
+};
+
+// What httplib reads and writes: the buffered request first, then the socket (with timeouts).
+class HttpServer::BufferedStream final : public httplib::Stream {
+ public:
+  BufferedStream(Conn& c, const HttpTransportOptions& o) : c_(c), o_(o) {}
+  size_t consumed() const { return pos_; }
+
+  bool is_readable() const override {
+    if (pos_ < c_.buf.size()) return true;
+    pollfd p{c_.fd, POLLIN, 0};
+    return ::poll(&p, 1, poll_ms(o_.read_timeout_s)) > 0 && (p.revents & POLLIN);
+  }
+  bool is_writable() const override {
+    pollfd p{c_.fd, POLLOUT, 0};
+    return ::poll(&p, 1, poll_ms(o_.write_timeout_s)) > 0 && (p.revents & POLLOUT) &&
+           !(p.revents & (POLLERR | POLLHUP));
+  }
+  ssize_t read(char* ptr, size_t size) override {
+    if (pos_ < c_.buf.size()) {
+      const size_t n = std::min(size, c_.buf.size() - pos_);
+      std::memcpy(ptr, c_.buf.data() + pos_, n);
+      pos_ += n;
+      return ssize_t(n);
+    }
+    if (!is_readable()) return -1;
+    ssize_t n;
+    do n = ::recv(c_.fd, ptr, size, 0);
+    while (n < 0 && errno == EINTR);
+    if (n > 0) {  // keep the bookkeeping simple: what was read from the socket counts as buffered and consumed
+      c_.buf.append(ptr, size_t(n));
+      pos_ += size_t(n);
+    }
+    return n;
+  }
+  ssize_t write(const char* ptr, size_t size) override {
+    if (!is_writable()) return -1;
+    ssize_t n;
+    do n = ::send(c_.fd, ptr, size, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    return n;
+  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    if (::getpeername(c_.fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0) addr_text(ss, ip, port);
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    if (::getsockname(c_.fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0) addr_text(ss, ip, port);
+  }
+  socket_t socket() const override { return c_.fd; }
+
+ private:
+  Conn& c_;
+  const HttpTransportOptions& o_;
+  size_t pos_ = 0;
+};
+
+// httplib's task queue for the accept loop: a connection is handed to the reactor on the accepting thread.
+class HttpServer::Queue final : public httplib::TaskQueue {
+ public:
+  explicit Queue(HttpServer& s) : s_(s) { s_.start(); }
+  void enqueue(std::function<void()> fn) override { fn(); }  // runs process_and_close_socket: returns at once
+  void shutdown() override { s_.shutdown(); }
+
+ private:
+  HttpServer& s_;
+};
+
+// ---- setup ----------------------------------------------------------------------------------------------------------
+
+HttpServer::HttpServer() {
+  // SO_REUSEADDR (rebinding a port in TIME_WAIT) but not SO_REUSEPORT: a port with a listener fails with EADDRINUSE
+  set_socket_options([](socket_t s) {
+    int yes = 1;
+    ::setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
+  new_task_queue = [this] { return new Queue(*this); };
+  set_transport(opts_);
+}
+
+HttpServer::~HttpServer() {
+  if (started_) shutdown();
+}
+
+void HttpServer::set_transport(const HttpTransportOptions& o) {
+  opts_ = o;
+  if (opts_.workers <= 0) opts_.workers = 32;
+  const auto whole = [](double s) { return time_t(s); };
+  const auto micro = [](double s) { return time_t((s - double(time_t(s))) * 1e6); };
+  set_read_timeout(whole(opts_.read_timeout_s), micro(opts_.read_timeout_s));
+  set_write_timeout(whole(opts_.write_timeout_s), micro(opts_.write_timeout_s));
+}
+
+int HttpServer::bind_port(const std::string& host, int port, std::string& error) {
+  errno = 0;
+  const int p = port == 0 ? bind_to_any_port(host) : (bind_to_port(host, port) ? port : -1);
+  if (p <= 0) {
+    const int e = errno;
+    error = e == EADDRINUSE ? "the address is already in use (another server on this port?)"
+            : e != 0        ? std::strerror(e)
+                            : "the address is not available";
+    return -1;
+  }
+  // httplib listens with a backlog of 5: a burst of connections would see dropped SYNs (1 s retransmits). Linux
+  // takes a second listen() on the socket as a new backlog (capped by net.core.somaxconn).
+  ::listen(svr_sock_, 4096);
+  return p;
+}
+
+int HttpServer::current_socket() { return t_socket; }
+
+HttpServer::Stats HttpServer::stats() const {
+  Stats s;
+  s.open = open_;
+  s.waiting = waiting_;
+  s.busy = busy_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s.queued = int64_t(ready_.size());
+  }
+  s.timed_out = timed_out_;
+  s.refused = refused_;
+  s.requests = requests_;
+  return s;
+}
+
+void HttpServer::start() {
+  // enough descriptors for max_connections (the soft limit is often 1024)
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max &&
+      rl.rlim_cur < rlim_t(opts_.max_connections) + 64) {
+    rl.rlim_cur = std::min<rlim_t>(rl.rlim_max, rlim_t(opts_.max_connections) + 64);
+    ::setrlimit(RLIMIT_NOFILE, &rl);
+  }
+  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rlim_t(opts_.max_connections) + 64)
+    log::info("http: the descriptor limit ({}) allows fewer than {} connections", uint64_t(rl.rlim_cur),
+              opts_.max_connections);
+  stopping_ = false;
+  epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  wakefd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = wakefd_;
+  ::epoll_ctl(epfd_, EPOLL_CTL_ADD, wakefd_, &ev);
+  started_ = true;
+  reactor_ = std::thread([this] { reactor_loop(); });
+  for (int i = 0; i < opts_.workers; ++i) workers_.emplace_back([this] { worker_loop(); });
+}
+
+void HttpServer::shutdown() {
+  if (!started_) return;
+  stopping_ = true;
+  const uint64_t one = 1;
+  (void)!::write(wakefd_, &one, sizeof one);
+  if (reactor_.joinable()) reactor_.join();
+  std::deque<std::unique_ptr<Conn>> ready;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ready.swap(ready_);
+  }
+  cv_.notify_all();
+  for (auto& c : ready) close_conn(std::move(c), "HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\n"
+                                                 "Content-Length: 0\r\n\r\n");
+  for (auto& t : workers_) t.join();
+  workers_.clear();
+  std::vector<std::unique_ptr<Conn>> left;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    left.swap(incoming_);
+  }
+  for (auto& c : left) close_conn(std::move(c), nullptr);
+  ::close(epfd_);
+  ::close(wakefd_);
+  epfd_ = wakefd_ = -1;
+  started_ = false;
+}
+
+// ---- accept -> reactor -> request threads ---------------------------------------------------------------------------
+
+bool HttpServer::process_and_close_socket(socket_t sock) {
+  if (stopping_ || open_.load() >= opts_.max_connections) {
+    ++refused_;
+    ::shutdown(sock, SHUT_RDWR);
+    ::close(sock);
+    return false;
+  }
+  ++open_;
+  int yes = 1;  // streamed tokens go out as they are written
+  ::setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof yes);
+  auto c = std::make_unique<Conn>();
+  c->fd = sock;
+  watch(std::move(c));
+  return true;
+}
+
+void HttpServer::watch(std::unique_ptr<Conn> c) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    incoming_.push_back(std::move(c));
+  }
+  const uint64_t one = 1;
+  (void)!::write(wakefd_, &one, sizeof one);
+}
+
+void HttpServer::close_conn(std::unique_ptr<Conn> c, const char* reply) {
+  if (reply) (void)!::send(c->fd, reply, std::strlen(reply), MSG_NOSIGNAL | MSG_DONTWAIT);
+  ::shutdown(c->fd, SHUT_RDWR);
+  ::close(c->fd);
+  --open_;
+}
+
+// Read what arrived; `done`: the connection is to be closed (with `reply`, if set); `dispatch`: the request is
+// complete.
+void HttpServer::on_readable(Conn& c, bool& done, bool& dispatch, const char*& reply) {
+  char tmp[16384];
+  for (;;) {
+    const ssize_t n = ::recv(c.fd, tmp, sizeof tmp, MSG_DONTWAIT);
+    if (n > 0) {
+      if (c.phase == Conn::Phase::idle) {
+        c.phase = Conn::Phase::header;
+        c.deadline = Clock::now() + seconds(opts_.header_timeout_s);
+      }
+      c.buf.append(tmp, size_t(n));
+      if (size_t(n) < sizeof tmp) break;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    // closed by the client (0) or failed: a request completed before a half-close is still served
+    done = true;
+    break;
+  }
+  if (done) {
+    bool complete = false;
+    if (!c.buf.empty() && parse(c, complete, reply) && complete) {
+      done = false;
+      dispatch = true;
+      ::shutdown(c.fd, SHUT_RD);  // nothing more to read: the connection closes after the response
+    }
+    return;
+  }
+  if (c.buf.empty()) return;
+  bool complete = false;
+  if (!parse(c, complete, reply)) done = true;
+  dispatch = complete;
+}
+
+// The request in c.buf so far: `complete` once it can go to a request thread. false: close (with `reply`).
+bool HttpServer::parse(Conn& c, bool& complete, const char*& reply) {
+  complete = false;
+  if (c.phase == Conn::Phase::idle) {  // leftover bytes of a pipelined request
+    c.phase = Conn::Phase::header;
+    c.deadline = Clock::now() + seconds(opts_.header_timeout_s);
+  }
+  if (c.header_end == 0) {
+    const size_t from = c.scanned >= 3 ? c.scanned - 3 : 0;
+    const size_t p = c.buf.find("\r\n\r\n", from);
+    if (p == std::string::npos) {
+      c.scanned = c.buf.size();
+      if (c.buf.size() > opts_.max_header_bytes) {
+        reply = "HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
+        return false;
+      }
+      return true;
+    }
+    c.header_end = p + 4;
+    size_t length = 0;
+    size_t expect_at = 0, expect_len = 0;  // the Expect header line, CRLF included
+    std::string_view head(c.buf.data(), p + 2);
+    for (size_t pos = head.find("\r\n"); pos != std::string_view::npos && pos + 2 < head.size();) {
+      const size_t next = head.find("\r\n", pos + 2);
+      const std::string_view line = head.substr(pos + 2, next - pos - 2);
+      const size_t colon = line.find(':');
+      if (colon != std::string_view::npos) {
+        const std::string_view value = trim(line.substr(colon + 1));
+        if (iequal_prefix(line, "content-length:")) length = size_t(std::strtoull(std::string(value).c_str(), nullptr, 10));
+        else if (iequal_prefix(line, "transfer-encoding:")) c.chunked = lower(value).find("chunked") != std::string::npos;
+        else if (iequal_prefix(line, "expect:") && lower(value) == "100-continue") {
+          expect_at = pos + 2;
+          expect_len = next + 2 - expect_at;
+        }
+      }
+      pos = next;
+    }
+    c.phase = Conn::Phase::body;
+    c.deadline = Clock::now() + seconds(opts_.body_timeout_s);
+    if (length > payload_max_length_) {  // refused unread (413): httplib answers from the header
+      complete = true;
+      return true;
+    }
+    if (expect_len > 0) {  // the client waits for "100 Continue": answer it here, and httplib never sees the Expect
+      c.buf.erase(expect_at, expect_len);
+      c.header_end -= expect_len;
+      static const char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
+      (void)!::send(c.fd, kContinue, sizeof kContinue - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+    c.need = c.header_end + length;
+    c.chunk_pos = c.header_end;
+  }
+  if (!c.chunked) {
+    complete = c.buf.size() >= c.need;
+    if (complete) c.request_end = c.need;
+    return true;
+  }
+  // chunked body: size line, data, CRLF ... up to the last chunk and its trailer
+  for (;;) {
+    const size_t eol = c.buf.find("\r\n", c.chunk_pos);
+    if (eol == std::string::npos) return true;
+    const size_t size = size_t(std::strtoull(c.buf.substr(c.chunk_pos, eol - c.chunk_pos).c_str(), nullptr, 16));
+    if (size == 0) {  // the last chunk, then trailer lines up to an empty one
+      const size_t end = c.buf.compare(eol + 2, 2, "\r\n") == 0 ? eol + 4 : c.buf.find("\r\n\r\n", eol);
+      complete = end != std::string::npos;
+      if (complete) c.request_end = end == eol + 4 ? end : end + 4;
+      return true;
+    }
+    if (c.buf.size() - c.header_end > payload_max_length_) {  // httplib refuses it
+      complete = true;
+      return true;
+    }
+    if (eol + 2 + size + 2 > c.buf.size()) return true;
+    c.chunk_pos = eol + 2 + size + 2;
+  }
+}
+
+void HttpServer::reactor_loop() {
+  std::unordered_map<int, std::unique_ptr<Conn>> conns;
+  std::vector<epoll_event> events(256);
+  auto last_scan = Clock::now();
+  auto drop = [&](int fd, const char* reply) {
+    auto it = conns.find(fd);
+    if (it == conns.end()) return;
+    ::epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
+    std::unique_ptr<Conn> c = std::move(it->second);
+    conns.erase(it);
+    close_conn(std::move(c), reply);
+  };
+  auto to_worker = [&](int fd) {
+    auto it = conns.find(fd);
+    ::epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
+    std::unique_ptr<Conn> c = std::move(it->second);
+    conns.erase(it);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ready_.push_back(std::move(c));
+    }
+    cv_.notify_one();
+  };
+  auto readable = [&](Conn& c) {
+    bool done = false, dispatch = false;
+    const char* reply = nullptr;
+    on_readable(c, done, dispatch, reply);
+    if (done) {
+      drop(c.fd, reply);
+    } else if (dispatch) {
+      to_worker(c.fd);
+    }
+  };
+  while (!stopping_) {
+    waiting_ = int64_t(conns.size());
+    const int n = ::epoll_wait(epfd_, events.data(), int(events.size()), 100);
+    if (stopping_) break;
+    for (int i = 0; i < n; ++i) {
+      const int fd = events[size_t(i)].data.fd;
+      if (fd == wakefd_) {
+        uint64_t v;
+        (void)!::read(wakefd_, &v, sizeof v);
+        std::vector<std::unique_ptr<Conn>> in;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          in.swap(incoming_);
+        }
+        for (auto& c : in) {
+          const int cfd = c->fd;
+          c->reset_request();
+          c->deadline = Clock::now() + seconds(opts_.idle_timeout_s);
+          epoll_event ev{};
+          ev.events = EPOLLIN | EPOLLRDHUP;
+          ev.data.fd = cfd;
+          if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, cfd, &ev) != 0) {
+            close_conn(std::move(c), nullptr);
+            continue;
+          }
+          Conn& ref = *c;
+          conns[cfd] = std::move(c);
+          if (!ref.buf.empty()) readable(ref);  // a pipelined request may be complete already
+        }
+        continue;
+      }
+      auto it = conns.find(fd);
+      if (it == conns.end()) continue;
+      readable(*it->second);
+    }
+    const auto now = Clock::now();
+    if (now - last_scan >= std::chrono::milliseconds(100)) {
+      last_scan = now;
+      std::vector<std::pair<int, bool>> expired;  // fd, a request had begun
+      for (const auto& [fd, c] : conns)
+        if (c->deadline <= now) expired.emplace_back(fd, c->phase != Conn::Phase::idle);
+      for (const auto& [fd, begun] : expired) {
+        ++timed_out_;
+        drop(fd, begun ? "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n" : nullptr);
+      }
+    }
+  }
+  for (auto& [fd, c] : conns) close_conn(std::move(c), nullptr);
+  conns.clear();
+  waiting_ = 0;
+}
+
+void HttpServer::worker_loop() {
+  for (;;) {
+    std::unique_ptr<Conn> c;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !ready_.empty(); });
+      if (ready_.empty()) return;
+      c = std::move(ready_.front());
+      ready_.pop_front();
+    }
+    ++busy_;
+    ++requests_;
+    t_socket = c->fd;
+    bool ok = false, closed = false;
+    size_t consumed = 0;
+    {
+      BufferedStream strm(*c, opts_);
+      try {
+        ok = process_request(strm, stopping_.load(), closed, nullptr);
+      } catch (...) {
+        ok = false;
+      }
+      consumed = strm.consumed();
+    }
+    t_socket = -1;
+    --busy_;
+    // keep-alive: back to the reactor with what follows the request (a body the handler did not read, e.g. of a
+    // 401, is skipped: the reactor knows where the request ends); a request that was not whole in memory closes
+    if (ok && !closed && !stopping_ && c->request_end > 0 && consumed <= c->request_end) {
+      c->buf.erase(0, c->request_end);
+      watch(std::move(c));
+    } else {
+      close_conn(std::move(c), nullptr);
+    }
+  }
+}
+
+}  // namespace dsv4
