@@ -42,10 +42,8 @@ namespace gemm_internal {
 void note_path(GemmPath p);                          // records last_gemm_path()
 
 // Activation quantization (act_quant, spec §4.3) of `rows` rows of x [rows, K] per 128 columns:
-// fp32 code values q [rows, K] (q may alias x) and scales s [rows, ceil(K/128)]. qmul: every code value is stored
-// times qmul (1, or the power of two the decode kernels fold into the activations: exact, k_gemm.cu).
-void act_quant_f32(const float* x, int64_t rows, int64_t K, float* q, float* s, cudaStream_t stream,
-                   float qmul = 1.0f);
+// fp32 code values q [rows, K] (q may alias x) and scales s [rows, ceil(K/128)].
+void act_quant_f32(const float* x, int64_t rows, int64_t K, float* q, float* s, cudaStream_t stream);
 // The same into e4m3 bytes q8 [rows_pad, K] and scales s_t [ceil(K/128), rows_pad] (column m of block kb at
 // s_t[kb * rows_pad + m], the cuBLASLt VEC128 layout); rows rows..rows_pad-1 get zero codes and scale 1.
 void act_quant_e4m3(const float* x, int64_t rows, int64_t rows_pad, int64_t K, uint8_t* q8, float* s_t,

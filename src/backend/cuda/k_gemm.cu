@@ -243,8 +243,7 @@ __device__ __forceinline__ uint32_t enc_e4m3(float v) {  // v an exact e4m3 valu
 // One warp per (row, 128-column block). E4M3: q8/s_t (cuBLASLt layout), rows >= rows_real are padding.
 template <bool E4M3>
 __global__ void __launch_bounds__(256) act_quant_kernel(const float* x, int64_t rows_real, int64_t rows, int64_t K,
-                                                        float* q, float* s, uint8_t* q8, float* s_t,
-                                                        float qmul) {
+                                                        float* q, float* s, uint8_t* q8, float* s_t) {
   const int lane = threadIdx.x & 31;
   const int64_t nsb = (K + 127) / 128;
   const int64_t gw = int64_t(blockIdx.x) * 8 + (threadIdx.x >> 5);
@@ -280,7 +279,7 @@ __global__ void __launch_bounds__(256) act_quant_kernel(const float* x, int64_t 
       if (E4M3)
         q8[row * K + k0 + i] = static_cast<uint8_t>(enc_e4m3(c));
       else
-        q[row * K + k0 + i] = __fmul_rn(c, qmul);  // qmul: 1, or a power of two (exact, see qdec8_kernel)
+        q[row * K + k0 + i] = c;
     }
   }
   if (lane == 0) {
@@ -338,9 +337,6 @@ struct GArgs {
   int64_t ldy = 0;
   bool out_bf16 = false, weight_as_bf16 = false;
   int64_t n_slots = 0;  // blockIdx.x = n_tile * n_slots + slot
-  // (Q) decode kernels (qdec8_kernel / qdec4_kernel): output rows per block; qdec8: log2 of it; qdec4: log2 of the
-  // scale blocks per warp task
-  int q_rc = 0, q_sh = 0;
   // MoE
   const ExpertView* table = nullptr;
   int64_t n_experts = 0, d_model = 0, inter = 0;
@@ -682,30 +678,22 @@ __global__ void __launch_bounds__(256, 2) small_kernel(const GArgs A) {
 
 // ---- row-chain kernel ("small_m", (D)) ----------------------------------------------------------------------------
 // One warp = RC_ROWS output rows, lane l owns row n0 + l and runs its whole (D) chain, for MT tokens (sorted rows) at
-// once (MT independent accumulators per weight). Data path: a per-warp ring of S = rc_slots() slots in shared memory
-// (up to 32, ~40 KB: a chain takes 4 cycles per column, so one warp streams up to 16 bytes per cycle and needs ~30 KB
-// in flight to get them from HBM; matrices of 256..1024 rows have only 8..32 warps); slot v holds bytes
-// [32 v, 32 v + 32) of each of the 32 rows (one 32-byte sector each, two lanes per row, so every cp.async
+// once (MT independent accumulators per weight). Data path: a per-warp ring of RC_S slots in shared memory; slot v
+// holds bytes [32 v, 32 v + 32) of each of the 32 rows (one 32-byte sector each, two lanes per row, so every cp.async
 // instruction moves 16 full sectors) and the activations of the slot's columns for the MT tokens. Slots are filled
-// S - 1 ahead with cp.async (no registers held), consumed after cp.async.wait_group + __syncwarp (the copies of
+// RC_AHEAD ahead with cp.async (no registers held), consumed after cp.async.wait_group + __syncwarp (the copies of
 // the other lanes); a slot is refilled only after every lane has passed the __syncwarp that follows its last read.
 // Fast path: 16-byte aligned weight rows of a multiple of 32 bytes, 16-byte aligned activation rows, FP8 scale blocks
 // a multiple of 32 columns wide. Anything else (tiny odd shapes) runs the plain per-element chain (same order).
 constexpr int RC_ROWS = 32;           // output rows per block (one warp)
+constexpr int RC_S = 8;               // ring slots
+constexpr int RC_AHEAD = RC_S - 1;    // slots in flight ahead of the one being consumed
 constexpr int RC_BYTES = 32;          // weight bytes of one row per slot
 
 // Columns of one slot (32 bytes of a row).
 template <int FMT>
 constexpr int rc_cols() {
   return FMT == kFmtFp4 ? 64 : FMT == kFmtFp8 ? 32 : FMT == kFmtBf16 ? 16 : 8;
-}
-
-// Ring slots of rowchain_kernel: as many as fit ~40 KB of shared memory (8..32).
-template <int FMT, int NW, int MT>
-constexpr int rc_slots() {
-  const int bytes = NW * RC_ROWS * RC_BYTES + MT * rc_cols<FMT>() * 4;
-  const int s = 40960 / bytes;
-  return s < 8 ? 8 : s > 32 ? 32 : s;
 }
 
 // cp.async (sm_80+): 16 bytes global -> shared, bypassing L1. Elsewhere (host emulation) a plain copy.
@@ -731,14 +719,11 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // (D) values of the 8 columns [8p, 8p + 8) of a slot (u = the row's 32 bytes as 8 words), exactly the CPU's:
-// FP8 / FP4 code value (bit placement, exact) * block scale (one fp32 rounding; FP4: s0 for columns < 32 of the slot,
+// FP8 / FP4 code value (bit placement, exact) * block scale (one fp32 multiply; FP4: s0 for columns < 32 of the slot,
 // s1 above), BF16 / F32 as stored; then bf16-rounded when rnd (rowchain_kernel drops rnd where the rounding is the
-// identity). pre: s0 / s1 come premultiplied by the placement's power of two (2^120 / 2^126, exact when the scale is
-// below 2^8 / 2^2, rowchain_kernel checks): placed * (s * 2^120) is the same real number qw * s as the CPU's product,
-// rounded once, so one multiply per value instead of two.
+// identity).
 template <int FMT>
-__device__ __forceinline__ void rc_decode8(const uint32_t* u, int p, float s0, float s1, bool pre, bool rnd,
-                                           float* v) {
+__device__ __forceinline__ void rc_decode8(const uint32_t* u, int p, float s0, float s1, bool rnd, float* v) {
   if constexpr (FMT == kFmtBf16) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -746,7 +731,7 @@ __device__ __forceinline__ void rc_decode8(const uint32_t* u, int p, float s0, f
       v[2 * i] = __uint_as_float(w << 16);
       v[2 * i + 1] = __uint_as_float(w & 0xFFFF0000u);
     }
-    (void)s0, (void)s1, (void)pre, (void)rnd;
+    (void)s0, (void)s1, (void)rnd;
   } else if constexpr (FMT == kFmtF32) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = __uint_as_float(u[8 * p + i]);
@@ -754,7 +739,7 @@ __device__ __forceinline__ void rc_decode8(const uint32_t* u, int p, float s0, f
 #pragma unroll
       for (int i = 0; i < 8; ++i) v[i] = wround_bf16(v[i]);
     }
-    (void)s0, (void)s1, (void)pre;
+    (void)s0, (void)s1;
   } else if constexpr (FMT == kFmtFp8) {
     // byte i of a word moved to the top, arithmetic shift by 4: sign at bit 31, the 7 magnitude bits at 26..20
     // (dec_e4m3's placement; the CPU's SIMD decoder does the same)
@@ -765,7 +750,7 @@ __device__ __forceinline__ void rc_decode8(const uint32_t* u, int p, float s0, f
       for (int i = 0; i < 4; ++i) {
         const uint32_t top = i == 3 ? w : (w << (24 - 8 * i));
         const uint32_t b = static_cast<uint32_t>(static_cast<int32_t>(top) >> 4) & 0x87F00000u;
-        v[4 * h + i] = pre ? __fmul_rn(__uint_as_float(b), s0) : __fmul_rn(__fmul_rn(__uint_as_float(b), 0x1p120f), s0);
+        v[4 * h + i] = __fmul_rn(__fmul_rn(__uint_as_float(b), 0x1p120f), s0);
       }
     }
     if (rnd) {
@@ -781,7 +766,7 @@ __device__ __forceinline__ void rc_decode8(const uint32_t* u, int p, float s0, f
     for (int i = 0; i < 8; ++i) {
       const uint32_t top = i == 7 ? w : (w << (28 - 4 * i));
       const uint32_t b = static_cast<uint32_t>(static_cast<int32_t>(top) >> 6) & 0x81C00000u;
-      v[i] = pre ? __fmul_rn(__uint_as_float(b), s) : __fmul_rn(__fmul_rn(__uint_as_float(b), 0x1p126f), s);
+      v[i] = __fmul_rn(__fmul_rn(__uint_as_float(b), 0x1p126f), s);
     }
     (void)rnd;  // an E2M1 code times a power of two has <= 2 significant bits: bf16 rounding is the identity
   }
@@ -794,8 +779,6 @@ __global__ void __launch_bounds__(RC_ROWS) rowchain_kernel(const GArgs A) {
   constexpr int XCH = SC / 4;                      // 16-byte activation chunks of one token per slot
   constexpr int XI = (MT * XCH + RC_ROWS - 1) / RC_ROWS;  // activation chunks per lane per slot
   constexpr bool QF = FMT == kFmtFp8 || FMT == kFmtFp4;
-  constexpr int RC_S = rc_slots<FMT, NW, MT>();  // ring slots
-  constexpr int RC_AHEAD = RC_S - 1;             // slots in flight ahead of the one being consumed
   __shared__ __align__(16) uint32_t Wr[NW][RC_S][RC_ROWS][RC_BYTES / 4];
   __shared__ __align__(16) float Xr[RC_S][MT * SC];
 
@@ -903,7 +886,7 @@ __global__ void __launch_bounds__(RC_ROWS) rowchain_kernel(const GArgs A) {
         if (row_ok) {
           const int s = v % RC_S;
           uint32_t u[NW][8];
-          bool rnd[NW], pre[NW];
+          bool rnd[NW];
 #pragma unroll
           for (int w = 0; w < NW; ++w) {
             const uint4 a = *reinterpret_cast<const uint4*>(&Wr[w][s][lane][0]);
@@ -916,22 +899,13 @@ __global__ void __launch_bounds__(RC_ROWS) rowchain_kernel(const GArgs A) {
               rnd[w] = wbf16 && (wd[w].sf32 || !(cs0[w] >= 0x1p-124f));
             else
               rnd[w] = wbf16 && FMT == kFmtF32;
-            // one multiply per value where scale * 2^120 (2^126) is exact (|scale| < 2^8 (2^2); NaN: never)
-            pre[w] = false;
-            if constexpr (FMT == kFmtFp8) {
-              pre[w] = fabsf(cs0[w]) < 256.0f;
-              if (pre[w]) cs0[w] = __fmul_rn(cs0[w], 0x1p120f);
-            } else if constexpr (FMT == kFmtFp4) {
-              pre[w] = fabsf(cs0[w]) < 4.0f && fabsf(cs1[w]) < 4.0f;
-              if (pre[w]) cs0[w] = __fmul_rn(cs0[w], 0x1p126f), cs1[w] = __fmul_rn(cs1[w], 0x1p126f);
-            }
           }
           const float* xs = &Xr[s][0];
 #pragma unroll
           for (int p = 0; p < SC / 8; ++p) {
             float wv[NW][8];
 #pragma unroll
-            for (int w = 0; w < NW; ++w) rc_decode8<FMT>(u[w], p, cs0[w], cs1[w], pre[w], rnd[w], wv[w]);
+            for (int w = 0; w < NW; ++w) rc_decode8<FMT>(u[w], p, cs0[w], cs1[w], rnd[w], wv[w]);
 #pragma unroll
             for (int t = 0; t < MT; ++t) {
               if (t < mc) {
@@ -977,280 +951,6 @@ __global__ void __launch_bounds__(RC_ROWS) rowchain_kernel(const GArgs A) {
       for (int t = 0; t < MT; ++t)
         if (t < mc) store_out<KIND>(A, base + g0 + t, n, acc[0][t], acc[NW - 1][t]);
     }
-  }
-}
-
-// ---- (Q) decode kernels: every K block of an output in its own thread -------------------------------------------
-// In gemm.h's (Q) order the chain s_kb of each K block (128 columns FP8, 32 FP4) is independent of the others; only
-// acc = acc + s_kb * (sa * sw) runs over the blocks in order. So a thread owns whole (row, K block) chains (each one
-// sequential fma chain over its block, ascending k), the chain sums go to shared memory, and one thread per
-// (row, token) adds them in block order afterwards. Both kernels need whole blocks (K a multiple of the block); the
-// launchers send other shapes (and FP8 experts) to small_kernel.
-//
-// No multiply in the weight decode: an E4M3 / E2M1 code's bits placed in a binary32 (sign at bit 31, the magnitude
-// bits at the bottom of the exponent field) read as qw * 2^-120 (E4M3) / qw * 2^-126 (E2M1), subnormal codes
-// included (the NaN codes 0x7F / 0xFF give +-480 * 2^-120, as everywhere else). The activation codes are prescaled by
-// 2^117 (exact: a code is 0 or 2^-9 <= |qa| <= 448): every product is then qa * qw * 2^-3 (FP8) / qa * qw * 2^-9
-// (FP4) exactly. Every partial sum of the CPU's chain is a multiple of 2^-18 (FP8) / 2^-10 (FP4) (the products are,
-// and an fp32 rounding of a multiple of 2^-j with |value| >= 2^(24-j) is a multiple of its ulp >= 2^-j, below that
-// it is exact), so each exact fma result r is 0 or |r| >= 2^-18 (2^-10): scaled by 2^-3 (2^-9) it is a normal float
-// and rounds exactly like r itself (|r| < 2^25: no overflow); signs of zeros follow the operand signs, which the
-// positive scale keeps. So the kernel's chain is the CPU's s_kb times 2^-3 (2^-9) bit for bit, and one exact
-// multiply by 8 (512) gives s_kb back.
-constexpr float kQPre = 0x1p117f;  // activation prescale of the decode kernels
-constexpr int Q8W = 4;             // qdec8_kernel: warps per block
-constexpr int Q8_PCAP = 3072;      // qdec8_kernel: block partial sums per block (floats)
-constexpr int Q4W = 8;             // qdec4_kernel: warps per block
-constexpr int Q4_PCAP = 4096;      // qdec4_kernel: block partial sums per block (floats)
-
-// Byte i of w as an E4M3 code placed in a binary32 (value qw * 2^-120): the byte moved to the top, an arithmetic
-// shift by 4 puts the sign at bit 31 and the 7 magnitude bits at 26..20 (dec_e4m3's placement).
-__device__ __forceinline__ float e4m3_placed(uint32_t w, int i) {
-  const uint32_t top = i == 3 ? w : (w << (24 - 8 * i));
-  return __uint_as_float(static_cast<uint32_t>(static_cast<int32_t>(top) >> 4) & 0x87F00000u);
-}
-// Nibble j of w (element j: low nibble first) as an E2M1 code placed in a binary32 (value qw * 2^-126): sign at 31,
-// magnitude at 24..22 (dec_e2m1's placement).
-__device__ __forceinline__ float e2m1_placed(uint32_t w, int j) {
-  const uint32_t top = j == 7 ? w : (w << (28 - 4 * j));
-  return __uint_as_float(static_cast<uint32_t>(static_cast<int32_t>(top) >> 6) & 0x81C00000u);
-}
-
-// qdec8_kernel: (Q) with an FP8 weight (128-column blocks), "linear" kind, MT tokens. A block covers RC = 2^q_sh
-// rows (8, 16 or 32) x all of K. Warp task = RC rows x KWT = 32 / RC blocks (4 KB): lane L owns the chain of row
-// L % RC, block KWT * task + L / RC. The warp copies a task with cp.async into one of its two shared-memory slots,
-// coalesced (4 KB = 256 pieces of 16 bytes, consecutive lanes on consecutive pieces of a row), storing piece p of
-// lane L's 128 bytes at [p][L ^ p] (conflict-free for the copies and for the lane's reads), while it computes the
-// previous task. Activations (prescaled by kQPre) are read from global memory: the lanes of one block share the
-// address (KWT distinct addresses per load). The chain sums (times 8) go to Ps[token][row][block] (row stride NB + 1:
-// conflict-free combine), then one thread per (token, row) adds them in block order with the scales.
-template <int MT>
-__global__ void __launch_bounds__(Q8W * 32) qdec8_kernel(const GArgs A) {
-  __shared__ __align__(16) uint4 Wq[Q8W][2][8][32];
-  __shared__ float Ps[Q8_PCAP];
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int rc_sh = A.q_sh, RC = 1 << rc_sh, kw_sh = 5 - rc_sh;
-  const int64_t slot = blockIdx.x % A.n_slots, nt = blockIdx.x / A.n_slots;
-  const int64_t base = slot * MT;
-  const int mc = static_cast<int>(imin(MT, A.M - base));
-  const WDesc wd = make_wdesc(A.W);
-  const int64_t nout = A.nout, wrow0 = A.r0, n0 = nt * RC;
-  if (mc <= 0 || n0 >= nout) return;  // (uniform over the block)
-  const int NB = static_cast<int>(A.W.cols >> 7), NBP = NB + 1;
-  const int NT = NB >> kw_sh;                                 // warp tasks of the block
-  const int nv = warp < NT ? (NT - 1 - warp) / Q8W + 1 : 0;  // this warp's: warp, warp + Q8W, ...
-  const uint8_t* wblock = wd.w + (wrow0 + n0) * wd.row_bytes;
-
-  // task v of this warp into slot v & 1 (an empty group past the end keeps the wait count uniform)
-  auto issue = [&](int v) {
-    if (v < nv) {
-      const uint8_t* tb = wblock + (int64_t(warp + Q8W * v) << (7 + kw_sh));
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int q = lane + 32 * i, r = q >> (3 + kw_sh), j = (q >> 3) & ((1 << kw_sh) - 1), p = q & 7;
-        if (n0 + r < nout)
-          cp_async16(&Wq[warp][v & 1][p][((j << rc_sh) | r) ^ p], tb + r * wd.row_bytes + (j << 7) + (p << 4));
-      }
-    }
-    cp_async_commit();
-  };
-
-  const int jl = lane >> rc_sh, rl = lane & (RC - 1);
-  const bool row_ok = n0 + rl < nout;
-  const float* arow[MT];
-#pragma unroll
-  for (int g = 0; g < MT; ++g) arow[g] = A.a + (base + (g < mc ? g : 0)) * A.lda;
-
-  issue(0);
-#pragma unroll 1
-  for (int v = 0; v < nv; ++v) {
-    issue(v + 1);  // slot (v + 1) & 1 was last read in iteration v - 1, before its closing __syncwarp
-    cp_async_wait<1>();
-    __syncwarp();  // every lane's copies of task v have landed
-    const int kb = ((warp + Q8W * v) << kw_sh) + jl;
-    float s[MT];
-#pragma unroll
-    for (int g = 0; g < MT; ++g) s[g] = 0.0f;
-    const uint4* ws = &Wq[warp][v & 1][0][0];
-#pragma unroll
-    for (int p = 0; p < 8; ++p) {
-      const uint4 u = ws[p * 32 + (lane ^ p)];
-      const uint32_t uw[4] = {u.x, u.y, u.z, u.w};
-      float wv[16];
-#pragma unroll
-      for (int h = 0; h < 4; ++h)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) wv[4 * h + i] = e4m3_placed(uw[h], i);
-#pragma unroll
-      for (int g = 0; g < MT; ++g) {
-        if (g < mc) {
-          const float4* xp = reinterpret_cast<const float4*>(arow[g] + (int64_t(kb) << 7) + 16 * p);
-          float xv[16];
-#pragma unroll
-          for (int h = 0; h < 4; ++h) {
-            const float4 x4 = __ldg(xp + h);
-            xv[4 * h] = x4.x, xv[4 * h + 1] = x4.y, xv[4 * h + 2] = x4.z, xv[4 * h + 3] = x4.w;
-          }
-#pragma unroll
-          for (int c = 0; c < 16; ++c) s[g] = __fmaf_rn(xv[c], wv[c], s[g]);  // the block's chain, ascending k
-        }
-      }
-    }
-    if (row_ok) {
-#pragma unroll
-      for (int g = 0; g < MT; ++g)
-        if (g < mc) Ps[((g << rc_sh) + rl) * NBP + kb] = __fmul_rn(s[g], 8.0f);  // s_kb (exact)
-    }
-    __syncwarp();  // every lane is done with slot v & 1
-  }
-  cp_async_wait<0>();
-  __syncthreads();
-
-  for (int o = tid; o < (MT << rc_sh); o += Q8W * 32) {
-    const int g = o >> rc_sh, r = o & (RC - 1);
-    const int64_t n = n0 + r;
-    if (g >= mc || n >= nout) continue;
-    const float* sa = A.sa + (base + g) * A.ldsa;
-    const int64_t srow = ((wrow0 + n) / wd.br) * wd.scols;
-    const float* ps = &Ps[((g << rc_sh) + r) * NBP];
-    float acc = 0.0f;
-#pragma unroll 4
-    for (int kb = 0; kb < NB; ++kb) {
-      const float sw = wd.sf32 ? __ldg(reinterpret_cast<const float*>(wd.scale) + srow + kb)
-                               : e8m0_to_float(__ldg(wd.scale + srow + kb));
-      acc = __fadd_rn(acc, __fmul_rn(ps[kb], __fmul_rn(__ldg(sa + kb), sw)));
-    }
-    store_out<kLinear>(A, base + g, n, acc, acc);
-  }
-}
-
-// 16 weight bytes at p (16-byte aligned when vec).
-__device__ __forceinline__ uint4 load16(const uint8_t* p, bool vec) {
-  if (vec) return __ldg(reinterpret_cast<const uint4*>(p));
-  uint32_t w[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    w[i] = uint32_t(__ldg(p + 4 * i)) | (uint32_t(__ldg(p + 4 * i + 1)) << 8) | (uint32_t(__ldg(p + 4 * i + 2)) << 16) |
-           (uint32_t(__ldg(p + 4 * i + 3)) << 24);
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-// qdec4_kernel: (Q) with FP4 weights (1x32 blocks), any kind (linear, MoE w1+w3 with the SwiGLU epilogue, MoE w2),
-// MT tokens (sorted rows) per pass. A block covers q_rc rows x all of K. Warp task = RT = 32 / KWT rows x KWT = 2^q_sh
-// consecutive blocks (KWT = 32, 16 or 8: one 128-byte line or more per row): lane l owns the chain of row l / KWT,
-// block KWT * group + l % KWT, whose 16 weight bytes it loads itself (coalesced). A warp keeps one block group, so
-// its lanes load their 32 activations per token once (prescaled by kQPre) and keep them in registers over the rows;
-// the KG = NB / KWT groups are spread over the 8 warps (KG < 8: 8 / KG warps per group share its rows). Chain sums
-// (times 512) -> Ps, then one thread per (token, row) adds them in block order, both weights at once for w1 + w3.
-template <int KIND, int MT>
-__global__ void __launch_bounds__(Q4W * 32, 2) qdec4_kernel(const GArgs A) {
-  constexpr int NW = KIND == kW13 ? 2 : 1;
-  constexpr int U = NW * MT <= 2 ? 4 : 2;  // row groups whose weights are loaded together
-  __shared__ float Ps[Q4_PCAP];
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int64_t slot = blockIdx.x % A.n_slots, nt = blockIdx.x / A.n_slots;
-  int64_t base = 0, cnt = 0, e = 0;  // rows [base, base + cnt) (linear: tokens; MoE: sorted rows)
-  if constexpr (KIND == kLinear) {
-    base = slot * MT;
-    cnt = imin(MT, A.M - base);
-  } else {
-    if (slot >= *A.n_small) return;
-    e = A.small_list[slot];
-    base = A.seg_start[e];
-    cnt = A.seg_start[e + 1] - base;
-  }
-  WDesc wd[NW];
-  int64_t K = 0, nout = 0, wrow0 = 0;
-  block_weights<KIND>(A, e, wd, K, nout, wrow0);
-  const int RC = A.q_rc, kw_sh = A.q_sh, rt_sh = 5 - kw_sh;
-  const int64_t n0 = nt * RC;
-  if (cnt <= 0 || n0 >= nout) return;  // (uniform over the block)
-  const int NB = static_cast<int>(K >> 5), NBP = NB + 1, KG = NB >> kw_sh, NRG = RC >> rt_sh;
-  const int g_first = KG < Q4W ? warp % KG : warp;
-  const int rg_first = KG < Q4W ? warp / KG : 0, rg_step = KG < Q4W ? Q4W / KG : 1;
-  const int jl = lane & ((1 << kw_sh) - 1), rl = lane >> kw_sh;
-
-  for (int64_t g0 = 0; g0 < cnt; g0 += MT) {
-    const int mc = static_cast<int>(imin(MT, cnt - g0));
-    for (int grp = g_first; grp < KG; grp += Q4W) {
-      const int kb = (grp << kw_sh) + jl;
-      float x[MT][32];
-#pragma unroll
-      for (int t = 0; t < MT; ++t) {
-        if (t < mc) {
-          const float* ap = A.a + act_row<KIND>(A, base + g0 + t) * A.lda + int64_t(kb) * 32;
-#pragma unroll
-          for (int q = 0; q < 4; ++q) acts8(ap, 8 * q, 32, A.a_vec, &x[t][8 * q]);
-#pragma unroll
-          for (int c = 0; c < 32; ++c) x[t][c] = __fmul_rn(x[t][c], kQPre);  // exact (see above)
-        }
-      }
-#pragma unroll 1
-      for (int rg = rg_first; rg < NRG; rg += U * rg_step) {
-        uint4 wv[NW][U];
-        bool ok[U];
-        int rr[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int rgu = rg + u * rg_step;
-          rr[u] = (rgu << rt_sh) + rl;
-          ok[u] = rgu < NRG && n0 + rr[u] < nout;
-#pragma unroll
-          for (int w = 0; w < NW; ++w)
-            wv[w][u] = ok[u] ? load16(wd[w].w + (wrow0 + n0 + rr[u]) * wd[w].row_bytes + int64_t(kb) * 16, wd[w].vec)
-                             : make_uint4(0u, 0u, 0u, 0u);
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          if (!ok[u]) continue;
-#pragma unroll
-          for (int w = 0; w < NW; ++w) {
-            const uint32_t uw[4] = {wv[w][u].x, wv[w][u].y, wv[w][u].z, wv[w][u].w};
-            float s[MT];
-#pragma unroll
-            for (int t = 0; t < MT; ++t) s[t] = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              float v8[8];
-#pragma unroll
-              for (int j = 0; j < 8; ++j) v8[j] = e2m1_placed(uw[i], j);
-#pragma unroll
-              for (int t = 0; t < MT; ++t)
-#pragma unroll
-                for (int j = 0; j < 8; ++j) s[t] = __fmaf_rn(x[t][8 * i + j], v8[j], s[t]);  // the block's chain
-            }
-#pragma unroll
-            for (int t = 0; t < MT; ++t)
-              if (t < mc) Ps[((w * MT + t) * RC + rr[u]) * NBP + kb] = __fmul_rn(s[t], 512.0f);  // s_kb (exact)
-          }
-        }
-      }
-    }
-    __syncthreads();
-    for (int o = tid; o < MT * RC; o += Q4W * 32) {
-      const int t = o / RC, r = o % RC;
-      const int64_t n = n0 + r;
-      if (t >= mc || n >= nout) continue;
-      const float* sa = A.sa + act_row<KIND>(A, base + g0 + t) * A.ldsa;
-      const uint8_t* sw[NW];
-      const float* ps[NW];
-      float acc[NW];
-#pragma unroll
-      for (int w = 0; w < NW; ++w) {
-        sw[w] = wd[w].scale + (wrow0 + n) * wd[w].scols;
-        ps[w] = &Ps[((w * MT + t) * RC + r) * NBP];
-        acc[w] = 0.0f;
-      }
-#pragma unroll 4
-      for (int kb = 0; kb < NB; ++kb) {
-        const float sak = __ldg(sa + (kb >> 2));
-#pragma unroll
-        for (int w = 0; w < NW; ++w)
-          acc[w] = __fadd_rn(acc[w], __fmul_rn(ps[w][kb], __fmul_rn(sak, e8m0_to_float(__ldg(sw[w] + kb)))));
-      }
-      store_out<KIND>(A, base + g0 + t, n, acc[0], acc[NW - 1]);
-    }
-    __syncthreads();  // Ps is reused by the next pass
   }
 }
 
@@ -1304,83 +1004,16 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 
 int64_t grid_blocks(int64_t n, int threads) { return imin(cdiv(n, threads), 65535 * 8); }
 
-// ---- (Q) decode kernels: shapes, launches ------------------------------------------------------------------------
-struct QPlan {
-  bool ok = false;
-  int rc = 0, sh = 0;  // GArgs::q_rc, q_sh
-};
-
-// Tokens per pass: qdec8 1, 2 or 4; qdec4 1 or 2 (its activations live in registers).
-int q8_mt(int64_t n_tok) { return n_tok == 1 ? 1 : n_tok == 2 ? 2 : 4; }
-int q4_mt(int64_t n_tok) { return n_tok == 1 ? 1 : 2; }
-
-// qdec8_kernel for an FP8 weight (128-column blocks, K a multiple of 128, 16-byte aligned: cp.async). RC = 256 / NB
-// rows per block within 8..32 (about 8 warp tasks of 4 KB per block), then larger until KWT = 32 / RC divides NB.
-QPlan q8_plan(const WeightView& W, int mt) {
-  QPlan p;
-  if (W.fmt != GemmFormat::fp8 || W.block_cols != 128 || W.cols % 128 != 0 || !aligned16(W.w)) return p;
-  const int64_t NB = W.cols / 128;
-  int sh = NB >= 32 ? 3 : NB >= 16 ? 4 : 5;
-  while (sh < 5 && NB % (int64_t(32) >> sh) != 0) ++sh;
-  if (int64_t(mt) * (int64_t(1) << sh) * (NB + 1) > Q8_PCAP) return p;
-  p.ok = true;
-  p.rc = 1 << sh;
-  p.sh = sh;
-  return p;
-}
-
-// qdec4_kernel for FP4 weights with K columns (K a multiple of 256), nw weights per block: KWT = the largest of 32, 16,
-// 8 dividing NB = K / 32; the KG = NB / KWT block groups must divide the 8 warps or be a multiple of them. Rows per
-// block: a multiple of the warps' row unit, ~16 KB of each weight, within the partial-sum buffer.
-QPlan q4_plan(int64_t K, int nw, int mt) {
-  QPlan p;
-  if (K <= 0 || K % 256 != 0) return p;
-  const int64_t NB = K / 32;
-  const int sh = NB % 32 == 0 ? 5 : NB % 16 == 0 ? 4 : 3;
-  const int64_t KG = NB >> sh;
-  if (KG < Q4W && Q4W % KG != 0) return p;
-  const int64_t unit = (int64_t(32) >> sh) * (KG < Q4W ? Q4W / KG : 1);
-  const int64_t cap = Q4_PCAP / (int64_t(nw) * mt * (NB + 1));  // rows the partial sums hold
-  if (cap < unit) return p;
-  int64_t rc = std::max(unit, (16384 / (K / 2)) / unit * unit);
-  rc = std::min(rc, cap / unit * unit);
-  p.ok = true;
-  p.rc = static_cast<int>(rc);
-  p.sh = sh;
-  return p;
-}
-
-void launch_q8(int mt, const GArgs& A, int64_t grid, cudaStream_t st) {
-  if (grid <= 0) return;
-  const dim3 g(static_cast<unsigned>(grid)), b(Q8W * 32);
-  if (mt == 1)
-    qdec8_kernel<1><<<g, b, 0, st>>>(A);
-  else if (mt == 2)
-    qdec8_kernel<2><<<g, b, 0, st>>>(A);
-  else
-    qdec8_kernel<4><<<g, b, 0, st>>>(A);
-}
-
-template <int KIND>
-void launch_q4(int mt, const GArgs& A, int64_t grid, cudaStream_t st) {
-  if (grid <= 0) return;
-  const dim3 g(static_cast<unsigned>(grid)), b(Q4W * 32);
-  if (mt == 1)
-    qdec4_kernel<KIND, 1><<<g, b, 0, st>>>(A);
-  else
-    qdec4_kernel<KIND, 2><<<g, b, 0, st>>>(A);
-}
-
 }  // namespace
 
 // ---- internal interfaces ----------------------------------------------------------------------------------------
 namespace gemm_internal {
 
-void act_quant_f32(const float* x, int64_t rows, int64_t K, float* q, float* s, cudaStream_t stream, float qmul) {
+void act_quant_f32(const float* x, int64_t rows, int64_t K, float* q, float* s, cudaStream_t stream) {
   const int64_t warps = rows * cdiv(K, 128);
   if (warps <= 0) return;
   act_quant_kernel<false><<<static_cast<unsigned>(cdiv(warps, 8)), 256, 0, stream>>>(x, rows, rows, K, q, s, nullptr,
-                                                                                      nullptr, qmul);
+                                                                                      nullptr);
 }
 
 void act_quant_e4m3(const float* x, int64_t rows, int64_t rows_pad, int64_t K, uint8_t* q8, float* s_t,
@@ -1388,7 +1021,7 @@ void act_quant_e4m3(const float* x, int64_t rows, int64_t rows_pad, int64_t K, u
   const int64_t warps = rows_pad * cdiv(K, 128);
   if (warps <= 0) return;
   act_quant_kernel<true><<<static_cast<unsigned>(cdiv(warps, 8)), 256, 0, stream>>>(x, rows, rows_pad, K, nullptr,
-                                                                                     nullptr, q8, s_t, 1.0f);
+                                                                                     nullptr, q8, s_t);
 }
 
 void finish_rows(const float* src, int64_t rows, int64_t cols, bool bf16, float* y, cudaStream_t stream) {
@@ -1435,27 +1068,11 @@ void moe_launch_both(int kind, const MoeGemmArgs& g, GArgs A, int64_t nout, cuda
   GArgs Ab = A;
   Ab.n_slots = cdiv(P, TBM) + imin(E, P / (kMoeSmallMax + 1));
   const int64_t gb = Ab.n_slots * cdiv(nout, TBN);
-  // (Q) FP4 experts: qdec4_kernel (the small segments of a decode); FP8 experts and odd shapes: small_kernel
-  const int q4mt = q4_mt(g.n_tok);
-  const QPlan q4 = g.quant && g.fmt == GemmFormat::fp4 ? q4_plan(kind == kW13 ? g.d_model : g.inter,
-                                                                   kind == kW13 ? 2 : 1, q4mt)
-                                                         : QPlan{};
-  if (q4.ok) {
-    As.q_rc = q4.rc;
-    As.q_sh = q4.sh;
-  }
-  const int64_t gq = As.n_slots * cdiv(nout, q4.ok ? q4.rc : 1);
   if (kind == kW13) {
-    if (q4.ok)
-      launch_q4<kW13>(q4mt, As, gq, stream);
-    else
-      launch_kind<kW13, true>(fmt, g.quant, mt, As, gs, stream);
+    launch_kind<kW13, true>(fmt, g.quant, mt, As, gs, stream);
     launch_kind<kW13, false>(fmt, g.quant, mt, Ab, gb, stream);
   } else {
-    if (q4.ok)
-      launch_q4<kW2>(q4mt, As, gq, stream);
-    else
-      launch_kind<kW2, true>(fmt, g.quant, mt, As, gs, stream);
+    launch_kind<kW2, true>(fmt, g.quant, mt, As, gs, stream);
     launch_kind<kW2, false>(fmt, g.quant, mt, Ab, gb, stream);
   }
 }
@@ -1577,23 +1194,10 @@ void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const 
   A.out_bf16 = o.out_bf16;
   A.weight_as_bf16 = o.weight_as_bf16;
   A.lda = p.K;
-  // (Q) decode kernels (qdec8 / qdec4) where the shape allows them; qdec8 reads activation codes prescaled by kQPre
-  int qmt = 0;
-  QPlan qp;
-  if (path == GemmPath::small_m && p.Q) {
-    if (W.fmt == GemmFormat::fp8) {
-      qmt = q8_mt(n_tok);
-      qp = q8_plan(W, qmt);
-    } else if (W.fmt == GemmFormat::fp4) {
-      qmt = q4_mt(n_tok);
-      qp = q4_plan(p.K, 1, qmt);
-    }
-  }
   if (p.Q) {
     float* qa = static_cast<float*>(scratch);
     float* sa = reinterpret_cast<float*>(static_cast<char*>(scratch) + align256(size_t(n_tok * p.K) * 4));
-    gemm_internal::act_quant_f32(x, n_tok, p.K, qa, sa, stream,
-                                 qp.ok && W.fmt == GemmFormat::fp8 ? kQPre : 1.0f);
+    gemm_internal::act_quant_f32(x, n_tok, p.K, qa, sa, stream);
     A.a = qa;
     A.sa = sa;
     A.ldsa = cdiv(p.K, 128);
@@ -1602,16 +1206,7 @@ void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const 
   }
   A.a_vec = aligned16(A.a) && p.K % 4 == 0;
   const int fmt = fmt_code(W.fmt);
-  if (path == GemmPath::small_m && qp.ok) {
-    A.q_rc = qp.rc;
-    A.q_sh = qp.sh;
-    A.n_slots = cdiv(n_tok, qmt);
-    const int64_t grid = A.n_slots * cdiv(p.nout, qp.rc);
-    if (W.fmt == GemmFormat::fp8)
-      launch_q8(qmt, A, grid, stream);
-    else
-      launch_q4<kLinear>(qmt, A, grid, stream);
-  } else if (path == GemmPath::small_m) {
+  if (path == GemmPath::small_m) {
     const int mt = small_mt(p.Q, n_tok);
     A.n_slots = cdiv(n_tok, mt);
     launch_kind<kLinear, true>(fmt, p.Q, mt, A, A.n_slots * cdiv(p.nout, kSmallRows), stream);
