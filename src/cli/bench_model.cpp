@@ -124,6 +124,7 @@ int run_model_bench(const ModelBenchOpts& o) {
   out["steps"] = o.steps;
   out["numerics"] = o.numerics;
   out["load_format"] = fmt_;
+  out["deterministic"] = cuda_deterministic();
   out["copy_GBps"] = copy;
   const double layer_scale = double(full.num_hidden_layers) / double(cfg.num_hidden_layers);
 

@@ -182,12 +182,19 @@ class CudaVsCpu : public ::testing::TestWithParam<std::tuple<std::string, Numeri
 // The CUDA kernels repeat the CPU's arithmetic in the CPU's order wherever the CPU reference fixes one (every
 // reduction, glibc's expf/log1pf transcribed), so on these models — whose GEMMs are too small for the cuBLASLt path
 // (K >= 512) — the logits must be bitwise equal. The log-probability statistics are printed as well.
+// The deterministic mode (gemm_path.h) for a scope.
+struct DeterministicMode {
+  DeterministicMode() { cuda::set_deterministic(true); }
+  ~DeterministicMode() { cuda::set_deterministic(false); }
+};
+
 TEST_P(CudaVsCpu, EveryPositionOfA2050TokenPromptIsBitwiseEqual) {
   DSV4_REQUIRE_GPU();
   const auto& [name, num] = GetParam();
   const Model& mg = model(name, num, true);
   const Model& mc = model(name, num, false);
   const auto ids = random_prompt(2050, mg.n_vocab(), 77);
+  DeterministicMode det;
   const auto a = run(mc, ids), b = run(mg, ids);
   size_t bad = 0, first = a.size();
   for (size_t i = 0; i < a.size(); ++i)
@@ -200,6 +207,27 @@ TEST_P(CudaVsCpu, EveryPositionOfA2050TokenPromptIsBitwiseEqual) {
                  std::to_string(a.size()) + " logits differ)",
              d);
   EXPECT_EQ(bad, 0u) << "first difference at position " << (first / size_t(mg.n_vocab()));
+  EXPECT_GE(d.top1_agree, 0.98);
+}
+
+// The default (fast) mode: the decode kernel (gemv, its own fp32 summation order) runs the MoE's small expert
+// segments of the prefill, so the logits differ from the CPU by accumulation-order noise only: median
+// |dlogprob| <= 2e-3 (reference numerics: bf16 roundings and act_quant amplify a flipped bit) / 1e-4 (dense), top-1
+// agreement >= 0.98 (the tolerances of CudaBatch's default-path check).
+TEST_P(CudaVsCpu, EveryPositionOfA2050TokenPromptWithinNoiseInTheFastMode) {
+  DSV4_REQUIRE_GPU();
+  const auto& [name, num] = GetParam();
+  const Model& mg = model(name, num, true);
+  const Model& mc = model(name, num, false);
+  const auto ids = random_prompt(2050, mg.n_vocab(), 77);
+  const auto a = run(mc, ids), b = run(mg, ids);
+  size_t bad = 0;
+  for (size_t i = 0; i < a.size(); ++i) bad += a[i] != b[i] ? 1 : 0;
+  const LogprobDiff d = diff_logprobs(a, b, mg.n_vocab());
+  print_diff(name + " " + std::string(numerics_name(num)) + " cuda (fast mode) vs cpu (" + std::to_string(bad) +
+                 " of " + std::to_string(a.size()) + " logits differ)",
+             d);
+  EXPECT_LE(d.median, num == Numerics::dense ? 1e-4 : 2e-3);
   EXPECT_GE(d.top1_agree, 0.98);
 }
 
@@ -232,11 +260,17 @@ Greedy greedy(const Model& m, const std::vector<int32_t>& prompt, int n_new) {
   return g;
 }
 
-class CudaDemoGreedy : public ::testing::TestWithParam<Numerics> {};
+class CudaDemoGreedy : public ::testing::TestWithParam<std::tuple<Numerics, bool>> {};
 
+// Deterministic mode: bitwise equal logits, so the greedy tokens equal the CPU's (a split is allowed only at an exact
+// tie, gap < 1e-3). Fast mode (default): greedy-identical except where the CPU's top-2 gap is below 2e-2 logits
+// (accumulation-order noise of the decode kernels, stated tolerance).
 TEST_P(CudaDemoGreedy, TwentyPromptsMatchTheCpu) {
   DSV4_REQUIRE_GPU();
-  const Numerics num = GetParam();
+  const auto [num, det] = GetParam();
+  std::unique_ptr<DeterministicMode> dm;
+  if (det) dm = std::make_unique<DeterministicMode>();
+  const double gap_tol = det ? 1e-3 : 2e-2;
   std::ifstream f(std::string(DSV4_SOURCE_DIR) + "/tests/data/demo/prompts.json");
   ASSERT_TRUE(f.good());
   const auto j = nlohmann::json::parse(f);
@@ -249,20 +283,25 @@ TEST_P(CudaDemoGreedy, TwentyPromptsMatchTheCpu) {
     size_t i = 0;
     while (i < c.ids.size() && c.ids[i] == g.ids[i]) ++i;
     if (i < c.ids.size()) {
-      EXPECT_LT(c.gap[i], 1e-3) << p.value("text", "") << ": split at step " << i << " where the CPU's top-2 gap is "
-                                << c.gap[i];
+      EXPECT_LT(c.gap[i], gap_tol) << p.value("text", "") << ": split at step " << i
+                                   << " where the CPU's top-2 gap is " << c.gap[i];
     }
     total += c.ids.size();
     same += i;
     ++prompts;
   }
-  std::printf("[cuda-model] demo %s greedy: %zu prompts, %zu / %zu tokens in common prefixes with the CPU\n",
-              std::string(numerics_name(num)).c_str(), prompts, same, total);
+  std::printf("[cuda-model] demo %s %s greedy: %zu prompts, %zu / %zu tokens in common prefixes with the CPU\n",
+              std::string(numerics_name(num)).c_str(), det ? "deterministic" : "fast", prompts, same, total);
   EXPECT_EQ(prompts, 20u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Numerics, CudaDemoGreedy, ::testing::Values(Numerics::reference, Numerics::dense),
-                         [](const auto& info) { return std::string(numerics_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Numerics, CudaDemoGreedy,
+                         ::testing::Combine(::testing::Values(Numerics::reference, Numerics::dense),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(numerics_name(std::get<0>(info.param))) +
+                                  (std::get<1>(info.param) ? "_deterministic" : "_fast");
+                         });
 
 // ---- invariance on CUDA ------------------------------------------------------------------------------------------
 

@@ -30,6 +30,8 @@
 //
 // Exactness: no contraction is left to the compiler (__fmaf_rn / __fadd_rn / __fmul_rn everywhere it matters);
 // weights are decoded exactly (e4m3 / e2m1 by bit placement + a power-of-two multiply, as the CPU's values).
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -337,6 +339,7 @@ struct GArgs {
   int64_t ldy = 0;
   bool out_bf16 = false, weight_as_bf16 = false;
   int64_t n_slots = 0;  // blockIdx.x = n_tile * n_slots + slot
+  int gv_ks = 1;        // gemv_kernel: warps splitting K (1, 2, 4, 8)
   // MoE
   const ExpertView* table = nullptr;
   int64_t n_experts = 0, d_model = 0, inter = 0;
@@ -954,6 +957,244 @@ __global__ void __launch_bounds__(RC_ROWS) rowchain_kernel(const GArgs A) {
   }
 }
 
+// ---- fast decode kernel ("gemv", the default for n_tok <= 8; NOT the CPU's summation order) -----------------------
+// A split-K GEMV that streams the weights at memory speed: a block of 8 warps covers R rows per warp group
+// (R = 4; 2 for w1 + w3) and KS = 1, 2, 4 or 8 warps split K between them (chosen from the shape alone: gv_plan).
+// Lane l of warp slice ks reads the 16-byte chunks c = (ks + KS j) * 32 + l of each of its R rows (coalesced
+// 16-byte loads, GV_U chunks x R rows in flight per lane), decodes them (FP8 / FP4 through the hardware
+// e4m3x2 -> f16x2 conversion; FP4 by moving each E2M1 nibble into E4M3 bit positions, which reads as the E2M1 value
+// times 2^-6, exact) and accumulates per chunk: part = sum_j x[j] * code[j] (fma chain over the chunk's columns), then
+// acc = fma(part, scale, acc) with scale = sw (x 64 for FP4) and, in (Q), times the activation block scale sa.
+// The lanes' accumulators are added by a xor butterfly (lane 0's result), the KS warp slices through shared memory in
+// slice order. Everything is a fixed function of the shape: the result is deterministic, and a token's output does
+// not depend on the other tokens of the call (MT tokens share each weight load, each with its own accumulators).
+// It differs from the CPU's order (gemm.h) by fp32 rounding only; tests/gpu/test_ops_gemm.cpp states the tolerance.
+// Needs: rows of a multiple of 16 bytes, K a multiple of the chunk's columns, FP8 scale blocks a multiple of 16
+// columns wide, 16-byte aligned activation rows (gv_plan / the launchers check; else the small_m kernels run).
+// E4M3 NaN codes (0x7F / 0xFF, which checkpoints do not use) decode to NaN here (the CPU's decoders give +-480).
+constexpr int GV_THREADS = 256, GV_WARPS = 8, GV_U = 2;
+constexpr int64_t kGvWarpTarget = 2048;  // row-group warps a matrix should give before K is split further
+
+template <int FMT>
+__host__ __device__ constexpr int gv_cols() {  // columns of one 16-byte chunk
+  return FMT == kFmtFp4 ? 32 : FMT == kFmtFp8 ? 16 : FMT == kFmtBf16 ? 8 : 4;
+}
+template <int KIND>
+__host__ __device__ constexpr int gv_rows() {  // rows per warp
+  return KIND == kW13 ? 2 : 4;
+}
+
+__device__ __forceinline__ uint4 gv_load16(const uint8_t* p, bool vec) {
+  if (vec) return __ldg(reinterpret_cast<const uint4*>(p));
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    w[i] = uint32_t(__ldg(p + 4 * i)) | (uint32_t(__ldg(p + 4 * i + 1)) << 8) |
+           (uint32_t(__ldg(p + 4 * i + 2)) << 16) | (uint32_t(__ldg(p + 4 * i + 3)) << 24);
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Two e4m3 bytes (low 16 bits of b) -> two floats (hardware conversion, exact).
+__device__ __forceinline__ float2 gv_e4m3x2(uint32_t b) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(b & 0xFFFFu), __NV_E4M3);
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+
+// Values of columns [8 p, 8 p + SUB) of a chunk (words u[0..3]): FP8 codes, FP4 codes times 2^-6, BF16 / F32 values.
+template <int FMT>
+__device__ __forceinline__ void gv_decode(const uint4& u4, int p, float* v) {
+  const uint32_t u[4] = {u4.x, u4.y, u4.z, u4.w};
+  if constexpr (FMT == kFmtFp8) {  // 8 columns = words 2p, 2p + 1, byte j of a word = column 4 (word) + j
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t w = u[2 * p + h];
+      const float2 a = gv_e4m3x2(w), b = gv_e4m3x2(w >> 16);
+      v[4 * h] = a.x, v[4 * h + 1] = a.y, v[4 * h + 2] = b.x, v[4 * h + 3] = b.y;
+    }
+  } else if constexpr (FMT == kFmtFp4) {  // 8 columns = word p, nibble j = column j (low nibble = even column)
+    const uint32_t w = u[p], o = w >> 4;
+    // nibble s|e1 e0 m -> e4m3 byte s 0 0 e1 e0 m 0 0 (= the E2M1 value times 2^-6)
+    const uint32_t ev = ((w << 4) & 0x80808080u) | ((w << 2) & 0x1C1C1C1Cu);  // columns 0, 2, 4, 6
+    const uint32_t od = ((o << 4) & 0x80808080u) | ((o << 2) & 0x1C1C1C1Cu);  // columns 1, 3, 5, 7
+    const float2 e0 = gv_e4m3x2(ev), e1 = gv_e4m3x2(ev >> 16), o0 = gv_e4m3x2(od), o1 = gv_e4m3x2(od >> 16);
+    v[0] = e0.x, v[2] = e0.y, v[4] = e1.x, v[6] = e1.y;
+    v[1] = o0.x, v[3] = o0.y, v[5] = o1.x, v[7] = o1.y;
+  } else if constexpr (FMT == kFmtBf16) {  // the chunk's 8 columns
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[2 * i] = __uint_as_float(u[i] << 16);
+      v[2 * i + 1] = __uint_as_float(u[i] & 0xFFFF0000u);
+    }
+    (void)p;
+  } else {  // F32: the chunk's 4 columns
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = __uint_as_float(u[i]);
+    (void)p;
+  }
+}
+
+template <int FMT, bool Q, int KIND, int MT>
+__global__ void __launch_bounds__(GV_THREADS) gemv_kernel(const GArgs A) {
+  constexpr int NW = KIND == kW13 ? 2 : 1;
+  constexpr int R = gv_rows<KIND>();
+  constexpr int CC = gv_cols<FMT>();
+  constexpr int SUB = CC < 8 ? CC : 8;
+  constexpr bool QF = FMT == kFmtFp8 || FMT == kFmtFp4;
+  constexpr float WMUL = FMT == kFmtFp4 ? 64.0f : 1.0f;
+  __shared__ float red[GV_WARPS][NW * R * MT];
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int KS = A.gv_ks, ks = warp % KS, wr = warp / KS;
+  const int rpb = R * (GV_WARPS / KS);
+  const int64_t slot = blockIdx.x % A.n_slots, nt = blockIdx.x / A.n_slots;
+  int64_t base = 0, cnt = 0, e = 0;  // rows [base, base + cnt) (linear: tokens; MoE: sorted rows)
+  if constexpr (KIND == kLinear) {
+    base = slot * MT;
+    cnt = imin(MT, A.M - base);
+  } else {
+    if (slot >= *A.n_small) return;
+    e = A.small_list[slot];
+    base = A.seg_start[e];
+    cnt = A.seg_start[e + 1] - base;
+  }
+  WDesc wd[NW];
+  int64_t K = 0, nout = 0, wrow0 = 0;
+  block_weights<KIND>(A, e, wd, K, nout, wrow0);
+  const int64_t nb0 = nt * rpb;
+  if (cnt <= 0 || nb0 >= nout) return;  // (uniform over the block)
+  const int64_t n0 = nb0 + int64_t(wr) * R;
+  const int64_t C = wd[0].row_bytes / 16;
+  const bool wbf = A.weight_as_bf16 && !Q && FMT != kFmtBf16;
+
+  for (int64_t g0 = 0; g0 < cnt; g0 += MT) {
+    const int mc = static_cast<int>(imin(MT, cnt - g0));
+    const float* xr[MT];
+    const float* sr[MT];
+#pragma unroll
+    for (int t = 0; t < MT; ++t) {
+      const int64_t ar = act_row<KIND>(A, base + g0 + (t < mc ? t : 0));
+      xr[t] = A.a + ar * A.lda;
+      sr[t] = Q ? A.sa + ar * A.ldsa : nullptr;
+    }
+    float acc[NW][R][MT];
+#pragma unroll
+    for (int w = 0; w < NW; ++w)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < MT; ++t) acc[w][r][t] = 0.0f;
+
+    for (int64_t c0 = int64_t(ks) * 32 + lane; c0 < C; c0 += int64_t(32) * KS * GV_U) {
+      uint4 wv[GV_U][NW][R];
+#pragma unroll
+      for (int u = 0; u < GV_U; ++u) {
+        const int64_t c = c0 + int64_t(u) * 32 * KS;
+#pragma unroll
+        for (int w = 0; w < NW; ++w)
+#pragma unroll
+          for (int r = 0; r < R; ++r)
+            wv[u][w][r] = (c < C && n0 + r < nout)
+                              ? gv_load16(wd[w].w + (wrow0 + n0 + r) * wd[w].row_bytes + c * 16, wd[w].vec)
+                              : make_uint4(0u, 0u, 0u, 0u);
+      }
+#pragma unroll
+      for (int u = 0; u < GV_U; ++u) {
+        const int64_t c = c0 + int64_t(u) * 32 * KS;
+        if (c < C) {
+          const int64_t k0 = c * CC;
+          float ws[NW][R];
+#pragma unroll
+          for (int w = 0; w < NW; ++w)
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+              ws[w][r] = 1.0f;
+              if constexpr (QF) ws[w][r] = n0 + r < nout ? __fmul_rn(wscale(wd[w], wrow0 + n0 + r, k0), WMUL) : 0.0f;
+            }
+          float part[NW][R][MT];
+#pragma unroll
+          for (int w = 0; w < NW; ++w)
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+              for (int t = 0; t < MT; ++t) part[w][r][t] = 0.0f;
+#pragma unroll
+          for (int p = 0; p < CC / SUB; ++p) {
+            float wvals[NW][R][SUB];
+#pragma unroll
+            for (int w = 0; w < NW; ++w)
+#pragma unroll
+              for (int r = 0; r < R; ++r) {
+                gv_decode<FMT>(wv[u][w][r], p, wvals[w][r]);
+                if (wbf) {  // (D) weight_as_bf16: bf16(dequantized weight), the scale applied per element
+#pragma unroll
+                  for (int j = 0; j < SUB; ++j)
+                    wvals[w][r][j] = wround_bf16(QF ? __fmul_rn(wvals[w][r][j], ws[w][r]) : wvals[w][r][j]);
+                }
+              }
+#pragma unroll
+            for (int t = 0; t < MT; ++t) {
+              if (t < mc) {
+                float x[SUB];
+                const float* xp = xr[t] + k0 + p * SUB;
+#pragma unroll
+                for (int q = 0; q < SUB / 4; ++q) {
+                  const float4 f = __ldg(reinterpret_cast<const float4*>(xp) + q);
+                  x[4 * q] = f.x, x[4 * q + 1] = f.y, x[4 * q + 2] = f.z, x[4 * q + 3] = f.w;
+                }
+#pragma unroll
+                for (int w = 0; w < NW; ++w)
+#pragma unroll
+                  for (int r = 0; r < R; ++r)
+#pragma unroll
+                    for (int j = 0; j < SUB; ++j) part[w][r][t] = __fmaf_rn(x[j], wvals[w][r][j], part[w][r][t]);
+              }
+            }
+          }
+#pragma unroll
+          for (int t = 0; t < MT; ++t) {
+            if (t < mc) {
+              const float sa = Q ? __ldg(sr[t] + (k0 >> 7)) : 1.0f;
+#pragma unroll
+              for (int w = 0; w < NW; ++w)
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                  const float s = (QF && !wbf) ? __fmul_rn(sa, ws[w][r]) : 1.0f;
+                  acc[w][r][t] = __fmaf_rn(part[w][r][t], s, acc[w][r][t]);
+                }
+            }
+          }
+        }
+      }
+    }
+    // lanes: xor butterfly (lane 0's sum is used), then the KS slices in order
+#pragma unroll
+    for (int w = 0; w < NW; ++w)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < MT; ++t) {
+          float v = acc[w][r][t];
+#pragma unroll
+          for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+          if (lane == 0) red[warp][(w * R + r) * MT + t] = v;
+        }
+    __syncthreads();
+    for (int o = tid; o < (GV_WARPS / KS) * R * MT; o += GV_THREADS) {
+      const int owr = o / (R * MT), r = (o / MT) % R, t = o % MT;
+      const int64_t n = nb0 + int64_t(owr) * R + r;
+      if (t >= mc || n >= nout) continue;
+      float s[NW];
+#pragma unroll
+      for (int w = 0; w < NW; ++w) {
+        s[w] = red[owr * KS][(w * R + r) * MT + t];
+        for (int q = 1; q < KS; ++q) s[w] = __fadd_rn(s[w], red[owr * KS + q][(w * R + r) * MT + t]);
+      }
+      store_out<KIND>(A, base + g0 + t, n, s[0], s[NW - 1]);
+    }
+    __syncthreads();  // red is reused by the next group of tokens
+  }
+}
+
 // ---- dispatch -------------------------------------------------------------------------------------------------------
 // The decode ("small") kernel of a product: (Q) small_kernel (32 rows x 4 tokens per 256-thread block), (D)
 // rowchain_kernel (32 rows x MT tokens per 32-thread block). Both cover 32 output rows per block.
@@ -1003,6 +1244,69 @@ void launch_kind(int fmt, bool Q, int mt, const GArgs& A, int64_t grid, cudaStre
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 int64_t grid_blocks(int64_t n, int threads) { return imin(cdiv(n, threads), 65535 * 8); }
+
+// ---- gemv_kernel: shapes, launches ------------------------------------------------------------------------------
+struct GvPlan {
+  bool ok = false;
+  int ks = 1;   // GArgs::gv_ks
+  int rpb = 0;  // output rows per block
+};
+
+// From the shape alone (never the token count, so a token's result does not depend on its batch): KS doubles while
+// the matrix gives fewer than kGvWarpTarget row-group warps and every lane keeps at least one chunk per row.
+GvPlan gv_plan(GemmFormat fmt, int kind, int64_t K, int64_t nout, int64_t block_cols) {
+  GvPlan p;
+  const int cc = fmt == GemmFormat::fp4 ? 32 : fmt == GemmFormat::fp8 ? 16 : fmt == GemmFormat::bf16 ? 8 : 4;
+  if (K <= 0 || nout <= 0 || K % cc != 0) return p;
+  if (fmt == GemmFormat::fp8 && block_cols % 16 != 0) return p;
+  const int64_t C = K / cc;
+  const int R = kind == kW13 ? 2 : 4;
+  int ks = 1;
+  while (ks < GV_WARPS && C / (int64_t(ks) * 2) >= 32 && cdiv(nout, R) * ks < kGvWarpTarget) ks *= 2;
+  p.ok = true;
+  p.ks = ks;
+  p.rpb = R * (GV_WARPS / ks);
+  return p;
+}
+
+// Tokens per pass: linear 1, 2, 4 or 8 (n_tok <= 8); MoE segments 1 (single-token calls) or 4.
+int gv_mt_linear(int64_t n_tok) { return n_tok <= 1 ? 1 : n_tok == 2 ? 2 : n_tok <= 4 ? 4 : 8; }
+int gv_mt_moe(int64_t n_tok) { return n_tok <= 1 ? 1 : 4; }
+
+template <int FMT, bool Q, int KIND>
+void launch_gv_mt(int mt, const GArgs& A, int64_t grid, cudaStream_t st) {
+  const dim3 g(static_cast<unsigned>(grid)), b(GV_THREADS);
+  if constexpr (KIND == kLinear) {
+    switch (mt) {
+      case 1: gemv_kernel<FMT, Q, KIND, 1><<<g, b, 0, st>>>(A); return;
+      case 2: gemv_kernel<FMT, Q, KIND, 2><<<g, b, 0, st>>>(A); return;
+      case 4: gemv_kernel<FMT, Q, KIND, 4><<<g, b, 0, st>>>(A); return;
+      default: gemv_kernel<FMT, Q, KIND, 8><<<g, b, 0, st>>>(A); return;
+    }
+  } else {
+    if (mt == 1)
+      gemv_kernel<FMT, Q, KIND, 1><<<g, b, 0, st>>>(A);
+    else
+      gemv_kernel<FMT, Q, KIND, 4><<<g, b, 0, st>>>(A);
+  }
+}
+
+template <int KIND>
+void launch_gemv(int fmt, bool Q, int mt, const GArgs& A, int64_t grid, cudaStream_t st) {
+  if (grid <= 0) return;
+  if (Q) {
+    if (fmt == kFmtFp8) return launch_gv_mt<kFmtFp8, true, KIND>(mt, A, grid, st);
+    if (fmt == kFmtFp4) return launch_gv_mt<kFmtFp4, true, KIND>(mt, A, grid, st);
+    fail_msg("linear: (Q) needs an FP8 or FP4 weight");
+  }
+  if (fmt == kFmtFp8) return launch_gv_mt<kFmtFp8, false, KIND>(mt, A, grid, st);
+  if (fmt == kFmtFp4) return launch_gv_mt<kFmtFp4, false, KIND>(mt, A, grid, st);
+  if constexpr (KIND == kLinear) {
+    if (fmt == kFmtBf16) return launch_gv_mt<kFmtBf16, false, KIND>(mt, A, grid, st);
+    if (fmt == kFmtF32) return launch_gv_mt<kFmtF32, false, KIND>(mt, A, grid, st);
+  }
+  fail_msg("gemv: unsupported weight format");
+}
 
 }  // namespace
 
@@ -1068,11 +1372,25 @@ void moe_launch_both(int kind, const MoeGemmArgs& g, GArgs A, int64_t nout, cuda
   GArgs Ab = A;
   Ab.n_slots = cdiv(P, TBM) + imin(E, P / (kMoeSmallMax + 1));
   const int64_t gb = Ab.n_slots * cdiv(nout, TBN);
+  // small experts on the fast gemv_kernel unless a path is forced or the deterministic mode is on (then the
+  // small_m kernels, which repeat the CPU's order)
+  const int64_t K = kind == kW13 ? g.d_model : g.inter;
+  const GvPlan gv = gemm_path() == GemmPath::auto_ && !deterministic() && A.a_vec
+                        ? gv_plan(g.fmt, kind, K, nout, g.fmt == GemmFormat::fp8 ? g.block_cols : 32)
+                        : GvPlan{};
+  if (gv.ok) As.gv_ks = gv.ks;
+  const int64_t gg = gv.ok ? As.n_slots * cdiv(nout, gv.rpb) : 0;
   if (kind == kW13) {
-    launch_kind<kW13, true>(fmt, g.quant, mt, As, gs, stream);
+    if (gv.ok)
+      launch_gemv<kW13>(fmt, g.quant, gv_mt_moe(g.n_tok), As, gg, stream);
+    else
+      launch_kind<kW13, true>(fmt, g.quant, mt, As, gs, stream);
     launch_kind<kW13, false>(fmt, g.quant, mt, Ab, gb, stream);
   } else {
-    launch_kind<kW2, true>(fmt, g.quant, mt, As, gs, stream);
+    if (gv.ok)
+      launch_gemv<kW2>(fmt, g.quant, gv_mt_moe(g.n_tok), As, gg, stream);
+    else
+      launch_kind<kW2, true>(fmt, g.quant, mt, As, gs, stream);
     launch_kind<kW2, false>(fmt, g.quant, mt, Ab, gb, stream);
   }
 }
@@ -1174,7 +1492,22 @@ void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const 
     case GemmPath::simt: path = GemmPath::simt; break;
     case GemmPath::small_m: path = GemmPath::small_m; break;
     case GemmPath::cublaslt: path = lt_ok ? GemmPath::cublaslt : GemmPath::simt; break;
-    default: path = (lt_ok && n_tok >= 64) ? GemmPath::cublaslt : (n_tok <= 8 ? GemmPath::small_m : GemmPath::simt);
+    case GemmPath::gemv: path = GemmPath::gemv; break;
+    default:
+      if (deterministic())  // the kernels that repeat the CPU's order: bitwise equal to the CPU backend
+        path = n_tok <= 8 ? GemmPath::small_m : GemmPath::simt;
+      else
+        path = (lt_ok && n_tok >= 64) ? GemmPath::cublaslt : (n_tok <= 8 ? GemmPath::gemv : GemmPath::simt);
+  }
+  // the fast decode kernel where the shape allows it (else small_m, or simt for more than 8 tokens)
+  GvPlan gv;
+  if (path == GemmPath::gemv) {
+    gv = gv_plan(W.fmt, kLinear, p.K, p.nout, W.block_cols);
+    const bool x_ok = p.Q || aligned16(x);  // (Q) reads the 256-aligned scratch codes
+    if (!gv.ok || !x_ok || n_tok > 8) {
+      gv.ok = false;
+      path = n_tok <= 8 ? GemmPath::small_m : GemmPath::simt;
+    }
   }
   if (path == GemmPath::cublaslt) {
     if (gemm_internal::cublaslt_linear(W, x, n_tok, y, p.r0, p.nout, o.out_bf16, scratch, stream)) {
@@ -1206,7 +1539,12 @@ void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const 
   }
   A.a_vec = aligned16(A.a) && p.K % 4 == 0;
   const int fmt = fmt_code(W.fmt);
-  if (path == GemmPath::small_m) {
+  if (path == GemmPath::gemv) {
+    const int mt = gv_mt_linear(n_tok);
+    A.n_slots = cdiv(n_tok, mt);
+    A.gv_ks = gv.ks;
+    launch_gemv<kLinear>(fmt, p.Q, mt, A, A.n_slots * cdiv(p.nout, gv.rpb), stream);
+  } else if (path == GemmPath::small_m) {
     const int mt = small_mt(p.Q, n_tok);
     A.n_slots = cdiv(n_tok, mt);
     launch_kind<kLinear, true>(fmt, p.Q, mt, A, A.n_slots * cdiv(p.nout, kSmallRows), stream);
