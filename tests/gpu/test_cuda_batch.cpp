@@ -38,6 +38,9 @@ std::string model_dir(const std::string& name) {
 }
 
 std::shared_ptr<const Model> model(const std::string& name, Numerics num, bool on_cuda) {
+  // both backends first: function statics die in reverse order of construction, so the models go before them
+  (void)cuda();
+  (void)gpu::cpu();
   static std::map<std::tuple<std::string, int, bool>, std::shared_ptr<const Model>> cache;
   auto& m = cache[{name, int(num), on_cuda}];
   if (!m) {
