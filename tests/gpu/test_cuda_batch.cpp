@@ -28,8 +28,14 @@ namespace {
 using gpu::cuda;
 
 struct DeterministicGemm {
-  DeterministicGemm() { cuda::set_gemm_path(cuda::GemmPath::simt); }
-  ~DeterministicGemm() { cuda::set_gemm_path(cuda::GemmPath::auto_); }
+  DeterministicGemm() {
+    cuda::set_gemm_path(cuda::GemmPath::simt);
+    cuda::set_deterministic(true);  // also the CPU-order decode kernels of hc_pre / sparse_attention
+  }
+  ~DeterministicGemm() {
+    cuda::set_gemm_path(cuda::GemmPath::auto_);
+    cuda::set_deterministic(false);
+  }
 };
 
 std::string model_dir(const std::string& name) {

@@ -310,8 +310,14 @@ INSTANTIATE_TEST_SUITE_P(Numerics, CudaDemoGreedy,
 
 // Forces the deterministic GEMM mode (the same kernel for every token count) for a scope.
 struct DeterministicGemm {
-  DeterministicGemm() { cuda::set_gemm_path(cuda::GemmPath::simt); }
-  ~DeterministicGemm() { cuda::set_gemm_path(cuda::GemmPath::auto_); }
+  DeterministicGemm() {
+    cuda::set_gemm_path(cuda::GemmPath::simt);
+    cuda::set_deterministic(true);  // also the CPU-order decode kernels of hc_pre / sparse_attention
+  }
+  ~DeterministicGemm() {
+    cuda::set_gemm_path(cuda::GemmPath::auto_);
+    cuda::set_deterministic(false);
+  }
 };
 
 class CudaInvariance : public ::testing::TestWithParam<std::tuple<std::string, Numerics>> {};
@@ -425,6 +431,42 @@ CliResult cli(const std::string& args, const std::string& env = "") {
   const int st = pclose(f);
   r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   return r;
+}
+
+// `dsv4 bench model --batch B` (batched decode over one state pool) end to end on a small dummy model: it runs, every
+// logit row is finite, the JSON reports the batch, B / step time as tok/s and more weight bytes than batch 1 (more
+// distinct experts); --deterministic is reported; a --ctx that is not a multiple of 128 is a one-line error.
+TEST(CudaBench, BatchedDecodeRunsAndReports) {
+  DSV4_REQUIRE_GPU();
+  auto json_of = [](const CliResult& r) {
+    const size_t at = r.out.rfind("\n{");
+    return nlohmann::json::parse(at == std::string::npos ? r.out : r.out.substr(at + 1));
+  };
+  const std::string cfg = "bench model --config " + std::string(DSV4_SOURCE_DIR) +
+                          "/tests/data/tiny-a/config.json --load-format dummy --device cuda --prefill 0 --steps 3 "
+                          "--no-profile --json";
+  const std::string base = cfg + " --ctx 128";
+  const CliResult one = cli(base + " --batch 1"), four = cli(base + " --batch 4"),
+                  det = cli(base + " --batch 4 --deterministic");
+  ASSERT_EQ(one.rc, 0) << one.out;
+  ASSERT_EQ(four.rc, 0) << four.out;
+  ASSERT_EQ(det.rc, 0) << det.out;
+  const auto j1 = json_of(one), j4 = json_of(four), jd = json_of(det);
+  std::printf("[cuda-bench] tiny-a dummy ctx 128: batch 1 %.3f ms/step, batch 4 %.3f ms/step (%.1f tok/s), "
+              "deterministic batch 4 %.3f ms/step\n",
+              j1.at("decode_ms_per_step").get<double>(), j4.at("decode_ms_per_step").get<double>(),
+              j4.at("decode_tok_s").get<double>(), jd.at("decode_ms_per_step").get<double>());
+  EXPECT_EQ(j4.at("batch").get<int>(), 4);
+  EXPECT_EQ(j4.at("nonfinite_logit_rows").get<int>(), 0);
+  EXPECT_EQ(jd.at("nonfinite_logit_rows").get<int>(), 0);
+  EXPECT_GT(j4.at("decode_tok_s").get<double>(), 0.0);
+  EXPECT_NEAR(j4.at("decode_tok_s").get<double>() * j4.at("decode_ms_per_step").get<double>(), 4000.0, 1.0);
+  EXPECT_GT(j4.at("weight_bytes_per_step").get<double>(), j1.at("weight_bytes_per_step").get<double>());
+  EXPECT_FALSE(j4.at("deterministic").get<bool>());
+  EXPECT_TRUE(jd.at("deterministic").get<bool>());
+  const CliResult bad = cli(cfg + " --batch 2 --ctx 100");
+  EXPECT_EQ(bad.rc, 1) << bad.out;
+  EXPECT_NE(bad.out.find("multiple of 128"), std::string::npos) << bad.out;
 }
 
 TEST(CudaErrors, AModelTooLargeForTheGpuIsOneLineBeforeAnyAllocation) {

@@ -26,6 +26,9 @@
 //  otherwise (probability ~1e-4 per token: the interval holds a float rounding boundary; also any inf / NaN) one
 //  thread recomputes the CPU's sequential sum exactly (~16k dependent double adds, ~70 us for that CTA).
 // hc_post is elementwise per (token, d) with the CPU's operation order.
+// Fast mode (the default; not deterministic(), gemm_path.h): decode calls (n_tok <= 32) compute the dots with
+// hc_dot_fast_kernel (one CTA per dot, fma chains, fixed-order reductions) and kernel B keeps its tree sum of
+// squares; everything else as above. Deterministic and batch invariant, within fp32 rounding of the CPU.
 //
 // Cost estimate (H200, hc 4 x dim 4096 = width 16384, mix 24): the floor is the CPU's dependency chain -- 2048
 // sequential fp32 adds per chain (~4 cycles each). n_tok = 1: 24 CTAs of 8 chains, ~11k cycles ~ 6 us for kernel A,
@@ -37,6 +40,7 @@
 #include <cstdint>
 
 #include "backend/cuda/device_numeric.cuh"
+#include "backend/cuda/gemm_path.h"
 #include "backend/cuda/glibc_math.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -195,6 +199,36 @@ void launch_dots(const float* X, int64_t n_tok, int64_t width, const float* fn, 
   hc_dot_kernel<TT, MM, RG, TG, KC><<<grid, kThreads, 0, stream>>>(X, n_tok, width, fn, mix, vec, out_stride, out);
 }
 
+// ---- kernel A, fast mode (decode; not the CPU's order) ---------------------------------------------------------
+// One CTA per (token, mix row): every thread sums its float4s of the row with 4 independent fma chains, the lanes by
+// a xor butterfly, the 8 warps in order: deterministic and batch invariant, fp32 rounding differs from the CPU's.
+__global__ void __launch_bounds__(kThreads) hc_dot_fast_kernel(const float* X, int64_t width, const float* fn,
+                                                               int64_t out_stride, float* out) {
+  __shared__ float red[kWarps];
+  const int64_t t = blockIdx.x;
+  const int m = int(blockIdx.y);
+  const float4* x4 = reinterpret_cast<const float4*>(X + t * width);
+  const float4* f4 = reinterpret_cast<const float4*>(fn + int64_t(m) * width);
+  float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+  for (int64_t k = threadIdx.x; k < width / 4; k += kThreads) {
+    const float4 xv = __ldg(x4 + k), fv = __ldg(f4 + k);
+    a0 = __fmaf_rn(xv.x, fv.x, a0);
+    a1 = __fmaf_rn(xv.y, fv.y, a1);
+    a2 = __fmaf_rn(xv.z, fv.z, a2);
+    a3 = __fmaf_rn(xv.w, fv.w, a3);
+  }
+  float a = __fadd_rn(__fadd_rn(a0, a1), __fadd_rn(a2, a3));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) a = __fadd_rn(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = a;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float s = red[0];
+    for (int w = 1; w < kWarps; ++w) s = __fadd_rn(s, red[w]);
+    out[t * out_stride + m] = s;
+  }
+}
+
 // ---- kernel B: per-token coefficients, Sinkhorn and collapse ---------------------------------------------------
 // HEAD: hc_head (mix = hc rows, pre only). Else hc_pre (mix = (2+hc)*hc; pre, post, comb). have_dots: kernel A left
 // the dot products in u[t, 0..mix).
@@ -202,7 +236,8 @@ template <bool HEAD>
 __global__ void __launch_bounds__(kThreads) hc_finish_kernel(const float* X, int hc, int64_t dim, const float* fn,
                                                              const float* scale, const float* base, int sinkhorn_iters,
                                                              float hc_eps, float norm_eps, bool bf16, bool have_dots,
-                                                             int mix, float* u, float* post, float* comb) {
+                                                             int mix, bool exact_ss, float* u, float* post,
+                                                             float* comb) {
   __shared__ double red[kWarps];
   __shared__ double ss_seq;
   __shared__ float mix_s[kMaxMix];
@@ -243,7 +278,8 @@ __global__ void __launch_bounds__(kThreads) hc_finish_kernel(const float* X, int
   ss = 0.0;
   for (int w = 0; w < kWarps; ++w) ss = __dadd_rn(ss, red[w]);  // every thread: the same value
   const double err = __dmul_rn(ss, double(2 * width + 64) * 0x1p-53);
-  if (!(__double2float_rn(__dsub_rn(ss, err)) == __double2float_rn(__dadd_rn(ss, err)))) {  // uniform branch
+  // (fast mode, !exact_ss: the tree sum as it is)
+  if (exact_ss && !(__double2float_rn(__dsub_rn(ss, err)) == __double2float_rn(__dadd_rn(ss, err)))) {  // uniform
     if (threadIdx.x == 0) {
       double s = 0.0;
       for (int64_t k = 0; k < width; ++k) {
@@ -333,8 +369,13 @@ void hc_collapse(const float* X, int64_t n_tok, int hc, int64_t dim, const float
   const int64_t width = int64_t(hc) * dim;
   const int mix = HEAD ? hc : (2 + hc) * hc;
   const bool have_dots = mix <= dim;  // the dots fit in u[t]
-  if (have_dots) {
-    const bool vec = width % 4 == 0 && aligned16(X) && aligned16(fn);
+  const bool vec = width % 4 == 0 && aligned16(X) && aligned16(fn);
+  // fast mode (not deterministic(), gemm_path.h): decode calls take the fast dot kernel and skip the exact
+  // sequential sum-of-squares fallback (results differ from the CPU by fp32 rounding)
+  const bool fast = !deterministic() && n_tok <= kDecodeMaxTok && have_dots && vec;
+  if (fast) {
+    hc_dot_fast_kernel<<<dim3(unsigned(n_tok), unsigned(mix)), kThreads, 0, stream>>>(X, width, fn, dim, u);
+  } else if (have_dots) {
     if (n_tok <= kDecodeMaxTok)
       launch_dots<1, 1, 1, 1, 2048>(X, n_tok, width, fn, mix, vec, dim, u, stream);  // 1 token x 1 row
     else if (HEAD)
@@ -345,8 +386,8 @@ void hc_collapse(const float* X, int64_t n_tok, int hc, int64_t dim, const float
       launch_dots<2, 3, 8, 4, 128>(X, n_tok, width, fn, mix, vec, dim, u, stream);  // 8 tokens x 24 rows
   }
   hc_finish_kernel<HEAD><<<unsigned(n_tok), kThreads, 0, stream>>>(X, hc, dim, fn, scale, base, sinkhorn_iters,
-                                                                   hc_eps, norm_eps, bf16, have_dots, mix, u, post,
-                                                                   comb);
+                                                                   hc_eps, norm_eps, bf16, have_dots, mix, !fast, u,
+                                                                   post, comb);
 }
 
 // ---- hc_post -----------------------------------------------------------------------------------------------------
