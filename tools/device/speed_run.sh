@@ -7,13 +7,14 @@
 #            --deterministic (the CPU-order kernels: the baseline)
 #   prefill  the same, prefill of 8192 tokens (fast)
 #   dense    batch-1 decode at ctx 4096 with --numerics dense (fast)
-#   batch    --batch 8, 32, 128 at ctx 4096 when the bench supports --batch
+#   batch    --batch 128, 8, 32 at ctx 4096 (batched decode over one state pool)
+#   ncu      Nsight Compute kernel durations of a few decode steps (4 layers, ctx 0), CSV into $OUT/ncu.csv
 # Environment: OUT (results folder), DSV4_COMMIT (the commit the tree is), GTEST_FILTER (optional).
 # Every step is time-limited (the whole run stays under ~560 s) so partial results still come back.
 set -u
 OUT=${OUT:-/tmp/dsv4-out}
 mkdir -p "$OUT"
-STEPS=${1:-build,test,bench,prefill,dense,batch}
+STEPS=${1:-build,test,bench,prefill,dense,batch,ncu}
 export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1 OMP_WAIT_POLICY=passive
 T0=$(date +%s)
 log() { echo "== $* ($(($(date +%s) - T0)) s)"; }
@@ -21,16 +22,19 @@ has() { [[ ",$STEPS," == *",$1,"* ]]; }
 left() { echo $((${LIMIT:-570} - ($(date +%s) - T0))); }
 CFG=tests/data/configs/deepseek-v4-flash-config.json
 B=build
-bench() {  # bench NAME ARGS...: one dsv4 bench model run, JSON into $OUT/bench-NAME.json, stderr into the log
+bench() {  # bench NAME ARGS...: one dsv4 bench model run, JSON bench-NAME.json into $OUT/bench-json.tar, stderr into
+           # $OUT/bench.log
   local name=$1; shift
   local l; l=$(left)
   if [ "$l" -lt 40 ]; then echo "skip bench $name (time)"; return; fi
   local cmd=("$B/dsv4" bench model --config "$CFG" --load-format dummy --layers 24 --device cuda "$@" --json)
   log "bench $name: ${cmd[*]}"
-  timeout $((l - 10)) "${cmd[@]}" > "$OUT/bench-$name.json" 2> "$OUT/bench-$name.err"
+  mkdir -p /tmp/benchjson
+  timeout $((l - 10)) "${cmd[@]}" > "/tmp/benchjson/bench-$name.json" 2> /tmp/bench.err
   echo "bench $name rc=$?"
-  grep -v '^\[warning\]' "$OUT/bench-$name.err" | tail -6
-  cat "$OUT/bench-$name.err" >> "$OUT/bench.log"; rm -f "$OUT/bench-$name.err"
+  grep -v '^\[warning\]' /tmp/bench.err | tail -6
+  { echo "== ${cmd[*]}"; cat /tmp/bench.err; } >> "$OUT/bench.log"
+  tar -cf "$OUT/bench-json.tar" -C /tmp/benchjson .  # one file back for every run (the tool returns <= 8 files)
 }
 {
   log "start $(date -u) steps=$STEPS commit=${DSV4_COMMIT:-unknown}"
@@ -46,14 +50,14 @@ bench() {  # bench NAME ARGS...: one dsv4 bench model run, JSON into $OUT/bench-
   fi
   if [ -x "$B/dsv4" ]; then
     has bench && bench b1-ctx4096 --ctx 4096 --prefill 0 --steps 32
-    has bench && bench b1-ctx4096-deterministic --ctx 4096 --prefill 0 --steps 16 --deterministic
+    has bench && has det && bench b1-ctx4096-deterministic --ctx 4096 --prefill 0 --steps 16 --deterministic
   fi
   if has test && [ -x "$B/test_gpu" ]; then
     log "GPU tests"
     F=()
     [ -n "${GTEST_FILTER:-}" ] && F=(--gtest_filter="$GTEST_FILTER")
     l=$(left)
-    DSV4_COMMIT=${DSV4_COMMIT:-unknown} timeout $((l > 200 ? l - 110 : 30)) \
+    DSV4_COMMIT=${DSV4_COMMIT:-unknown} timeout $((l > 200 ? l - 125 : 30)) \
       scripts/test-gpu.sh --log "$OUT/test-gpu.log" "$B" "${F[@]}" > /dev/null 2>&1
     echo "tests rc=$?"
     grep -E "^\[  (PASSED|FAILED) |FAILED  \]|tests? ran" "$OUT/test-gpu.log" | tail -40
@@ -61,9 +65,18 @@ bench() {  # bench NAME ARGS...: one dsv4 bench model run, JSON into $OUT/bench-
   if [ -x "$B/dsv4" ]; then
     has dense && bench b1-ctx4096-dense --ctx 4096 --prefill 0 --steps 16 --numerics dense --no-profile
     has prefill && bench prefill8192 --ctx 0 --prefill 8192 --steps 1 --no-profile
-    if has batch && "$B/dsv4" bench model --help 2>&1 | grep -q -- "--batch"; then
-      for b in 8 32 128; do bench b$b-ctx4096 --batch $b --ctx 4096 --prefill 0 --steps 8 --no-profile; done
+    if has batch; then
+      for b in 128 8 32; do bench b$b-ctx4096 --batch $b --ctx 4096 --prefill 0 --steps 8 --no-profile; done
     fi
+  fi
+  if has ncu && [ -x "$B/dsv4" ] && command -v ncu > /dev/null && [ "$(left)" -gt 70 ]; then
+    log "ncu"
+    timeout $(($(left) - 15)) ncu --clock-control none --csv --metrics gpu__time_duration.sum \
+      --kernel-name regex:'gemv|moe|hc_|attn|indexer|rmsnorm|act_quant|tile|small|swiglu|route|rope' \
+      --launch-count 400 "$B/dsv4" bench model --config "$CFG" --load-format dummy --layers 4 --device cuda \
+      --ctx 0 --prefill 0 --steps 2 --no-profile > "$OUT/ncu.csv" 2> /tmp/ncu.err
+    echo "ncu rc=$? ($(wc -l < "$OUT/ncu.csv") lines)"
+    tail -3 /tmp/ncu.err
   fi
   log "done"
 } > "$OUT/run.log" 2>&1

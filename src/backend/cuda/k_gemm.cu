@@ -1033,8 +1033,12 @@ __device__ __forceinline__ void gv_decode(const uint4& u4, int p, float* v) {
   }
 }
 
-template <int FMT, bool Q, int KIND, int MT>
+// FQ (fused act_quant, single-token (Q) linears with K % 128 == 0): A.a holds the raw activations; every lane
+// quantizes its chunk itself, the 128-column block's amax taken over the 128 / CC lanes that hold it (xor shuffles
+// within the lane group), with act_quant_kernel's functions: the same codes and scales, one launch less.
+template <int FMT, bool Q, int KIND, int MT, bool FQ = false>
 __global__ void __launch_bounds__(GV_THREADS) gemv_kernel(const GArgs A) {
+  static_assert(!FQ || (Q && MT == 1 && KIND == kLinear), "fused act_quant: single-token (Q) linears");
   constexpr int NW = KIND == kW13 ? 2 : 1;
   constexpr int R = gv_rows<KIND>();
   constexpr int CC = gv_cols<FMT>();
@@ -1117,6 +1121,33 @@ __global__ void __launch_bounds__(GV_THREADS) gemv_kernel(const GArgs A) {
             for (int r = 0; r < R; ++r)
 #pragma unroll
               for (int t = 0; t < MT; ++t) part[w][r][t] = 0.0f;
+          float xq[FQ ? CC : 1];  // FQ: the chunk's activation codes
+          float fsa = 1.0f;       // FQ: their block scale
+          if constexpr (FQ) {
+            constexpr int G = 128 / CC;  // lanes of one 128-column block (consecutive, aligned)
+            const float* xp = xr[0] + k0;
+#pragma unroll
+            for (int q = 0; q < CC / 4; ++q) {
+              const float4 f = __ldg(reinterpret_cast<const float4*>(xp) + q);
+              xq[4 * q] = f.x, xq[4 * q + 1] = f.y, xq[4 * q + 2] = f.z, xq[4 * q + 3] = f.w;
+            }
+            float m = 0.0f;
+#pragma unroll
+            for (int j = 0; j < CC; ++j) {
+              const float a = fabsf(xq[j]);
+              m = a > m ? a : m;
+            }
+            const unsigned gmask = ((1u << G) - 1u) << (lane & ~(G - 1));
+#pragma unroll
+            for (int o = 1; o < G; o <<= 1) {
+              const float t2 = __shfl_xor_sync(gmask, m, o);
+              m = t2 > m ? t2 : m;
+            }
+            fsa = fp8_act_scale(m);
+            const float inv = __fdiv_rn(1.0f, fsa);
+#pragma unroll
+            for (int j = 0; j < CC; ++j) xq[j] = fp8_quant(xq[j], inv);
+          }
 #pragma unroll
           for (int p = 0; p < CC / SUB; ++p) {
             float wvals[NW][R][SUB];
@@ -1135,11 +1166,16 @@ __global__ void __launch_bounds__(GV_THREADS) gemv_kernel(const GArgs A) {
             for (int t = 0; t < MT; ++t) {
               if (t < mc) {
                 float x[SUB];
-                const float* xp = xr[t] + k0 + p * SUB;
+                if constexpr (FQ) {
 #pragma unroll
-                for (int q = 0; q < SUB / 4; ++q) {
-                  const float4 f = __ldg(reinterpret_cast<const float4*>(xp) + q);
-                  x[4 * q] = f.x, x[4 * q + 1] = f.y, x[4 * q + 2] = f.z, x[4 * q + 3] = f.w;
+                  for (int j = 0; j < SUB; ++j) x[j] = xq[p * SUB + j];
+                } else {
+                  const float* xp = xr[t] + k0 + p * SUB;
+#pragma unroll
+                  for (int q = 0; q < SUB / 4; ++q) {
+                    const float4 f = __ldg(reinterpret_cast<const float4*>(xp) + q);
+                    x[4 * q] = f.x, x[4 * q + 1] = f.y, x[4 * q + 2] = f.z, x[4 * q + 3] = f.w;
+                  }
                 }
 #pragma unroll
                 for (int w = 0; w < NW; ++w)
@@ -1153,7 +1189,7 @@ __global__ void __launch_bounds__(GV_THREADS) gemv_kernel(const GArgs A) {
 #pragma unroll
           for (int t = 0; t < MT; ++t) {
             if (t < mc) {
-              const float sa = Q ? __ldg(sr[t] + (k0 >> 7)) : 1.0f;
+              const float sa = FQ ? fsa : Q ? __ldg(sr[t] + (k0 >> 7)) : 1.0f;
 #pragma unroll
               for (int w = 0; w < NW; ++w)
 #pragma unroll
@@ -1291,6 +1327,18 @@ void launch_gv_mt(int mt, const GArgs& A, int64_t grid, cudaStream_t st) {
   }
 }
 
+// Single-token (Q) linear with act_quant fused (A.a = raw activations, K % 128 == 0).
+void launch_gemv_fq(int fmt, const GArgs& A, int64_t grid, cudaStream_t st) {
+  if (grid <= 0) return;
+  const dim3 g(static_cast<unsigned>(grid)), b(GV_THREADS);
+  if (fmt == kFmtFp8)
+    gemv_kernel<kFmtFp8, true, kLinear, 1, true><<<g, b, 0, st>>>(A);
+  else if (fmt == kFmtFp4)
+    gemv_kernel<kFmtFp4, true, kLinear, 1, true><<<g, b, 0, st>>>(A);
+  else
+    fail_msg("linear: (Q) needs an FP8 or FP4 weight");
+}
+
 template <int KIND>
 void launch_gemv(int fmt, bool Q, int mt, const GArgs& A, int64_t grid, cudaStream_t st) {
   if (grid <= 0) return;
@@ -1380,18 +1428,20 @@ void moe_launch_both(int kind, const MoeGemmArgs& g, GArgs A, int64_t nout, cuda
                         : GvPlan{};
   if (gv.ok) As.gv_ks = gv.ks;
   const int64_t gg = gv.ok ? As.n_slots * cdiv(nout, gv.rpb) : 0;
+  // no segment can exceed kMoeSmallMax rows when there are no more pairs than that: no tiled-kernel launch
+  const bool any_big = P > kMoeSmallMax;
   if (kind == kW13) {
     if (gv.ok)
       launch_gemv<kW13>(fmt, g.quant, gv_mt_moe(g.n_tok), As, gg, stream);
     else
       launch_kind<kW13, true>(fmt, g.quant, mt, As, gs, stream);
-    launch_kind<kW13, false>(fmt, g.quant, mt, Ab, gb, stream);
+    if (any_big) launch_kind<kW13, false>(fmt, g.quant, mt, Ab, gb, stream);
   } else {
     if (gv.ok)
       launch_gemv<kW2>(fmt, g.quant, gv_mt_moe(g.n_tok), As, gg, stream);
     else
       launch_kind<kW2, true>(fmt, g.quant, mt, As, gs, stream);
-    launch_kind<kW2, false>(fmt, g.quant, mt, Ab, gb, stream);
+    if (any_big) launch_kind<kW2, false>(fmt, g.quant, mt, Ab, gb, stream);
   }
 }
 }  // namespace
@@ -1527,7 +1577,11 @@ void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const 
   A.out_bf16 = o.out_bf16;
   A.weight_as_bf16 = o.weight_as_bf16;
   A.lda = p.K;
-  if (p.Q) {
+  // single-token (Q) decode on gemv: act_quant fused into the kernel
+  const bool fq = path == GemmPath::gemv && p.Q && n_tok == 1 && p.K % 128 == 0 && aligned16(x);
+  if (fq) {
+    A.a = x;
+  } else if (p.Q) {
     float* qa = static_cast<float*>(scratch);
     float* sa = reinterpret_cast<float*>(static_cast<char*>(scratch) + align256(size_t(n_tok * p.K) * 4));
     gemm_internal::act_quant_f32(x, n_tok, p.K, qa, sa, stream);
@@ -1543,7 +1597,10 @@ void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const 
     const int mt = gv_mt_linear(n_tok);
     A.n_slots = cdiv(n_tok, mt);
     A.gv_ks = gv.ks;
-    launch_gemv<kLinear>(fmt, p.Q, mt, A, A.n_slots * cdiv(p.nout, gv.rpb), stream);
+    if (fq)
+      launch_gemv_fq(fmt, A, A.n_slots * cdiv(p.nout, gv.rpb), stream);
+    else
+      launch_gemv<kLinear>(fmt, p.Q, mt, A, A.n_slots * cdiv(p.nout, gv.rpb), stream);
   } else if (path == GemmPath::small_m) {
     const int mt = small_mt(p.Q, n_tok);
     A.n_slots = cdiv(n_tok, mt);
