@@ -57,7 +57,7 @@ bench() {  # bench NAME ARGS...: one dsv4 bench model run, JSON bench-NAME.json 
     F=()
     [ -n "${GTEST_FILTER:-}" ] && F=(--gtest_filter="$GTEST_FILTER")
     l=$(left)
-    DSV4_COMMIT=${DSV4_COMMIT:-unknown} timeout $((l > 200 ? l - 125 : 30)) \
+    DSV4_COMMIT=${DSV4_COMMIT:-unknown} timeout $((l > 200 ? l - 100 : 30)) \
       scripts/test-gpu.sh --log "$OUT/test-gpu.log" "$B" "${F[@]}" > /dev/null 2>&1
     echo "tests rc=$?"
     grep -E "^\[  (PASSED|FAILED) |FAILED  \]|tests? ran" "$OUT/test-gpu.log" | tail -40
