@@ -2,10 +2,13 @@
 // * logits of tests/data/tiny-a, tiny-b (and the demo model when its dense golden exists) at every position of
 //   prompts of 1-9, 127-130, 511-513, 2047-2050 tokens: `dense` within 2e-3 |dlogprob| of the HF goldens,
 //   `reference` within the official code's own CPU-vs-CUDA noise floor of the official goldens;
-// * CUDA vs the CPU reference at every position of a 2050-token prompt (bitwise), and greedy decoding of the demo
-//   model's 20 golden prompts (a split only where the CPU's top-2 logit gap is below 1e-3);
+// * CUDA vs the CPU reference at every position of a 2050-token prompt: bitwise in the deterministic mode
+//   (gemm_path.h set_deterministic, the CLI's --deterministic), within stated logprob tolerances in the default fast
+//   mode (fast_tol); greedy decoding of the demo model's 20 golden prompts in both modes (a split only where the
+//   CPU's top-2 logit gap is below 1e-3 deterministic / 2e-2 fast);
 // * chunked prefill (chunks 1, 5, 128, 129, 512) == one prefill, decode == re-prefill, snapshot / rewind: bitwise in
-//   the deterministic GEMM mode (one kernel for every token count), within a stated tolerance with the default paths;
+//   the deterministic mode (one kernel for every token count), within a stated tolerance with the default paths;
+// * `dsv4 bench model --batch B` end to end on a small dummy model;
 // * errors: a model too large for the GPU, no visible GPU.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -180,6 +183,9 @@ std::vector<int32_t> random_prompt(int64_t n, int32_t vocab, uint32_t seed) {
   return v;
 }
 
+// Median |dlogprob| bound of the fast mode against the CPU / another token split (see the CudaVsCpu fast test).
+double fast_tol(Numerics num) { return num == Numerics::dense ? 1e-4 : 2e-2; }
+
 class CudaVsCpu : public ::testing::TestWithParam<std::tuple<std::string, Numerics>> {};
 
 // The CUDA kernels repeat the CPU's arithmetic in the CPU's order wherever the CPU reference fixes one (every
@@ -213,10 +219,14 @@ TEST_P(CudaVsCpu, EveryPositionOfA2050TokenPromptIsBitwiseEqual) {
   EXPECT_GE(d.top1_agree, 0.98);
 }
 
-// The default (fast) mode: the decode kernel (gemv, its own fp32 summation order) runs the MoE's small expert
-// segments of the prefill, so the logits differ from the CPU by accumulation-order noise only: median
-// |dlogprob| <= 2e-3 (reference numerics: bf16 roundings and act_quant amplify a flipped bit) / 1e-4 (dense), top-1
-// agreement >= 0.98 (the tolerances of CudaBatch's default-path check).
+// The default (fast) mode: the decode kernels (gemv, hc_pre's dots, sparse attention for <= 256 tokens per step:
+// their own fp32 summation order) run in the prefill's ubatches too, so the logits differ from the CPU by
+// accumulation-order noise only. Tolerances (kFastTol): dense median |dlogprob| <= 1e-4 (measured ~5e-7 on the H200);
+// reference numerics median <= 2e-2: they are chaotic under rounding-level changes -- bf16 roundings, act_quant's
+// e4m3 codes and the exact top-k of bf16-rounded indexer scores and of the expert routing turn one flipped ulp into
+// a discrete change -- so the bound is the order of the oracle's own noise (the official PyTorch code on a GPU vs
+// this CPU reference: median 1.8e-2 on tiny-b, README); measured at e3d8bb1: 7.0e-3 (demo), 2.2e-4 (tiny-b).
+// Top-1 agreement >= 0.98 (measured >= 0.9917) in both.
 TEST_P(CudaVsCpu, EveryPositionOfA2050TokenPromptWithinNoiseInTheFastMode) {
   DSV4_REQUIRE_GPU();
   const auto& [name, num] = GetParam();
@@ -230,7 +240,7 @@ TEST_P(CudaVsCpu, EveryPositionOfA2050TokenPromptWithinNoiseInTheFastMode) {
   print_diff(name + " " + std::string(numerics_name(num)) + " cuda (fast mode) vs cpu (" + std::to_string(bad) +
                  " of " + std::to_string(a.size()) + " logits differ)",
              d);
-  EXPECT_LE(d.median, num == Numerics::dense ? 1e-4 : 2e-3);
+  EXPECT_LE(d.median, fast_tol(num));
   EXPECT_GE(d.top1_agree, 0.98);
 }
 
@@ -340,13 +350,14 @@ TEST_P(CudaInvariance, ChunkedPrefillEqualsOnePrefill) {
       EXPECT_EQ(bad, 0u) << "chunk " << chunk;
     }
   }
-  // default paths: the GEMM kernel depends on the token count -> accumulation-order noise only
+  // default (fast) paths: the kernels depend on the token count -> accumulation-order noise only (fast_tol: see
+  // CudaVsCpu; measured at e3d8bb1, reference: median 3.0e-3 tiny-b / 3.3e-3 demo for chunks of 1 and 5)
   const auto one = run(m, ids);
   for (int64_t chunk : {1, 5, 128, 129, 512}) {
     const LogprobDiff d = diff_logprobs(one, run(m, ids, chunk), V);
     print_diff(name + " " + std::string(numerics_name(num)) + " chunk " + std::to_string(chunk) + " vs one prefill",
                d);
-    EXPECT_LE(d.median, num == Numerics::dense ? 1e-4 : 2e-3);
+    EXPECT_LE(d.median, fast_tol(num));
     EXPECT_GE(d.top1_agree, 0.98);
   }
 }

@@ -202,12 +202,34 @@ void launch_dots(const float* X, int64_t n_tok, int64_t width, const float* fn, 
 // ---- kernel A, fast mode (decode; not the CPU's order) ---------------------------------------------------------
 // One CTA per (token, mix row): every thread sums its float4s of the row with 4 independent fma chains, the lanes by
 // a xor butterfly, the 8 warps in order: deterministic and batch invariant, fp32 rounding differs from the CPU's.
+// Row m == mix (the grid's last row) is the sum of squares of X[t] instead: double accumulation in a tree, written
+// as float(sum) to out[t, mix] for kernel B (whose fast mode reads it instead of summing itself).
 __global__ void __launch_bounds__(kThreads) hc_dot_fast_kernel(const float* X, int64_t width, const float* fn,
-                                                               int64_t out_stride, float* out) {
+                                                               int mix, int64_t out_stride, float* out) {
   __shared__ float red[kWarps];
+  __shared__ double redd[kWarps];
   const int64_t t = blockIdx.x;
   const int m = int(blockIdx.y);
   const float4* x4 = reinterpret_cast<const float4*>(X + t * width);
+  if (m == mix) {
+    double q = 0.0;
+    for (int64_t k = threadIdx.x; k < width / 4; k += kThreads) {
+      const float4 xv = __ldg(x4 + k);
+      q = __fma_rn(double(xv.x), double(xv.x), q);
+      q = __fma_rn(double(xv.y), double(xv.y), q);
+      q = __fma_rn(double(xv.z), double(xv.z), q);
+      q = __fma_rn(double(xv.w), double(xv.w), q);
+    }
+    q = warp_sum(q);
+    if ((threadIdx.x & 31) == 0) redd[threadIdx.x >> 5] = q;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      double s = redd[0];
+      for (int w = 1; w < kWarps; ++w) s = __dadd_rn(s, redd[w]);
+      out[t * out_stride + mix] = __double2float_rn(s);
+    }
+    return;
+  }
   const float4* f4 = reinterpret_cast<const float4*>(fn + int64_t(m) * width);
   float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
   for (int64_t k = threadIdx.x; k < width / 4; k += kThreads) {
@@ -266,33 +288,39 @@ __global__ void __launch_bounds__(kThreads) hc_finish_kernel(const float* X, int
     }
   }
 
+  // fast mode (!exact_ss): kernel A left float(sum of squares) in u[t, mix]
+  const float ss_fast = exact_ss ? 0.0f : ut[mix];
   // 2. sum of squares in double: tree order, exact CPU (sequential) sum where the float rounding could differ
   double ss = 0.0;
-  for (int64_t k = threadIdx.x; k < width; k += kThreads) {
-    const double v = double(x[k]);
-    ss = __dadd_rn(ss, __dmul_rn(v, v));
-  }
-  ss = warp_sum(ss);
-  if (lane == 0) red[warp] = ss;
-  __syncthreads();  // red and mix_s complete
-  ss = 0.0;
-  for (int w = 0; w < kWarps; ++w) ss = __dadd_rn(ss, red[w]);  // every thread: the same value
-  const double err = __dmul_rn(ss, double(2 * width + 64) * 0x1p-53);
-  // (fast mode, !exact_ss: the tree sum as it is)
-  if (exact_ss && !(__double2float_rn(__dsub_rn(ss, err)) == __double2float_rn(__dadd_rn(ss, err)))) {  // uniform
-    if (threadIdx.x == 0) {
-      double s = 0.0;
-      for (int64_t k = 0; k < width; ++k) {
-        const double v = double(x[k]);
-        s = __dadd_rn(s, __dmul_rn(v, v));
-      }
-      ss_seq = s;
+  if (exact_ss) {
+    for (int64_t k = threadIdx.x; k < width; k += kThreads) {
+      const double v = double(x[k]);
+      ss = __dadd_rn(ss, __dmul_rn(v, v));
     }
-    __syncthreads();
-    ss = ss_seq;
+    ss = warp_sum(ss);
+    if (lane == 0) red[warp] = ss;
+    __syncthreads();  // red and mix_s complete
+    ss = 0.0;
+    for (int w = 0; w < kWarps; ++w) ss = __dadd_rn(ss, red[w]);  // every thread: the same value
+    const double err = __dmul_rn(ss, double(2 * width + 64) * 0x1p-53);
+    if (!(__double2float_rn(__dsub_rn(ss, err)) == __double2float_rn(__dadd_rn(ss, err)))) {  // uniform branch
+      if (threadIdx.x == 0) {
+        double s = 0.0;
+        for (int64_t k = 0; k < width; ++k) {
+          const double v = double(x[k]);
+          s = __dadd_rn(s, __dmul_rn(v, v));
+        }
+        ss_seq = s;
+      }
+      __syncthreads();
+      ss = ss_seq;
+    }
+  } else {
+    __syncthreads();  // mix_s complete
   }
   // CpuOps hc_mix: r = 1 / sqrt(sum_sq / width + norm_eps); mix[m] = dot * r
-  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(__double2float_rn(ss), float(width)), norm_eps)));
+  const float ssf = exact_ss ? __double2float_rn(ss) : ss_fast;
+  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ssf, float(width)), norm_eps)));
 
   // 3. coefficients (warp 0)
   if (warp == 0) {
@@ -353,7 +381,26 @@ __global__ void __launch_bounds__(kThreads) hc_finish_kernel(const float* X, int
   }
   __syncthreads();  // pre_s ready; every read of the dots in u[t] is done
 
-  // 4. collapse: u[d] = sum_j pre_j x[j, d] (CPU order), bf16 when bf16
+  // 4. collapse: u[d] = sum_j pre_j x[j, d] (CPU order), bf16 when bf16; fast mode: 4 columns per float4 load
+  //    (the same operations per element)
+  if (!exact_ss && dim % 4 == 0) {
+    for (int64_t d4 = threadIdx.x; d4 < dim / 4; d4 += kThreads) {
+      float4 s4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+      for (int j = 0; j < hc; ++j) {
+        const float4 xv = __ldg(reinterpret_cast<const float4*>(x + int64_t(j) * dim) + d4);
+        const float pj = pre_s[j];
+        s4.x = __fadd_rn(s4.x, __fmul_rn(pj, xv.x));
+        s4.y = __fadd_rn(s4.y, __fmul_rn(pj, xv.y));
+        s4.z = __fadd_rn(s4.z, __fmul_rn(pj, xv.z));
+        s4.w = __fadd_rn(s4.w, __fmul_rn(pj, xv.w));
+      }
+      float* o = ut + 4 * d4;
+      o[0] = maybe_bf16(s4.x, bf16), o[1] = maybe_bf16(s4.y, bf16), o[2] = maybe_bf16(s4.z, bf16),
+      o[3] = maybe_bf16(s4.w, bf16);
+    }
+    return;
+  }
   for (int64_t d = threadIdx.x; d < dim; d += kThreads) {
     float s = 0.0f;
     for (int j = 0; j < hc; ++j) s = __fadd_rn(s, __fmul_rn(pre_s[j], x[int64_t(j) * dim + d]));
@@ -372,9 +419,9 @@ void hc_collapse(const float* X, int64_t n_tok, int hc, int64_t dim, const float
   const bool vec = width % 4 == 0 && aligned16(X) && aligned16(fn);
   // fast mode (not deterministic(), gemm_path.h): decode calls take the fast dot kernel and skip the exact
   // sequential sum-of-squares fallback (results differ from the CPU by fp32 rounding)
-  const bool fast = !deterministic() && n_tok <= kDecodeMaxTok && have_dots && vec;
-  if (fast) {
-    hc_dot_fast_kernel<<<dim3(unsigned(n_tok), unsigned(mix)), kThreads, 0, stream>>>(X, width, fn, dim, u);
+  const bool fast = !deterministic() && n_tok <= kDecodeMaxTok && mix + 1 <= dim && vec && aligned16(u);
+  if (fast) {  // mix dot rows + the sum-of-squares row
+    hc_dot_fast_kernel<<<dim3(unsigned(n_tok), unsigned(mix + 1)), kThreads, 0, stream>>>(X, width, fn, mix, dim, u);
   } else if (have_dots) {
     if (n_tok <= kDecodeMaxTok)
       launch_dots<1, 1, 1, 1, 2048>(X, n_tok, width, fn, mix, vec, dim, u, stream);  // 1 token x 1 row
