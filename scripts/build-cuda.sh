@@ -6,6 +6,7 @@
 #   BUILD_DIR     relative to the repo root; default $BUILD_DIR, else build
 #   --force-debs  take both from .debs/ even where the system has them (or DSV4_FORCE_DEBS=1; for testing)
 #   -D...         passed to cmake after -DDSV4_CUDA=ON, so they can override it (e.g. -DDSV4_BUILD_BENCH=OFF)
+#   DSV4_TARGETS  (environment) build only these targets, e.g. DSV4_TARGETS="dsv4 test_gpu"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 trap 'echo "build-cuda: FAILED (line $LINENO: $BASH_COMMAND)" >&2' ERR
@@ -69,5 +70,7 @@ if [ -x /usr/local/cuda/bin/nvcc ] && [ -z "${CUDACXX:-}" ] &&
 fi
 
 cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON "${ARGS[@]}"
-cmake --build "$B" -j"$(nproc)"
+# DSV4_TARGETS (optional): build only these targets (e.g. "dsv4 test_gpu" on the GPU machine, to save its time)
+# shellcheck disable=SC2086  # the targets are meant to split
+cmake --build "$B" -j"$(nproc)" ${DSV4_TARGETS:+--target $DSV4_TARGETS}
 echo "build-cuda: built $B/dsv4" >&2

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #ifdef DSV4_WITH_CUDA
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/gemm_path.h"
 #endif
 
 namespace dsv4 {
@@ -122,6 +123,22 @@ int cuda_device_count() {
   return cuda::device_count();
 #else
   return 0;
+#endif
+}
+
+void set_cuda_deterministic(bool on) {
+#ifdef DSV4_WITH_CUDA
+  cuda::set_deterministic(on);
+#else
+  (void)on;
+#endif
+}
+
+bool cuda_deterministic() {
+#ifdef DSV4_WITH_CUDA
+  return cuda::deterministic();
+#else
+  return false;
 #endif
 }
 

@@ -148,6 +148,13 @@ struct BackendOptions {
 // The backend of `device`. Throws dsv4::Error (one line, with what to do) when the device does not exist, the build
 // has no CUDA support, or the CUDA driver is missing.
 std::unique_ptr<Backend> make_backend(const Device& device, const BackendOptions& opts = {});
+// The CUDA backend's deterministic mode, process-wide (the CLI's --deterministic; default off): every GEMM on the
+// kernels that repeat the CPU's summation order, so CUDA results equal the CPU backend's bitwise (slower: no
+// cuBLASLt, no fast decode kernels). Off: the fast kernels, deterministic too but with their own fp32 rounding
+// (greedy-identical to the CPU except at near-ties; tests/gpu states the tolerances). No effect on the CPU backend
+// or in a build without CUDA.
+void set_cuda_deterministic(bool on);
+bool cuda_deterministic();
 // Whether this build includes the CUDA backend, and how many CUDA devices are usable (0 without a driver or GPU).
 bool cuda_compiled();
 int cuda_device_count();

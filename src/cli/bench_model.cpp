@@ -2,7 +2,10 @@
 // ms/step, weight bytes read per decode step, achieved GB/s against the device's copy bandwidth measured in the same
 // run, the same figures extrapolated to the config's full layer count (`*_full`), and a per-op time breakdown.
 //   dsv4 bench model (-m DIR | --config FILE) [--load-format auto|dummy|safetensors] [--layers N] [--device D]
-//                    [--numerics reference|dense] [--batch 1] [--ctx C] [--prefill T] [--steps S] [--json]
+//                    [--numerics reference|dense] [--batch B] [--ctx C] [--prefill T] [--steps S] [--json]
+//                    [--deterministic]
+// --batch B > 1: B sequences decode together (one batched forward step per token of each), sharing one prefilled
+// ctx-token context (ctx a multiple of 128); decode_tok_s = B / step time.
 // --load-format dummy (the default with --config) builds weights of the config's exact shapes and formats with
 // pseudo-random values on the device, reading no tensor file (model/dummy_weights.h); --layers N keeps the first N
 // layers of the schedule (24 layers of V4-Flash fit one H200).
@@ -26,7 +29,10 @@
 #include "core/error.h"
 #include "model/dummy_weights.h"
 #include "model/model.h"
+#include "model/batch.h"
 #include "model/sequence.h"
+#include "model/state_layout.h"
+#include "model/state_pool.h"
 
 namespace dsv4::cli {
 
@@ -83,10 +89,10 @@ int run_model_bench(const ModelBenchOpts& o) {
   if (fmt_ != "dummy" && fmt_ != "safetensors")
     fail("bench model: --load-format must be auto, dummy or safetensors (got '{}')", o.load_format);
   if (fmt_ == "safetensors" && o.model.empty()) fail("bench model: --load-format safetensors needs -m DIR");
-  if (o.batch != 1)
-    fail("bench model: --batch {} needs batched decoding of several sequences, which dsv4 does not have yet; use "
-         "--batch 1",
-         o.batch);
+  if (o.batch < 1 || o.batch > 4096) fail("bench model: --batch must be in [1, 4096] (got {})", o.batch);
+  if (o.batch > 1 && o.ctx % StateLayout::kPageTokens != 0)
+    fail("bench model: --batch > 1 needs --ctx a multiple of {} (the sequences share the context's full pages)",
+         StateLayout::kPageTokens);
   if (o.steps < 1) fail("bench model: --steps must be >= 1");
   if (o.prefill < 0 || o.ctx < 0) fail("bench model: --prefill and --ctx must be >= 0");
   const auto num = parse_numerics(o.numerics);
@@ -104,7 +110,7 @@ int run_model_bench(const ModelBenchOpts& o) {
   ModelOptions mo;
   mo.numerics = *num;
   mo.device = resolve_device(o.device);
-  mo.ubatch = std::max<int64_t>(256, o.prefill);
+  mo.ubatch = std::max<int64_t>({256, o.prefill, std::min<int64_t>(o.ctx, 8192)});  // the context in few steps
   const auto t_load = Clock::now();
   say(fmt::format("bench model: {} {} layers of {} ({}), {} numerics, device {}", fmt_, cfg.num_hidden_layers,
                   full.num_hidden_layers, cfg_path.string(), o.numerics, mo.device.name()));
@@ -124,6 +130,7 @@ int run_model_bench(const ModelBenchOpts& o) {
   out["steps"] = o.steps;
   out["numerics"] = o.numerics;
   out["load_format"] = fmt_;
+  out["deterministic"] = cuda_deterministic();
   out["copy_GBps"] = copy;
   const double layer_scale = double(full.num_hidden_layers) / double(cfg.num_hidden_layers);
 
@@ -148,9 +155,99 @@ int run_model_bench(const ModelBenchOpts& o) {
 
   // decode: ctx tokens already in the sequence, then steps single-token steps (2 warm-up steps first)
   uint64_t outside = 0;
-  const uint64_t bytes = m->decode_weight_bytes(&outside);
+  const uint64_t bytes = m->decode_weight_bytes(&outside, o.batch);
   const uint64_t bytes_full = outside + uint64_t(double(bytes - outside) * layer_scale);
-  {
+  auto report_decode = [&](double t) {
+    const double gbs = double(bytes) / t / 1e9;
+    const double t_full = t * double(bytes_full) / double(bytes);
+    out["decode_ms_per_step"] = t * 1e3;
+    out["decode_tok_s"] = double(o.batch) / t;
+    out["decode_ms_per_step_full"] = t_full * 1e3;
+    out["decode_tok_s_full"] = double(o.batch) / t_full;
+    out["weight_bytes_per_step"] = bytes;
+    out["weight_bytes_per_step_full"] = bytes_full;
+    out["achieved_GBps"] = gbs;
+    out["pct_of_copy"] = 100.0 * gbs / copy;
+    say(fmt::format("decode batch {} at ctx {}: {:.2f} ms/step, {:.1f} tok/s; {:.2f} GB of weights per step -> {:.0f} "
+                    "GB/s = {:.1f}% of copy; at {} layers: {:.2f} ms/step, {:.1f} tok/s",
+                    o.batch, std::max<int64_t>(o.ctx, 1), t * 1e3, double(o.batch) / t, double(bytes) / 1e9, gbs,
+                    100.0 * gbs / copy, full.num_hidden_layers, t_full * 1e3, double(o.batch) / t_full));
+  };
+  auto report_ops = [&](const ProfiledOps& prof, int n) {
+    out["decode_ops"] = op_table(prof, n);
+    std::string line;
+    std::vector<std::pair<double, std::string>> v;
+    for (const auto& [k, e] : prof.times()) v.push_back({e.seconds * 1e3 / n, k});
+    std::sort(v.rbegin(), v.rend());
+    for (size_t i = 0; i < v.size() && i < 8; ++i) line += fmt::format(" {} {:.2f}", v[i].second, v[i].first);
+    say("decode ms/step by op (synchronized per op):" + line);
+  };
+  if (o.batch > 1) {
+    // B sequences over one state pool: the ctx-token context is prefilled once into slot 0 and shared (its full
+    // pages in every page table, its window ring and compressor frontiers copied to the other slots); then every
+    // step decodes one token of each sequence (random tokens) in one batched forward step.
+    const int64_t B = o.batch, shared = StateLayout::pages_for(o.ctx);
+    const int64_t own = StateLayout::pages_for(o.ctx + o.steps + 4) - shared;
+    StatePool pool = m->make_pool({B, shared + B * own, 0});
+    std::vector<std::vector<int32_t>> tables(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t pg = 0; pg < shared; ++pg) tables[size_t(b)].push_back(int32_t(pg));
+      for (int64_t pg = 0; pg < own; ++pg) tables[size_t(b)].push_back(int32_t(shared + b * own + pg));
+    }
+    int64_t bad = 0;
+    const BatchLogitsSink sink = [&](size_t, int64_t, std::span<const float>, bool finite) { bad += finite ? 0 : 1; };
+    if (o.ctx > 0) {
+      const auto ctx_ids = random_ids(o.ctx, int32_t(cfg.vocab_size), 12);
+      Batch b;
+      BatchSeq s;
+      s.slot = 0;
+      s.p0 = 0;
+      s.tokens = ctx_ids;
+      s.pages = tables[0];
+      b.seqs.push_back(std::move(s));
+      const auto t0 = Clock::now();
+      m->forward(b, pool, sink);
+      for (int64_t i = 1; i < B; ++i) pool.copy_slot(0, i);
+      say(fmt::format("context of {} tokens prefilled once in {:.1f} s, shared by the {} sequences", o.ctx, since(t0),
+                      B));
+    }
+    std::mt19937 rng(14);
+    std::uniform_int_distribution<int32_t> dist(2, int32_t(cfg.vocab_size) - 1);
+    std::vector<int32_t> tok(static_cast<size_t>(B));
+    for (auto& x : tok) x = dist(rng);
+    int64_t pos = o.ctx;
+    auto step = [&] {
+      Batch b;
+      for (int64_t i = 0; i < B; ++i) {
+        BatchSeq s;
+        s.slot = i;
+        s.p0 = pos;
+        s.tokens = std::span<const int32_t>(&tok[size_t(i)], 1);
+        s.pages = tables[size_t(i)];
+        b.seqs.push_back(std::move(s));
+      }
+      m->forward(b, pool, sink);
+      for (auto& x : tok) x = dist(rng);
+      ++pos;
+    };
+    step();
+    step();
+    const auto t0 = Clock::now();
+    for (int i = 0; i < o.steps; ++i) step();
+    report_decode(since(t0) / o.steps);
+    out["batch_note"] = "the sequences share one prefilled ctx-token context (full pages shared, ring and frontiers "
+                        "copied); weight_bytes_per_step counts the expected distinct routed experts of the batch";
+    if (bad > 0) say(fmt::format("warning: {} logit rows were not finite", bad));
+    out["nonfinite_logit_rows"] = bad;
+    if (!o.no_profile && pos + 2 <= o.ctx + o.steps + 4) {
+      ProfiledOps prof(be);
+      m->set_op_hook(&prof);
+      step();
+      step();
+      m->set_op_hook(nullptr);
+      report_ops(prof, 2);
+    }
+  } else {
     ModelSequence seq(*m);
     std::vector<float> lg(static_cast<size_t>(cfg.vocab_size));
     const auto ctx_ids = random_ids(std::max<int64_t>(o.ctx, 1), int32_t(cfg.vocab_size), 12);
@@ -163,34 +260,14 @@ int run_model_bench(const ModelBenchOpts& o) {
     step();
     const auto t0 = Clock::now();
     for (int i = 0; i < o.steps; ++i) step();
-    const double t = since(t0) / o.steps;
-    const double gbs = double(bytes) / t / 1e9;
-    const double t_full = t * double(bytes_full) / double(bytes);
-    out["decode_ms_per_step"] = t * 1e3;
-    out["decode_tok_s"] = double(o.batch) / t;
-    out["decode_ms_per_step_full"] = t_full * 1e3;
-    out["decode_tok_s_full"] = double(o.batch) / t_full;
-    out["weight_bytes_per_step"] = bytes;
-    out["weight_bytes_per_step_full"] = bytes_full;
-    out["achieved_GBps"] = gbs;
-    out["pct_of_copy"] = 100.0 * gbs / copy;
-    say(fmt::format("decode at ctx {}: {:.2f} ms/step, {:.1f} tok/s; {:.2f} GB of weights per step -> {:.0f} GB/s = "
-                    "{:.1f}% of copy; at {} layers: {:.2f} ms/step, {:.1f} tok/s",
-                    std::max<int64_t>(o.ctx, 1), t * 1e3, 1.0 / t, double(bytes) / 1e9, gbs, 100.0 * gbs / copy,
-                    full.num_hidden_layers, t_full * 1e3, 1.0 / t_full));
+    report_decode(since(t0) / o.steps);
     if (!o.no_profile) {
       ProfiledOps prof(be);
       m->set_op_hook(&prof);
       const int n = std::min(o.steps, 4);
       for (int i = 0; i < n; ++i) step();
       m->set_op_hook(nullptr);
-      out["decode_ops"] = op_table(prof, n);
-      std::string line;
-      std::vector<std::pair<double, std::string>> v;
-      for (const auto& [k, e] : prof.times()) v.push_back({e.seconds * 1e3 / n, k});
-      std::sort(v.rbegin(), v.rend());
-      for (size_t i = 0; i < v.size() && i < 8; ++i) line += fmt::format(" {} {:.2f}", v[i].second, v[i].first);
-      say("decode ms/step by op (synchronized per op):" + line);
+      report_ops(prof, n);
     }
   }
   if (o.prefill > 0 && !o.no_profile) {
@@ -216,7 +293,7 @@ void setup_bench_model(CLI::App& app, Runner& run) {
   app.add_option("--layers", o->layers, "keep the first N layers of the schedule (dummy weights; 0: all)");
   add_device_option(app, o->device);
   app.add_option("--numerics", o->numerics, "reference | dense");
-  app.add_option("--batch", o->batch, "sequences per decode step (1)");
+  app.add_option("--batch", o->batch, "sequences per decode step (1; > 1: batched decode over one state pool)");
   app.add_option("--ctx", o->ctx, "tokens already in the sequence before the decode steps");
   app.add_option("--prefill", o->prefill, "prefill chunk length (tokens; 0: skip)");
   app.add_option("--steps", o->steps, "timed decode steps");

@@ -11,9 +11,13 @@
 
 namespace dsv4::cli {
 
+// Also adds --deterministic (process-wide, backend.h set_cuda_deterministic): on CUDA, results bitwise equal to the
+// CPU backend through the kernels that repeat its summation order (slower); without it the fast kernels run.
 inline void add_device_option(CLI::App& app, std::string& device) {
   app.add_option("--device", device, "cpu | cuda | cuda:N (default: cuda:0 if built with CUDA and a GPU is present, "
                                      "else cpu)");
+  app.add_flag_callback("--deterministic", [] { set_cuda_deterministic(true); },
+                        "CUDA: bitwise equal to the CPU backend (the kernels in the CPU's summation order; slower)");
 }
 
 // The device named by `s` (empty: the default). Bad values are one-line errors.

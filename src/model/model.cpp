@@ -1,6 +1,9 @@
 // Model loading: config, weight binding, resident copies on the backend, RoPE tables (spec §2, §3).
 #include "model/model.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "backend/gemm.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -214,7 +217,7 @@ uint64_t view_bytes(const WeightView& w) {
 uint64_t expert_bytes(const ExpertView& e) { return view_bytes(e.w1) + view_bytes(e.w2) + view_bytes(e.w3); }
 }  // namespace
 
-uint64_t Model::decode_weight_bytes(uint64_t* outside_layers) const {
+uint64_t Model::decode_weight_bytes(uint64_t* outside_layers, int64_t batch) const {
   const ModelConfig& c = cfg_;
   const uint64_t f32 = 4;
   uint64_t b = view_bytes(head_) + uint64_t(embed_.row_bytes());
@@ -226,7 +229,11 @@ uint64_t Model::decode_weight_bytes(uint64_t* outside_layers) const {
                                 &p.idx_cmp.wgate, &p.idx_wq_b, &p.idx_weights_proj, &p.gate})
       b += view_bytes(*w);
     if (p.has_shared) b += expert_bytes(p.shared);
-    if (!p.experts.empty()) b += uint64_t(c.num_experts_per_tok) * expert_bytes(p.experts[0]);
+    if (!p.experts.empty()) {
+      const double E = double(p.experts.size()), k = double(c.num_experts_per_tok);
+      const double used = batch <= 1 ? k : E * (1.0 - std::pow(1.0 - std::min(k / E, 1.0), double(batch)));
+      b += uint64_t(used * double(expert_bytes(p.experts[0])) + 0.5);
+    }
   }
   return b;
 }

@@ -126,7 +126,9 @@ class Model final : public LanguageModel {
   // Weight bytes one decode step of one sequence reads (every dense / shared weight, top-k routed experts per MoE
   // layer, the embedding row and the head), as stored: the bandwidth figure's numerator (`dsv4 bench model`).
   // `outside_layers` (if given) receives the part outside the layers (head, embedding row, final mHC and norm).
-  uint64_t decode_weight_bytes(uint64_t* outside_layers = nullptr) const;
+  // batch > 1: a decode step of `batch` sequences, whose routed experts count as the expected number of distinct
+  // experts of batch * k uniform picks, E (1 - (1 - k/E)^batch) per layer (every other weight is read once).
+  uint64_t decode_weight_bytes(uint64_t* outside_layers = nullptr, int64_t batch = 1) const;
   // Benchmarks: route every op through `ops` (a decorator of backend().ops(), e.g. ProfiledOps); nullptr: direct.
   void set_op_hook(const Ops* ops) { hook_ = ops; }
 

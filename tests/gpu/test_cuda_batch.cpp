@@ -28,8 +28,14 @@ namespace {
 using gpu::cuda;
 
 struct DeterministicGemm {
-  DeterministicGemm() { cuda::set_gemm_path(cuda::GemmPath::simt); }
-  ~DeterministicGemm() { cuda::set_gemm_path(cuda::GemmPath::auto_); }
+  DeterministicGemm() {
+    cuda::set_gemm_path(cuda::GemmPath::simt);
+    cuda::set_deterministic(true);  // also the CPU-order decode kernels of hc_pre / sparse_attention
+  }
+  ~DeterministicGemm() {
+    cuda::set_gemm_path(cuda::GemmPath::auto_);
+    cuda::set_deterministic(false);
+  }
 };
 
 std::string model_dir(const std::string& name) {
@@ -38,6 +44,9 @@ std::string model_dir(const std::string& name) {
 }
 
 std::shared_ptr<const Model> model(const std::string& name, Numerics num, bool on_cuda) {
+  // both backends first: function statics die in reverse order of construction, so the models go before them
+  (void)cuda();
+  (void)gpu::cpu();
   static std::map<std::tuple<std::string, int, bool>, std::shared_ptr<const Model>> cache;
   auto& m = cache[{name, int(num), on_cuda}];
   if (!m) {

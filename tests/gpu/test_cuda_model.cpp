@@ -2,10 +2,13 @@
 // * logits of tests/data/tiny-a, tiny-b (and the demo model when its dense golden exists) at every position of
 //   prompts of 1-9, 127-130, 511-513, 2047-2050 tokens: `dense` within 2e-3 |dlogprob| of the HF goldens,
 //   `reference` within the official code's own CPU-vs-CUDA noise floor of the official goldens;
-// * CUDA vs the CPU reference at every position of a 2050-token prompt (bitwise), and greedy decoding of the demo
-//   model's 20 golden prompts (a split only where the CPU's top-2 logit gap is below 1e-3);
+// * CUDA vs the CPU reference at every position of a 2050-token prompt: bitwise in the deterministic mode
+//   (gemm_path.h set_deterministic, the CLI's --deterministic), within stated logprob tolerances in the default fast
+//   mode (fast_tol); greedy decoding of the demo model's 20 golden prompts in both modes (a split only where the
+//   CPU's top-2 logit gap is below 1e-3 deterministic / 2e-2 fast);
 // * chunked prefill (chunks 1, 5, 128, 129, 512) == one prefill, decode == re-prefill, snapshot / rewind: bitwise in
-//   the deterministic GEMM mode (one kernel for every token count), within a stated tolerance with the default paths;
+//   the deterministic mode (one kernel for every token count), within a stated tolerance with the default paths;
+// * `dsv4 bench model --batch B` end to end on a small dummy model;
 // * errors: a model too large for the GPU, no visible GPU.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -38,6 +41,9 @@ std::string model_dir(const std::string& name) {
 
 // One loaded model per (name, numerics, device) for the whole program.
 const Model& model(const std::string& name, Numerics num, bool on_cuda) {
+  // both backends first: function statics die in reverse order of construction, so the models go before them
+  (void)cuda();
+  (void)gpu::cpu();
   static std::map<std::tuple<std::string, int, bool>, std::unique_ptr<Model>> cache;
   auto& m = cache[{name, int(num), on_cuda}];
   if (!m) {
@@ -177,17 +183,27 @@ std::vector<int32_t> random_prompt(int64_t n, int32_t vocab, uint32_t seed) {
   return v;
 }
 
+// Median |dlogprob| bound of the fast mode against the CPU / another token split (see the CudaVsCpu fast test).
+double fast_tol(Numerics num) { return num == Numerics::dense ? 1e-4 : 2e-2; }
+
 class CudaVsCpu : public ::testing::TestWithParam<std::tuple<std::string, Numerics>> {};
 
 // The CUDA kernels repeat the CPU's arithmetic in the CPU's order wherever the CPU reference fixes one (every
 // reduction, glibc's expf/log1pf transcribed), so on these models — whose GEMMs are too small for the cuBLASLt path
 // (K >= 512) — the logits must be bitwise equal. The log-probability statistics are printed as well.
+// The deterministic mode (gemm_path.h) for a scope.
+struct DeterministicMode {
+  DeterministicMode() { cuda::set_deterministic(true); }
+  ~DeterministicMode() { cuda::set_deterministic(false); }
+};
+
 TEST_P(CudaVsCpu, EveryPositionOfA2050TokenPromptIsBitwiseEqual) {
   DSV4_REQUIRE_GPU();
   const auto& [name, num] = GetParam();
   const Model& mg = model(name, num, true);
   const Model& mc = model(name, num, false);
   const auto ids = random_prompt(2050, mg.n_vocab(), 77);
+  DeterministicMode det;
   const auto a = run(mc, ids), b = run(mg, ids);
   size_t bad = 0, first = a.size();
   for (size_t i = 0; i < a.size(); ++i)
@@ -200,6 +216,31 @@ TEST_P(CudaVsCpu, EveryPositionOfA2050TokenPromptIsBitwiseEqual) {
                  std::to_string(a.size()) + " logits differ)",
              d);
   EXPECT_EQ(bad, 0u) << "first difference at position " << (first / size_t(mg.n_vocab()));
+  EXPECT_GE(d.top1_agree, 0.98);
+}
+
+// The default (fast) mode: the decode kernels (gemv, hc_pre's dots, sparse attention for <= 256 tokens per step:
+// their own fp32 summation order) run in the prefill's ubatches too, so the logits differ from the CPU by
+// accumulation-order noise only. Tolerances (kFastTol): dense median |dlogprob| <= 1e-4 (measured ~5e-7 on the H200);
+// reference numerics median <= 2e-2: they are chaotic under rounding-level changes -- bf16 roundings, act_quant's
+// e4m3 codes and the exact top-k of bf16-rounded indexer scores and of the expert routing turn one flipped ulp into
+// a discrete change -- so the bound is the order of the oracle's own noise (the official PyTorch code on a GPU vs
+// this CPU reference: median 1.8e-2 on tiny-b, README); measured at e3d8bb1: 7.0e-3 (demo), 2.2e-4 (tiny-b).
+// Top-1 agreement >= 0.98 (measured >= 0.9917) in both.
+TEST_P(CudaVsCpu, EveryPositionOfA2050TokenPromptWithinNoiseInTheFastMode) {
+  DSV4_REQUIRE_GPU();
+  const auto& [name, num] = GetParam();
+  const Model& mg = model(name, num, true);
+  const Model& mc = model(name, num, false);
+  const auto ids = random_prompt(2050, mg.n_vocab(), 77);
+  const auto a = run(mc, ids), b = run(mg, ids);
+  size_t bad = 0;
+  for (size_t i = 0; i < a.size(); ++i) bad += a[i] != b[i] ? 1 : 0;
+  const LogprobDiff d = diff_logprobs(a, b, mg.n_vocab());
+  print_diff(name + " " + std::string(numerics_name(num)) + " cuda (fast mode) vs cpu (" + std::to_string(bad) +
+                 " of " + std::to_string(a.size()) + " logits differ)",
+             d);
+  EXPECT_LE(d.median, fast_tol(num));
   EXPECT_GE(d.top1_agree, 0.98);
 }
 
@@ -232,11 +273,17 @@ Greedy greedy(const Model& m, const std::vector<int32_t>& prompt, int n_new) {
   return g;
 }
 
-class CudaDemoGreedy : public ::testing::TestWithParam<Numerics> {};
+class CudaDemoGreedy : public ::testing::TestWithParam<std::tuple<Numerics, bool>> {};
 
+// Deterministic mode: bitwise equal logits, so the greedy tokens equal the CPU's (a split is allowed only at an exact
+// tie, gap < 1e-3). Fast mode (default): greedy-identical except where the CPU's top-2 gap is below 2e-2 logits
+// (accumulation-order noise of the decode kernels, stated tolerance).
 TEST_P(CudaDemoGreedy, TwentyPromptsMatchTheCpu) {
   DSV4_REQUIRE_GPU();
-  const Numerics num = GetParam();
+  const auto [num, det] = GetParam();
+  std::unique_ptr<DeterministicMode> dm;
+  if (det) dm = std::make_unique<DeterministicMode>();
+  const double gap_tol = det ? 1e-3 : 2e-2;
   std::ifstream f(std::string(DSV4_SOURCE_DIR) + "/tests/data/demo/prompts.json");
   ASSERT_TRUE(f.good());
   const auto j = nlohmann::json::parse(f);
@@ -249,27 +296,38 @@ TEST_P(CudaDemoGreedy, TwentyPromptsMatchTheCpu) {
     size_t i = 0;
     while (i < c.ids.size() && c.ids[i] == g.ids[i]) ++i;
     if (i < c.ids.size()) {
-      EXPECT_LT(c.gap[i], 1e-3) << p.value("text", "") << ": split at step " << i << " where the CPU's top-2 gap is "
-                                << c.gap[i];
+      EXPECT_LT(c.gap[i], gap_tol) << p.value("text", "") << ": split at step " << i
+                                   << " where the CPU's top-2 gap is " << c.gap[i];
     }
     total += c.ids.size();
     same += i;
     ++prompts;
   }
-  std::printf("[cuda-model] demo %s greedy: %zu prompts, %zu / %zu tokens in common prefixes with the CPU\n",
-              std::string(numerics_name(num)).c_str(), prompts, same, total);
+  std::printf("[cuda-model] demo %s %s greedy: %zu prompts, %zu / %zu tokens in common prefixes with the CPU\n",
+              std::string(numerics_name(num)).c_str(), det ? "deterministic" : "fast", prompts, same, total);
   EXPECT_EQ(prompts, 20u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Numerics, CudaDemoGreedy, ::testing::Values(Numerics::reference, Numerics::dense),
-                         [](const auto& info) { return std::string(numerics_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Numerics, CudaDemoGreedy,
+                         ::testing::Combine(::testing::Values(Numerics::reference, Numerics::dense),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(numerics_name(std::get<0>(info.param))) +
+                                  (std::get<1>(info.param) ? "_deterministic" : "_fast");
+                         });
 
 // ---- invariance on CUDA ------------------------------------------------------------------------------------------
 
 // Forces the deterministic GEMM mode (the same kernel for every token count) for a scope.
 struct DeterministicGemm {
-  DeterministicGemm() { cuda::set_gemm_path(cuda::GemmPath::simt); }
-  ~DeterministicGemm() { cuda::set_gemm_path(cuda::GemmPath::auto_); }
+  DeterministicGemm() {
+    cuda::set_gemm_path(cuda::GemmPath::simt);
+    cuda::set_deterministic(true);  // also the CPU-order decode kernels of hc_pre / sparse_attention
+  }
+  ~DeterministicGemm() {
+    cuda::set_gemm_path(cuda::GemmPath::auto_);
+    cuda::set_deterministic(false);
+  }
 };
 
 class CudaInvariance : public ::testing::TestWithParam<std::tuple<std::string, Numerics>> {};
@@ -292,13 +350,14 @@ TEST_P(CudaInvariance, ChunkedPrefillEqualsOnePrefill) {
       EXPECT_EQ(bad, 0u) << "chunk " << chunk;
     }
   }
-  // default paths: the GEMM kernel depends on the token count -> accumulation-order noise only
+  // default (fast) paths: the kernels depend on the token count -> accumulation-order noise only (fast_tol: see
+  // CudaVsCpu; measured at e3d8bb1, reference: median 3.0e-3 tiny-b / 3.3e-3 demo for chunks of 1 and 5)
   const auto one = run(m, ids);
   for (int64_t chunk : {1, 5, 128, 129, 512}) {
     const LogprobDiff d = diff_logprobs(one, run(m, ids, chunk), V);
     print_diff(name + " " + std::string(numerics_name(num)) + " chunk " + std::to_string(chunk) + " vs one prefill",
                d);
-    EXPECT_LE(d.median, num == Numerics::dense ? 1e-4 : 2e-3);
+    EXPECT_LE(d.median, fast_tol(num));
     EXPECT_GE(d.top1_agree, 0.98);
   }
 }
@@ -383,6 +442,42 @@ CliResult cli(const std::string& args, const std::string& env = "") {
   const int st = pclose(f);
   r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   return r;
+}
+
+// `dsv4 bench model --batch B` (batched decode over one state pool) end to end on a small dummy model: it runs, every
+// logit row is finite, the JSON reports the batch, B / step time as tok/s and more weight bytes than batch 1 (more
+// distinct experts); --deterministic is reported; a --ctx that is not a multiple of 128 is a one-line error.
+TEST(CudaBench, BatchedDecodeRunsAndReports) {
+  DSV4_REQUIRE_GPU();
+  auto json_of = [](const CliResult& r) {
+    const size_t at = r.out.rfind("\n{");
+    return nlohmann::json::parse(at == std::string::npos ? r.out : r.out.substr(at + 1));
+  };
+  const std::string cfg = "bench model --config " + std::string(DSV4_SOURCE_DIR) +
+                          "/tests/data/tiny-a/config.json --load-format dummy --device cuda --prefill 0 --steps 3 "
+                          "--no-profile --json";
+  const std::string base = cfg + " --ctx 128";
+  const CliResult one = cli(base + " --batch 1"), four = cli(base + " --batch 4"),
+                  det = cli(base + " --batch 4 --deterministic");
+  ASSERT_EQ(one.rc, 0) << one.out;
+  ASSERT_EQ(four.rc, 0) << four.out;
+  ASSERT_EQ(det.rc, 0) << det.out;
+  const auto j1 = json_of(one), j4 = json_of(four), jd = json_of(det);
+  std::printf("[cuda-bench] tiny-a dummy ctx 128: batch 1 %.3f ms/step, batch 4 %.3f ms/step (%.1f tok/s), "
+              "deterministic batch 4 %.3f ms/step\n",
+              j1.at("decode_ms_per_step").get<double>(), j4.at("decode_ms_per_step").get<double>(),
+              j4.at("decode_tok_s").get<double>(), jd.at("decode_ms_per_step").get<double>());
+  EXPECT_EQ(j4.at("batch").get<int>(), 4);
+  EXPECT_EQ(j4.at("nonfinite_logit_rows").get<int>(), 0);
+  EXPECT_EQ(jd.at("nonfinite_logit_rows").get<int>(), 0);
+  EXPECT_GT(j4.at("decode_tok_s").get<double>(), 0.0);
+  EXPECT_NEAR(j4.at("decode_tok_s").get<double>() * j4.at("decode_ms_per_step").get<double>(), 4000.0, 1.0);
+  EXPECT_GT(j4.at("weight_bytes_per_step").get<double>(), j1.at("weight_bytes_per_step").get<double>());
+  EXPECT_FALSE(j4.at("deterministic").get<bool>());
+  EXPECT_TRUE(jd.at("deterministic").get<bool>());
+  const CliResult bad = cli(cfg + " --batch 2 --ctx 100");
+  EXPECT_EQ(bad.rc, 1) << bad.out;
+  EXPECT_NE(bad.out.find("multiple of 128"), std::string::npos) << bad.out;
 }
 
 TEST(CudaErrors, AModelTooLargeForTheGpuIsOneLineBeforeAnyAllocation) {

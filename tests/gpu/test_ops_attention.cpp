@@ -8,7 +8,8 @@
 //   whose libm expf differs from glibc >= 2.28 in the last ulp does not fail; every check also prints how many
 //   elements differ bitwise ("bitwise: k/N differ"; expected 0 on a glibc host).
 // * CUDA batch invariance of sparse_attention (a token's rows of a 130-token call equal a 1-token call, with a
-//   different heads-per-CTA grouping) is checked bitwise.
+//   different heads-per-CTA grouping) is checked bitwise. sparse_attention runs in both CUDA modes: deterministic
+//   (the above) and the default fast mode (its decode kernel: same tolerances, batch invariance bitwise).
 // * indexer_topk (a) exact inputs (every dot product and head sum exact in fp32 and bf16, massive ties): the
 //   selections must equal the CPU's exactly, order included; (b) realistic random inputs at the real shape: the
 //   selected sets may differ only at near-ties of the CPU's k-th score (expected: no difference at all, the scores
@@ -23,6 +24,7 @@
 #include <random>
 #include <set>
 
+#include "backend/cuda/gemm_path.h"
 #include "gpu_test_util.h"
 
 namespace dsv4::test::gpu {
@@ -194,12 +196,24 @@ std::string attn_shape(const char* what, const AttnInputs& in, int64_t p0) {
               (long long)in.n_comp);
 }
 
+// The deterministic mode (gemm_path.h) on or off for a scope.
+struct ModeScope {
+  explicit ModeScope(bool det) { cuda::set_deterministic(det); }
+  ~ModeScope() { cuda::set_deterministic(false); }
+};
+
+// Every case runs in both CUDA modes: deterministic (the CPU-order kernel: expected bitwise) and the default fast
+// mode (attn_decode_fast_kernel for n_tok <= 256 with dim % 128 == 0: its own fp32 summation order and CUDA's expf;
+// the same tolerances hold: the score dot products move by ~1e-7 relative, P and the denominator likewise, and in
+// reference numerics a bf16 rounding of P or of the output may flip, as the tolerance comment above allows).
 void run_attn(const char* what, int64_t n_tok, int64_t H, int64_t D, int64_t window, int64_t p0, int64_t n_comp,
               int64_t k_comp, CompKind kind, uint32_t seed, bool holes = false, int64_t empty_tok = -1) {
-  for (bool bf16 : {false, true}) {
+  for (bool bf16 : {false, true})
+  for (bool det : {true, false}) {
+    ModeScope mode(det);
     const AttnInputs in = make_attn(n_tok, H, D, window, p0, n_comp, k_comp, kind, bf16, seed, holes, empty_tok);
     const std::vector<float> ref = attn_cpu(in, bf16), got = attn_cuda(in, bf16);
-    check_attn(attn_shape(what, in, p0), bf16, ref, got);
+    check_attn(attn_shape(what, in, p0) + (det ? " deterministic" : " fast"), bf16, ref, got);
     if (empty_tok >= 0 && empty_tok < n_tok) {  // the token without any valid entry is exactly zero
       const auto b = got.begin() + empty_tok * H * D;
       const bool zero = std::all_of(b, b + H * D, [](float v) { return v == 0.0f; });
@@ -252,8 +266,11 @@ TEST(GpuOpsAttention, SparseAttentionOddShapes) {
 
 TEST(GpuOpsAttention, SparseAttentionBatchInvariance) {
   DSV4_REQUIRE_GPU();
-  // Row t of a 130-token call (16 heads per CTA) must equal the same token computed alone (1 head per CTA).
-  for (bool bf16 : {false, true}) {
+  // Row t of a 130-token call must equal the same token computed alone: deterministic mode (16 heads per CTA vs 1
+  // head per CTA) and fast mode (the decode kernel for both).
+  for (bool bf16 : {false, true})
+  for (bool det : {true, false}) {
+    ModeScope mode(det);
     const AttnInputs all = make_attn(130, 64, 512, 128, 1000, 1024, 512, CompKind::csa, bf16, 700);
     const std::vector<float> full = attn_cuda(all, bf16);
     for (int64_t t : {0, 64, 129}) {
@@ -267,7 +284,9 @@ TEST(GpuOpsAttention, SparseAttentionBatchInvariance) {
       const std::vector<float> got = attn_cuda(one, bf16);
       const std::vector<float> ref(full.begin() + t * HD, full.begin() + (t + 1) * HD);
       expect_bitwise("sparse_attention batch invariance",
-                     strf("csa H64 D512 token %lld of 130 vs alone, %s", (long long)t, num(bf16)), ref, got);
+                     strf("csa H64 D512 token %lld of 130 vs alone, %s, %s", (long long)t, num(bf16),
+                          det ? "deterministic" : "fast"),
+                     ref, got);
     }
   }
 }

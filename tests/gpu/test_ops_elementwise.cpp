@@ -14,6 +14,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "backend/cuda/gemm_path.h"
 #include "gpu_test_util.h"
 
 namespace dsv4::test::gpu {
@@ -696,8 +697,16 @@ constexpr HcCase kHcPreCases[] = {
 constexpr HcCase kHcHeadCases[] = {
     {4, 4096, "real"}, {4, 128, "tiny-a"}, {4, 96, "tiny-b"}, {3, 33, "width%4!=0"}, {4, 2, "dim<mix"}};
 
+// The deterministic mode (gemm_path.h) for a scope: the bitwise checks below run in it; the default (fast) mode has
+// its own decode kernels (HcPreFastMode).
+struct DeterministicScope {
+  DeterministicScope() { cuda::set_deterministic(true); }
+  ~DeterministicScope() { cuda::set_deterministic(false); }
+};
+
 TEST(GpuOpsHc, HcPre) {
   DSV4_REQUIRE_GPU();
+  DeterministicScope det;
   for (const HcCase& c : kHcPreCases)
     for (bool exact : {false, true}) {
       const int64_t n_mix = (2 + c.hc) * c.hc, n_max = kHcNTok[0];
@@ -725,6 +734,7 @@ TEST(GpuOpsHc, HcPre) {
 
 TEST(GpuOpsHc, HcHead) {
   DSV4_REQUIRE_GPU();
+  DeterministicScope det;
   for (const HcCase& c : kHcHeadCases)
     for (bool exact : {false, true}) {
       const int64_t n_max = kHcNTok[0];
@@ -757,6 +767,7 @@ TEST(GpuOpsHc, HcHead) {
 // must agree). Mixed with realistic rows (fast path) in the same call; random signs (squares are what count).
 TEST(GpuOpsHc, HcSumSqRoundingBoundary) {
   DSV4_REQUIRE_GPU();
+  DeterministicScope det;
   const int hc = 4;
   const int64_t dim = 4096, width = hc * dim, n_tok = 48, n_mix = (2 + hc) * hc;
   HcInputs in = hc_inputs(n_tok, hc, dim, n_mix, 3, false, 500);
@@ -788,6 +799,44 @@ TEST(GpuOpsHc, HcSumSqRoundingBoundary) {
 }
 
 // hc_post is elementwise per (t, d) with the CPU's operation order: bitwise, out of place and in place (Xout = X).
+// Fast mode (default) at decode sizes (n_tok <= 32): the dots by hc_dot_fast_kernel, the tree sum of squares.
+// Tolerance: the dot products differ from the CPU's by fp32 rounding (each side within width * 2^-24 * sum|f x| of
+// the exact value; ~1e-6 relative here); sigmoid, the 4x4 softmax and Sinkhorn are well conditioned, so post / comb
+// stay within 2e-5 abs + 1e-4 rel and u within 1e-4 abs + 1e-4 rel of the CPU (+ one bf16 ulp, rtol 2^-7, with
+// bf16); a wrong row, scale or missing normalization is off by orders of magnitude more. Also: deterministic (two
+// runs bitwise) and batch invariant (the rows of a 7-token call == 1-token calls, bitwise).
+TEST(GpuOpsHc, HcPreFastMode) {
+  DSV4_REQUIRE_GPU();
+  const int hc = 4;
+  const int64_t dim = 4096, n_mix = (2 + hc) * hc;
+  const HcInputs in = hc_inputs(7, hc, dim, n_mix, 3, false, 4242);
+  HcDev d = hc_to_device(in);
+  for (bool bf16 : {false, true}) {
+    const double rt = bf16 ? std::ldexp(1.0, -7) : 1e-4;
+    HcPreOut seven;
+    for (int64_t n_tok : {int64_t(7), int64_t(1)}) {
+      const std::string sh = strf("fast mode n_tok=%lld hc=4 dim=4096 %s", (long long)n_tok, num(bf16));
+      const HcPreOut ref = cpu_hc_pre(in, n_tok, hc, dim, bf16);
+      const HcPreOut got = gpu_hc_pre(d, n_tok, hc, dim, bf16);
+      expect_close("hc_pre.u", sh, ref.u, got.u, 1e-4, rt);
+      expect_close("hc_pre.post", sh, ref.post, got.post, 2e-5, 1e-4);
+      expect_close("hc_pre.comb", sh, ref.comb, got.comb, 2e-5, 1e-4);
+      const HcPreOut again = gpu_hc_pre(d, n_tok, hc, dim, bf16);
+      expect_bitwise("hc_pre.u determinism", sh, got.u, again.u);
+      expect_bitwise("hc_pre.comb determinism", sh, got.comb, again.comb);
+      if (n_tok == 7)
+        seven = got;
+      else
+        expect_bitwise("hc_pre.u batch-invariance", sh + " vs row 0 of n_tok=7", head_rows(seven.u, got.u.size()),
+                       got.u);
+    }
+    const std::string sh = strf("fast mode hc_head n_tok=7 hc=4 dim=4096 %s", num(bf16));
+    const HcInputs hin = hc_inputs(7, hc, dim, hc, 1, false, 4343);
+    HcDev hd = hc_to_device(hin);
+    expect_close("hc_head.u", sh, cpu_hc_head(hin, 7, hc, dim, bf16), gpu_hc_head(hd, 7, hc, dim, bf16), 1e-4, rt);
+  }
+}
+
 TEST(GpuOpsHc, HcPost) {
   DSV4_REQUIRE_GPU();
   const struct {

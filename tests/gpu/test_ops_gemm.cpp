@@ -13,6 +13,10 @@
 //   CPU's scalar kernels, see run_cpu.)
 // * BITWISE simt == small_m, every mode (implied by the above; checked on its own so a failure names the kernel).
 // * BITWISE batch invariance: row t of a 300-token call == the same row computed alone (simt and small_m).
+// * gemv (the default decode kernel, its own summation order) vs CPU: atol = 2 K 2^-24 B (+ rtol 2^-7 with
+//   out_bf16), B as below: each side's fp32 sum of the same products is within (K-1) 2^-24 sum|x_k w_k| of the exact
+//   one. Also run-to-run determinism and batch invariance (row t of an 8-token call == alone; 2- and 5-token calls),
+//   bitwise.
 // * cuBLASLt vs CPU: atol = max(2^-11, K * 2^-24) * B (+ rtol 2^-7 with out_bf16), B = max_m |x_m|_2 * max_n |Wd_n|_2
 //   (Cauchy-Schwarz bound of sum_k |x_k * w_k|): the 128-column partial sums are tensor-core FP8 accumulations
 //   (Hopper keeps ~14 bits inside one MMA chain, hence 2^-11 with margin) instead of the CPU's fma chain, and an fp32
@@ -301,6 +305,10 @@ void check_vs_cpu(const std::string& label, const std::vector<float>& ref, const
   if (taken == GemmPath::cublaslt) {
     expect_close("linear", label, ref, got, std::max(std::ldexp(1.0, -11), double(K) * u) * B,
                  out_bf16 ? std::ldexp(1.0, -7) : 0.0);
+  } else if (taken == GemmPath::gemv) {
+    // another fp32 summation order of the same exact products: each side within (K - 1) u sum|x_k w_k| <= K u B of
+    // the exact sum, so the two within 2 K u B; a bf16 output may round to the neighbour (one bf16 ulp)
+    expect_close("linear", label, ref, got, 2.0 * double(K) * u * B, out_bf16 ? std::ldexp(1.0, -7) : 0.0);
   } else {
     expect_bitwise("linear", label, ref, got);  // (Q) and (D): the CPU's order on simt and small_m
   }
@@ -364,6 +372,13 @@ TEST(CudaGemm, LinearTinyShapesAllFormatsModesPaths) {
             check_vs_cpu(base + " path=simt", ref, ys, m.Q, t1, s.cols, B, o.out_bf16);
             check_vs_cpu(base + " path=small_m", ref, ym, m.Q, t2, s.cols, B, o.out_bf16);
             expect_bitwise("linear simt==small_m", base, ys, ym);
+            GemmPath t3;  // gemv: shapes it cannot take (K = 100, > 8 tokens) fall back to small_m / simt
+            const auto yg = run_gpu(d->v, xd.as<float>(), n, nout, o, GemmPath::gemv, &t3);
+            check_vs_cpu(base + strf(" path=gemv(taken %s)", path_name(t3)), ref, yg, m.Q, t3, s.cols, B,
+                         o.out_bf16);
+            const int64_t gcc = f.f == GemmFormat::fp4 ? 32 : f.f == GemmFormat::fp8 ? 16 : f.f == GemmFormat::bf16 ? 8 : 4;
+            const bool gv_shape = s.cols % gcc == 0;
+            EXPECT_EQ(t3, n > 8 ? GemmPath::simt : gv_shape ? GemmPath::gemv : GemmPath::small_m) << base;
           }
         }
       }
@@ -389,13 +404,24 @@ TEST(CudaGemm, LinearPathSelection) {
     run_gpu(d->v, xd.as<float>(), n, 256, q, GemmPath::auto_, &tq);
     run_gpu(d->v, xd.as<float>(), n, 256, dn, GemmPath::auto_, &td);
     run_gpu(d->v, xd.as<float>(), n, 256, dn, GemmPath::cublaslt, &tf);  // (D) never runs on cuBLASLt
-    const GemmPath want_d = n <= 8 ? GemmPath::small_m : GemmPath::simt;
+    const GemmPath want_d = n <= 8 ? GemmPath::gemv : GemmPath::simt;
     const GemmPath want_q = (lt && n >= 64) ? GemmPath::cublaslt : want_d;
     std::printf("[linear] path auto n_tok=%lld: (Q) %s (want %s), (D) %s (want %s), forced cublaslt (D) -> %s\n",
                 (long long)n, path_name(tq), path_name(want_q), path_name(td), path_name(want_d), path_name(tf));
     EXPECT_EQ(tq, want_q) << "n_tok " << n;
     EXPECT_EQ(td, want_d) << "n_tok " << n;
     EXPECT_EQ(tf, GemmPath::simt) << "n_tok " << n;
+    // the deterministic mode: only the kernels in the CPU's order
+    cuda::set_deterministic(true);
+    GemmPath dq, dd;
+    run_gpu(d->v, xd.as<float>(), n, 256, q, GemmPath::auto_, &dq);
+    run_gpu(d->v, xd.as<float>(), n, 256, dn, GemmPath::auto_, &dd);
+    cuda::set_deterministic(false);
+    const GemmPath want_det = n <= 8 ? GemmPath::small_m : GemmPath::simt;
+    std::printf("[linear] path auto deterministic n_tok=%lld: (Q) %s, (D) %s (want %s)\n", (long long)n,
+                path_name(dq), path_name(dd), path_name(want_det));
+    EXPECT_EQ(dq, want_det) << "n_tok " << n;
+    EXPECT_EQ(dd, want_det) << "n_tok " << n;
   }
 }
 
@@ -533,7 +559,7 @@ void run_real(const RealCase& c, uint64_t seed) {
     const std::string base = strf("%s %s %lldx%lld rows[%lld,%lld) n_tok=%lld %s out_%s", c.name,
                                   fmt_name(c.fmt).c_str(), (long long)c.rows, (long long)c.cols, (long long)c.r0,
                                   (long long)r1, (long long)n, c.mode.name, c.out_bf16 ? "bf16" : "fp32");
-    std::vector<GemmPath> paths = {GemmPath::simt, GemmPath::small_m, GemmPath::auto_};
+    std::vector<GemmPath> paths = {GemmPath::simt, GemmPath::small_m, GemmPath::gemv, GemmPath::auto_};
     if (lt_shape) paths.push_back(GemmPath::cublaslt);
     std::vector<float> ys, ym;
     for (const GemmPath p : paths) {
@@ -543,6 +569,10 @@ void run_real(const RealCase& c, uint64_t seed) {
                    c.cols, B, c.out_bf16);
       if (p == GemmPath::simt) ys = y;
       if (p == GemmPath::small_m) ym = y;
+      if (p == GemmPath::gemv && taken == GemmPath::gemv) {  // run to run: bitwise
+        const auto y2 = run_gpu(d->v, xd.as<float>(), n, nout, o, p, nullptr);
+        expect_bitwise("linear gemv determinism", base, y, y2);
+      }
     }
     expect_bitwise("linear simt==small_m", base, ys, ym);
   }
@@ -629,6 +659,25 @@ TEST(CudaGemm, BatchInvariance) {
                        strf("%s %s %s path=%s: row %lld of %lld tokens vs alone", c.name, fmt_name(c.fmt).c_str(),
                             c.mode.name, path_name(p), (long long)t, (long long)N),
                        rows_of(y, t, 1, nout), y1);
+      }
+    }
+    {  // gemv: row t of an 8-token call == the same token alone (the kernel's order depends on the shape only)
+      const auto y8 = run_gpu(d->v, xd.as<float>(), 8, nout, o, GemmPath::gemv, nullptr);
+      for (const int64_t t : {int64_t(0), int64_t(3), int64_t(7)}) {
+        GemmPath tk;
+        const auto y1 = run_gpu(d->v, xd.as<float>() + t * c.cols, 1, nout, o, GemmPath::gemv, &tk);
+        EXPECT_EQ(tk, GemmPath::gemv) << c.name;
+        expect_bitwise("linear batch invariance",
+                       strf("%s %s %s path=gemv: row %lld of 8 tokens vs alone", c.name, fmt_name(c.fmt).c_str(),
+                            c.mode.name, (long long)t),
+                       rows_of(y8, t, 1, nout), y1);
+      }
+      for (const int64_t m : {int64_t(2), int64_t(5)}) {  // and of 2- and 5-token calls (other tokens per pass)
+        const auto ym = run_gpu(d->v, xd.as<float>(), m, nout, o, GemmPath::gemv, nullptr);
+        expect_bitwise("linear batch invariance",
+                       strf("%s %s %s path=gemv: rows 0..%lld of %lld tokens vs of 8", c.name,
+                            fmt_name(c.fmt).c_str(), c.mode.name, (long long)m - 1, (long long)m),
+                       rows_of(y8, 0, m, nout), ym);
       }
     }
     if (c.mode.Q && c.fmt.f == GemmFormat::fp8) {

@@ -32,6 +32,9 @@
 //      element finite. The simulation gives 0.6% overall and 1.0% for the worst token at the calibrated error (1.5%
 //      at 4x that error), so 6.25% leaves a 6x margin, while a real bug in the shared expert (garbage, a wrong scale
 //      layout, one of the 32 K blocks lost: sqrt(1/32) = 18%) moves it by 18..100%.
+// * moe in the default (fast) mode (gemv_kernel for the small expert segments, its own summation order): per token
+//   rms(y - ref) <= 2^-5 rms(ref) (check_moe_fast); the bitwise checks above run in the deterministic mode
+//   (gemm_path.h set_deterministic) and with forced paths.
 // * moe batch invariance: row t of a 300-token call == the same token alone (path forced simt so that the shared
 //   expert runs the same kernel order; the routed experts change kernel with the segment sizes, not the order).
 #include <algorithm>
@@ -322,6 +325,45 @@ MoeRun moe_gpu(const std::vector<float>& x, int64_t n, const std::vector<int32_t
   return r;
 }
 
+// The deterministic mode (gemm_path.h) for a scope.
+struct DeterministicScope {
+  DeterministicScope() { cuda::set_deterministic(true); }
+  ~DeterministicScope() { cuda::set_deterministic(false); }
+};
+
+// The fast mode against the CPU: per token, rms(y - ref) <= 2^-5 rms(ref), every element finite. gemv_kernel sums
+// in its own order (fp32 rounding, ~2^-24 relative per partial sum), which moves a bf16-rounded g / up / h element by
+// one bf16 ulp now and then and, through act_quant, an e4m3 code of h by one step: measured differences are far
+// below 1% of rms(ref), while a lost or doubled expert, a wrong scale or garbage moves a token by 20..100%.
+void check_moe_fast(const std::string& label, const std::vector<float>& ref, const MoeRun& got, int64_t n) {
+  const int64_t D = MoeModel::D;
+  double worst = 0, sum_e2 = 0, sum_r2 = 0;
+  int64_t worst_t = -1, nonfinite = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    double e2 = 0, r2 = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      const size_t i = size_t(t * D + d);
+      if (!std::isfinite(got.y[i])) ++nonfinite;
+      const double e = double(got.y[i]) - ref[i];
+      e2 += e * e;
+      r2 += double(ref[i]) * ref[i];
+    }
+    sum_e2 += e2, sum_r2 += r2;
+    const double r = r2 > 0 ? std::sqrt(e2 / r2) : (e2 > 0 ? INFINITY : 0.0);
+    if (!(r <= worst)) worst = r, worst_t = t;
+  }
+  const double lim = std::ldexp(1.0, -5);
+  const bool ok = nonfinite == 0 && worst <= lim && got.y.size() == ref.size();
+  std::printf("[moe fast] %s: rms(diff)/rms(ref) %.3g overall, worst token %lld %.3g (limit %.3g), non-finite %lld "
+              "%s\n",
+              label.c_str(), std::sqrt(sum_e2 / std::max(sum_r2, 1e-300)), (long long)worst_t, worst, lim,
+              (long long)nonfinite, ok ? "PASS" : "FAIL");
+  std::fflush(stdout);
+  if (!ok)
+    ADD_FAILURE() << "moe " << label << ": token " << worst_t << " off by " << worst << " of rms(ref) (limit " << lim
+                  << "), " << nonfinite << " non-finite elements";
+}
+
 struct MoeCase {
   int64_t n;
   Pattern pat;
@@ -364,7 +406,7 @@ std::vector<float> lin_cpu(const WeightView& W, const std::vector<float>& x, int
 
 std::vector<float> lin_gpu(const WeightView& Wd, const std::vector<float>& x, int64_t n, const LinearOpts& o,
                            GemmPath* taken) {
-  PathScope ps(GemmPath::auto_);
+  PathScope ps(GemmPath::cublaslt);  // as the MoE runs them in check_moe_shared_cublaslt
   const Buffer xd = to_device(*cuda(), x);
   Buffer yd = out_buffer<float>(*cuda(), size_t(n * Wd.rows));
   gops().linear(Wd, xd.as<float>(), n, yd.as<float>(), o);
@@ -388,7 +430,7 @@ void check_moe_shared_cublaslt(const std::string& label, const MoeCase& c, const
   // 1. routed part alone: bitwise
   {
     const std::vector<float> rr = moe_cpu(x, n, ids, wts, true, false, c.limit);
-    const MoeRun rg = moe_gpu(x, n, ids, wts, true, false, c.limit, GemmPath::auto_);
+    const MoeRun rg = moe_gpu(x, n, ids, wts, true, false, c.limit, GemmPath::cublaslt);
     expect_bitwise("moe routed part", label + " (same call without the shared expert) shared_path=none", rr, rg.y);
   }
   // the shared expert's linears alone on the GPU (auto path, as the MoE calls them), SwiGLU on the host
@@ -399,7 +441,7 @@ void check_moe_shared_cublaslt(const std::string& label, const MoeCase& c, const
   // 2. the MoE's shared expert (routing weights 0) == the linears alone: bitwise
   {
     const std::vector<float> zero(wts.size(), 0.0f);
-    const MoeRun z = moe_gpu(x, n, ids, zero, true, true, c.limit, GemmPath::auto_);
+    const MoeRun z = moe_gpu(x, n, ids, zero, true, true, c.limit, GemmPath::cublaslt);
     std::vector<float> want(os.size());
     for (size_t i = 0; i < os.size(); ++i) want[i] = round_to_bf16(0.0f + os[i]);  // combine: routed +0, then + os
     expect_bitwise("moe shared expert", label + strf(" with routing weights 0 (shared_path=%s) == its linears alone "
@@ -472,11 +514,21 @@ void run_moe_case(const MoeCase& c, uint64_t seed) {
              (long long)MoeModel::D, (long long)MoeModel::D, (long long)MoeModel::I,
              c.shared ? " + FP8 shared" : "", (long long)c.n, pattern_name(c.pat), double(c.limit),
              Q ? "(Q) reference" : "(D) dense");
-    const MoeRun a = moe_gpu(x, c.n, ids, wts, Q, c.shared, c.limit, GemmPath::auto_);
-    check_moe(base + " path=auto", ref, a, Q, c, x, ids, wts);
+    {
+      DeterministicScope det;  // every product in the CPU's order: bitwise
+      const MoeRun a = moe_gpu(x, c.n, ids, wts, Q, c.shared, c.limit, GemmPath::auto_);
+      check_moe(base + " path=auto deterministic", ref, a, Q, c, x, ids, wts);
+    }
+    // the default (fast) mode: gemv_kernel for the small expert segments and the decode linears, cuBLASLt from 64
+    const MoeRun f = moe_gpu(x, c.n, ids, wts, Q, c.shared, c.limit, GemmPath::auto_);
+    check_moe_fast(base + " path=auto fast", ref, f, c.n);
     if (c.n >= 64) {  // also with every linear on the SIMT kernel: (Q) bitwise again
       const MoeRun s = moe_gpu(x, c.n, ids, wts, Q, c.shared, c.limit, GemmPath::simt);
       check_moe(base + " path=simt", ref, s, Q, c, x, ids, wts);
+      if (Q && c.shared) {  // the shared expert forced onto cuBLASLt (routed part on the CPU-order kernels)
+        const MoeRun l = moe_gpu(x, c.n, ids, wts, Q, c.shared, c.limit, GemmPath::cublaslt);
+        check_moe(base + " path=cublaslt", ref, l, Q, c, x, ids, wts);
+      }
     }
   }
 }

@@ -9,10 +9,13 @@ namespace dsv4::cuda {
 namespace {
 std::atomic<int> g_path{static_cast<int>(GemmPath::auto_)};
 std::atomic<int> g_last{static_cast<int>(GemmPath::auto_)};
+std::atomic<bool> g_det{false};
 }  // namespace
 
 void set_gemm_path(GemmPath p) { g_path.store(static_cast<int>(p)); }
 GemmPath gemm_path() { return static_cast<GemmPath>(g_path.load()); }
+void set_deterministic(bool on) { g_det.store(on); }
+bool deterministic() { return g_det.load(); }
 GemmPath last_gemm_path() { return static_cast<GemmPath>(g_last.load()); }
 
 const char* gemm_path_name(GemmPath p) {
@@ -21,6 +24,7 @@ const char* gemm_path_name(GemmPath p) {
     case GemmPath::simt: return "simt";
     case GemmPath::small_m: return "small_m";
     case GemmPath::cublaslt: return "cublaslt";
+    case GemmPath::gemv: return "gemv";
   }
   return "?";
 }

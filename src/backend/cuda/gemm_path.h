@@ -7,7 +7,15 @@
 //              (D) one warp per 32 rows, one lane per row running the row's whole K chain (up to 4 tokens at once).
 //   cublaslt : cuBLASLt FP8 block-scaled GEMM ((Q) with FP8 weights only; Hopper sm_90 only; K, the output row
 //              range and its start multiples of 128, K/128 a multiple of 4, weight aux scales present).
-//   auto_    : cublaslt when it can run and n_tok >= 64, else small_m for n_tok <= 8, else simt.
+//   gemv     : the fast decode kernel (n_tok <= 8): split-K GEMV with 16-byte weight loads, many blocks per matrix,
+//              fixed-order warp / block reductions. Deterministic, and a token's result never depends on the other
+//              tokens of the call, but its summation order is its own (not the CPU's): fp32 rounding differences.
+//              Shapes it cannot take (rows not a multiple of 16 bytes, unaligned activations) run small_m.
+//   auto_    : cublaslt when it can run and n_tok >= 64, else gemv for n_tok <= 8, else simt; the MoE's small
+//              expert segments (decode) on gemv as well. In the deterministic mode (set_deterministic(true), the
+//              CLI's --deterministic) auto_ instead takes small_m for n_tok <= 8 and simt otherwise, the MoE its
+//              small_m kernels: every product in the CPU's order, so CUDA results equal the CPU backend's bitwise
+//              (slower: no cuBLASLt, no gemv).
 // simt and small_m compute every output in the CPU's order of gemm.h ((Q): per scale block an fma chain, blocks
 // added in order; (D): one fma chain over all of K), so in both products they equal the CPU and each other bitwise,
 // and row t never depends on n_tok. cuBLASLt uses its own order (tensor-core accumulation inside each 128-K block):
@@ -25,12 +33,16 @@
 
 namespace dsv4::cuda {
 
-enum class GemmPath { auto_, simt, small_m, cublaslt };
+enum class GemmPath { auto_, simt, small_m, cublaslt, gemv };
 
 // Process-wide override (tests and benchmarks only; default auto_). A forced path that cannot handle a call falls
 // back to simt (cublaslt also falls back when cuBLASLt returns no algorithm or an error).
 void set_gemm_path(GemmPath p);
 GemmPath gemm_path();
+// Process-wide deterministic mode (default off): auto_ picks only the kernels that repeat the CPU's order (see above).
+// CudaBackend sets it from BackendOptions::deterministic.
+void set_deterministic(bool on);
+bool deterministic();
 // The path the most recent linear() of this process actually ran (tests use it to tell which kernel was checked).
 GemmPath last_gemm_path();
 const char* gemm_path_name(GemmPath p);
@@ -42,10 +54,8 @@ namespace gemm_internal {
 void note_path(GemmPath p);                          // records last_gemm_path()
 
 // Activation quantization (act_quant, spec §4.3) of `rows` rows of x [rows, K] per 128 columns:
-// fp32 code values q [rows, K] (q may alias x) and scales s [rows, ceil(K/128)]. qmul: every code value is stored
-// times qmul (1, or the power of two the decode kernels fold into the activations: exact, k_gemm.cu).
-void act_quant_f32(const float* x, int64_t rows, int64_t K, float* q, float* s, cudaStream_t stream,
-                   float qmul = 1.0f);
+// fp32 code values q [rows, K] (q may alias x) and scales s [rows, ceil(K/128)].
+void act_quant_f32(const float* x, int64_t rows, int64_t K, float* q, float* s, cudaStream_t stream);
 // The same into e4m3 bytes q8 [rows_pad, K] and scales s_t [ceil(K/128), rows_pad] (column m of block kb at
 // s_t[kb * rows_pad + m], the cuBLASLt VEC128 layout); rows rows..rows_pad-1 get zero codes and scale 1.
 void act_quant_e4m3(const float* x, int64_t rows, int64_t rows_pad, int64_t K, uint8_t* q8, float* s_t,
@@ -90,6 +100,7 @@ struct MoeGemmArgs {
   bool quant = false;      // (Q): activations are code values with per-128 scales
   bool out_bf16 = false;   // LinearOpts::out_bf16 of the expert linears
   bool weight_as_bf16 = false;
+  int64_t block_cols = 128;  // FP8 experts: scale block columns (gemv_kernel needs a multiple of 16)
 };
 // h[r, :] = swiglu(w1 x, w3 x, limit, row_w[r], bf16) for every sorted row r, x = a[row_tok[r]] (a: [*, d_model],
 // codes in (Q) with scales sa [*, ceil(d_model/128)]).

@@ -23,6 +23,9 @@
 //   4. PV: the rows are staged again as [64/NCH rows][all columns] tiles (no re-staging when dim <= 128) and every
 //      thread accumulates its (head, column) elements in row order.
 // Shared memory: G x dim (q) + 64 x 136 (row tile) floats + small, 77 KiB at G = 16, dim = 512.
+// The above is the deterministic mode's kernel (and the prefill's: more than 256 tokens, or odd shapes); decode
+// calls in the default (fast) mode run attn_decode_fast_kernel (below), which keeps the CPU's blocks of 64 and its
+// online-softmax steps but sums in its own order (fp32 rounding; CUDA's expf).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -30,6 +33,7 @@
 #include <cstdint>
 
 #include "backend/cuda/device_numeric.cuh"
+#include "backend/cuda/gemm_path.h"
 #include "backend/cuda/glibc_math.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/cuda_backend.h"
@@ -335,6 +339,158 @@ __global__ void __launch_bounds__(kThreads) sparse_attention_kernel(AttnArgs a) 
   }
 }
 
+// ---- fast decode kernel (the default for n_tok <= kFastMaxTok; not the CPU's order) ------------------------------
+// One CTA (256 threads) per (token, group of kFG = 4 heads); the same blocks of 64 entries and online softmax as the
+// CPU, computed in parallel: QK -- warp w takes entries w, w + 8, ... of the block, every lane holds 4 float4 of q per
+// head (dim % 128 == 0, dim <= 512) and of the row, fma chains + xor butterfly; softmax -- warp h (< 4) takes head
+// h (block max, exp, the sum by a butterfly); PV -- thread i owns columns 2i, 2i + 1 of each head, rows in list order
+// (fma). exp is CUDA's expf. Deterministic and batch invariant; fp32 rounding differs from the CPU's.
+constexpr int kFG = 4;
+constexpr int64_t kFastMaxTok = 256;
+
+template <int NQ>
+__global__ void __launch_bounds__(kThreads) attn_decode_fast_kernel(AttnArgs a) {
+  __shared__ const float* rp[kBlock];
+  __shared__ float sc[kFG][kBlock];
+  __shared__ float alpha_s[kFG], den_s[kFG];
+  __shared__ int empty_s[kFG];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t H = a.n_heads, dim = a.dim;
+  const int64_t n_hb = (H + kFG - 1) / kFG;
+  const int64_t t = int64_t(blockIdx.x) / n_hb;
+  const int64_t h0 = (int64_t(blockIdx.x) % n_hb) * kFG;
+  const int gv = int(std::min<int64_t>(kFG, H - h0));
+
+  float4 qv[kFG][NQ];
+#pragma unroll
+  for (int h = 0; h < kFG; ++h)
+#pragma unroll
+    for (int i = 0; i < NQ; ++i)
+      qv[h][i] = h < gv ? *reinterpret_cast<const float4*>(a.q + (t * H + h0 + h) * dim + 4 * (lane + 32 * i))
+                        : make_float4(0.f, 0.f, 0.f, 0.f);
+  const int c0 = 2 * tid;  // PV columns c0, c0 + 1 (c0 < dim: dim <= 512)
+  const bool pv_on = c0 < dim;
+  float acc[kFG][2];
+#pragma unroll
+  for (int h = 0; h < kFG; ++h) acc[h][0] = acc[h][1] = 0.0f;
+  float m_h = kNegInf, sum_h = 0.0f;  // softmax state of head `warp` (warps 0..3)
+
+  const int64_t k = a.k_win + a.k_comp;
+  for (int64_t b0 = 0; b0 < k; b0 += kBlock) {
+    __syncthreads();  // the previous block is done with rp / sc
+    const float* p = nullptr;
+    if (tid < kBlock) {
+      const int64_t j = b0 + tid;
+      if (j < k) {
+        if (j < a.k_win) {
+          const int64_t i = a.win_idx[t * a.k_win + j];
+          if (i >= 0) p = i < a.n_ring ? a.ring + i * dim : a.fresh + (i - a.n_ring) * dim;
+        } else {
+          const int64_t i = a.comp_idx[t * a.k_comp + (j - a.k_win)];
+          if (i >= 0) p = a.comp + i * dim;
+        }
+      }
+      rp[tid] = p;
+    }
+    if (!__syncthreads_or(p != nullptr)) continue;  // no valid entry in this block (as the CPU)
+    // QK
+    for (int j = warp; j < kBlock; j += kThreads / 32) {
+      const float* r = rp[j];
+      if (r == nullptr) {  // warp-uniform
+        if (lane < kFG) sc[lane][j] = kNegInf;
+        continue;
+      }
+      float4 rv[NQ];
+#pragma unroll
+      for (int i = 0; i < NQ; ++i) rv[i] = __ldg(reinterpret_cast<const float4*>(r + 4 * (lane + 32 * i)));
+#pragma unroll
+      for (int h = 0; h < kFG; ++h) {
+        float d0 = 0.0f, d1 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NQ; ++i) {
+          d0 = __fmaf_rn(qv[h][i].x, rv[i].x, d0);
+          d1 = __fmaf_rn(qv[h][i].y, rv[i].y, d1);
+          d0 = __fmaf_rn(qv[h][i].z, rv[i].z, d0);
+          d1 = __fmaf_rn(qv[h][i].w, rv[i].w, d1);
+        }
+        float d = __fadd_rn(d0, d1);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) d = __fadd_rn(d, __shfl_xor_sync(0xffffffffu, d, o));
+        if (lane == 0) sc[h][j] = __fmul_rn(d, a.scale);
+      }
+    }
+    __syncthreads();
+    // softmax: warp h updates head h
+    if (warp < kFG) {
+      const int h = warp;
+      const bool v0 = rp[lane] != nullptr, v1 = rp[lane + 32] != nullptr;
+      const float s0 = sc[h][lane], s1 = sc[h][lane + 32];
+      float bm = kNegInf;
+      if (v0) bm = fmaxf(bm, s0);
+      if (v1) bm = fmaxf(bm, s1);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, o));
+      if (bm == kNegInf) {  // every valid score -inf (or NaN): the block is skipped for this head
+        sc[h][lane] = 0.0f;
+        sc[h][lane + 32] = 0.0f;
+        if (lane == 0) alpha_s[h] = 1.0f;
+      } else {
+        const float m_new = fmaxf(m_h, bm);
+        const float alpha = m_h == kNegInf ? 0.0f : expf(__fsub_rn(m_h, m_new));
+        const float p0 = v0 ? expf(__fsub_rn(s0, m_new)) : 0.0f;
+        const float p1 = v1 ? expf(__fsub_rn(s1, m_new)) : 0.0f;
+        float s = __fadd_rn(p0, p1);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
+        sum_h = __fmaf_rn(sum_h, alpha, s);
+        m_h = m_new;
+        sc[h][lane] = maybe_bf16(p0, a.bf16);
+        sc[h][lane + 32] = maybe_bf16(p1, a.bf16);
+        if (lane == 0) alpha_s[h] = alpha;
+      }
+    }
+    __syncthreads();
+    // PV
+    if (pv_on) {
+#pragma unroll
+      for (int h = 0; h < kFG; ++h) {
+        const float al = alpha_s[h];
+        acc[h][0] = __fmul_rn(acc[h][0], al);
+        acc[h][1] = __fmul_rn(acc[h][1], al);
+      }
+#pragma unroll 8
+      for (int j = 0; j < kBlock; ++j) {
+        const float* r = rp[j];
+        if (r == nullptr) continue;
+        const float2 v = __ldg(reinterpret_cast<const float2*>(r + c0));
+#pragma unroll
+        for (int h = 0; h < kFG; ++h) {
+          const float pj = sc[h][j];
+          acc[h][0] = __fmaf_rn(pj, v.x, acc[h][0]);
+          acc[h][1] = __fmaf_rn(pj, v.y, acc[h][1]);
+        }
+      }
+    }
+  }
+  // output: acc / (sum + exp(sink - m)); zero for a head without any valid entry
+  if (warp < kFG && lane == 0) {
+    const int h = warp;
+    empty_s[h] = m_h == kNegInf ? 1 : 0;
+    den_s[h] = (m_h == kNegInf || h >= gv) ? 1.0f : __fadd_rn(sum_h, expf(__fsub_rn(a.sink[h0 + h], m_h)));
+  }
+  __syncthreads();
+  if (pv_on) {
+#pragma unroll
+    for (int h = 0; h < kFG; ++h) {
+      if (h >= gv) continue;
+      float* o = a.out + (t * H + h0 + h) * dim + c0;
+      const bool empty = empty_s[h] != 0;
+      o[0] = empty ? 0.0f : maybe_bf16(__fdiv_rn(acc[h][0], den_s[h]), a.bf16);
+      o[1] = empty ? 0.0f : maybe_bf16(__fdiv_rn(acc[h][1], den_s[h]), a.bf16);
+    }
+  }
+}
+
 int sm_count() {
   static std::atomic<int> cached[64] = {};
   int dev = 0;
@@ -396,6 +552,17 @@ void sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, const KvRo
   a.bf16 = bf16;
   a.vec = kv.dim % 4 == 0 && aligned16(kv.ring) && aligned16(kv.fresh) && aligned16(kv.comp);
   a.out = out;
+  // the fast decode kernel (fast mode: not deterministic(), gemm_path.h)
+  if (!deterministic() && n_tok <= kFastMaxTok && a.vec && kv.dim % 128 == 0 && aligned16(q) && aligned16(out)) {
+    const int64_t grid = n_tok * ((n_heads + kFG - 1) / kFG);
+    const unsigned g = unsigned(grid);
+    switch (kv.dim / 128) {
+      case 1: attn_decode_fast_kernel<1><<<g, kThreads, 0, stream>>>(a); return;
+      case 2: attn_decode_fast_kernel<2><<<g, kThreads, 0, stream>>>(a); return;
+      case 3: attn_decode_fast_kernel<3><<<g, kThreads, 0, stream>>>(a); return;
+      default: attn_decode_fast_kernel<4><<<g, kThreads, 0, stream>>>(a); return;
+    }
+  }
   // Heads per CTA: as many as keep the GPU filled (each CTA stages its rows once for all its heads). The results do
   // not depend on the choice.
   const int64_t sms = sm_count();

@@ -30,6 +30,8 @@
 //
 // Exactness: no contraction is left to the compiler (__fmaf_rn / __fadd_rn / __fmul_rn everywhere it matters);
 // weights are decoded exactly (e4m3 / e2m1 by bit placement + a power-of-two multiply, as the CPU's values).
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -243,8 +245,7 @@ __device__ __forceinline__ uint32_t enc_e4m3(float v) {  // v an exact e4m3 valu
 // One warp per (row, 128-column block). E4M3: q8/s_t (cuBLASLt layout), rows >= rows_real are padding.
 template <bool E4M3>
 __global__ void __launch_bounds__(256) act_quant_kernel(const float* x, int64_t rows_real, int64_t rows, int64_t K,
-                                                        float* q, float* s, uint8_t* q8, float* s_t,
-                                                        float qmul) {
+                                                        float* q, float* s, uint8_t* q8, float* s_t) {
   const int lane = threadIdx.x & 31;
   const int64_t nsb = (K + 127) / 128;
   const int64_t gw = int64_t(blockIdx.x) * 8 + (threadIdx.x >> 5);
@@ -280,7 +281,7 @@ __global__ void __launch_bounds__(256) act_quant_kernel(const float* x, int64_t 
       if (E4M3)
         q8[row * K + k0 + i] = static_cast<uint8_t>(enc_e4m3(c));
       else
-        q[row * K + k0 + i] = __fmul_rn(c, qmul);  // qmul: 1, or a power of two (exact, see qdec8_kernel)
+        q[row * K + k0 + i] = c;
     }
   }
   if (lane == 0) {
@@ -338,9 +339,7 @@ struct GArgs {
   int64_t ldy = 0;
   bool out_bf16 = false, weight_as_bf16 = false;
   int64_t n_slots = 0;  // blockIdx.x = n_tile * n_slots + slot
-  // (Q) decode kernels (qdec8_kernel / qdec4_kernel): output rows per block; qdec8: log2 of it; qdec4: log2 of the
-  // scale blocks per warp task
-  int q_rc = 0, q_sh = 0;
+  int gv_ks = 1;        // gemv_kernel: warps splitting K (1, 2, 4, 8)
   // MoE
   const ExpertView* table = nullptr;
   int64_t n_experts = 0, d_model = 0, inter = 0;
@@ -682,30 +681,22 @@ __global__ void __launch_bounds__(256, 2) small_kernel(const GArgs A) {
 
 // ---- row-chain kernel ("small_m", (D)) ----------------------------------------------------------------------------
 // One warp = RC_ROWS output rows, lane l owns row n0 + l and runs its whole (D) chain, for MT tokens (sorted rows) at
-// once (MT independent accumulators per weight). Data path: a per-warp ring of S = rc_slots() slots in shared memory
-// (up to 32, ~40 KB: a chain takes 4 cycles per column, so one warp streams up to 16 bytes per cycle and needs ~30 KB
-// in flight to get them from HBM; matrices of 256..1024 rows have only 8..32 warps); slot v holds bytes
-// [32 v, 32 v + 32) of each of the 32 rows (one 32-byte sector each, two lanes per row, so every cp.async
+// once (MT independent accumulators per weight). Data path: a per-warp ring of RC_S slots in shared memory; slot v
+// holds bytes [32 v, 32 v + 32) of each of the 32 rows (one 32-byte sector each, two lanes per row, so every cp.async
 // instruction moves 16 full sectors) and the activations of the slot's columns for the MT tokens. Slots are filled
-// S - 1 ahead with cp.async (no registers held), consumed after cp.async.wait_group + __syncwarp (the copies of
+// RC_AHEAD ahead with cp.async (no registers held), consumed after cp.async.wait_group + __syncwarp (the copies of
 // the other lanes); a slot is refilled only after every lane has passed the __syncwarp that follows its last read.
 // Fast path: 16-byte aligned weight rows of a multiple of 32 bytes, 16-byte aligned activation rows, FP8 scale blocks
 // a multiple of 32 columns wide. Anything else (tiny odd shapes) runs the plain per-element chain (same order).
 constexpr int RC_ROWS = 32;           // output rows per block (one warp)
+constexpr int RC_S = 8;               // ring slots
+constexpr int RC_AHEAD = RC_S - 1;    // slots in flight ahead of the one being consumed
 constexpr int RC_BYTES = 32;          // weight bytes of one row per slot
 
 // Columns of one slot (32 bytes of a row).
 template <int FMT>
 constexpr int rc_cols() {
   return FMT == kFmtFp4 ? 64 : FMT == kFmtFp8 ? 32 : FMT == kFmtBf16 ? 16 : 8;
-}
-
-// Ring slots of rowchain_kernel: as many as fit ~40 KB of shared memory (8..32).
-template <int FMT, int NW, int MT>
-constexpr int rc_slots() {
-  const int bytes = NW * RC_ROWS * RC_BYTES + MT * rc_cols<FMT>() * 4;
-  const int s = 40960 / bytes;
-  return s < 8 ? 8 : s > 32 ? 32 : s;
 }
 
 // cp.async (sm_80+): 16 bytes global -> shared, bypassing L1. Elsewhere (host emulation) a plain copy.
@@ -731,14 +722,11 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // (D) values of the 8 columns [8p, 8p + 8) of a slot (u = the row's 32 bytes as 8 words), exactly the CPU's:
-// FP8 / FP4 code value (bit placement, exact) * block scale (one fp32 rounding; FP4: s0 for columns < 32 of the slot,
+// FP8 / FP4 code value (bit placement, exact) * block scale (one fp32 multiply; FP4: s0 for columns < 32 of the slot,
 // s1 above), BF16 / F32 as stored; then bf16-rounded when rnd (rowchain_kernel drops rnd where the rounding is the
-// identity). pre: s0 / s1 come premultiplied by the placement's power of two (2^120 / 2^126, exact when the scale is
-// below 2^8 / 2^2, rowchain_kernel checks): placed * (s * 2^120) is the same real number qw * s as the CPU's product,
-// rounded once, so one multiply per value instead of two.
+// identity).
 template <int FMT>
-__device__ __forceinline__ void rc_decode8(const uint32_t* u, int p, float s0, float s1, bool pre, bool rnd,
-                                           float* v) {
+__device__ __forceinline__ void rc_decode8(const uint32_t* u, int p, float s0, float s1, bool rnd, float* v) {
   if constexpr (FMT == kFmtBf16) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -746,7 +734,7 @@ __device__ __forceinline__ void rc_decode8(const uint32_t* u, int p, float s0, f
       v[2 * i] = __uint_as_float(w << 16);
       v[2 * i + 1] = __uint_as_float(w & 0xFFFF0000u);
     }
-    (void)s0, (void)s1, (void)pre, (void)rnd;
+    (void)s0, (void)s1, (void)rnd;
   } else if constexpr (FMT == kFmtF32) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = __uint_as_float(u[8 * p + i]);
@@ -754,7 +742,7 @@ __device__ __forceinline__ void rc_decode8(const uint32_t* u, int p, float s0, f
 #pragma unroll
       for (int i = 0; i < 8; ++i) v[i] = wround_bf16(v[i]);
     }
-    (void)s0, (void)s1, (void)pre;
+    (void)s0, (void)s1;
   } else if constexpr (FMT == kFmtFp8) {
     // byte i of a word moved to the top, arithmetic shift by 4: sign at bit 31, the 7 magnitude bits at 26..20
     // (dec_e4m3's placement; the CPU's SIMD decoder does the same)
@@ -765,7 +753,7 @@ __device__ __forceinline__ void rc_decode8(const uint32_t* u, int p, float s0, f
       for (int i = 0; i < 4; ++i) {
         const uint32_t top = i == 3 ? w : (w << (24 - 8 * i));
         const uint32_t b = static_cast<uint32_t>(static_cast<int32_t>(top) >> 4) & 0x87F00000u;
-        v[4 * h + i] = pre ? __fmul_rn(__uint_as_float(b), s0) : __fmul_rn(__fmul_rn(__uint_as_float(b), 0x1p120f), s0);
+        v[4 * h + i] = __fmul_rn(__fmul_rn(__uint_as_float(b), 0x1p120f), s0);
       }
     }
     if (rnd) {
@@ -781,7 +769,7 @@ __device__ __forceinline__ void rc_decode8(const uint32_t* u, int p, float s0, f
     for (int i = 0; i < 8; ++i) {
       const uint32_t top = i == 7 ? w : (w << (28 - 4 * i));
       const uint32_t b = static_cast<uint32_t>(static_cast<int32_t>(top) >> 6) & 0x81C00000u;
-      v[i] = pre ? __fmul_rn(__uint_as_float(b), s) : __fmul_rn(__fmul_rn(__uint_as_float(b), 0x1p126f), s);
+      v[i] = __fmul_rn(__fmul_rn(__uint_as_float(b), 0x1p126f), s);
     }
     (void)rnd;  // an E2M1 code times a power of two has <= 2 significant bits: bf16 rounding is the identity
   }
@@ -794,8 +782,6 @@ __global__ void __launch_bounds__(RC_ROWS) rowchain_kernel(const GArgs A) {
   constexpr int XCH = SC / 4;                      // 16-byte activation chunks of one token per slot
   constexpr int XI = (MT * XCH + RC_ROWS - 1) / RC_ROWS;  // activation chunks per lane per slot
   constexpr bool QF = FMT == kFmtFp8 || FMT == kFmtFp4;
-  constexpr int RC_S = rc_slots<FMT, NW, MT>();  // ring slots
-  constexpr int RC_AHEAD = RC_S - 1;             // slots in flight ahead of the one being consumed
   __shared__ __align__(16) uint32_t Wr[NW][RC_S][RC_ROWS][RC_BYTES / 4];
   __shared__ __align__(16) float Xr[RC_S][MT * SC];
 
@@ -903,7 +889,7 @@ __global__ void __launch_bounds__(RC_ROWS) rowchain_kernel(const GArgs A) {
         if (row_ok) {
           const int s = v % RC_S;
           uint32_t u[NW][8];
-          bool rnd[NW], pre[NW];
+          bool rnd[NW];
 #pragma unroll
           for (int w = 0; w < NW; ++w) {
             const uint4 a = *reinterpret_cast<const uint4*>(&Wr[w][s][lane][0]);
@@ -916,22 +902,13 @@ __global__ void __launch_bounds__(RC_ROWS) rowchain_kernel(const GArgs A) {
               rnd[w] = wbf16 && (wd[w].sf32 || !(cs0[w] >= 0x1p-124f));
             else
               rnd[w] = wbf16 && FMT == kFmtF32;
-            // one multiply per value where scale * 2^120 (2^126) is exact (|scale| < 2^8 (2^2); NaN: never)
-            pre[w] = false;
-            if constexpr (FMT == kFmtFp8) {
-              pre[w] = fabsf(cs0[w]) < 256.0f;
-              if (pre[w]) cs0[w] = __fmul_rn(cs0[w], 0x1p120f);
-            } else if constexpr (FMT == kFmtFp4) {
-              pre[w] = fabsf(cs0[w]) < 4.0f && fabsf(cs1[w]) < 4.0f;
-              if (pre[w]) cs0[w] = __fmul_rn(cs0[w], 0x1p126f), cs1[w] = __fmul_rn(cs1[w], 0x1p126f);
-            }
           }
           const float* xs = &Xr[s][0];
 #pragma unroll
           for (int p = 0; p < SC / 8; ++p) {
             float wv[NW][8];
 #pragma unroll
-            for (int w = 0; w < NW; ++w) rc_decode8<FMT>(u[w], p, cs0[w], cs1[w], pre[w], rnd[w], wv[w]);
+            for (int w = 0; w < NW; ++w) rc_decode8<FMT>(u[w], p, cs0[w], cs1[w], rnd[w], wv[w]);
 #pragma unroll
             for (int t = 0; t < MT; ++t) {
               if (t < mc) {
@@ -980,174 +957,99 @@ __global__ void __launch_bounds__(RC_ROWS) rowchain_kernel(const GArgs A) {
   }
 }
 
-// ---- (Q) decode kernels: every K block of an output in its own thread -------------------------------------------
-// In gemm.h's (Q) order the chain s_kb of each K block (128 columns FP8, 32 FP4) is independent of the others; only
-// acc = acc + s_kb * (sa * sw) runs over the blocks in order. So a thread owns whole (row, K block) chains (each one
-// sequential fma chain over its block, ascending k), the chain sums go to shared memory, and one thread per
-// (row, token) adds them in block order afterwards. Both kernels need whole blocks (K a multiple of the block); the
-// launchers send other shapes (and FP8 experts) to small_kernel.
-//
-// No multiply in the weight decode: an E4M3 / E2M1 code's bits placed in a binary32 (sign at bit 31, the magnitude
-// bits at the bottom of the exponent field) read as qw * 2^-120 (E4M3) / qw * 2^-126 (E2M1), subnormal codes
-// included (the NaN codes 0x7F / 0xFF give +-480 * 2^-120, as everywhere else). The activation codes are prescaled by
-// 2^117 (exact: a code is 0 or 2^-9 <= |qa| <= 448): every product is then qa * qw * 2^-3 (FP8) / qa * qw * 2^-9
-// (FP4) exactly. Every partial sum of the CPU's chain is a multiple of 2^-18 (FP8) / 2^-10 (FP4) (the products are,
-// and an fp32 rounding of a multiple of 2^-j with |value| >= 2^(24-j) is a multiple of its ulp >= 2^-j, below that
-// it is exact), so each exact fma result r is 0 or |r| >= 2^-18 (2^-10): scaled by 2^-3 (2^-9) it is a normal float
-// and rounds exactly like r itself (|r| < 2^25: no overflow); signs of zeros follow the operand signs, which the
-// positive scale keeps. So the kernel's chain is the CPU's s_kb times 2^-3 (2^-9) bit for bit, and one exact
-// multiply by 8 (512) gives s_kb back.
-constexpr float kQPre = 0x1p117f;  // activation prescale of the decode kernels
-constexpr int Q8W = 4;             // qdec8_kernel: warps per block
-constexpr int Q8_PCAP = 3072;      // qdec8_kernel: block partial sums per block (floats)
-constexpr int Q4W = 8;             // qdec4_kernel: warps per block
-constexpr int Q4_PCAP = 4096;      // qdec4_kernel: block partial sums per block (floats)
+// ---- fast decode kernel ("gemv", the default for n_tok <= 8; NOT the CPU's summation order) -----------------------
+// A split-K GEMV that streams the weights at memory speed: a block of 8 warps covers R rows per warp group
+// (R = 4; 2 for w1 + w3) and KS = 1, 2, 4 or 8 warps split K between them (chosen from the shape alone: gv_plan).
+// Lane l of warp slice ks reads the 16-byte chunks c = (ks + KS j) * 32 + l of each of its R rows (coalesced
+// 16-byte loads, GV_U chunks x R rows in flight per lane), decodes them (FP8 / FP4 through the hardware
+// e4m3x2 -> f16x2 conversion; FP4 by moving each E2M1 nibble into E4M3 bit positions, which reads as the E2M1 value
+// times 2^-6, exact) and accumulates per chunk: part = sum_j x[j] * code[j] (fma chain over the chunk's columns), then
+// acc = fma(part, scale, acc) with scale = sw (x 64 for FP4) and, in (Q), times the activation block scale sa.
+// The lanes' accumulators are added by a xor butterfly (lane 0's result), the KS warp slices through shared memory in
+// slice order. Everything is a fixed function of the shape: the result is deterministic, and a token's output does
+// not depend on the other tokens of the call (MT tokens share each weight load, each with its own accumulators).
+// It differs from the CPU's order (gemm.h) by fp32 rounding only; tests/gpu/test_ops_gemm.cpp states the tolerance.
+// Needs: rows of a multiple of 16 bytes, K a multiple of the chunk's columns, FP8 scale blocks a multiple of 16
+// columns wide, 16-byte aligned activation rows (gv_plan / the launchers check; else the small_m kernels run).
+// E4M3 NaN codes (0x7F / 0xFF, which checkpoints do not use) decode to NaN here (the CPU's decoders give +-480).
+constexpr int GV_THREADS = 256, GV_WARPS = 8, GV_U = 2;
+constexpr int64_t kGvWarpTarget = 2048;  // row-group warps a matrix should give before K is split further
 
-// Byte i of w as an E4M3 code placed in a binary32 (value qw * 2^-120): the byte moved to the top, an arithmetic
-// shift by 4 puts the sign at bit 31 and the 7 magnitude bits at 26..20 (dec_e4m3's placement).
-__device__ __forceinline__ float e4m3_placed(uint32_t w, int i) {
-  const uint32_t top = i == 3 ? w : (w << (24 - 8 * i));
-  return __uint_as_float(static_cast<uint32_t>(static_cast<int32_t>(top) >> 4) & 0x87F00000u);
+template <int FMT>
+__host__ __device__ constexpr int gv_cols() {  // columns of one 16-byte chunk
+  return FMT == kFmtFp4 ? 32 : FMT == kFmtFp8 ? 16 : FMT == kFmtBf16 ? 8 : 4;
 }
-// Nibble j of w (element j: low nibble first) as an E2M1 code placed in a binary32 (value qw * 2^-126): sign at 31,
-// magnitude at 24..22 (dec_e2m1's placement).
-__device__ __forceinline__ float e2m1_placed(uint32_t w, int j) {
-  const uint32_t top = j == 7 ? w : (w << (28 - 4 * j));
-  return __uint_as_float(static_cast<uint32_t>(static_cast<int32_t>(top) >> 6) & 0x81C00000u);
+template <int KIND>
+__host__ __device__ constexpr int gv_rows() {  // rows per warp
+  return KIND == kW13 ? 2 : 4;
 }
 
-// qdec8_kernel: (Q) with an FP8 weight (128-column blocks), "linear" kind, MT tokens. A block covers RC = 2^q_sh
-// rows (8, 16 or 32) x all of K. Warp task = RC rows x KWT = 32 / RC blocks (4 KB): lane L owns the chain of row
-// L % RC, block KWT * task + L / RC. The warp copies a task with cp.async into one of its two shared-memory slots,
-// coalesced (4 KB = 256 pieces of 16 bytes, consecutive lanes on consecutive pieces of a row), storing piece p of
-// lane L's 128 bytes at [p][L ^ p] (conflict-free for the copies and for the lane's reads), while it computes the
-// previous task. Activations (prescaled by kQPre) are read from global memory: the lanes of one block share the
-// address (KWT distinct addresses per load). The chain sums (times 8) go to Ps[token][row][block] (row stride NB + 1:
-// conflict-free combine), then one thread per (token, row) adds them in block order with the scales.
-template <int MT>
-__global__ void __launch_bounds__(Q8W * 32) qdec8_kernel(const GArgs A) {
-  __shared__ __align__(16) uint4 Wq[Q8W][2][8][32];
-  __shared__ float Ps[Q8_PCAP];
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int rc_sh = A.q_sh, RC = 1 << rc_sh, kw_sh = 5 - rc_sh;
-  const int64_t slot = blockIdx.x % A.n_slots, nt = blockIdx.x / A.n_slots;
-  const int64_t base = slot * MT;
-  const int mc = static_cast<int>(imin(MT, A.M - base));
-  const WDesc wd = make_wdesc(A.W);
-  const int64_t nout = A.nout, wrow0 = A.r0, n0 = nt * RC;
-  if (mc <= 0 || n0 >= nout) return;  // (uniform over the block)
-  const int NB = static_cast<int>(A.W.cols >> 7), NBP = NB + 1;
-  const int NT = NB >> kw_sh;                                 // warp tasks of the block
-  const int nv = warp < NT ? (NT - 1 - warp) / Q8W + 1 : 0;  // this warp's: warp, warp + Q8W, ...
-  const uint8_t* wblock = wd.w + (wrow0 + n0) * wd.row_bytes;
-
-  // task v of this warp into slot v & 1 (an empty group past the end keeps the wait count uniform)
-  auto issue = [&](int v) {
-    if (v < nv) {
-      const uint8_t* tb = wblock + (int64_t(warp + Q8W * v) << (7 + kw_sh));
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int q = lane + 32 * i, r = q >> (3 + kw_sh), j = (q >> 3) & ((1 << kw_sh) - 1), p = q & 7;
-        if (n0 + r < nout)
-          cp_async16(&Wq[warp][v & 1][p][((j << rc_sh) | r) ^ p], tb + r * wd.row_bytes + (j << 7) + (p << 4));
-      }
-    }
-    cp_async_commit();
-  };
-
-  const int jl = lane >> rc_sh, rl = lane & (RC - 1);
-  const bool row_ok = n0 + rl < nout;
-  const float* arow[MT];
-#pragma unroll
-  for (int g = 0; g < MT; ++g) arow[g] = A.a + (base + (g < mc ? g : 0)) * A.lda;
-
-  issue(0);
-#pragma unroll 1
-  for (int v = 0; v < nv; ++v) {
-    issue(v + 1);  // slot (v + 1) & 1 was last read in iteration v - 1, before its closing __syncwarp
-    cp_async_wait<1>();
-    __syncwarp();  // every lane's copies of task v have landed
-    const int kb = ((warp + Q8W * v) << kw_sh) + jl;
-    float s[MT];
-#pragma unroll
-    for (int g = 0; g < MT; ++g) s[g] = 0.0f;
-    const uint4* ws = &Wq[warp][v & 1][0][0];
-#pragma unroll
-    for (int p = 0; p < 8; ++p) {
-      const uint4 u = ws[p * 32 + (lane ^ p)];
-      const uint32_t uw[4] = {u.x, u.y, u.z, u.w};
-      float wv[16];
-#pragma unroll
-      for (int h = 0; h < 4; ++h)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) wv[4 * h + i] = e4m3_placed(uw[h], i);
-#pragma unroll
-      for (int g = 0; g < MT; ++g) {
-        if (g < mc) {
-          const float4* xp = reinterpret_cast<const float4*>(arow[g] + (int64_t(kb) << 7) + 16 * p);
-          float xv[16];
-#pragma unroll
-          for (int h = 0; h < 4; ++h) {
-            const float4 x4 = __ldg(xp + h);
-            xv[4 * h] = x4.x, xv[4 * h + 1] = x4.y, xv[4 * h + 2] = x4.z, xv[4 * h + 3] = x4.w;
-          }
-#pragma unroll
-          for (int c = 0; c < 16; ++c) s[g] = __fmaf_rn(xv[c], wv[c], s[g]);  // the block's chain, ascending k
-        }
-      }
-    }
-    if (row_ok) {
-#pragma unroll
-      for (int g = 0; g < MT; ++g)
-        if (g < mc) Ps[((g << rc_sh) + rl) * NBP + kb] = __fmul_rn(s[g], 8.0f);  // s_kb (exact)
-    }
-    __syncwarp();  // every lane is done with slot v & 1
-  }
-  cp_async_wait<0>();
-  __syncthreads();
-
-  for (int o = tid; o < (MT << rc_sh); o += Q8W * 32) {
-    const int g = o >> rc_sh, r = o & (RC - 1);
-    const int64_t n = n0 + r;
-    if (g >= mc || n >= nout) continue;
-    const float* sa = A.sa + (base + g) * A.ldsa;
-    const int64_t srow = ((wrow0 + n) / wd.br) * wd.scols;
-    const float* ps = &Ps[((g << rc_sh) + r) * NBP];
-    float acc = 0.0f;
-#pragma unroll 4
-    for (int kb = 0; kb < NB; ++kb) {
-      const float sw = wd.sf32 ? __ldg(reinterpret_cast<const float*>(wd.scale) + srow + kb)
-                               : e8m0_to_float(__ldg(wd.scale + srow + kb));
-      acc = __fadd_rn(acc, __fmul_rn(ps[kb], __fmul_rn(__ldg(sa + kb), sw)));
-    }
-    store_out<kLinear>(A, base + g, n, acc, acc);
-  }
-}
-
-// 16 weight bytes at p (16-byte aligned when vec).
-__device__ __forceinline__ uint4 load16(const uint8_t* p, bool vec) {
+__device__ __forceinline__ uint4 gv_load16(const uint8_t* p, bool vec) {
   if (vec) return __ldg(reinterpret_cast<const uint4*>(p));
   uint32_t w[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i)
-    w[i] = uint32_t(__ldg(p + 4 * i)) | (uint32_t(__ldg(p + 4 * i + 1)) << 8) | (uint32_t(__ldg(p + 4 * i + 2)) << 16) |
-           (uint32_t(__ldg(p + 4 * i + 3)) << 24);
+    w[i] = uint32_t(__ldg(p + 4 * i)) | (uint32_t(__ldg(p + 4 * i + 1)) << 8) |
+           (uint32_t(__ldg(p + 4 * i + 2)) << 16) | (uint32_t(__ldg(p + 4 * i + 3)) << 24);
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// qdec4_kernel: (Q) with FP4 weights (1x32 blocks), any kind (linear, MoE w1+w3 with the SwiGLU epilogue, MoE w2),
-// MT tokens (sorted rows) per pass. A block covers q_rc rows x all of K. Warp task = RT = 32 / KWT rows x KWT = 2^q_sh
-// consecutive blocks (KWT = 32, 16 or 8: one 128-byte line or more per row): lane l owns the chain of row l / KWT,
-// block KWT * group + l % KWT, whose 16 weight bytes it loads itself (coalesced). A warp keeps one block group, so
-// its lanes load their 32 activations per token once (prescaled by kQPre) and keep them in registers over the rows;
-// the KG = NB / KWT groups are spread over the 8 warps (KG < 8: 8 / KG warps per group share its rows). Chain sums
-// (times 512) -> Ps, then one thread per (token, row) adds them in block order, both weights at once for w1 + w3.
-template <int KIND, int MT>
-__global__ void __launch_bounds__(Q4W * 32, 2) qdec4_kernel(const GArgs A) {
+// Two e4m3 bytes (low 16 bits of b) -> two floats (hardware conversion, exact).
+__device__ __forceinline__ float2 gv_e4m3x2(uint32_t b) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(b & 0xFFFFu), __NV_E4M3);
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+
+// Values of columns [8 p, 8 p + SUB) of a chunk (words u[0..3]): FP8 codes, FP4 codes times 2^-6, BF16 / F32 values.
+template <int FMT>
+__device__ __forceinline__ void gv_decode(const uint4& u4, int p, float* v) {
+  const uint32_t u[4] = {u4.x, u4.y, u4.z, u4.w};
+  if constexpr (FMT == kFmtFp8) {  // 8 columns = words 2p, 2p + 1, byte j of a word = column 4 (word) + j
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t w = u[2 * p + h];
+      const float2 a = gv_e4m3x2(w), b = gv_e4m3x2(w >> 16);
+      v[4 * h] = a.x, v[4 * h + 1] = a.y, v[4 * h + 2] = b.x, v[4 * h + 3] = b.y;
+    }
+  } else if constexpr (FMT == kFmtFp4) {  // 8 columns = word p, nibble j = column j (low nibble = even column)
+    const uint32_t w = u[p], o = w >> 4;
+    // nibble s|e1 e0 m -> e4m3 byte s 0 0 e1 e0 m 0 0 (= the E2M1 value times 2^-6)
+    const uint32_t ev = ((w << 4) & 0x80808080u) | ((w << 2) & 0x1C1C1C1Cu);  // columns 0, 2, 4, 6
+    const uint32_t od = ((o << 4) & 0x80808080u) | ((o << 2) & 0x1C1C1C1Cu);  // columns 1, 3, 5, 7
+    const float2 e0 = gv_e4m3x2(ev), e1 = gv_e4m3x2(ev >> 16), o0 = gv_e4m3x2(od), o1 = gv_e4m3x2(od >> 16);
+    v[0] = e0.x, v[2] = e0.y, v[4] = e1.x, v[6] = e1.y;
+    v[1] = o0.x, v[3] = o0.y, v[5] = o1.x, v[7] = o1.y;
+  } else if constexpr (FMT == kFmtBf16) {  // the chunk's 8 columns
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[2 * i] = __uint_as_float(u[i] << 16);
+      v[2 * i + 1] = __uint_as_float(u[i] & 0xFFFF0000u);
+    }
+    (void)p;
+  } else {  // F32: the chunk's 4 columns
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = __uint_as_float(u[i]);
+    (void)p;
+  }
+}
+
+// FQ (fused act_quant, single-token (Q) linears with K % 128 == 0): A.a holds the raw activations; every lane
+// quantizes its chunk itself, the 128-column block's amax taken over the 128 / CC lanes that hold it (xor shuffles
+// within the lane group), with act_quant_kernel's functions: the same codes and scales, one launch less.
+template <int FMT, bool Q, int KIND, int MT, bool FQ = false>
+__global__ void __launch_bounds__(GV_THREADS) gemv_kernel(const GArgs A) {
+  static_assert(!FQ || (Q && MT == 1 && KIND == kLinear), "fused act_quant: single-token (Q) linears");
   constexpr int NW = KIND == kW13 ? 2 : 1;
-  constexpr int U = NW * MT <= 2 ? 4 : 2;  // row groups whose weights are loaded together
-  __shared__ float Ps[Q4_PCAP];
+  constexpr int R = gv_rows<KIND>();
+  constexpr int CC = gv_cols<FMT>();
+  constexpr int SUB = CC < 8 ? CC : 8;
+  constexpr bool QF = FMT == kFmtFp8 || FMT == kFmtFp4;
+  constexpr float WMUL = FMT == kFmtFp4 ? 64.0f : 1.0f;
+  __shared__ float red[GV_WARPS][NW * R * MT];
+
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int KS = A.gv_ks, ks = warp % KS, wr = warp / KS;
+  const int rpb = R * (GV_WARPS / KS);
   const int64_t slot = blockIdx.x % A.n_slots, nt = blockIdx.x / A.n_slots;
   int64_t base = 0, cnt = 0, e = 0;  // rows [base, base + cnt) (linear: tokens; MoE: sorted rows)
   if constexpr (KIND == kLinear) {
@@ -1162,95 +1064,170 @@ __global__ void __launch_bounds__(Q4W * 32, 2) qdec4_kernel(const GArgs A) {
   WDesc wd[NW];
   int64_t K = 0, nout = 0, wrow0 = 0;
   block_weights<KIND>(A, e, wd, K, nout, wrow0);
-  const int RC = A.q_rc, kw_sh = A.q_sh, rt_sh = 5 - kw_sh;
-  const int64_t n0 = nt * RC;
-  if (cnt <= 0 || n0 >= nout) return;  // (uniform over the block)
-  const int NB = static_cast<int>(K >> 5), NBP = NB + 1, KG = NB >> kw_sh, NRG = RC >> rt_sh;
-  const int g_first = KG < Q4W ? warp % KG : warp;
-  const int rg_first = KG < Q4W ? warp / KG : 0, rg_step = KG < Q4W ? Q4W / KG : 1;
-  const int jl = lane & ((1 << kw_sh) - 1), rl = lane >> kw_sh;
+  const int64_t nb0 = nt * rpb;
+  if (cnt <= 0 || nb0 >= nout) return;  // (uniform over the block)
+  const int64_t n0 = nb0 + int64_t(wr) * R;
+  const int64_t C = wd[0].row_bytes / 16;
+  const bool wbf = A.weight_as_bf16 && !Q && FMT != kFmtBf16;
 
   for (int64_t g0 = 0; g0 < cnt; g0 += MT) {
     const int mc = static_cast<int>(imin(MT, cnt - g0));
-    for (int grp = g_first; grp < KG; grp += Q4W) {
-      const int kb = (grp << kw_sh) + jl;
-      float x[MT][32];
+    const float* xr[MT];
+    const float* sr[MT];
 #pragma unroll
-      for (int t = 0; t < MT; ++t) {
-        if (t < mc) {
-          const float* ap = A.a + act_row<KIND>(A, base + g0 + t) * A.lda + int64_t(kb) * 32;
+    for (int t = 0; t < MT; ++t) {
+      const int64_t ar = act_row<KIND>(A, base + g0 + (t < mc ? t : 0));
+      xr[t] = A.a + ar * A.lda;
+      sr[t] = Q ? A.sa + ar * A.ldsa : nullptr;
+    }
+    float acc[NW][R][MT];
 #pragma unroll
-          for (int q = 0; q < 4; ++q) acts8(ap, 8 * q, 32, A.a_vec, &x[t][8 * q]);
+    for (int w = 0; w < NW; ++w)
 #pragma unroll
-          for (int c = 0; c < 32; ++c) x[t][c] = __fmul_rn(x[t][c], kQPre);  // exact (see above)
-        }
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < MT; ++t) acc[w][r][t] = 0.0f;
+
+    for (int64_t c0 = int64_t(ks) * 32 + lane; c0 < C; c0 += int64_t(32) * KS * GV_U) {
+      uint4 wv[GV_U][NW][R];
+#pragma unroll
+      for (int u = 0; u < GV_U; ++u) {
+        const int64_t c = c0 + int64_t(u) * 32 * KS;
+#pragma unroll
+        for (int w = 0; w < NW; ++w)
+#pragma unroll
+          for (int r = 0; r < R; ++r)
+            wv[u][w][r] = (c < C && n0 + r < nout)
+                              ? gv_load16(wd[w].w + (wrow0 + n0 + r) * wd[w].row_bytes + c * 16, wd[w].vec)
+                              : make_uint4(0u, 0u, 0u, 0u);
       }
-#pragma unroll 1
-      for (int rg = rg_first; rg < NRG; rg += U * rg_step) {
-        uint4 wv[NW][U];
-        bool ok[U];
-        int rr[U];
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int rgu = rg + u * rg_step;
-          rr[u] = (rgu << rt_sh) + rl;
-          ok[u] = rgu < NRG && n0 + rr[u] < nout;
+      for (int u = 0; u < GV_U; ++u) {
+        const int64_t c = c0 + int64_t(u) * 32 * KS;
+        if (c < C) {
+          const int64_t k0 = c * CC;
+          float ws[NW][R];
 #pragma unroll
           for (int w = 0; w < NW; ++w)
-            wv[w][u] = ok[u] ? load16(wd[w].w + (wrow0 + n0 + rr[u]) * wd[w].row_bytes + int64_t(kb) * 16, wd[w].vec)
-                             : make_uint4(0u, 0u, 0u, 0u);
-        }
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-          if (!ok[u]) continue;
-#pragma unroll
-          for (int w = 0; w < NW; ++w) {
-            const uint32_t uw[4] = {wv[w][u].x, wv[w][u].y, wv[w][u].z, wv[w][u].w};
-            float s[MT];
-#pragma unroll
-            for (int t = 0; t < MT; ++t) s[t] = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              float v8[8];
-#pragma unroll
-              for (int j = 0; j < 8; ++j) v8[j] = e2m1_placed(uw[i], j);
-#pragma unroll
-              for (int t = 0; t < MT; ++t)
-#pragma unroll
-                for (int j = 0; j < 8; ++j) s[t] = __fmaf_rn(x[t][8 * i + j], v8[j], s[t]);  // the block's chain
+            for (int r = 0; r < R; ++r) {
+              ws[w][r] = 1.0f;
+              if constexpr (QF) ws[w][r] = n0 + r < nout ? __fmul_rn(wscale(wd[w], wrow0 + n0 + r, k0), WMUL) : 0.0f;
             }
+          float part[NW][R][MT];
 #pragma unroll
-            for (int t = 0; t < MT; ++t)
-              if (t < mc) Ps[((w * MT + t) * RC + rr[u]) * NBP + kb] = __fmul_rn(s[t], 512.0f);  // s_kb (exact)
+          for (int w = 0; w < NW; ++w)
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+              for (int t = 0; t < MT; ++t) part[w][r][t] = 0.0f;
+          float xq[FQ ? CC : 1];  // FQ: the chunk's activation codes
+          float fsa = 1.0f;       // FQ: their block scale
+          if constexpr (FQ) {
+            constexpr int G = 128 / CC;  // lanes of one 128-column block (consecutive, aligned)
+            const float* xp = xr[0] + k0;
+#pragma unroll
+            for (int q = 0; q < CC / 4; ++q) {
+              const float4 f = __ldg(reinterpret_cast<const float4*>(xp) + q);
+              xq[4 * q] = f.x, xq[4 * q + 1] = f.y, xq[4 * q + 2] = f.z, xq[4 * q + 3] = f.w;
+            }
+            float m = 0.0f;
+#pragma unroll
+            for (int j = 0; j < CC; ++j) {
+              const float a = fabsf(xq[j]);
+              m = a > m ? a : m;
+            }
+            const unsigned gmask = ((1u << G) - 1u) << (lane & ~(G - 1));
+#pragma unroll
+            for (int o = 1; o < G; o <<= 1) {
+              const float t2 = __shfl_xor_sync(gmask, m, o);
+              m = t2 > m ? t2 : m;
+            }
+            fsa = fp8_act_scale(m);
+            const float inv = __fdiv_rn(1.0f, fsa);
+#pragma unroll
+            for (int j = 0; j < CC; ++j) xq[j] = fp8_quant(xq[j], inv);
+          }
+#pragma unroll
+          for (int p = 0; p < CC / SUB; ++p) {
+            float wvals[NW][R][SUB];
+#pragma unroll
+            for (int w = 0; w < NW; ++w)
+#pragma unroll
+              for (int r = 0; r < R; ++r) {
+                gv_decode<FMT>(wv[u][w][r], p, wvals[w][r]);
+                if (wbf) {  // (D) weight_as_bf16: bf16(dequantized weight), the scale applied per element
+#pragma unroll
+                  for (int j = 0; j < SUB; ++j)
+                    wvals[w][r][j] = wround_bf16(QF ? __fmul_rn(wvals[w][r][j], ws[w][r]) : wvals[w][r][j]);
+                }
+              }
+#pragma unroll
+            for (int t = 0; t < MT; ++t) {
+              if (t < mc) {
+                float x[SUB];
+                if constexpr (FQ) {
+#pragma unroll
+                  for (int j = 0; j < SUB; ++j) x[j] = xq[p * SUB + j];
+                } else {
+                  const float* xp = xr[t] + k0 + p * SUB;
+#pragma unroll
+                  for (int q = 0; q < SUB / 4; ++q) {
+                    const float4 f = __ldg(reinterpret_cast<const float4*>(xp) + q);
+                    x[4 * q] = f.x, x[4 * q + 1] = f.y, x[4 * q + 2] = f.z, x[4 * q + 3] = f.w;
+                  }
+                }
+#pragma unroll
+                for (int w = 0; w < NW; ++w)
+#pragma unroll
+                  for (int r = 0; r < R; ++r)
+#pragma unroll
+                    for (int j = 0; j < SUB; ++j) part[w][r][t] = __fmaf_rn(x[j], wvals[w][r][j], part[w][r][t]);
+              }
+            }
+          }
+#pragma unroll
+          for (int t = 0; t < MT; ++t) {
+            if (t < mc) {
+              const float sa = FQ ? fsa : Q ? __ldg(sr[t] + (k0 >> 7)) : 1.0f;
+#pragma unroll
+              for (int w = 0; w < NW; ++w)
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                  const float s = (QF && !wbf) ? __fmul_rn(sa, ws[w][r]) : 1.0f;
+                  acc[w][r][t] = __fmaf_rn(part[w][r][t], s, acc[w][r][t]);
+                }
+            }
           }
         }
       }
     }
+    // lanes: xor butterfly (lane 0's sum is used), then the KS slices in order
+#pragma unroll
+    for (int w = 0; w < NW; ++w)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < MT; ++t) {
+          float v = acc[w][r][t];
+#pragma unroll
+          for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+          if (lane == 0) red[warp][(w * R + r) * MT + t] = v;
+        }
     __syncthreads();
-    for (int o = tid; o < MT * RC; o += Q4W * 32) {
-      const int t = o / RC, r = o % RC;
-      const int64_t n = n0 + r;
+    for (int o = tid; o < (GV_WARPS / KS) * R * MT; o += GV_THREADS) {
+      const int owr = o / (R * MT), r = (o / MT) % R, t = o % MT;
+      const int64_t n = nb0 + int64_t(owr) * R + r;
       if (t >= mc || n >= nout) continue;
-      const float* sa = A.sa + act_row<KIND>(A, base + g0 + t) * A.ldsa;
-      const uint8_t* sw[NW];
-      const float* ps[NW];
-      float acc[NW];
+      float s[NW];
 #pragma unroll
       for (int w = 0; w < NW; ++w) {
-        sw[w] = wd[w].scale + (wrow0 + n) * wd[w].scols;
-        ps[w] = &Ps[((w * MT + t) * RC + r) * NBP];
-        acc[w] = 0.0f;
+        s[w] = red[owr * KS][(w * R + r) * MT + t];
+        for (int q = 1; q < KS; ++q) s[w] = __fadd_rn(s[w], red[owr * KS + q][(w * R + r) * MT + t]);
       }
-#pragma unroll 4
-      for (int kb = 0; kb < NB; ++kb) {
-        const float sak = __ldg(sa + (kb >> 2));
-#pragma unroll
-        for (int w = 0; w < NW; ++w)
-          acc[w] = __fadd_rn(acc[w], __fmul_rn(ps[w][kb], __fmul_rn(sak, e8m0_to_float(__ldg(sw[w] + kb)))));
-      }
-      store_out<KIND>(A, base + g0 + t, n, acc[0], acc[NW - 1]);
+      store_out<KIND>(A, base + g0 + t, n, s[0], s[NW - 1]);
     }
-    __syncthreads();  // Ps is reused by the next pass
+    __syncthreads();  // red is reused by the next group of tokens
   }
 }
 
@@ -1304,71 +1281,79 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 
 int64_t grid_blocks(int64_t n, int threads) { return imin(cdiv(n, threads), 65535 * 8); }
 
-// ---- (Q) decode kernels: shapes, launches ------------------------------------------------------------------------
-struct QPlan {
+// ---- gemv_kernel: shapes, launches ------------------------------------------------------------------------------
+struct GvPlan {
   bool ok = false;
-  int rc = 0, sh = 0;  // GArgs::q_rc, q_sh
+  int ks = 1;   // GArgs::gv_ks
+  int rpb = 0;  // output rows per block
 };
 
-// Tokens per pass: qdec8 1, 2 or 4; qdec4 1 or 2 (its activations live in registers).
-int q8_mt(int64_t n_tok) { return n_tok == 1 ? 1 : n_tok == 2 ? 2 : 4; }
-int q4_mt(int64_t n_tok) { return n_tok == 1 ? 1 : 2; }
-
-// qdec8_kernel for an FP8 weight (128-column blocks, K a multiple of 128, 16-byte aligned: cp.async). RC = 256 / NB
-// rows per block within 8..32 (about 8 warp tasks of 4 KB per block), then larger until KWT = 32 / RC divides NB.
-QPlan q8_plan(const WeightView& W, int mt) {
-  QPlan p;
-  if (W.fmt != GemmFormat::fp8 || W.block_cols != 128 || W.cols % 128 != 0 || !aligned16(W.w)) return p;
-  const int64_t NB = W.cols / 128;
-  int sh = NB >= 32 ? 3 : NB >= 16 ? 4 : 5;
-  while (sh < 5 && NB % (int64_t(32) >> sh) != 0) ++sh;
-  if (int64_t(mt) * (int64_t(1) << sh) * (NB + 1) > Q8_PCAP) return p;
+// From the shape alone (never the token count, so a token's result does not depend on its batch): KS doubles while
+// the matrix gives fewer than kGvWarpTarget row-group warps and every lane keeps at least one chunk per row.
+GvPlan gv_plan(GemmFormat fmt, int kind, int64_t K, int64_t nout, int64_t block_cols) {
+  GvPlan p;
+  const int cc = fmt == GemmFormat::fp4 ? 32 : fmt == GemmFormat::fp8 ? 16 : fmt == GemmFormat::bf16 ? 8 : 4;
+  if (K <= 0 || nout <= 0 || K % cc != 0) return p;
+  if (fmt == GemmFormat::fp8 && block_cols % 16 != 0) return p;
+  const int64_t C = K / cc;
+  const int R = kind == kW13 ? 2 : 4;
+  int ks = 1;
+  while (ks < GV_WARPS && C / (int64_t(ks) * 2) >= 32 && cdiv(nout, R) * ks < kGvWarpTarget) ks *= 2;
   p.ok = true;
-  p.rc = 1 << sh;
-  p.sh = sh;
+  p.ks = ks;
+  p.rpb = R * (GV_WARPS / ks);
   return p;
 }
 
-// qdec4_kernel for FP4 weights with K columns (K a multiple of 256), nw weights per block: KWT = the largest of 32, 16,
-// 8 dividing NB = K / 32; the KG = NB / KWT block groups must divide the 8 warps or be a multiple of them. Rows per
-// block: a multiple of the warps' row unit, ~16 KB of each weight, within the partial-sum buffer.
-QPlan q4_plan(int64_t K, int nw, int mt) {
-  QPlan p;
-  if (K <= 0 || K % 256 != 0) return p;
-  const int64_t NB = K / 32;
-  const int sh = NB % 32 == 0 ? 5 : NB % 16 == 0 ? 4 : 3;
-  const int64_t KG = NB >> sh;
-  if (KG < Q4W && Q4W % KG != 0) return p;
-  const int64_t unit = (int64_t(32) >> sh) * (KG < Q4W ? Q4W / KG : 1);
-  const int64_t cap = Q4_PCAP / (int64_t(nw) * mt * (NB + 1));  // rows the partial sums hold
-  if (cap < unit) return p;
-  int64_t rc = std::max(unit, (16384 / (K / 2)) / unit * unit);
-  rc = std::min(rc, cap / unit * unit);
-  p.ok = true;
-  p.rc = static_cast<int>(rc);
-  p.sh = sh;
-  return p;
+// Tokens per pass: linear 1, 2, 4 or 8 (n_tok <= 8); MoE segments 1 (single-token calls) or 4.
+int gv_mt_linear(int64_t n_tok) { return n_tok <= 1 ? 1 : n_tok == 2 ? 2 : n_tok <= 4 ? 4 : 8; }
+int gv_mt_moe(int64_t n_tok) { return n_tok <= 1 ? 1 : 4; }
+
+template <int FMT, bool Q, int KIND>
+void launch_gv_mt(int mt, const GArgs& A, int64_t grid, cudaStream_t st) {
+  const dim3 g(static_cast<unsigned>(grid)), b(GV_THREADS);
+  if constexpr (KIND == kLinear) {
+    switch (mt) {
+      case 1: gemv_kernel<FMT, Q, KIND, 1><<<g, b, 0, st>>>(A); return;
+      case 2: gemv_kernel<FMT, Q, KIND, 2><<<g, b, 0, st>>>(A); return;
+      case 4: gemv_kernel<FMT, Q, KIND, 4><<<g, b, 0, st>>>(A); return;
+      default: gemv_kernel<FMT, Q, KIND, 8><<<g, b, 0, st>>>(A); return;
+    }
+  } else {
+    if (mt == 1)
+      gemv_kernel<FMT, Q, KIND, 1><<<g, b, 0, st>>>(A);
+    else
+      gemv_kernel<FMT, Q, KIND, 4><<<g, b, 0, st>>>(A);
+  }
 }
 
-void launch_q8(int mt, const GArgs& A, int64_t grid, cudaStream_t st) {
+// Single-token (Q) linear with act_quant fused (A.a = raw activations, K % 128 == 0).
+void launch_gemv_fq(int fmt, const GArgs& A, int64_t grid, cudaStream_t st) {
   if (grid <= 0) return;
-  const dim3 g(static_cast<unsigned>(grid)), b(Q8W * 32);
-  if (mt == 1)
-    qdec8_kernel<1><<<g, b, 0, st>>>(A);
-  else if (mt == 2)
-    qdec8_kernel<2><<<g, b, 0, st>>>(A);
+  const dim3 g(static_cast<unsigned>(grid)), b(GV_THREADS);
+  if (fmt == kFmtFp8)
+    gemv_kernel<kFmtFp8, true, kLinear, 1, true><<<g, b, 0, st>>>(A);
+  else if (fmt == kFmtFp4)
+    gemv_kernel<kFmtFp4, true, kLinear, 1, true><<<g, b, 0, st>>>(A);
   else
-    qdec8_kernel<4><<<g, b, 0, st>>>(A);
+    fail_msg("linear: (Q) needs an FP8 or FP4 weight");
 }
 
 template <int KIND>
-void launch_q4(int mt, const GArgs& A, int64_t grid, cudaStream_t st) {
+void launch_gemv(int fmt, bool Q, int mt, const GArgs& A, int64_t grid, cudaStream_t st) {
   if (grid <= 0) return;
-  const dim3 g(static_cast<unsigned>(grid)), b(Q4W * 32);
-  if (mt == 1)
-    qdec4_kernel<KIND, 1><<<g, b, 0, st>>>(A);
-  else
-    qdec4_kernel<KIND, 2><<<g, b, 0, st>>>(A);
+  if (Q) {
+    if (fmt == kFmtFp8) return launch_gv_mt<kFmtFp8, true, KIND>(mt, A, grid, st);
+    if (fmt == kFmtFp4) return launch_gv_mt<kFmtFp4, true, KIND>(mt, A, grid, st);
+    fail_msg("linear: (Q) needs an FP8 or FP4 weight");
+  }
+  if (fmt == kFmtFp8) return launch_gv_mt<kFmtFp8, false, KIND>(mt, A, grid, st);
+  if (fmt == kFmtFp4) return launch_gv_mt<kFmtFp4, false, KIND>(mt, A, grid, st);
+  if constexpr (KIND == kLinear) {
+    if (fmt == kFmtBf16) return launch_gv_mt<kFmtBf16, false, KIND>(mt, A, grid, st);
+    if (fmt == kFmtF32) return launch_gv_mt<kFmtF32, false, KIND>(mt, A, grid, st);
+  }
+  fail_msg("gemv: unsupported weight format");
 }
 
 }  // namespace
@@ -1376,11 +1361,11 @@ void launch_q4(int mt, const GArgs& A, int64_t grid, cudaStream_t st) {
 // ---- internal interfaces ----------------------------------------------------------------------------------------
 namespace gemm_internal {
 
-void act_quant_f32(const float* x, int64_t rows, int64_t K, float* q, float* s, cudaStream_t stream, float qmul) {
+void act_quant_f32(const float* x, int64_t rows, int64_t K, float* q, float* s, cudaStream_t stream) {
   const int64_t warps = rows * cdiv(K, 128);
   if (warps <= 0) return;
   act_quant_kernel<false><<<static_cast<unsigned>(cdiv(warps, 8)), 256, 0, stream>>>(x, rows, rows, K, q, s, nullptr,
-                                                                                      nullptr, qmul);
+                                                                                      nullptr);
 }
 
 void act_quant_e4m3(const float* x, int64_t rows, int64_t rows_pad, int64_t K, uint8_t* q8, float* s_t,
@@ -1388,7 +1373,7 @@ void act_quant_e4m3(const float* x, int64_t rows, int64_t rows_pad, int64_t K, u
   const int64_t warps = rows_pad * cdiv(K, 128);
   if (warps <= 0) return;
   act_quant_kernel<true><<<static_cast<unsigned>(cdiv(warps, 8)), 256, 0, stream>>>(x, rows, rows_pad, K, nullptr,
-                                                                                     nullptr, q8, s_t, 1.0f);
+                                                                                     nullptr, q8, s_t);
 }
 
 void finish_rows(const float* src, int64_t rows, int64_t cols, bool bf16, float* y, cudaStream_t stream) {
@@ -1435,28 +1420,28 @@ void moe_launch_both(int kind, const MoeGemmArgs& g, GArgs A, int64_t nout, cuda
   GArgs Ab = A;
   Ab.n_slots = cdiv(P, TBM) + imin(E, P / (kMoeSmallMax + 1));
   const int64_t gb = Ab.n_slots * cdiv(nout, TBN);
-  // (Q) FP4 experts: qdec4_kernel (the small segments of a decode); FP8 experts and odd shapes: small_kernel
-  const int q4mt = q4_mt(g.n_tok);
-  const QPlan q4 = g.quant && g.fmt == GemmFormat::fp4 ? q4_plan(kind == kW13 ? g.d_model : g.inter,
-                                                                   kind == kW13 ? 2 : 1, q4mt)
-                                                         : QPlan{};
-  if (q4.ok) {
-    As.q_rc = q4.rc;
-    As.q_sh = q4.sh;
-  }
-  const int64_t gq = As.n_slots * cdiv(nout, q4.ok ? q4.rc : 1);
+  // small experts on the fast gemv_kernel unless a path is forced or the deterministic mode is on (then the
+  // small_m kernels, which repeat the CPU's order)
+  const int64_t K = kind == kW13 ? g.d_model : g.inter;
+  const GvPlan gv = gemm_path() == GemmPath::auto_ && !deterministic() && A.a_vec
+                        ? gv_plan(g.fmt, kind, K, nout, g.fmt == GemmFormat::fp8 ? g.block_cols : 32)
+                        : GvPlan{};
+  if (gv.ok) As.gv_ks = gv.ks;
+  const int64_t gg = gv.ok ? As.n_slots * cdiv(nout, gv.rpb) : 0;
+  // no segment can exceed kMoeSmallMax rows when there are no more pairs than that: no tiled-kernel launch
+  const bool any_big = P > kMoeSmallMax;
   if (kind == kW13) {
-    if (q4.ok)
-      launch_q4<kW13>(q4mt, As, gq, stream);
+    if (gv.ok)
+      launch_gemv<kW13>(fmt, g.quant, gv_mt_moe(g.n_tok), As, gg, stream);
     else
       launch_kind<kW13, true>(fmt, g.quant, mt, As, gs, stream);
-    launch_kind<kW13, false>(fmt, g.quant, mt, Ab, gb, stream);
+    if (any_big) launch_kind<kW13, false>(fmt, g.quant, mt, Ab, gb, stream);
   } else {
-    if (q4.ok)
-      launch_q4<kW2>(q4mt, As, gq, stream);
+    if (gv.ok)
+      launch_gemv<kW2>(fmt, g.quant, gv_mt_moe(g.n_tok), As, gg, stream);
     else
       launch_kind<kW2, true>(fmt, g.quant, mt, As, gs, stream);
-    launch_kind<kW2, false>(fmt, g.quant, mt, Ab, gb, stream);
+    if (any_big) launch_kind<kW2, false>(fmt, g.quant, mt, Ab, gb, stream);
   }
 }
 }  // namespace
@@ -1557,7 +1542,22 @@ void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const 
     case GemmPath::simt: path = GemmPath::simt; break;
     case GemmPath::small_m: path = GemmPath::small_m; break;
     case GemmPath::cublaslt: path = lt_ok ? GemmPath::cublaslt : GemmPath::simt; break;
-    default: path = (lt_ok && n_tok >= 64) ? GemmPath::cublaslt : (n_tok <= 8 ? GemmPath::small_m : GemmPath::simt);
+    case GemmPath::gemv: path = GemmPath::gemv; break;
+    default:
+      if (deterministic())  // the kernels that repeat the CPU's order: bitwise equal to the CPU backend
+        path = n_tok <= 8 ? GemmPath::small_m : GemmPath::simt;
+      else
+        path = (lt_ok && n_tok >= 64) ? GemmPath::cublaslt : (n_tok <= 8 ? GemmPath::gemv : GemmPath::simt);
+  }
+  // the fast decode kernel where the shape allows it (else small_m, or simt for more than 8 tokens)
+  GvPlan gv;
+  if (path == GemmPath::gemv) {
+    gv = gv_plan(W.fmt, kLinear, p.K, p.nout, W.block_cols);
+    const bool x_ok = p.Q || aligned16(x);  // (Q) reads the 256-aligned scratch codes
+    if (!gv.ok || !x_ok || n_tok > 8) {
+      gv.ok = false;
+      path = n_tok <= 8 ? GemmPath::small_m : GemmPath::simt;
+    }
   }
   if (path == GemmPath::cublaslt) {
     if (gemm_internal::cublaslt_linear(W, x, n_tok, y, p.r0, p.nout, o.out_bf16, scratch, stream)) {
@@ -1577,23 +1577,14 @@ void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const 
   A.out_bf16 = o.out_bf16;
   A.weight_as_bf16 = o.weight_as_bf16;
   A.lda = p.K;
-  // (Q) decode kernels (qdec8 / qdec4) where the shape allows them; qdec8 reads activation codes prescaled by kQPre
-  int qmt = 0;
-  QPlan qp;
-  if (path == GemmPath::small_m && p.Q) {
-    if (W.fmt == GemmFormat::fp8) {
-      qmt = q8_mt(n_tok);
-      qp = q8_plan(W, qmt);
-    } else if (W.fmt == GemmFormat::fp4) {
-      qmt = q4_mt(n_tok);
-      qp = q4_plan(p.K, 1, qmt);
-    }
-  }
-  if (p.Q) {
+  // single-token (Q) decode on gemv: act_quant fused into the kernel
+  const bool fq = path == GemmPath::gemv && p.Q && n_tok == 1 && p.K % 128 == 0 && aligned16(x);
+  if (fq) {
+    A.a = x;
+  } else if (p.Q) {
     float* qa = static_cast<float*>(scratch);
     float* sa = reinterpret_cast<float*>(static_cast<char*>(scratch) + align256(size_t(n_tok * p.K) * 4));
-    gemm_internal::act_quant_f32(x, n_tok, p.K, qa, sa, stream,
-                                 qp.ok && W.fmt == GemmFormat::fp8 ? kQPre : 1.0f);
+    gemm_internal::act_quant_f32(x, n_tok, p.K, qa, sa, stream);
     A.a = qa;
     A.sa = sa;
     A.ldsa = cdiv(p.K, 128);
@@ -1602,15 +1593,14 @@ void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const 
   }
   A.a_vec = aligned16(A.a) && p.K % 4 == 0;
   const int fmt = fmt_code(W.fmt);
-  if (path == GemmPath::small_m && qp.ok) {
-    A.q_rc = qp.rc;
-    A.q_sh = qp.sh;
-    A.n_slots = cdiv(n_tok, qmt);
-    const int64_t grid = A.n_slots * cdiv(p.nout, qp.rc);
-    if (W.fmt == GemmFormat::fp8)
-      launch_q8(qmt, A, grid, stream);
+  if (path == GemmPath::gemv) {
+    const int mt = gv_mt_linear(n_tok);
+    A.n_slots = cdiv(n_tok, mt);
+    A.gv_ks = gv.ks;
+    if (fq)
+      launch_gemv_fq(fmt, A, A.n_slots * cdiv(p.nout, gv.rpb), stream);
     else
-      launch_q4<kLinear>(qmt, A, grid, stream);
+      launch_gemv<kLinear>(fmt, p.Q, mt, A, A.n_slots * cdiv(p.nout, gv.rpb), stream);
   } else if (path == GemmPath::small_m) {
     const int mt = small_mt(p.Q, n_tok);
     A.n_slots = cdiv(n_tok, mt);

@@ -26,6 +26,9 @@
 //  otherwise (probability ~1e-4 per token: the interval holds a float rounding boundary; also any inf / NaN) one
 //  thread recomputes the CPU's sequential sum exactly (~16k dependent double adds, ~70 us for that CTA).
 // hc_post is elementwise per (token, d) with the CPU's operation order.
+// Fast mode (the default; not deterministic(), gemm_path.h): decode calls (n_tok <= 32) compute the dots with
+// hc_dot_fast_kernel (one CTA per dot, fma chains, fixed-order reductions) and kernel B keeps its tree sum of
+// squares; everything else as above. Deterministic and batch invariant, within fp32 rounding of the CPU.
 //
 // Cost estimate (H200, hc 4 x dim 4096 = width 16384, mix 24): the floor is the CPU's dependency chain -- 2048
 // sequential fp32 adds per chain (~4 cycles each). n_tok = 1: 24 CTAs of 8 chains, ~11k cycles ~ 6 us for kernel A,
@@ -37,6 +40,7 @@
 #include <cstdint>
 
 #include "backend/cuda/device_numeric.cuh"
+#include "backend/cuda/gemm_path.h"
 #include "backend/cuda/glibc_math.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -195,6 +199,58 @@ void launch_dots(const float* X, int64_t n_tok, int64_t width, const float* fn, 
   hc_dot_kernel<TT, MM, RG, TG, KC><<<grid, kThreads, 0, stream>>>(X, n_tok, width, fn, mix, vec, out_stride, out);
 }
 
+// ---- kernel A, fast mode (decode; not the CPU's order) ---------------------------------------------------------
+// One CTA per (token, mix row): every thread sums its float4s of the row with 4 independent fma chains, the lanes by
+// a xor butterfly, the 8 warps in order: deterministic and batch invariant, fp32 rounding differs from the CPU's.
+// Row m == mix (the grid's last row) is the sum of squares of X[t] instead: double accumulation in a tree, written
+// as float(sum) to out[t, mix] for kernel B (whose fast mode reads it instead of summing itself).
+__global__ void __launch_bounds__(kThreads) hc_dot_fast_kernel(const float* X, int64_t width, const float* fn,
+                                                               int mix, int64_t out_stride, float* out) {
+  __shared__ float red[kWarps];
+  __shared__ double redd[kWarps];
+  const int64_t t = blockIdx.x;
+  const int m = int(blockIdx.y);
+  const float4* x4 = reinterpret_cast<const float4*>(X + t * width);
+  if (m == mix) {
+    double q = 0.0;
+    for (int64_t k = threadIdx.x; k < width / 4; k += kThreads) {
+      const float4 xv = __ldg(x4 + k);
+      q = __fma_rn(double(xv.x), double(xv.x), q);
+      q = __fma_rn(double(xv.y), double(xv.y), q);
+      q = __fma_rn(double(xv.z), double(xv.z), q);
+      q = __fma_rn(double(xv.w), double(xv.w), q);
+    }
+    q = warp_sum(q);
+    if ((threadIdx.x & 31) == 0) redd[threadIdx.x >> 5] = q;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      double s = redd[0];
+      for (int w = 1; w < kWarps; ++w) s = __dadd_rn(s, redd[w]);
+      out[t * out_stride + mix] = __double2float_rn(s);
+    }
+    return;
+  }
+  const float4* f4 = reinterpret_cast<const float4*>(fn + int64_t(m) * width);
+  float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+  for (int64_t k = threadIdx.x; k < width / 4; k += kThreads) {
+    const float4 xv = __ldg(x4 + k), fv = __ldg(f4 + k);
+    a0 = __fmaf_rn(xv.x, fv.x, a0);
+    a1 = __fmaf_rn(xv.y, fv.y, a1);
+    a2 = __fmaf_rn(xv.z, fv.z, a2);
+    a3 = __fmaf_rn(xv.w, fv.w, a3);
+  }
+  float a = __fadd_rn(__fadd_rn(a0, a1), __fadd_rn(a2, a3));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) a = __fadd_rn(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = a;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float s = red[0];
+    for (int w = 1; w < kWarps; ++w) s = __fadd_rn(s, red[w]);
+    out[t * out_stride + m] = s;
+  }
+}
+
 // ---- kernel B: per-token coefficients, Sinkhorn and collapse ---------------------------------------------------
 // HEAD: hc_head (mix = hc rows, pre only). Else hc_pre (mix = (2+hc)*hc; pre, post, comb). have_dots: kernel A left
 // the dot products in u[t, 0..mix).
@@ -202,7 +258,8 @@ template <bool HEAD>
 __global__ void __launch_bounds__(kThreads) hc_finish_kernel(const float* X, int hc, int64_t dim, const float* fn,
                                                              const float* scale, const float* base, int sinkhorn_iters,
                                                              float hc_eps, float norm_eps, bool bf16, bool have_dots,
-                                                             int mix, float* u, float* post, float* comb) {
+                                                             int mix, bool exact_ss, float* u, float* post,
+                                                             float* comb) {
   __shared__ double red[kWarps];
   __shared__ double ss_seq;
   __shared__ float mix_s[kMaxMix];
@@ -231,32 +288,39 @@ __global__ void __launch_bounds__(kThreads) hc_finish_kernel(const float* X, int
     }
   }
 
+  // fast mode (!exact_ss): kernel A left float(sum of squares) in u[t, mix]
+  const float ss_fast = exact_ss ? 0.0f : ut[mix];
   // 2. sum of squares in double: tree order, exact CPU (sequential) sum where the float rounding could differ
   double ss = 0.0;
-  for (int64_t k = threadIdx.x; k < width; k += kThreads) {
-    const double v = double(x[k]);
-    ss = __dadd_rn(ss, __dmul_rn(v, v));
-  }
-  ss = warp_sum(ss);
-  if (lane == 0) red[warp] = ss;
-  __syncthreads();  // red and mix_s complete
-  ss = 0.0;
-  for (int w = 0; w < kWarps; ++w) ss = __dadd_rn(ss, red[w]);  // every thread: the same value
-  const double err = __dmul_rn(ss, double(2 * width + 64) * 0x1p-53);
-  if (!(__double2float_rn(__dsub_rn(ss, err)) == __double2float_rn(__dadd_rn(ss, err)))) {  // uniform branch
-    if (threadIdx.x == 0) {
-      double s = 0.0;
-      for (int64_t k = 0; k < width; ++k) {
-        const double v = double(x[k]);
-        s = __dadd_rn(s, __dmul_rn(v, v));
-      }
-      ss_seq = s;
+  if (exact_ss) {
+    for (int64_t k = threadIdx.x; k < width; k += kThreads) {
+      const double v = double(x[k]);
+      ss = __dadd_rn(ss, __dmul_rn(v, v));
     }
-    __syncthreads();
-    ss = ss_seq;
+    ss = warp_sum(ss);
+    if (lane == 0) red[warp] = ss;
+    __syncthreads();  // red and mix_s complete
+    ss = 0.0;
+    for (int w = 0; w < kWarps; ++w) ss = __dadd_rn(ss, red[w]);  // every thread: the same value
+    const double err = __dmul_rn(ss, double(2 * width + 64) * 0x1p-53);
+    if (!(__double2float_rn(__dsub_rn(ss, err)) == __double2float_rn(__dadd_rn(ss, err)))) {  // uniform branch
+      if (threadIdx.x == 0) {
+        double s = 0.0;
+        for (int64_t k = 0; k < width; ++k) {
+          const double v = double(x[k]);
+          s = __dadd_rn(s, __dmul_rn(v, v));
+        }
+        ss_seq = s;
+      }
+      __syncthreads();
+      ss = ss_seq;
+    }
+  } else {
+    __syncthreads();  // mix_s complete
   }
   // CpuOps hc_mix: r = 1 / sqrt(sum_sq / width + norm_eps); mix[m] = dot * r
-  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(__double2float_rn(ss), float(width)), norm_eps)));
+  const float ssf = exact_ss ? __double2float_rn(ss) : ss_fast;
+  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ssf, float(width)), norm_eps)));
 
   // 3. coefficients (warp 0)
   if (warp == 0) {
@@ -317,7 +381,26 @@ __global__ void __launch_bounds__(kThreads) hc_finish_kernel(const float* X, int
   }
   __syncthreads();  // pre_s ready; every read of the dots in u[t] is done
 
-  // 4. collapse: u[d] = sum_j pre_j x[j, d] (CPU order), bf16 when bf16
+  // 4. collapse: u[d] = sum_j pre_j x[j, d] (CPU order), bf16 when bf16; fast mode: 4 columns per float4 load
+  //    (the same operations per element)
+  if (!exact_ss && dim % 4 == 0) {
+    for (int64_t d4 = threadIdx.x; d4 < dim / 4; d4 += kThreads) {
+      float4 s4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+      for (int j = 0; j < hc; ++j) {
+        const float4 xv = __ldg(reinterpret_cast<const float4*>(x + int64_t(j) * dim) + d4);
+        const float pj = pre_s[j];
+        s4.x = __fadd_rn(s4.x, __fmul_rn(pj, xv.x));
+        s4.y = __fadd_rn(s4.y, __fmul_rn(pj, xv.y));
+        s4.z = __fadd_rn(s4.z, __fmul_rn(pj, xv.z));
+        s4.w = __fadd_rn(s4.w, __fmul_rn(pj, xv.w));
+      }
+      float* o = ut + 4 * d4;
+      o[0] = maybe_bf16(s4.x, bf16), o[1] = maybe_bf16(s4.y, bf16), o[2] = maybe_bf16(s4.z, bf16),
+      o[3] = maybe_bf16(s4.w, bf16);
+    }
+    return;
+  }
   for (int64_t d = threadIdx.x; d < dim; d += kThreads) {
     float s = 0.0f;
     for (int j = 0; j < hc; ++j) s = __fadd_rn(s, __fmul_rn(pre_s[j], x[int64_t(j) * dim + d]));
@@ -333,8 +416,13 @@ void hc_collapse(const float* X, int64_t n_tok, int hc, int64_t dim, const float
   const int64_t width = int64_t(hc) * dim;
   const int mix = HEAD ? hc : (2 + hc) * hc;
   const bool have_dots = mix <= dim;  // the dots fit in u[t]
-  if (have_dots) {
-    const bool vec = width % 4 == 0 && aligned16(X) && aligned16(fn);
+  const bool vec = width % 4 == 0 && aligned16(X) && aligned16(fn);
+  // fast mode (not deterministic(), gemm_path.h): decode calls take the fast dot kernel and skip the exact
+  // sequential sum-of-squares fallback (results differ from the CPU by fp32 rounding)
+  const bool fast = !deterministic() && n_tok <= kDecodeMaxTok && mix + 1 <= dim && vec && aligned16(u);
+  if (fast) {  // mix dot rows + the sum-of-squares row
+    hc_dot_fast_kernel<<<dim3(unsigned(n_tok), unsigned(mix + 1)), kThreads, 0, stream>>>(X, width, fn, mix, dim, u);
+  } else if (have_dots) {
     if (n_tok <= kDecodeMaxTok)
       launch_dots<1, 1, 1, 1, 2048>(X, n_tok, width, fn, mix, vec, dim, u, stream);  // 1 token x 1 row
     else if (HEAD)
@@ -345,8 +433,8 @@ void hc_collapse(const float* X, int64_t n_tok, int hc, int64_t dim, const float
       launch_dots<2, 3, 8, 4, 128>(X, n_tok, width, fn, mix, vec, dim, u, stream);  // 8 tokens x 24 rows
   }
   hc_finish_kernel<HEAD><<<unsigned(n_tok), kThreads, 0, stream>>>(X, hc, dim, fn, scale, base, sinkhorn_iters,
-                                                                   hc_eps, norm_eps, bf16, have_dots, mix, u, post,
-                                                                   comb);
+                                                                   hc_eps, norm_eps, bf16, have_dots, mix, !fast, u,
+                                                                   post, comb);
 }
 
 // ---- hc_post -----------------------------------------------------------------------------------------------------

@@ -90,14 +90,16 @@ struct ScoreArgs {
 };
 
 // Score tile of a CTA: TG token groups x KP key pairs (TG * KP = 256 threads); a thread owns TPT tokens x 2 keys
-// (kp and kp + KP), so a CTA covers TT = TG * TPT tokens and TJ = 2 * KP keys. <4, 4>: 16 x 128 (prefill),
-// <4, 1>: 4 x 128, <1, 1>: 1 x 256 (decode). A warp shares its tokens (q reads are broadcasts); key rows are read
+// (kp and kp + KP; KPT = 1: key kp only), so a CTA covers TT = TG * TPT tokens and TJ = KPT * KP keys.
+// <4, 4>: 16 x 128 (prefill), <4, 1>: 4 x 128, <1, 1, 1, 8>: 1 x 256 (decode). A warp shares its tokens (q reads are broadcasts); key rows are read
 // with a stride of KS = 4 mod 32 floats (conflict-free).
-template <int TG, int TPT>
+// KPT: keys per thread (2, or 1: the single-token tile 1 x 256); HC: heads of q staged at a time (kHC, or 8 for the
+// single-token tile: a quarter of the stage barriers and q loads). Neither changes any score's arithmetic.
+template <int TG, int TPT, int KPT = 2, int HC = kHC>
 struct ScoreCfg {
-  static constexpr int KP = kThreads / TG, TT = TG * TPT, TJ = 2 * KP;
+  static constexpr int KP = kThreads / TG, TT = TG * TPT, TJ = KPT * KP;
   static size_t smem(int64_t dim) {
-    return sizeof(float) * (size_t(TJ + TT * kHC) * size_t(round8(dim) + 4) + TT * kHC) + sizeof(int) * (2 * TT);
+    return sizeof(float) * (size_t(TJ + TT * HC) * size_t(round8(dim) + 4) + TT * HC) + sizeof(int) * (2 * TT);
   }
 };
 
@@ -107,16 +109,16 @@ __device__ __forceinline__ int64_t key_pool_row(const int32_t* pages, int64_t pa
   return int64_t(pages[int64_t(tb) + j / page_rows]) * page_rows + j % page_rows;
 }
 
-template <int TG, int TPT>
+template <int TG, int TPT, int KPT = 2, int HC = kHC>
 __global__ void __launch_bounds__(kThreads, 2) indexer_score_kernel(ScoreArgs a) {
-  using C = ScoreCfg<TG, TPT>;
+  using C = ScoreCfg<TG, TPT, KPT, HC>;
   constexpr int TT = C::TT, TJ = C::TJ, KP = C::KP;
   extern __shared__ float4 smem4[];
   const int DP = int(round8(a.dim)), KS = DP + 4;
   float* ks = reinterpret_cast<float*>(smem4);  // [TJ][KS] key tile
-  float* qs = ks + TJ * KS;                     // [TT][kHC][KS] q of the staged heads
-  float* ws = qs + TT * kHC * KS;               // [TT][kHC]
-  int* nv_s = reinterpret_cast<int*>(ws + TT * kHC);  // [TT] visible keys per token
+  float* qs = ks + TJ * KS;                     // [TT][HC][KS] q of the staged heads
+  float* ws = qs + TT * HC * KS;               // [TT][HC]
+  int* nv_s = reinterpret_cast<int*>(ws + TT * HC);  // [TT] visible keys per token
   int* tb_s = nv_s + TT;                              // [TT] page-table start per token (-1: past the chunk)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -134,9 +136,11 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_score_kernel(ScoreArgs a)
   __syncthreads();
 
   const int kp = tid % KP, tg = tid / KP;  // keys kp, kp + KP; tokens TPT tg .. TPT tg + TPT - 1
-  float s[TPT][2];
+  float s[TPT][KPT];
 #pragma unroll
-  for (int x = 0; x < TPT; ++x) s[x][0] = s[x][1] = 0.0f;
+  for (int x = 0; x < TPT; ++x)
+#pragma unroll
+    for (int y = 0; y < KPT; ++y) s[x][y] = 0.0f;
 
   // Segments: runs of consecutive tokens with one page table (CTA-uniform: computed by every thread from shared
   // memory). Tokens past the chunk (tb -1) come last.
@@ -154,42 +158,44 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_score_kernel(ScoreArgs a)
           *reinterpret_cast<float4*>(ks + r * KS + col) = load4(src, col, a.dim, a.vec);
       }
 
-      for (int64_t hc0 = 0; hc0 < a.H; hc0 += kHC) {
+      for (int64_t hc0 = 0; hc0 < a.H; hc0 += HC) {
         __syncthreads();  // previous q stage consumed (and the key tile written)
-        for (int r = warp; r < TT * kHC; r += kThreads / 32) {  // one warp per (token, head) row
-          const int64_t t = t0 + r / kHC, h = hc0 + r % kHC;
+        for (int r = warp; r < TT * HC; r += kThreads / 32) {  // one warp per (token, head) row
+          const int64_t t = t0 + r / HC, h = hc0 + r % HC;
           const float* src = (t < a.n && h < a.H) ? a.q + (t * a.H + h) * a.dim : nullptr;
           for (int col = lane * 4; col < DP; col += 128)
             *reinterpret_cast<float4*>(qs + r * KS + col) = load4(src, col, a.dim, a.vec);
         }
-        if (tid < TT * kHC) {
-          const int64_t tt = tid / kHC, hh = tid % kHC, t = t0 + tt, h = hc0 + hh;
+        if (tid < TT * HC) {
+          const int64_t tt = tid / HC, hh = tid % HC, t = t0 + tt, h = hc0 + hh;
           ws[tid] = (t < a.n && h < a.H) ? a.w[t * a.H + h] : 0.0f;
         }
         __syncthreads();
-        const int nh = int(std::min<int64_t>(kHC, a.H - hc0));
+        const int nh = int(std::min<int64_t>(HC, a.H - hc0));
         for (int hh = 0; hh < nh; ++hh) {
-          float ch[TPT][2][8];
+          float ch[TPT][KPT][8];
 #pragma unroll
           for (int x = 0; x < TPT; ++x)
 #pragma unroll
-            for (int l = 0; l < 8; ++l) ch[x][0][l] = ch[x][1][l] = 0.0f;
+            for (int y = 0; y < KPT; ++y)
+#pragma unroll
+              for (int l = 0; l < 8; ++l) ch[x][y][l] = 0.0f;
           const float* k0p = ks + kp * KS;
-          const float* k1p = ks + (kp + KP) * KS;
-          const float* qp = qs + (tg * TPT * kHC + hh) * KS;
+          const float* k1p = ks + (KPT > 1 ? kp + KP : kp) * KS;
+          const float* qp = qs + (tg * TPT * HC + hh) * KS;
 #pragma unroll 2
           for (int c = 0; c < DP; c += 8) {
             float k0[8], k1[8];
             lds8(k0p + c, k0);
-            lds8(k1p + c, k1);
+            if constexpr (KPT > 1) lds8(k1p + c, k1);
 #pragma unroll
             for (int x = 0; x < TPT; ++x) {
               float qv[8];
-              lds8(qp + x * kHC * KS + c, qv);
+              lds8(qp + x * HC * KS + c, qv);
 #pragma unroll
               for (int l = 0; l < 8; ++l) {
                 ch[x][0][l] = __fadd_rn(ch[x][0][l], __fmul_rn(qv[l], k0[l]));
-                ch[x][1][l] = __fadd_rn(ch[x][1][l], __fmul_rn(qv[l], k1[l]));
+                if constexpr (KPT > 1) ch[x][KPT - 1][l] = __fadd_rn(ch[x][KPT - 1][l], __fmul_rn(qv[l], k1[l]));
               }
             }
           }
@@ -197,9 +203,9 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_score_kernel(ScoreArgs a)
           for (int x = 0; x < TPT; ++x) {
             const int tt = tg * TPT + x;
             if (tt < seg0 || tt >= seg1) continue;  // another segment's token: accumulated with its own keys
-            const float wv = ws[tt * kHC + hh];
+            const float wv = ws[tt * HC + hh];
 #pragma unroll
-            for (int y = 0; y < 2; ++y) {
+            for (int y = 0; y < KPT; ++y) {
               const float* c8 = ch[x][y];
               float d = __fadd_rn(__fadd_rn(__fadd_rn(c8[0], c8[1]), __fadd_rn(c8[2], c8[3])),
                                   __fadd_rn(__fadd_rn(c8[4], c8[5]), __fadd_rn(c8[6], c8[7])));
@@ -220,7 +226,7 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_score_kernel(ScoreArgs a)
     const int64_t t = t0 + tt;
     if (t >= a.n) continue;
 #pragma unroll
-    for (int y = 0; y < 2; ++y) {
+    for (int y = 0; y < KPT; ++y) {
       const int64_t j = j0 + kp + KP * y;
       if (j < nv_s[tt]) a.scores[t * a.max_visible + j] = order_bits(maybe_bf16(s[x][y], a.bf16));
     }
@@ -380,15 +386,16 @@ size_t max_smem_optin() {
   return size_t(n);
 }
 
-template <int TG, int TPT>
+template <int TG, int TPT, int KPT = 2, int HC = kHC>
 void launch_scores(const ScoreArgs& a, cudaStream_t stream) {
-  using C = ScoreCfg<TG, TPT>;
+  using C = ScoreCfg<TG, TPT, KPT, HC>;
   const size_t smem = C::smem(a.dim);
   if (smem > max_smem_optin()) check(cudaErrorInvalidValue, "indexer_topk: key width too large for shared memory");
   if (smem > 48 * 1024)
-    cudaFuncSetAttribute(indexer_score_kernel<TG, TPT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    cudaFuncSetAttribute(indexer_score_kernel<TG, TPT, KPT, HC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         int(smem));
   const dim3 grid(unsigned((a.max_visible + C::TJ - 1) / C::TJ), unsigned((a.n + C::TT - 1) / C::TT));
-  indexer_score_kernel<TG, TPT><<<grid, kThreads, smem, stream>>>(a);
+  indexer_score_kernel<TG, TPT, KPT, HC><<<grid, kThreads, smem, stream>>>(a);
 }
 
 }  // namespace
@@ -436,8 +443,8 @@ void indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_t dim, c
       // several sequences loads one key tile per sequence.
       const int64_t run = keys.max_run > 0 ? std::min(keys.max_run, n) : n;
       if (run >= 16) launch_scores<4, 4>(a, stream);
-      else if (run > 1 || ScoreCfg<1, 1>::smem(dim) > max_smem_optin()) launch_scores<4, 1>(a, stream);
-      else launch_scores<1, 1>(a, stream);
+      else if (run > 1 || ScoreCfg<1, 1, 1, 8>::smem(dim) > max_smem_optin()) launch_scores<4, 1>(a, stream);
+      else launch_scores<1, 1, 1, 8>(a, stream);
     }
     indexer_select_kernel<<<unsigned(n), kThreads, sel_smem, stream>>>(
         scores, max_visible, n_visible + c0, max_visible, topk, keys.pages, keys.pages ? keys.table + c0 : nullptr,

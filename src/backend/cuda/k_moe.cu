@@ -267,6 +267,7 @@ void moe(const MoeWeights& w, const float* x, int64_t n_tok, const int32_t* ids,
   g.quant = L.Q;
   g.out_bf16 = q.out_bf16;
   g.weight_as_bf16 = q.weight_as_bf16;
+  g.block_cols = fmt == GemmFormat::fp8 ? std::min(e0.w1.block_cols, e0.w2.block_cols) : 32;
 
   float* h = F32(L.h);
   if (L.Q) {

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# One device session for the GPU speed work (issue 9), run from the repo root by the `run` tool:
+#   bash tools/device/speed_run.sh [STEPS]    STEPS: comma list of build,test,bench,prefill,dense,batch (default all)
+#   build    scripts/build-cuda.sh build (targets dsv4 + test_gpu only)
+#   test     scripts/test-gpu.sh (every GPU test), log + gtest JSON into $OUT
+#   bench    dsv4 bench model, 24 dummy V4-Flash layers, batch-1 decode at ctx 4096: fast (default) and
+#            --deterministic (the CPU-order kernels: the baseline)
+#   prefill  the same, prefill of 8192 tokens (fast)
+#   dense    batch-1 decode at ctx 4096 with --numerics dense (fast)
+#   batch    --batch 128, 8, 32 at ctx 4096 (batched decode over one state pool)
+#   ncu      Nsight Compute kernel durations of a few decode steps (4 layers, ctx 0), CSV into $OUT/ncu.csv
+# Environment: OUT (results folder), DSV4_COMMIT (the commit the tree is), GTEST_FILTER (optional).
+# Every step is time-limited (the whole run stays under ~560 s) so partial results still come back.
+set -u
+OUT=${OUT:-/tmp/dsv4-out}
+mkdir -p "$OUT"
+STEPS=${1:-build,test,bench,prefill,dense,batch,ncu}
+export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1 OMP_WAIT_POLICY=passive
+T0=$(date +%s)
+log() { echo "== $* ($(($(date +%s) - T0)) s)"; }
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
+left() { echo $((${LIMIT:-570} - ($(date +%s) - T0))); }
+CFG=tests/data/configs/deepseek-v4-flash-config.json
+B=build
+bench() {  # bench NAME ARGS...: one dsv4 bench model run, JSON bench-NAME.json into $OUT/bench-json.tar, stderr into
+           # $OUT/bench.log
+  local name=$1; shift
+  local l; l=$(left)
+  if [ "$l" -lt 40 ]; then echo "skip bench $name (time)"; return; fi
+  local cmd=("$B/dsv4" bench model --config "$CFG" --load-format dummy --layers 24 --device cuda "$@" --json)
+  log "bench $name: ${cmd[*]}"
+  mkdir -p /tmp/benchjson
+  timeout $((l - 10)) "${cmd[@]}" > "/tmp/benchjson/bench-$name.json" 2> /tmp/bench.err
+  echo "bench $name rc=$?"
+  grep -v '^\[warning\]' /tmp/bench.err | tail -6
+  { echo "== ${cmd[*]}"; cat /tmp/bench.err; } >> "$OUT/bench.log"
+  tar -cf "$OUT/bench-json.tar" -C /tmp/benchjson .  # one file back for every run (the tool returns <= 8 files)
+}
+{
+  log "start $(date -u) steps=$STEPS commit=${DSV4_COMMIT:-unknown}"
+  nvidia-smi -L 2>&1 | head -2
+  nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv 2>&1 | tail -1
+  echo "cpus $(nproc)"
+  if has build; then
+    log "build"
+    DSV4_TARGETS="dsv4 test_gpu" timeout 330 scripts/build-cuda.sh build -DDSV4_BUILD_BENCH=OFF > /tmp/build.log 2>&1
+    echo "build rc=$?"
+    grep -E "error|FAILED" /tmp/build.log | head -30
+    tail -2 /tmp/build.log
+  fi
+  if [ -x "$B/dsv4" ]; then
+    has bench && bench b1-ctx4096 --ctx 4096 --prefill 0 --steps 32
+    has bench && has det && bench b1-ctx4096-deterministic --ctx 4096 --prefill 0 --steps 16 --deterministic
+  fi
+  if has test && [ -x "$B/test_gpu" ]; then
+    log "GPU tests"
+    F=()
+    [ -n "${GTEST_FILTER:-}" ] && F=(--gtest_filter="$GTEST_FILTER")
+    l=$(left)
+    DSV4_COMMIT=${DSV4_COMMIT:-unknown} timeout $((l > 200 ? l - 100 : 30)) \
+      scripts/test-gpu.sh --log "$OUT/test-gpu.log" "$B" "${F[@]}" > /dev/null 2>&1
+    echo "tests rc=$?"
+    grep -E "^\[  (PASSED|FAILED) |FAILED  \]|tests? ran" "$OUT/test-gpu.log" | tail -40
+  fi
+  if [ -x "$B/dsv4" ]; then
+    has dense && bench b1-ctx4096-dense --ctx 4096 --prefill 0 --steps 16 --numerics dense --no-profile
+    has prefill && bench prefill8192 --ctx 0 --prefill 8192 --steps 1 --no-profile
+    if has batch; then
+      for b in 128 8 32; do bench b$b-ctx4096 --batch $b --ctx 4096 --prefill 0 --steps 8 --no-profile; done
+    fi
+  fi
+  if has ncu && [ -x "$B/dsv4" ] && command -v ncu > /dev/null && [ "$(left)" -gt 70 ]; then
+    log "ncu"
+    timeout $(($(left) - 15)) ncu --clock-control none --csv --metrics gpu__time_duration.sum \
+      --kernel-name regex:'gemv|moe|hc_|attn|indexer|rmsnorm|act_quant|tile|small|swiglu|route|rope' \
+      --launch-count 400 "$B/dsv4" bench model --config "$CFG" --load-format dummy --layers 4 --device cuda \
+      --ctx 0 --prefill 0 --steps 2 --no-profile > "$OUT/ncu.csv" 2> /tmp/ncu.err
+    echo "ncu rc=$? ($(wc -l < "$OUT/ncu.csv") lines)"
+    tail -3 /tmp/ncu.err
+  fi
+  log "done"
+} > "$OUT/run.log" 2>&1
+tail -70 "$OUT/run.log"
