@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build dsv4 with the CUDA backend (Release), also on a machine without network that lacks cpp-httplib and PCRE2
+# Build dsv4 with the CUDA backend (Release), also on a machine without network that lacks cpp-httplib, PCRE2 and xxHash
 # (the Ubuntu 24.04 GPU machine). A missing one is unpacked from .debs/ (gitignored; scripts/fetch-debs.sh fills it,
 # and this script runs it when .debs/ has none: that needs network) with dpkg -x into BUILD_DIR/deps-prefix.
 # Usage: scripts/build-cuda.sh [BUILD_DIR] [--force-debs] [-DNAME=VALUE ...]
@@ -31,6 +31,7 @@ has() { pkg-config --exists "$1" && printf '%s\n#include <%s>\n' "${3:-}" "$2" |
 need=()
 { [ "$FORCE" = 0 ] && has cpp-httplib httplib.h; } || need+=(dsv4-httplib-header)
 { [ "$FORCE" = 0 ] && has libpcre2-8 pcre2.h "#define PCRE2_CODE_UNIT_WIDTH 8"; } || need+=(libpcre2-dev)
+{ [ "$FORCE" = 0 ] && printf '#include <xxhash.h>\n' | ${CXX:-c++} -x c++ -E - >/dev/null 2>&1; } || need+=(libxxhash-dev)
 
 if ((${#need[@]})); then
   newest() { find .debs -maxdepth 1 -name "$1_*.deb" 2>/dev/null | sort -V | tail -n1 || true; }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Fill .debs/ (gitignored) with the two dependencies that scripts/build-cuda.sh unpacks on a machine without network
+# Fill .debs/ (gitignored) with the three dependencies that scripts/build-cuda.sh unpacks on a machine without network
 # that lacks them (the Ubuntu 24.04 GPU machine: carry ".debs" there). Run where apt reaches a Debian 12 mirror.
 #   libpcre2-dev_*.deb            Debian 12's PCRE2 10.42, the upstream version of Ubuntu 24.04; build-cuda.sh links
 #                                 its static libpcre2-8.a, so nothing from the prefix is needed at run time.
+#   libxxhash-dev_*.deb           xxhash.h, used header-only (nothing linked).
 #   dsv4-httplib-header_*_all.deb cpp-httplib header-only (usr/include/httplib.h + cpp-httplib.pc), repacked here from
 #                                 Debian's source package with Debian's patches applied. Debian's binary
 #                                 libcpp-httplib-dev is a split build: its httplib.h holds declarations only, the code
@@ -20,8 +21,8 @@ trap 'rm -rf "$T"' EXIT
 Q=(-q); [ "$(id -u)" != 0 ] || Q+=(-o APT::Sandbox::User=root)   # root: no "unsandboxed download" warnings
 
 # PCRE2: the binary package as it is.
-rm -f "$D"/libpcre2-dev_*.deb
-(cd "$D" && apt-get "${Q[@]}" download libpcre2-dev)
+rm -f "$D"/libpcre2-dev_*.deb "$D"/libxxhash-dev_*.deb
+(cd "$D" && apt-get "${Q[@]}" download libpcre2-dev libxxhash-dev)
 
 # cpp-httplib: source package through a private apt state with the system's deb lines turned into deb-src lines.
 mkdir -p "$T/parts" "$T/lists/partial" "$T/src"

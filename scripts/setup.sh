@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS=(build-essential cmake pkg-config nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
-      libcpp-httplib-dev libpcre2-dev libcli11-dev libfmt-dev libspdlog-dev nodejs npm)
+      libcpp-httplib-dev libpcre2-dev libxxhash-dev libcli11-dev libfmt-dev libspdlog-dev nodejs npm)
 missing=()
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 # nodejs/npm may come from outside Debian's packages (e.g. a NodeSource or nvm install): accept a node on PATH.

@@ -1,64 +1,11 @@
-// XXH64 (checksum.h), after the xxHash specification (github.com/Cyan4973/xxHash, doc/xxhash_spec.md).
+// XXH64 from Debian's libxxhash (header-only use: XXH_INLINE_ALL, nothing to link).
 #include "core/checksum.h"
 
-#include <cstring>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 namespace dsv4 {
 
-namespace {
-
-constexpr uint64_t kP1 = 0x9E3779B185EBCA87ull, kP2 = 0xC2B2AE3D27D4EB4Full, kP3 = 0x165667B19E3779F9ull,
-                   kP4 = 0x85EBCA77C2B2AE63ull, kP5 = 0x27D4EB2F165667C5ull;
-
-inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-inline uint64_t read64(const unsigned char* p) {
-  uint64_t v;
-  std::memcpy(&v, p, 8);  // little-endian hosts (x86-64, aarch64)
-  return v;
-}
-inline uint32_t read32(const unsigned char* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-inline uint64_t round(uint64_t acc, uint64_t lane) { return rotl(acc + lane * kP2, 31) * kP1; }
-inline uint64_t merge(uint64_t acc, uint64_t v) { return (acc ^ round(0, v)) * kP1 + kP4; }
-
-}  // namespace
-
-uint64_t xxh64(const void* data, size_t n, uint64_t seed) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  const unsigned char* const end = p + n;
-  uint64_t h;
-  if (n >= 32) {
-    uint64_t v1 = seed + kP1 + kP2, v2 = seed + kP2, v3 = seed, v4 = seed - kP1;
-    for (; p + 32 <= end; p += 32) {
-      v1 = round(v1, read64(p));
-      v2 = round(v2, read64(p + 8));
-      v3 = round(v3, read64(p + 16));
-      v4 = round(v4, read64(p + 24));
-    }
-    h = rotl(v1, 1) + rotl(v2, 7) + rotl(v3, 12) + rotl(v4, 18);
-    h = merge(h, v1);
-    h = merge(h, v2);
-    h = merge(h, v3);
-    h = merge(h, v4);
-  } else {
-    h = seed + kP5;
-  }
-  h += uint64_t(n);
-  for (; p + 8 <= end; p += 8) h = rotl(h ^ round(0, read64(p)), 27) * kP1 + kP4;
-  if (p + 4 <= end) {
-    h = rotl(h ^ (uint64_t(read32(p)) * kP1), 23) * kP2 + kP3;
-    p += 4;
-  }
-  for (; p < end; ++p) h = rotl(h ^ (uint64_t(*p) * kP5), 11) * kP1;
-  h ^= h >> 33;
-  h *= kP2;
-  h ^= h >> 29;
-  h *= kP3;
-  h ^= h >> 32;
-  return h;
-}
+uint64_t xxh64(const void* data, size_t bytes, uint64_t seed) { return XXH64(data, bytes, seed); }
 
 }  // namespace dsv4

@@ -1,5 +1,5 @@
 // Checksums of stored files (the prefix cache's disk tier, engine/disk_cache.h): XXH64, the 64-bit hash of the
-// xxHash family (Debian's libxxhash computes the same values), transcribed so that no extra library is needed.
+// xxHash family, computed by Debian's libxxhash (package libxxhash-dev, used header-only).
 #pragma once
 #include <cstddef>
 #include <cstdint>

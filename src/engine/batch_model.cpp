@@ -11,13 +11,13 @@ namespace {
 
 class PoolState final : public BatchState {
  public:
-  explicit PoolState(StatePool p) : pool(std::move(p)) {}
-  int64_t n_pages() const override { return pool.n_pages(); }
-  size_t bytes() const override { return pool.bytes(); }
-  void reset_slot(int64_t slot) override { pool.reset_slot(slot); }
-  void restore_snapshot(int64_t snapshot, int64_t slot) override { pool.restore_snapshot(snapshot, slot); }
-  StatePool* pool() override { return &pool; }
-  StatePool pool;
+  explicit PoolState(StatePool p) : pool_(std::move(p)) {}
+  int64_t n_pages() const override { return pool_.n_pages(); }
+  size_t bytes() const override { return pool_.bytes(); }
+  void reset_slot(int64_t slot) override { pool_.reset_slot(slot); }
+  void restore_snapshot(int64_t snapshot, int64_t slot) override { pool_.restore_snapshot(snapshot, slot); }
+  StatePool* pool() override { return &pool_; }
+  StatePool pool_;
 };
 
 class ModelBatch final : public BatchModel {
@@ -37,7 +37,7 @@ class ModelBatch final : public BatchModel {
   void forward(const Batch& batch, BatchState& state, const BatchLogitsSink& sink) const override {
     auto* ps = dynamic_cast<PoolState*>(&state);
     if (!ps) fail("internal: a batch state of another model");
-    m_->forward(batch, ps->pool, sink);
+    m_->forward(batch, ps->pool_, sink);
   }
 
  private:
