@@ -4,7 +4,8 @@
 // for each --clients C runs C client threads, each sending --requests non-streamed /v1/completions requests one
 // after the other: a distinct prompt of --prompt tokens (ids, so no two clients share a prefix block), greedy,
 // max_tokens --tokens with ignore_eos. Reports per C: requests, completion tokens, wall time, aggregate tokens/s,
-// mean request latency, and the ratio of each level's tokens/s to the first level's. --json prints one JSON object.
+// mean request latency, and the ratio of each level's tokens/s to the first level's, with the host's load average
+// (CPU figures are comparable only on an idle machine). --json prints one JSON object.
 //
 //   dsv4 bench serve -m models/dsv4-demo --clients 1,8 [--tokens 32] [--prompt 64] [--requests 2] [--json]
 //   dsv4 bench serve -m DIR --device cuda --clients 1,8,64,256 --parallel 256 --json
@@ -93,6 +94,16 @@ Level run_level(const std::string& host, int port, int clients, const ServeBench
   return lv;
 }
 
+// The host's 1-minute load average (/proc/loadavg), -1 when unknown: CPU numbers are only comparable at low load.
+double load_average() {
+  std::FILE* f = std::fopen("/proc/loadavg", "r");
+  if (!f) return -1;
+  double l = -1;
+  if (std::fscanf(f, "%lf", &l) != 1) l = -1;
+  std::fclose(f);
+  return l;
+}
+
 int run_serve_bench(const ServeBenchOpts& o) {
   if (o.clients.empty()) fail("--clients: give at least one number");
   for (int c : o.clients)
@@ -153,6 +164,7 @@ int run_serve_bench(const ServeBenchOpts& o) {
     run_level(host, port, 1, w, n_vocab, 9999);
   }
   std::vector<Level> levels;
+  const double load_before = load_average();
   for (size_t i = 0; i < o.clients.size(); ++i) {
     levels.push_back(run_level(host, port, o.clients[i], o, n_vocab, int(i)));
     const Level& l = levels.back();
@@ -163,6 +175,7 @@ int run_serve_bench(const ServeBenchOpts& o) {
                   static_cast<long long>(l.completion_tokens), l.wall_s, l.tokens_per_s(), l.mean_latency_ms,
                   levels.front().tokens_per_s() > 0 ? l.tokens_per_s() / levels.front().tokens_per_s() : 0.0);
   }
+  if (!o.json) std::printf("host load average (1 min) at the start: %.2f\n", load_before);
   if (server) {
     server->stop();
     serving.join();
@@ -176,7 +189,8 @@ int run_serve_bench(const ServeBenchOpts& o) {
                                 {"kv_memory_bytes", eo.state_bytes},
                                 {"prompt_tokens", o.prompt},
                                 {"max_tokens", o.tokens},
-                                {"requests_per_client", o.requests}};
+                                {"requests_per_client", o.requests},
+                                {"load_average_1m", load_before}};
     nlohmann::ordered_json rs = nlohmann::ordered_json::array();
     for (const Level& l : levels)
       rs.push_back({{"clients", l.clients},
