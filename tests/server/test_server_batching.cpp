@@ -280,3 +280,20 @@ TEST_F(ServerTest, AnthropicUsageReportsCacheReadInputTokens) {
   EXPECT_EQ(b["usage"]["input_tokens"], n - cached);  // Anthropic: input_tokens excludes the cache reads
   EXPECT_EQ(b["content"], a["content"]);
 }
+
+TEST_F(ServerTest, ContextIsClampedToWhatTheStatePoolHolds) {
+  TearDown();
+  // 4 slots + 1 snapshot + 5 pages of 128 positions (the FakeLm's nominal 1 MiB each).
+  configure = [](ServerOptions& o) { o.engine.state_bytes = uint64_t(10) << 20; };
+  start();
+  const json h = json::parse(client().Get("/health")->body);
+  EXPECT_EQ(h["n_ctx"], 5 * 128);
+  auto r = post("/v1/completions", json({{"prompt", std::string(700, 'p')}, {"max_tokens", 2}}).dump());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "context_length_exceeded");
+  // What fits is served.
+  lm->set_script({});
+  auto ok = post_json("/v1/completions", {{"prompt", std::string(500, 'p')}, {"max_tokens", 4}, {"temperature", 0}});
+  EXPECT_EQ(ok["usage"]["completion_tokens"], 4);
+}
