@@ -450,6 +450,48 @@ void gemv_bf16(const PanelSrc& s, int64_t n0, const float* a, __m512 accv[kG]) {
   }
 }
 
+// BF16 dense product of MR tokens (token m at a + m*lda, accumulators at acc + m*ldacc) against one group: two
+// panels at a time, each transposed weight word is decoded once and used by every token, each broadcast activation
+// by both panels (2*MR independent fma chains hide the fma latency); per output the chain is gemv_bf16's (k
+// ascending, one fma per element).
+template <int MR>
+void gemv_bf16_m2(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, float* acc, int64_t ldacc) {
+  static_assert(kG % 2 == 0);
+  const int64_t K = s.cols;
+  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int p = 0; p < kG; p += 2) {
+    __m512 acc0[MR], acc1[MR];
+    for (int m = 0; m < MR; ++m) acc0[m] = acc1[m] = _mm512_setzero_ps();
+    const uint8_t* base0 = s.w + (n0 + p * kPanel) * s.row_bytes;
+    const uint8_t* base1 = base0 + kPanel * s.row_bytes;
+    for (int64_t k0 = 0; k0 < K; k0 += 32) {
+      alignas(64) __m512 T0[16], T1[16];
+      load_transposed(base0, s.row_bytes, 2 * k0, T0);
+      load_transposed(base1, s.row_bytes, 2 * k0, T1);
+      for (int c = 0; c < 16; ++c) {
+        const __m512 w00 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_castps_si512(T0[c]), 16));
+        const __m512 w10 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_castps_si512(T1[c]), 16));
+        for (int m = 0; m < MR; ++m) {
+          const __m512 x = _mm512_set1_ps(a[m * lda + k0 + 2 * c]);
+          acc0[m] = _mm512_fmadd_ps(x, w00, acc0[m]);
+          acc1[m] = _mm512_fmadd_ps(x, w10, acc1[m]);
+        }
+        const __m512 w01 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(T0[c]), hi));
+        const __m512 w11 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(T1[c]), hi));
+        for (int m = 0; m < MR; ++m) {
+          const __m512 x = _mm512_set1_ps(a[m * lda + k0 + 2 * c + 1]);
+          acc0[m] = _mm512_fmadd_ps(x, w01, acc0[m]);
+          acc1[m] = _mm512_fmadd_ps(x, w11, acc1[m]);
+        }
+      }
+    }
+    for (int m = 0; m < MR; ++m) {
+      _mm512_storeu_ps(acc + m * ldacc + p * kPanel, acc0[m]);
+      _mm512_storeu_ps(acc + m * ldacc + (p + 1) * kPanel, acc1[m]);
+    }
+  }
+}
+
 // BF16 dense product of MR tokens (token m at a + m*lda, accumulators at acc + m*ldacc) against one group: panel by
 // panel, each transposed weight word is decoded once and used by every token (MR accumulators + the 16 transposed
 // words stay in registers); per output the chain is gemv_bf16's (k ascending, one fma per element).
@@ -480,11 +522,11 @@ bool gemv_group_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, in
                   int64_t ldacc) {
   if (q || s.fmt != GemmFormat::bf16 || s.cols % 32 != 0 || mr < 1 || mr > 8) return false;
   switch (mr) {
-    case 8: gemv_bf16_m<8>(s, n0, a, lda, acc, ldacc); break;
-    case 7: gemv_bf16_m<7>(s, n0, a, lda, acc, ldacc); break;
-    case 6: gemv_bf16_m<6>(s, n0, a, lda, acc, ldacc); break;
-    case 5: gemv_bf16_m<5>(s, n0, a, lda, acc, ldacc); break;
-    case 4: gemv_bf16_m<4>(s, n0, a, lda, acc, ldacc); break;
+    case 8: gemv_bf16_m2<8>(s, n0, a, lda, acc, ldacc); break;
+    case 7: gemv_bf16_m2<7>(s, n0, a, lda, acc, ldacc); break;
+    case 6: gemv_bf16_m2<6>(s, n0, a, lda, acc, ldacc); break;
+    case 5: gemv_bf16_m2<5>(s, n0, a, lda, acc, ldacc); break;
+    case 4: gemv_bf16_m2<4>(s, n0, a, lda, acc, ldacc); break;
     case 3: gemv_bf16_m<3>(s, n0, a, lda, acc, ldacc); break;
     case 2: gemv_bf16_m<2>(s, n0, a, lda, acc, ldacc); break;
     default: gemv_bf16_m<1>(s, n0, a, lda, acc, ldacc); break;

@@ -4,11 +4,14 @@
 // for each --clients C runs C client threads, each sending --requests non-streamed /v1/completions requests one
 // after the other: a distinct prompt of --prompt tokens (ids, so no two clients share a prefix block), greedy,
 // max_tokens --tokens with ignore_eos. Reports per C: requests, completion tokens, wall time, aggregate tokens/s,
-// mean request latency, and the ratio of each level's tokens/s to the first level's. --json prints one JSON object.
+// mean request latency, and the ratio of each level's tokens/s to the first level's, with the host's load average
+// (wall-clock figures are comparable only on an idle machine), and the tokens per CPU-second of this process (the
+// in-process server's efficiency, which a loaded machine disturbs less; not meaningful with --url). --json prints one JSON object.
 //
 //   dsv4 bench serve -m models/dsv4-demo --clients 1,8 [--tokens 32] [--prompt 64] [--requests 2] [--json]
 //   dsv4 bench serve -m DIR --device cuda --clients 1,8,64,256 --parallel 256 --json
 #include <httplib.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
@@ -45,11 +48,20 @@ struct Level {
   int clients = 0;
   int64_t requests = 0, failed = 0, completion_tokens = 0;
   double wall_s = 0, mean_latency_ms = 0;
+  double cpu_s = 0;  // CPU time of this process (in-process server + clients) during the level
   double tokens_per_s() const { return wall_s > 0 ? double(completion_tokens) / wall_s : 0; }
+  double tokens_per_cpu_s() const { return cpu_s > 0 ? double(completion_tokens) / cpu_s : 0; }
 };
+
+double process_cpu_seconds() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + 1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
 
 Level run_level(const std::string& host, int port, int clients, const ServeBenchOpts& o, int32_t n_vocab, int salt) {
   Level lv;
+  const double cpu0 = process_cpu_seconds();
   lv.clients = clients;
   std::atomic<int64_t> tokens{0}, done{0}, failed{0};
   std::atomic<int64_t> latency_us{0};
@@ -86,11 +98,22 @@ Level run_level(const std::string& host, int port, int clients, const ServeBench
     });
   for (auto& t : th) t.join();
   lv.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  lv.cpu_s = process_cpu_seconds() - cpu0;
   lv.requests = done;
   lv.failed = failed;
   lv.completion_tokens = tokens;
   lv.mean_latency_ms = done + failed > 0 ? double(latency_us) / 1e3 / double(done + failed) : 0;
   return lv;
+}
+
+// The host's 1-minute load average (/proc/loadavg), -1 when unknown: CPU numbers are only comparable at low load.
+double load_average() {
+  std::FILE* f = std::fopen("/proc/loadavg", "r");
+  if (!f) return -1;
+  double l = -1;
+  if (std::fscanf(f, "%lf", &l) != 1) l = -1;
+  std::fclose(f);
+  return l;
 }
 
 int run_serve_bench(const ServeBenchOpts& o) {
@@ -153,16 +176,21 @@ int run_serve_bench(const ServeBenchOpts& o) {
     run_level(host, port, 1, w, n_vocab, 9999);
   }
   std::vector<Level> levels;
+  const double load_before = load_average();
   for (size_t i = 0; i < o.clients.size(); ++i) {
     levels.push_back(run_level(host, port, o.clients[i], o, n_vocab, int(i)));
     const Level& l = levels.back();
     if (!o.json)
       std::printf("clients %4d: %5lld requests (%lld failed), %7lld tokens in %7.2f s: %8.1f tok/s aggregate, "
-                  "mean latency %.0f ms, x%.2f of the first level\n",
+                  "mean latency %.0f ms, x%.2f of the first level; %.1f tok per CPU-second (x%.2f)\n",
                   l.clients, static_cast<long long>(l.requests), static_cast<long long>(l.failed),
                   static_cast<long long>(l.completion_tokens), l.wall_s, l.tokens_per_s(), l.mean_latency_ms,
-                  levels.front().tokens_per_s() > 0 ? l.tokens_per_s() / levels.front().tokens_per_s() : 0.0);
+                  levels.front().tokens_per_s() > 0 ? l.tokens_per_s() / levels.front().tokens_per_s() : 0.0,
+                  l.tokens_per_cpu_s(),
+                  levels.front().tokens_per_cpu_s() > 0 ? l.tokens_per_cpu_s() / levels.front().tokens_per_cpu_s()
+                                                        : 0.0);
   }
+  if (!o.json) std::printf("host load average (1 min) at the start: %.2f\n", load_before);
   if (server) {
     server->stop();
     serving.join();
@@ -176,7 +204,8 @@ int run_serve_bench(const ServeBenchOpts& o) {
                                 {"kv_memory_bytes", eo.state_bytes},
                                 {"prompt_tokens", o.prompt},
                                 {"max_tokens", o.tokens},
-                                {"requests_per_client", o.requests}};
+                                {"requests_per_client", o.requests},
+                                {"load_average_1m", load_before}};
     nlohmann::ordered_json rs = nlohmann::ordered_json::array();
     for (const Level& l : levels)
       rs.push_back({{"clients", l.clients},
@@ -186,6 +215,8 @@ int run_serve_bench(const ServeBenchOpts& o) {
                     {"wall_s", l.wall_s},
                     {"tokens_per_s", l.tokens_per_s()},
                     {"mean_latency_ms", l.mean_latency_ms},
+                    {"cpu_s", l.cpu_s},
+                    {"tokens_per_cpu_s", l.tokens_per_cpu_s()},
                     {"ratio_to_first", levels.front().tokens_per_s() > 0
                                            ? l.tokens_per_s() / levels.front().tokens_per_s()
                                            : 0.0}});

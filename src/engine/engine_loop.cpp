@@ -38,6 +38,11 @@ RequestStream::Result RequestStream::wait() const {
   return r_;
 }
 
+bool RequestStream::wait_end_for(std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] { return r_.end != StreamEnd::running; });
+}
+
 bool RequestStream::finished() const {
   std::lock_guard<std::mutex> lock(mu_);
   return r_.end != StreamEnd::running;

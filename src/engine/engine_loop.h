@@ -93,6 +93,8 @@ class RequestStream {
                                 std::vector<TokenLogprobs>* logprobs = nullptr) const;
   // Blocks until the request ended.
   Result wait() const;
+  // Waits at most `timeout` for the request to end; true when it has.
+  bool wait_end_for(std::chrono::milliseconds timeout) const;
   bool finished() const;
 
   explicit RequestStream(uint64_t id) : id_(id) {}

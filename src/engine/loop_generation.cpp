@@ -17,7 +17,7 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
 }  // namespace
 
 GenerationResult generate_on_loop(EngineLoop& loop, const GenerationRequest& req, const Tokenizer* tok,
-                                  const GenerationCallbacks& cb, std::chrono::milliseconds poll) {
+                                  const GenerationCallbacks& cb, std::chrono::milliseconds poll, bool per_token) {
   if (!req.stop.empty() && !tok) fail("stop strings need a tokenizer");
   StopMatcher stops(req.stop);
   std::optional<StreamDecoder> decoder;
@@ -46,7 +46,8 @@ GenerationResult generate_on_loop(EngineLoop& loop, const GenerationRequest& req
       ours = FinishReason::cancelled;
       break;
     }
-    const bool fin = stream->finished();  // then every token is in already
+    const bool coalesce = !per_token && req.stop.empty();
+    const bool fin = coalesce ? stream->wait_end_for(poll) : stream->finished();  // then every token is in already
     lps.clear();
     std::vector<int32_t> toks =
         stream->next_for(have, fin ? std::chrono::milliseconds(0) : poll, req.top_logprobs >= 0 ? &lps : nullptr);

@@ -17,10 +17,12 @@
 namespace dsv4 {
 
 // `tok` (may be null) decodes text and is required when req.stop is non-empty. should_cancel is polled at least
-// every `poll`. Throws dsv4::Error for a request the loop refuses (empty prompt, ids outside the vocabulary, too long
+// every `poll`. per_token false (callers that do not stream): without stop strings, the tokens are taken every `poll`
+// or at the end instead of one wake-up per token (the same results and callbacks, fewer thread switches). Throws dsv4::Error for a request the loop refuses (empty prompt, ids outside the vocabulary, too long
 // for the context or the pool) or that failed in the loop.
 GenerationResult generate_on_loop(EngineLoop& loop, const GenerationRequest& req, const Tokenizer* tok,
                                   const GenerationCallbacks& cb = {},
-                                  std::chrono::milliseconds poll = std::chrono::milliseconds(20));
+                                  std::chrono::milliseconds poll = std::chrono::milliseconds(20),
+                                  bool per_token = true);
 
 }  // namespace dsv4

@@ -17,6 +17,14 @@ LoopHost::LoopHost(std::shared_ptr<const BatchModel> model, Loader loader, Engin
   eos_ = model->eos_id();
   layout_ = model->state_layout();
   loop_ = std::make_shared<EngineLoop>(std::move(model), opts_);
+  // A request must fit the pool alone: the context is at most what its pages can hold.
+  const int64_t fits = loop_->stats().pool_pages * StateLayout::kPageTokens;
+  if (fits < opts_.n_ctx) {
+    log::warn("the state memory holds {} positions of one sequence: the context is {} instead of {} (raise "
+              "--kv-memory)",
+              fits, fits, opts_.n_ctx);
+    opts_.n_ctx = fits;
+  }
 }
 
 LoopHost::~LoopHost() {

@@ -23,7 +23,8 @@ class LoopHost {
   using Loader = std::function<std::shared_ptr<const BatchModel>()>;
   enum class State { kLoaded, kParked, kLoading };
 
-  // loader may be empty (then park() is refused). opts.n_ctx is clamped to the model's maximum context. Throws
+  // loader may be empty (then park() is refused). opts.n_ctx is clamped to the model's maximum context and to the
+  // positions the state pool's pages hold for one sequence. Throws
   // dsv4::Error when the loop cannot be built (e.g. the state memory cannot hold the slots).
   LoopHost(std::shared_ptr<const BatchModel> model, Loader loader, EngineLoopOptions opts);
   ~LoopHost();

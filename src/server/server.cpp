@@ -246,7 +246,8 @@ struct Server::Impl {
         }
         auto outer_cancel = g.should_cancel;
         g.should_cancel = [&, outer_cancel] { return failed.load() || (outer_cancel && outer_cancel()); };
-        GenerationResult r = generate_on_loop(loop, reqs[size_t(i)], tok.get(), g);
+        GenerationResult r =
+            generate_on_loop(loop, reqs[size_t(i)], tok.get(), g, std::chrono::milliseconds(20), /*per_token=*/ar.stream);
         note_forced_close(c.constraints[size_t(i)], r);
         if (i == 0 && r.finish == FinishReason::cancelled) first_cancelled = true;
         if (done) done(i, r);

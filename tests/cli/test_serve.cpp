@@ -35,7 +35,9 @@ int wait_port(Child& c, std::chrono::milliseconds timeout) {
 TEST(CliServe, ServesAndShutsDownCleanlyOnSigterm) {
   ASSERT_TRUE(std::filesystem::exists(kDemo + "/tokenizer.json")) << "demo model missing: " << kDemo;
   auto dir = scratch_dir("serve");
-  Child c = start_dsv4({"serve", "-m", kDemo, "--port", "0", "--ctx", "512", "--threads", "1"}, dir);
+  Child c = start_dsv4({"serve", "-m", kDemo, "--port", "0", "--ctx", "512", "--threads", "1", "--parallel", "3",
+                        "--batch-tokens", "64", "--kv-memory", "64M", "--queue", "5"},
+                       dir);
   int port = wait_port(c, 60s);
   ASSERT_GT(port, 0) << c.stderr_text();
   httplib::Client cli("127.0.0.1", port);
@@ -62,6 +64,20 @@ TEST(CliServe, ServesAndShutsDownCleanlyOnSigterm) {
   ASSERT_TRUE(ok);
   ASSERT_EQ(ok->status, 200) << ok->body;
   EXPECT_EQ(json::parse(ok->body)["usage"]["completion_tokens"], 3);
+  // The engine options arrived: 3 slots, 64 MiB of state, 3 + 5 admitted at once.
+  auto h2 = json::parse(cli.Get("/health")->body);
+  EXPECT_EQ(h2["parallel"], 3);
+  EXPECT_EQ(h2["queue"], 5);
+  auto metrics = cli.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find("\ndsv4_state_slots_total 3\n"), std::string::npos) << metrics->body;
+  EXPECT_NE(metrics->body.find("\ndsv4_requests_capacity 8\n"), std::string::npos) << metrics->body;
+  EXPECT_NE(metrics->body.find("\ndsv4_generated_tokens_total 3\n"), std::string::npos) << metrics->body;
+  const auto pos = metrics->body.find("\ndsv4_state_bytes ");
+  ASSERT_NE(pos, std::string::npos);
+  const double state_bytes = std::stod(metrics->body.substr(pos + 18));
+  EXPECT_LE(state_bytes, 64.0 * 1024 * 1024);
+  EXPECT_GT(state_bytes, 32.0 * 1024 * 1024);
 
   kill(c.pid, SIGTERM);
   EXPECT_EQ(c.wait(20s), 0) << c.stderr_text();

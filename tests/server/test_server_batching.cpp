@@ -280,3 +280,57 @@ TEST_F(ServerTest, AnthropicUsageReportsCacheReadInputTokens) {
   EXPECT_EQ(b["usage"]["input_tokens"], n - cached);  // Anthropic: input_tokens excludes the cache reads
   EXPECT_EQ(b["content"], a["content"]);
 }
+
+TEST_F(ServerTest, ContextIsClampedToWhatTheStatePoolHolds) {
+  TearDown();
+  // 4 slots + 1 snapshot + 5 pages of 128 positions (the FakeLm's nominal 1 MiB each).
+  configure = [](ServerOptions& o) { o.engine.state_bytes = uint64_t(10) << 20; };
+  start();
+  const json h = json::parse(client().Get("/health")->body);
+  EXPECT_EQ(h["n_ctx"], 5 * 128);
+  auto r = post("/v1/completions", json({{"prompt", std::string(700, 'p')}, {"max_tokens", 2}}).dump());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "context_length_exceeded");
+  // What fits is served.
+  lm->set_script({});
+  auto ok = post_json("/v1/completions", {{"prompt", std::string(500, 'p')}, {"max_tokens", 4}, {"temperature", 0}});
+  EXPECT_EQ(ok["usage"]["completion_tokens"], 4);
+}
+
+TEST_F(ServerTest, ConcurrentStreamsEqualTheirWholeSoloAnswers) {
+  lm->set_script({});
+  std::vector<json> reqs;
+  for (int i = 0; i < 6; ++i)
+    reqs.push_back({{"prompt", std::string(size_t(30 + 41 * i), char('k' + i))}, {"max_tokens", 18},
+                    {"temperature", i % 2 ? 1.2 : 0.0}, {"seed", 5 + i}, {"logprobs", 1}});
+  std::vector<std::pair<std::string, json>> solo;  // text and log-probability tokens, whole, one at a time
+  for (const auto& r : reqs) {
+    const json j = post_json("/v1/completions", r);
+    solo.push_back({j["choices"][0]["text"], j["choices"][0]["logprobs"]["token_logprobs"]});
+  }
+  lm->set_delay(3ms);
+  std::vector<std::future<std::pair<std::string, json>>> fs;
+  for (const auto& r : reqs)
+    fs.push_back(std::async(std::launch::async, [&, r] {
+      json s = r;
+      s["stream"] = true;
+      auto res = post("/v1/completions", s.dump());
+      std::string text;
+      json lps = json::array();
+      if (!res) return std::make_pair(text, lps);
+      for (const auto& d : sse_data(res->body)) {
+        if (d == "[DONE]") continue;
+        const json c = json::parse(d);
+        text += c["choices"][0]["text"].get<std::string>();
+        if (!c["choices"][0]["logprobs"].is_null())
+          for (const auto& v : c["choices"][0]["logprobs"]["token_logprobs"]) lps.push_back(v);
+      }
+      return std::make_pair(text, lps);
+    }));
+  for (size_t i = 0; i < fs.size(); ++i) {
+    const auto got = fs[i].get();
+    EXPECT_EQ(got.first, solo[i].first) << "request " << i;
+    EXPECT_EQ(got.second, solo[i].second) << "request " << i;
+  }
+}
