@@ -7,6 +7,7 @@
 #include "backend/parallel.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "engine/spec_decode.h"
 
 namespace dsv4 {
 
@@ -49,6 +50,12 @@ void RequestStream::push(int32_t token) {
   cv_.notify_all();
 }
 
+void RequestStream::add_spec(int64_t drafted, int64_t accepted) {
+  std::lock_guard<std::mutex> lock(mu_);
+  r_.drafted_tokens += drafted;
+  r_.accepted_tokens += accepted;
+}
+
 void RequestStream::finish(StreamEnd end, std::string error, int64_t prompt_tokens, int64_t cached_tokens,
                            int64_t preemptions) {
   {
@@ -84,9 +91,10 @@ int32_t greedy_token(std::span<const float> lg) {
   return 0;
 }
 
-uint64_t cache_salt(const Model& m) {
-  // rows differ between numerics and layout versions: never share blocks across them
-  return (uint64_t(m.numerics() == Numerics::reference ? 1 : 2) << 32) ^ uint64_t(StateLayout::kVersion);
+uint64_t cache_salt(const Model& m, bool mtp) {
+  // rows differ between numerics and layout versions (snapshots: with the MTP layer): never share blocks across them
+  return (uint64_t(m.numerics() == Numerics::reference ? 1 : 2) << 32) ^ uint64_t(StateLayout::kVersion) ^
+         (mtp ? uint64_t(1) << 40 : 0);
 }
 
 }  // namespace
@@ -98,7 +106,11 @@ EngineLoop::EngineLoop(std::shared_ptr<const Model> model, const EngineLoopOptio
   if (o.n_ctx < 0) fail("engine loop: n_ctx must be >= 0 (got {})", o.n_ctx);
   n_ctx_ = o.n_ctx == 0 ? max_ctx : std::min(o.n_ctx, max_ctx);
   if (o.max_running < 1) fail("engine loop: max_running must be >= 1 (got {})", o.max_running);
-  const StateLayout L = StateLayout::of(model_->config());
+  if (o.spec_draft < 0 || o.spec_draft > StateLayout::kMaxDraft)
+    fail("--spec-draft must be in [0, {}] (got {})", StateLayout::kMaxDraft, o.spec_draft);
+  if (o.spec_draft > 0 && !model_->has_mtp())
+    fail("--spec-draft needs the model's MTP module (loaded with ModelOptions::mtp)");
+  const StateLayout L = StateLayout::of(model_->config(), o.spec_draft > 0);
   int64_t n_pages = o.n_pages, n_snaps = o.n_snapshots;
   if (n_pages <= 0) {
     const uint64_t slots = uint64_t(o.max_running) * L.slot_bytes;
@@ -115,11 +127,12 @@ EngineLoop::EngineLoop(std::shared_ptr<const Model> model, const EngineLoopOptio
     if (n_pages < 1) fail("state memory of {} bytes leaves no page for the compressed rows", o.state_bytes);
   }
   if (n_snaps < 0) n_snaps = 0;
-  pool_ = model_->make_pool({o.max_running, n_pages, n_snaps});
+  pool_ = model_->make_pool({o.max_running, n_pages, n_snaps, o.spec_draft > 0});
+  if (o.spec_draft > 0) spec_ = std::make_unique<SpecDecoder>(*model_, pool_, o.spec_draft);
   PrefixCache::Options co;
   co.n_pages = n_pages;
   co.n_snapshots = n_snaps;
-  co.salt = cache_salt(*model_);
+  co.salt = cache_salt(*model_, o.spec_draft > 0);
   cache_ = std::make_unique<PrefixCache>(co);
   SchedulerOptions so;
   so.max_running = o.max_running;
@@ -237,6 +250,10 @@ void EngineLoop::run_step() {
     bs.pages = s->pages;
     bs.logits = it.logits ? BatchSeq::Logits::last : BatchSeq::Logits::none;
     bs.snapshots = it.snapshots;
+    if (spec_) {
+      if (it.p0 + it.n < int64_t(s->tokens.size())) bs.next_token = s->tokens[size_t(it.p0 + it.n)];  // MTP input
+      spec_->prepare(it, *s, bs, *sched_);  // a decode with drafts becomes a verify step
+    }
     b.seqs.push_back(std::move(bs));
     ids.push_back(it.id);
   }
@@ -245,13 +262,15 @@ void EngineLoop::run_step() {
     uint64_t id;
     int32_t token = -1;
     bool bad = false;
+    bool scheduled = false;  // an accepted draft: already in the scheduler's tokens
   };
   std::vector<Out> outs;
   std::vector<float> scratch;
   const auto t0 = std::chrono::steady_clock::now();
   std::string failure;
   try {
-    model_->forward(b, pool_, [&](size_t si, int64_t, std::span<const float> lg, bool finite) {
+    model_->forward(b, pool_, [&](size_t si, int64_t pos, std::span<const float> lg, bool finite) {
+      if (spec_ && spec_->collect(ids[si], pos, lg, finite)) return;  // a verify step: resolved below
       Out o{ids[si]};
       if (!finite) {
         o.bad = true;
@@ -277,11 +296,23 @@ void EngineLoop::run_step() {
     for (const auto& it : st.items)
       for (const auto& sn : it.snapshots) cache_->free_snapshot(sn.id);
     for (uint64_t id : ids) end(id, StreamEnd::error, "forward step failed: " + failure);
+    if (spec_) spec_->retain([&](uint64_t id) { return live_.count(id) > 0; });
     publish_stats();
     return;
   }
+  auto sampler_of = [&](uint64_t id) -> Sampler& { return *live_.at(id).sampler; };
+  int64_t drafted = 0, accepted = 0;
+  if (spec_)
+    for (auto& [id, so] : spec_->resolve(st, *sched_, sampler_of)) {
+      live_.at(id).stream->add_spec(so.n_draft, so.n_accepted);
+      drafted += so.n_draft;
+      accepted += so.n_accepted;
+      if (so.bad) outs.push_back({id, -1, true});
+      for (size_t j = 0; j < so.tokens.size(); ++j) outs.push_back({id, so.tokens[j], false, j + 1 < so.tokens.size()});
+    }
   sched_->commit(st);
   int64_t generated = 0;
+  std::vector<uint64_t> got_token;
   for (const Out& o : outs) {
     auto it = live_.find(o.id);
     if (it == live_.end()) continue;
@@ -295,10 +326,11 @@ void EngineLoop::run_step() {
       continue;
     }
     lv.sampler->accept(o.token);
-    sched_->append(o.id, o.token);
+    if (!o.scheduled) sched_->append(o.id, o.token);
     lv.stream->push(o.token);
     ++lv.generated;
     ++generated;
+    if (got_token.empty() || got_token.back() != o.id) got_token.push_back(o.id);
     const Scheduler::Sequence* s = sched_->find(o.id);
     if ((lv.req.max_tokens > 0 && lv.generated >= lv.req.max_tokens) || int64_t(s->tokens.size()) >= n_ctx_)
       end(o.id, StreamEnd::length);
@@ -308,9 +340,37 @@ void EngineLoop::run_step() {
     ++stats_.steps;
     stats_.step_tokens += st.n_tokens();
     stats_.generated_tokens += generated;
+    stats_.drafted_tokens += drafted;
+    stats_.accepted_tokens += accepted;
     stats_.forward_seconds += secs;
   }
+  if (spec_) draft_next(got_token);
   publish_stats();
+}
+
+void EngineLoop::draft_next(const std::vector<uint64_t>& ids) {
+  std::vector<SpecDecoder::Want> wants;
+  for (uint64_t id : ids) {
+    auto it = live_.find(id);
+    const Scheduler::Sequence* s = sched_->find(id);
+    if (it == live_.end() || !s) continue;  // ended with its last token
+    // a verify step emits up to k + 1 tokens: no drafts past max_tokens or the context
+    int64_t k = spec_->k();
+    if (it->second.req.max_tokens > 0) k = std::min(k, it->second.req.max_tokens - it->second.generated - 1);
+    k = std::min(k, n_ctx_ - int64_t(s->tokens.size()) - 1);
+    wants.push_back({id, int(std::max<int64_t>(k, 0))});
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    spec_->draft(wants, *sched_, [&](uint64_t id) -> Sampler& { return *live_.at(id).sampler; }, model_->eos_id(),
+                 [&](uint64_t id) { return live_.at(id).req.ignore_eos; });
+  } catch (const Error& e) {  // the MTP state of these sequences is unknown: end them
+    log::warn("draft step failed: {}", e.what());
+    for (const auto& w : wants) end(w.id, StreamEnd::error, std::string("draft step failed: ") + e.what());
+  }
+  spec_->retain([&](uint64_t id) { return live_.count(id) > 0; });
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.forward_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void EngineLoop::publish_stats() {

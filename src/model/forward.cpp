@@ -71,7 +71,8 @@ void Model::validate(const Batch& b, const StatePool& pool) const {
       if (n > StateLayout::kSpecRows || n > opts_.ubatch)
         fail("batch: a verify step has {} tokens (at most {} and the ubatch {})", n, StateLayout::kSpecRows,
              opts_.ubatch);
-      if (!s.snapshots.empty()) fail("batch: a verify step takes no snapshots");
+      for (const auto& sn : s.snapshots)  // only states that every outcome keeps
+        if (sn.at != s.p0 + 1) fail("batch: a verify step takes snapshots only after its first token");
     }
     for (const auto& sn : s.snapshots) {
       if (sn.at % StateLayout::kPageTokens != 0 || sn.at <= s.p0 || sn.at > s.p0 + n)
