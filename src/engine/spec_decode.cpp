@@ -52,6 +52,80 @@ int32_t verify_draft(std::span<const float> p, std::span<const float> q, int32_t
   return draw_token(mass > 0.0 ? std::span<const float>(resid) : p, smp.uniform());
 }
 
+int32_t next_draft(Sampler& smp, std::span<const float> logits, DraftTokens& d) {
+  const SamplingParams& sp = smp.params();
+  int32_t t;
+  if (plain_greedy(sp)) {
+    t = argmax_of(logits);
+  } else {
+    std::vector<float> scratch(logits.begin(), logits.end());
+    if (sp.greedy()) {
+      t = smp.sample(scratch);
+    } else {
+      std::vector<float>& q = d.q.emplace_back();
+      smp.distribution(scratch, q);
+      t = draw_token(q, smp.uniform());
+    }
+    smp.accept(t);
+    d.tentative.push_back(t);
+  }
+  d.tokens.push_back(t);
+  return t;
+}
+
+void finish_drafts(Sampler& smp, DraftTokens& d) {
+  for (auto t = d.tentative.rbegin(); t != d.tentative.rend(); ++t) smp.unaccept(*t);
+  d.tentative.clear();
+}
+
+VerifyOutcome verify_drafts(Sampler& smp, std::span<const int32_t> drafts, const std::vector<std::vector<float>>& q,
+                            std::vector<std::vector<float>>& rows, const std::vector<char>& finite) {
+  const SamplingParams& sp = smp.params();
+  const bool fast = plain_greedy(sp);
+  const int64_t k = int64_t(drafts.size());
+  if (int64_t(rows.size()) != k + 1 || int64_t(finite.size()) != k + 1 || (!sp.greedy() && int64_t(q.size()) < k))
+    fail("internal: verify of {} drafts with {} target rows and {} draft distributions", k, rows.size(), q.size());
+  VerifyOutcome v;
+  std::vector<float> dist;
+  for (int64_t j = 0; j <= k; ++j) {
+    if (!finite[size_t(j)]) {
+      v.bad = true;
+      break;
+    }
+    std::vector<float>& lg = rows[size_t(j)];
+    const bool last = j == k;
+    const int32_t dj = last ? -1 : drafts[size_t(j)];
+    if (sp.greedy()) {
+      const int32_t t = fast ? argmax_of(lg) : smp.sample(lg);  // greedy sample(): penalties + argmax, no draw
+      if (last || t != dj) {
+        v.emit = t;
+        break;
+      }
+    } else {
+      smp.distribution(lg, dist);
+      if (last) {
+        v.emit = draw_token(dist, smp.uniform());
+        break;
+      }
+      bool ok = false;
+      const int32_t t = verify_draft(dist, q[size_t(j)], dj, smp, ok);
+      if (!ok) {
+        v.emit = t;
+        break;
+      }
+    }
+    v.accepted.push_back(dj);
+    if (!fast) smp.accept(dj);
+  }
+  if (!fast)
+    for (auto t = v.accepted.rbegin(); t != v.accepted.rend(); ++t) smp.unaccept(*t);
+  if (v.bad) {
+    v.accepted.clear();
+    v.emit = -1;
+  }
+  return v;
+}
+
 SpecDecoder::SpecDecoder(const Model& model, StatePool& pool, int k) : model_(model), pool_(pool), k_(k) {
   if (k < 1 || k > StateLayout::kMaxDraft) fail("--spec-draft must be in [0, {}] (got {})", StateLayout::kMaxDraft, k);
   if (!model.has_mtp()) fail("speculative decoding needs the model's MTP module (load it with ModelOptions::mtp)");
@@ -98,55 +172,18 @@ std::map<uint64_t, SpecDecoder::Outcome> SpecDecoder::resolve(Scheduler::Step& s
                                                              const std::function<Sampler&(uint64_t)>& sampler_of) {
   std::map<uint64_t, Outcome> out;
   std::vector<SpecRollback> rb;
-  std::vector<float> dist;
   for (Scheduler::Item& item : step.items) {
     auto it = drafts_.find(item.id);
     if (it == drafts_.end() || !it->second.verifying) continue;
     Drafts& d = it->second;
     Sampler& smp = sampler_of(item.id);
-    const SamplingParams& sp = smp.params();
-    const bool fast = plain_greedy(sp);
     const int64_t k = int64_t(d.tokens.size()) - 1;
     Outcome o;
     o.n_draft = k;
-    std::vector<int32_t> accepted;  // tentatively accepted by the sampler (penalties of the next positions)
-    int32_t emit = -1;
-    for (int64_t j = 0; j <= k; ++j) {
-      if (!d.finite[size_t(j)]) {
-        o.bad = true;
-        break;
-      }
-      std::vector<float>& lg = d.p[size_t(j)];
-      const bool last = j == k;
-      const int32_t dj = last ? -1 : d.tokens[size_t(j + 1)];
-      if (sp.greedy()) {
-        const int32_t t = fast ? argmax_of(lg) : smp.sample(lg);  // greedy sample(): penalties + argmax, no draw
-        if (last || t != dj) {
-          emit = t;
-          break;
-        }
-      } else {
-        smp.distribution(lg, dist);
-        if (last) {
-          emit = draw_token(dist, smp.uniform());
-          break;
-        }
-        bool ok = false;
-        const int32_t t = verify_draft(dist, d.q[size_t(j)], dj, smp, ok);
-        if (!ok) {
-          emit = t;
-          break;
-        }
-      }
-      accepted.push_back(dj);
-      if (!fast) smp.accept(dj);
-    }
-    if (!fast)
-      for (auto t = accepted.rbegin(); t != accepted.rend(); ++t) smp.unaccept(*t);
-    if (o.bad) {
-      accepted.clear();  // the request ends with an error; nothing is committed past its first token
-      emit = -1;
-    }
+    VerifyOutcome v = verify_drafts(smp, std::span<const int32_t>(d.tokens).subspan(1), d.q, d.p, d.finite);
+    o.bad = v.bad;
+    const std::vector<int32_t>& accepted = v.accepted;
+    const int32_t emit = v.emit;
     o.n_accepted = int64_t(accepted.size());
     o.tokens = accepted;
     if (emit >= 0) o.tokens.push_back(emit);
@@ -179,36 +216,19 @@ void SpecDecoder::draft(std::span<const Want> wants, Scheduler& sched,
     d.tokens = {s->tokens.back()};
   }
   if (ds.empty()) return;
-  std::vector<std::vector<int32_t>> tentative(ds.size());
-  std::vector<float> scratch;
+  std::vector<DraftTokens> dt(ds.size());
   model_.draft(ds, pool_, [&](size_t i, int, std::span<const float> lg, bool finite) -> int32_t {
     if (!finite) return -1;
-    Drafts& d = drafts_.at(ids[i]);
-    Sampler& smp = sampler_of(ids[i]);
-    const SamplingParams& sp = smp.params();
-    int32_t t;
-    if (plain_greedy(sp)) {
-      t = argmax_of(lg);
-    } else {
-      scratch.assign(lg.begin(), lg.end());
-      if (sp.greedy()) {
-        t = smp.sample(scratch);
-      } else {
-        std::vector<float>& q = d.q.emplace_back();
-        smp.distribution(scratch, q);
-        t = draw_token(q, smp.uniform());
-      }
-      smp.accept(t);
-      tentative[i].push_back(t);
-    }
-    d.tokens.push_back(t);
+    const int32_t t = next_draft(sampler_of(ids[i]), lg, dt[i]);
     if (t == eos_id && !ignore_eos(ids[i])) return -1;  // nothing to draft past the end
     return t;
   });
   for (size_t i = 0; i < ds.size(); ++i) {
-    Sampler& smp = sampler_of(ids[i]);
-    for (auto t = tentative[i].rbegin(); t != tentative[i].rend(); ++t) smp.unaccept(*t);
-    if (drafts_.at(ids[i]).tokens.size() < 2) drafts_.erase(ids[i]);
+    finish_drafts(sampler_of(ids[i]), dt[i]);
+    Drafts& d = drafts_.at(ids[i]);
+    d.tokens.insert(d.tokens.end(), dt[i].tokens.begin(), dt[i].tokens.end());
+    d.q = std::move(dt[i].q);
+    if (d.tokens.size() < 2) drafts_.erase(ids[i]);
   }
 }
 

@@ -36,6 +36,26 @@ int32_t verify_draft(std::span<const float> p, std::span<const float> q, int32_t
 // A token of the (unnormalised, non-negative) weights w by one uniform u in [0, 1), walking ids in ascending order.
 int32_t draw_token(std::span<const float> w, double u);
 
+// The per-request pieces shared by the EngineLoop (SpecDecoder) and the single-request Engine (engine.h):
+struct DraftTokens {
+  std::vector<int32_t> tokens;           // d_1, d_2, ...
+  std::vector<std::vector<float>> q;     // their draft distributions (sampled requests)
+  std::vector<int32_t> tentative;        // tokens the sampler holds tentatively (penalties of later drafts)
+};
+// The next draft from MTP logits: greedy requests the argmax after penalties, sampled ones a draw from q (the MTP
+// distribution under the request's sampling transforms, kept in d.q). The sampler accepts it tentatively until
+// finish_drafts().
+int32_t next_draft(Sampler& smp, std::span<const float> logits, DraftTokens& d);
+void finish_drafts(Sampler& smp, DraftTokens& d);
+struct VerifyOutcome {
+  std::vector<int32_t> accepted;         // the accepted prefix of the drafts
+  int32_t emit = -1;                     // the target's token after it (-1 with bad)
+  bool bad = false;                      // non-finite target logits
+};
+// The target's decision over drafts d_1..d_k given its k + 1 logits rows (modified in place) of the verify step.
+VerifyOutcome verify_drafts(Sampler& smp, std::span<const int32_t> drafts, const std::vector<std::vector<float>>& q,
+                            std::vector<std::vector<float>>& rows, const std::vector<char>& finite);
+
 class SpecDecoder {
  public:
   // Throws dsv4::Error when k is outside [1, StateLayout::kMaxDraft] or the model was loaded without its MTP module.
