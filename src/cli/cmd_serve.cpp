@@ -24,6 +24,7 @@ namespace {
 struct Opts {
   std::string model, host = "127.0.0.1", numerics = "reference", model_name;
   int port = 8080, queue = 16, threads = 0;
+  int spec_draft = 0;
   std::string device;
   int64_t ctx = 32768;
   double keepalive = 5.0;
@@ -43,6 +44,9 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
       ->check(CLI::Range(0, 4096));
   app.add_option("--numerics", o->numerics, "reference | dense (default reference)");
   app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("--spec-draft", o->spec_draft,
+                 "speculative decoding: draft tokens per step with the model's MTP module (1-4; default 0: off)")
+      ->check(CLI::Range(0, 4));
   dsv4::cli::add_device_option(app, o->device);
   app.add_option("--model-name", o->model_name, "model id reported by the API (default: the folder name)");
   app.add_option("--keepalive", o->keepalive, "seconds between SSE keepalive comments while waiting (default 5)")
@@ -69,7 +73,7 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
     if (!o->api_key_file.empty()) api_key = read_api_key_file(o->api_key_file);
     std::fprintf(stderr, "loading %s ...\n", o->model.c_str());
     const Device device = dsv4::cli::resolve_device(o->device);
-    LoadedModel lm = load_model(o->model, o->numerics, o->threads, device);
+    LoadedModel lm = load_model(o->model, o->numerics, o->threads, device, o->spec_draft);
     std::fprintf(stderr, "device: %s\n", lm.device.c_str());
     if (!lm.tokenizer) fail("{}: no tokenizer.json (the server needs one)", o->model);
     ServerOptions so;
@@ -82,7 +86,7 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
     so.api_key = api_key;
     so.reasoning_budget = o->reasoning_budget;
     so.auto_unpark = o->auto_unpark;
-    so.reload = [o, device] { return load_model(o->model, o->numerics, o->threads, device).model; };
+    so.reload = [o, device] { return load_model(o->model, o->numerics, o->threads, device, o->spec_draft).model; };
     Server server(so, std::move(lm.model), lm.tokenizer);  // the only reference: /admin/park frees the model
     int port = server.bind();
 

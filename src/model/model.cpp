@@ -195,6 +195,9 @@ void Model::make_resident() {
 std::unique_ptr<Model> Model::init(const ModelOptions& opts, ModelConfig cfg) {
   std::unique_ptr<Model> m(new Model());
   m->opts_ = opts;
+  if (opts.spec_draft < 0 || opts.spec_draft > StateLayout::kMaxDraft)
+    fail("--spec-draft must be in [0, {}] (got {})", StateLayout::kMaxDraft, opts.spec_draft);
+  if (opts.spec_draft > 0) m->opts_.mtp = true;
   if (m->opts_.ubatch < 1) fail("ubatch must be >= 1 (got {})", m->opts_.ubatch);
   if (opts.n_threads < 0) fail("n_threads must be >= 0 (got {})", opts.n_threads);
   m->cfg_ = std::move(cfg);

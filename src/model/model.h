@@ -48,6 +48,8 @@ struct ModelOptions {
   int n_threads = 0;               // CPU backend: OpenMP threads (> 0: set at load, process-wide; 0: keep)
   bool mtp = false;                // make the MTP module resident and run it (speculative decoding); throws when
                                    // the checkpoint has none (e.g. a DSpark drafter, which dsv4 does not run)
+  int spec_draft = 0;              // draft tokens per step for the engines built on this model (--spec-draft,
+                                   // 0 = off, 1 .. StateLayout::kMaxDraft); > 0 implies mtp
 };
 
 // The MTP module outside its block (spec §3.5, §5.9), resident on the backend's device.

@@ -5,6 +5,8 @@
 // * sampled: the acceptance rule (verify_draft) on the demo model's real target and MTP distributions of a fixed
 //   context reproduces the target distribution (chi-square over 24,000 samples, p > 0.01), and seeded sampled
 //   decoding with speculation is reproducible (same seed, alone or in a batch of 8: same tokens);
+// * the single-request Engine (generate / chat / serve) with a speculating model: the same ids, text, stop strings
+//   and log-probabilities as without, seeded sampling reproducible;
 // * bad options are refused.
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -15,9 +17,11 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "engine/engine.h"
 #include "engine/engine_loop.h"
 #include "engine/spec_decode.h"
 #include "model/batch.h"
+#include "tokenizer/tokenizer.h"
 
 using namespace dsv4;
 
@@ -248,6 +252,65 @@ TEST(SpecOptions, BadValuesAreRefused) {
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("MTP"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// The single-request path (Engine, `dsv4 generate` / `chat` / `serve` today) with a model loaded with spec_draft.
+TEST(SpecEngine, GenerateMatchesPlainDecoding) {
+  const std::string dir = std::string(DSV4_SOURCE_DIR) + "/models/dsv4-demo";
+  (void)load_mtp("tiny-a");  // thread policy
+  ModelOptions plain_o;
+  auto plain = std::shared_ptr<const Model>(Model::load(dir, plain_o));
+  const Tokenizer tok = Tokenizer::from_file(dir + "/tokenizer.json");
+  auto prompts = prompts_for("demo", plain->n_vocab());
+  prompts.resize(6);
+  Engine e0(plain, 4096);
+  for (int k : {1, 4}) {
+    ModelOptions so;
+    so.spec_draft = k;
+    auto spec = std::shared_ptr<const Model>(Model::load(dir, so));
+    Engine e1(spec, 4096);
+    ASSERT_EQ(e1.spec_draft(), k);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      GenerationRequest r;
+      r.prompt = prompts[i];
+      r.max_tokens = 48;
+      r.sampling.temperature = 0.0f;
+      r.top_logprobs = 2;
+      r.stop = {i % 2 ? "States," : "\n\n"};
+      std::vector<TokenLogprobs> lp0, lp1;
+      GenerationCallbacks c0, c1;
+      c0.on_logprobs = [&](const TokenLogprobs& l) { lp0.push_back(l); };
+      c1.on_logprobs = [&](const TokenLogprobs& l) { lp1.push_back(l); };
+      const GenerationResult a = e0.generate(r, &tok, c0);
+      const GenerationResult b = e1.generate(r, &tok, c1);
+      EXPECT_EQ(b.ids, a.ids) << "k=" << k << " prompt " << i;
+      EXPECT_EQ(b.text, a.text);
+      EXPECT_EQ(b.finish, a.finish);
+      EXPECT_EQ(b.stop_matched, a.stop_matched);
+      ASSERT_EQ(lp1.size(), lp0.size());
+      for (size_t j = 0; j < lp0.size(); ++j) {
+        EXPECT_EQ(lp1[j].id, lp0[j].id);
+        EXPECT_EQ(lp1[j].logprob, lp0[j].logprob);
+        ASSERT_EQ(lp1[j].top.size(), lp0[j].top.size());
+        for (size_t t = 0; t < lp0[j].top.size(); ++t) EXPECT_EQ(lp1[j].top[t].id, lp0[j].top[t].id);
+      }
+      if (a.ids.size() > 8) {
+        EXPECT_GT(b.timings.drafted_tokens, 0);
+      }
+      EXPECT_LE(b.timings.accepted_tokens, b.timings.drafted_tokens);
+    }
+    // seeded sampling is reproducible
+    GenerationRequest r;
+    r.prompt = prompts[0];
+    r.max_tokens = 32;
+    r.sampling.temperature = 0.9f;
+    r.sampling.seed = 3;
+    EXPECT_EQ(e1.generate(r, &tok).ids, e1.generate(r, &tok).ids);
   }
 }
 
