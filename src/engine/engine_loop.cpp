@@ -369,8 +369,10 @@ void EngineLoop::draft_next(const std::vector<uint64_t>& ids) {
     for (const auto& w : wants) end(w.id, StreamEnd::error, std::string("draft step failed: ") + e.what());
   }
   spec_->retain([&](uint64_t id) { return live_.count(id) > 0; });
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::lock_guard<std::mutex> lock(mu_);
-  stats_.forward_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stats_.forward_seconds += secs;
+  stats_.draft_seconds += secs;
 }
 
 void EngineLoop::publish_stats() {

@@ -119,7 +119,8 @@ class EngineLoop {
     int64_t steps = 0, step_tokens = 0, prompt_tokens = 0, cached_tokens = 0, generated_tokens = 0;
     int64_t requests_finished = 0, preemptions = 0, running = 0, waiting = 0;
     int64_t drafted_tokens = 0, accepted_tokens = 0;  // speculative decoding
-    double forward_seconds = 0;
+    double forward_seconds = 0;       // forward steps and draft steps
+    double draft_seconds = 0;         // of which draft steps (speculative decoding)
     int64_t pool_slots = 0, pool_pages = 0, pool_snapshots = 0;
     uint64_t pool_bytes = 0;
     PrefixCache::Stats cache;

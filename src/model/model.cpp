@@ -126,20 +126,9 @@ void Model::make_resident() {
   const ModelConfig& c = cfg_;
   const int64_t D = c.hidden_size, HC = c.hc_mult;
   // Fits? Weight bytes as the backend stores them, plus an allowance for small tensors, workspace and one sequence.
-  if (opts_.mtp) {
-    if (c.dspark.present)
-      fail("{}: the mtp.* tensors of this checkpoint are a DSpark drafter (dspark_* config keys), which dsv4 does not "
-           "run; speculative decoding (--spec-draft) needs an MTP module (num_nextn_predict_layers >= 1 with "
-           "mtp.0.e_proj / h_proj / enorm / hnorm); available drafters: none",
-           c.origin);
-    if (w_.mtp.empty())
-      fail("{}: the checkpoint has no MTP module (mtp.* tensors, num_nextn_predict_layers >= 1); speculative decoding "
-           "(--spec-draft) needs one",
-           c.origin);
-    if (c.compress_ratio(c.num_hidden_layers) != 0)
-      fail("{}: the MTP layer has compress ratio {}; only a window-only MTP block is supported", c.origin,
-           c.compress_ratio(c.num_hidden_layers));
-  }
+  if (opts_.mtp && w_.mtp.empty())
+    fail("{}: the checkpoint has no MTP module (mtp.* tensors); speculative decoding (--spec-draft) needs one",
+         c.origin);
   size_t need = 0;
   ModelWeights main = w_;
   if (!opts_.mtp) main.mtp.clear();  // the MTP module is resident only for speculative decoding
@@ -198,6 +187,20 @@ std::unique_ptr<Model> Model::init(const ModelOptions& opts, ModelConfig cfg) {
   if (opts.spec_draft < 0 || opts.spec_draft > StateLayout::kMaxDraft)
     fail("--spec-draft must be in [0, {}] (got {})", StateLayout::kMaxDraft, opts.spec_draft);
   if (opts.spec_draft > 0) m->opts_.mtp = true;
+  if (m->opts_.mtp) {  // before any weight is read: a clear message which drafter the checkpoint has
+    const ModelConfig& c = cfg;
+    if (c.dspark.present)
+      fail("{}: speculative decoding (--spec-draft) needs an MTP module, but the mtp.* tensors of this checkpoint "
+           "are a DSpark drafter (dspark_* config keys, block size {}), which dsv4 does not run yet; available "
+           "drafters: none (run without --spec-draft)",
+           c.origin, c.dspark.block_size);
+    if (c.num_mtp_layers() < 1)
+      fail("{}: speculative decoding (--spec-draft) needs an MTP module; the config has num_nextn_predict_layers = {}",
+           c.origin, c.num_nextn_predict_layers);
+    if (c.compress_ratio(c.num_hidden_layers) != 0)
+      fail("{}: the MTP layer has compress ratio {}; only a window-only MTP block is supported", c.origin,
+           c.compress_ratio(c.num_hidden_layers));
+  }
   if (m->opts_.ubatch < 1) fail("ubatch must be >= 1 (got {})", m->opts_.ubatch);
   if (opts.n_threads < 0) fail("n_threads must be >= 0 (got {})", opts.n_threads);
   m->cfg_ = std::move(cfg);
@@ -235,7 +238,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const Model
 
 std::unique_ptr<Model> Model::load_dummy(const ModelConfig& cfg, const ModelOptions& opts, uint64_t seed) {
   std::unique_ptr<Model> m = init(opts, cfg);
-  m->dummy_ = std::make_unique<DummyCheckpoint>(make_dummy_checkpoint(m->cfg_, *m->be_, seed));
+  m->dummy_ = std::make_unique<DummyCheckpoint>(make_dummy_checkpoint(m->cfg_, *m->be_, seed, m->opts_.mtp));
   m->w_ = bind_weights(*m->dummy_->set, m->cfg_);
   m->make_resident();
   log::info("dummy {}: {} layers, {:.2f} GiB made on {}", cfg.origin, m->cfg_.num_hidden_layers,

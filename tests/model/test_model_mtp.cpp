@@ -285,6 +285,17 @@ TEST(Mtp, RefusesCheckpointsWithoutAnMtpModule) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("no MTP layer"), std::string::npos) << e.what();
   }
+  // loading it for speculative decoding names the drafter it has, before any weight is made or read
+  ModelOptions o;
+  o.spec_draft = 2;
+  try {
+    (void)Model::load_dummy(c, o);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("DSpark drafter"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("available drafters: none"), std::string::npos) << msg;
+  }
   // a model loaded without its MTP module cannot run a pool with the MTP layer
   const Model& plain = tiny("tiny-a", Numerics::reference);
   StatePool pool = plain.make_pool({1, 1, 0, true});
