@@ -315,3 +315,55 @@ TEST(SpecEngine, GenerateMatchesPlainDecoding) {
 }
 
 }  // namespace
+
+namespace {
+
+// Prefix-cache hits (restored snapshots include the MTP ring) and preemption (a pool too small for everyone) with
+// speculation: the same greedy tokens as plain decoding with room for all.
+TEST(SpecLoop, PrefixHitsAndPreemptionChangeNothing) {
+  auto m = load_mtp("demo");
+  auto base_prompts = prompts_for("demo", m->n_vocab());
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 6; ++i) {  // a 401-token held-out passage, then different endings
+    std::vector<int32_t> p = base_prompts[19];
+    p.insert(p.end(), base_prompts[size_t(i)].begin() + 1, base_prompts[size_t(i)].end());
+    prompts.push_back(p);
+  }
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  auto go = [&](int k, int64_t n_pages) {
+    EngineLoopOptions o;
+    o.max_running = 3;
+    o.start_thread = false;
+    o.spec_draft = k;
+    o.n_pages = n_pages;
+    o.n_snapshots = 16;
+    EngineLoop loop(m, o);
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (const auto& p : prompts) {
+      EngineRequest r;
+      r.prompt = p;
+      r.sampling = greedy;
+      r.max_tokens = 120;  // past position 512: a fifth page during decode
+      r.ignore_eos = true;
+      streams.push_back(loop.submit(std::move(r)));
+    }
+    loop.run_until_idle();
+    std::vector<RequestStream::Result> out;
+    for (auto& s : streams) out.push_back(s->wait());
+    return std::make_pair(out, loop.stats());
+  };
+  const auto [plain, plain_stats] = go(0, 64);
+  const auto [spec, stats] = go(3, 8);  // 3 shared pages + 2 own per running sequence would need 9: preempts
+  int64_t cached = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(spec[i].end, StreamEnd::length) << spec[i].error;
+    EXPECT_EQ(spec[i].tokens, plain[i].tokens) << "prompt " << i;
+    cached += spec[i].cached_tokens;
+  }
+  EXPECT_GT(cached, 0) << "the shared passage was not reused";
+  EXPECT_GT(stats.preemptions, 0) << "the pool was large enough for everyone";
+  EXPECT_GT(stats.accepted_tokens, 0);
+}
+
+}  // namespace
