@@ -40,7 +40,8 @@ std::vector<int> int_list(const std::string& s, const char* what, int lo, int hi
   while (std::getline(ss, t, ',')) {
     char* end = nullptr;
     const long x = std::strtol(t.c_str(), &end, 10);
-    if (t.empty() || *end || x < lo || x > hi) fail("bench spec: {} '{}' is not a list of integers in [{}, {}]", what, s, lo, hi);
+    if (t.empty() || *end || x < lo || x > hi)
+      fail("bench spec: {} '{}' is not a list of integers in [{}, {}]", what, s, lo, hi);
     v.push_back(int(x));
   }
   if (v.empty()) fail("bench spec: empty {}", what);
@@ -193,7 +194,8 @@ void setup_bench_spec(CLI::App& app, Runner& run) {
   app.add_option("-m,--model", o->model, "checkpoint folder");
   app.add_option("--config", o->config, "config.json of the model to build (with --load-format dummy)");
   app.add_option("--load-format", o->load_format, "auto (dummy with --config) | dummy | safetensors");
-  app.add_option("--layers", o->layers, "keep the first N layers (dummy weights; 0: all)")->check(CLI::NonNegativeNumber);
+  app.add_option("--layers", o->layers, "keep the first N layers (dummy weights; 0: all)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--batch", o->batch, "comma-separated batch sizes (default 1,8)");
   app.add_option("--draft", o->draft, "comma-separated draft counts (default 1,2,3,4)");
   app.add_option("-n,--tokens", o->n, "tokens per request (default 128)")->check(CLI::Range(2, 1 << 20));

@@ -308,7 +308,8 @@ void EngineLoop::run_step() {
       drafted += so.n_draft;
       accepted += so.n_accepted;
       if (so.bad) outs.push_back({id, -1, true});
-      for (size_t j = 0; j < so.tokens.size(); ++j) outs.push_back({id, so.tokens[j], false, j + 1 < so.tokens.size()});
+      for (size_t j = 0; j < so.tokens.size(); ++j)  // accepted drafts (in the scheduler already), then the target's
+        outs.push_back({id, so.tokens[j], false, j + 1 < so.tokens.size()});
     }
   sched_->commit(st);
   int64_t generated = 0;

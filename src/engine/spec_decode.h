@@ -14,7 +14,9 @@
 //     makes it reproducible (its draws: one per draft, one per checked draft, one per emitted correction).
 // Rejected positions are rolled back exactly (Model::rollback); the scheduler commits only the kept positions, so
 // prefix-cache blocks and snapshots never see a rejected token. Drafted / accepted counts go to the request's
-// stream and the loop's stats.
+// stream and the loop's stats. A verify step takes its pages when it is built (fewer drafts when the pool has no
+// free page) and is counted as one token of the scheduler's step budget. The drafts of a request depend only on
+// the request (its tokens, parameters and limits), so its output does not depend on what shares its steps.
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -65,7 +65,8 @@ void Model::validate(const Batch& b, const StatePool& pool) const {
         if (s.pages[size_t(k)] < 0 || s.pages[size_t(k)] >= pool.n_pages())
           fail("batch: page id {} outside [0, {})", s.pages[size_t(k)], pool.n_pages());
     }
-    if (s.next_token >= cfg_.vocab_size) fail("token id {} outside the vocabulary [0, {})", s.next_token, cfg_.vocab_size);
+    if (s.next_token >= cfg_.vocab_size)
+      fail("token id {} outside the vocabulary [0, {})", s.next_token, cfg_.vocab_size);
     if (s.spec) {
       if (!mtp) fail("batch: a verify step (spec) needs a state pool with the MTP layer");
       if (n > StateLayout::kSpecRows || n > opts_.ubatch)

@@ -30,7 +30,11 @@ void copy_rows(Backend& be, Buffer& dst, int64_t d0, const Buffer& src, int64_t 
 }  // namespace
 
 StatePool::StatePool(const ModelConfig& cfg, Backend& be, const StatePoolOptions& o)
-    : layout_(StateLayout::of(cfg, o.mtp)), be_(&be), n_slots_(o.n_slots), n_pages_(o.n_pages), n_snapshots_(o.n_snapshots) {
+    : layout_(StateLayout::of(cfg, o.mtp)),
+      be_(&be),
+      n_slots_(o.n_slots),
+      n_pages_(o.n_pages),
+      n_snapshots_(o.n_snapshots) {
   if (n_slots_ < 1) fail("state pool: at least one slot is needed (got {})", n_slots_);
   if (n_pages_ < 0 || n_snapshots_ < 0) fail("state pool: negative page or snapshot count");
   const StateLayout& L = layout_;

@@ -163,7 +163,8 @@ TEST(SpecSampled, AcceptanceRuleReproducesTheTargetDistribution) {
   q2.p0 = int64_t(ctx.size()) - 1;
   q2.tokens = std::span<const int32_t>(&ctx.back(), 1);
   q2.pages = pages;
-  m->forward(b2, pool, [&](size_t, int64_t, std::span<const float> lg, bool) { p_logits.assign(lg.begin(), lg.end()); });
+  m->forward(b2, pool,
+             [&](size_t, int64_t, std::span<const float> lg, bool) { p_logits.assign(lg.begin(), lg.end()); });
   ASSERT_EQ(q_logits.size(), size_t(V));
   ASSERT_EQ(p_logits.size(), size_t(V));
 

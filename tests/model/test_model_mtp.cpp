@@ -276,7 +276,8 @@ TEST(Mtp, DraftBatchedEqualsAlone) {
 
 TEST(Mtp, RefusesCheckpointsWithoutAnMtpModule) {
   // the 0731 config: mtp.* is a DSpark drafter
-  const ModelConfig c = load_config(std::string(DSV4_SOURCE_DIR) + "/tests/data/configs/deepseek-v4-flash-0731-config.json");
+  const ModelConfig c =
+      load_config(std::string(DSV4_SOURCE_DIR) + "/tests/data/configs/deepseek-v4-flash-0731-config.json");
   ASSERT_TRUE(c.dspark.present);
   EXPECT_EQ(c.num_mtp_layers(), 0);
   try {
