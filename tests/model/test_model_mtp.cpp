@@ -211,8 +211,8 @@ TEST(Mtp, DemoDraftsPredictHeldOutText) {
     for (const auto& p : prompts["prompts"]) {
       const std::vector<int32_t> ids = p["ids"].get<std::vector<int32_t>>();
       if (ids.size() < 100 || ids.size() > 250) continue;  // the held-out passages of 121 and 201 tokens
-      StatePool pool = m.make_pool({1, 2, 0, true});
-      const std::vector<int32_t> pages = {0, 1};
+      StatePool pool = m.make_pool({1, 4, 0, true});
+      const std::vector<int32_t> pages = {0, 1, 2, 3};
       for (size_t t = 0; t + 2 < ids.size(); ++t) {
         Batch b;
         BatchSeq& q = b.seqs.emplace_back();
