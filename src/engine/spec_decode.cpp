@@ -130,6 +130,9 @@ SpecDecoder::SpecDecoder(const Model& model, StatePool& pool, int k) : model_(mo
   if (k < 1 || k > StateLayout::kMaxDraft) fail("--spec-draft must be in [0, {}] (got {})", StateLayout::kMaxDraft, k);
   if (!model.has_mtp()) fail("speculative decoding needs the model's MTP module (load it with ModelOptions::mtp)");
   if (!pool.layout().has_mtp()) fail("internal: speculative decoding needs a state pool with the MTP layer");
+  if (model.options().ubatch < k + 1)
+    fail("speculative decoding with {} drafts needs a ubatch of at least {} tokens (got {})", k, k + 1,
+         model.options().ubatch);
 }
 
 bool SpecDecoder::prepare(const Scheduler::Item& item, const Scheduler::Sequence& s, BatchSeq& bs, Scheduler& sched) {
