@@ -176,7 +176,7 @@ GenerationResult Engine::generate_spec(const GenerationRequest& req, const Token
       const SpecRollback rb{0, P, n, keep};
       m.rollback(std::span<const SpecRollback>(&rb, 1), pool);
     }
-    ++tm.decode_tokens;
+    tm.decode_tokens += keep;  // positions the step decoded for good (a plain step decodes one)
     tm.drafted_tokens += n - 1;
     tm.accepted_tokens += keep - 1;
     P += keep;
@@ -194,8 +194,8 @@ GenerationResult Engine::generate_spec(const GenerationRequest& req, const Token
     }
   }
   tm.decode_ms = ms_since(t0);
-  log::debug("decode: {} tokens in {} steps, {:.1f} ms; {} of {} drafts accepted, finish {}", res.ids.size(),
-             tm.decode_tokens, tm.decode_ms, tm.accepted_tokens, tm.drafted_tokens, to_string(res.finish));
+  log::debug("decode: {} tokens, {:.1f} ms; {} of {} drafts accepted, finish {}", res.ids.size(), tm.decode_ms,
+             tm.accepted_tokens, tm.drafted_tokens, to_string(res.finish));
   return res;
 }
 
