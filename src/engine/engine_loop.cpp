@@ -311,6 +311,11 @@ void EngineLoop::run_step() {
       for (size_t j = 0; j < so.tokens.size(); ++j)  // accepted drafts (in the scheduler already), then the target's
         outs.push_back({id, so.tokens[j], false, j + 1 < so.tokens.size()});
     }
+  std::map<uint64_t, int64_t> last_snapshots;  // snapshots at a sequence's last computed position (MTP row patch)
+  if (spec_)
+    for (const auto& it : st.items)
+      for (const auto& sn : it.snapshots)
+        if (sn.at == it.p0 + it.n) last_snapshots[it.id] = sn.id;
   sched_->commit(st);
   int64_t generated = 0;
   std::vector<uint64_t> got_token;
@@ -345,11 +350,11 @@ void EngineLoop::run_step() {
     stats_.accepted_tokens += accepted;
     stats_.forward_seconds += secs;
   }
-  if (spec_) draft_next(got_token);
+  if (spec_) draft_next(got_token, last_snapshots);
   publish_stats();
 }
 
-void EngineLoop::draft_next(const std::vector<uint64_t>& ids) {
+void EngineLoop::draft_next(const std::vector<uint64_t>& ids, const std::map<uint64_t, int64_t>& snapshots) {
   std::vector<SpecDecoder::Want> wants;
   for (uint64_t id : ids) {
     auto it = live_.find(id);
@@ -359,7 +364,8 @@ void EngineLoop::draft_next(const std::vector<uint64_t>& ids) {
     int64_t k = spec_->k();
     if (it->second.req.max_tokens > 0) k = std::min(k, it->second.req.max_tokens - it->second.generated - 1);
     k = std::min(k, n_ctx_ - int64_t(s->tokens.size()) - 1);
-    wants.push_back({id, int(std::max<int64_t>(k, 0))});
+    const auto sn = snapshots.find(id);
+    wants.push_back({id, int(std::max<int64_t>(k, 0)), sn == snapshots.end() ? -1 : sn->second});
   }
   const auto t0 = std::chrono::steady_clock::now();
   try {

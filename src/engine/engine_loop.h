@@ -142,7 +142,8 @@ class EngineLoop {
   void run_step();
   void end(uint64_t id, StreamEnd e, std::string error = {});
   void publish_stats();  // scheduler / cache counters into stats_ (loop thread)
-  void draft_next(const std::vector<uint64_t>& ids);  // speculative decoding: drafts after a step's tokens
+  // speculative decoding: drafts after a step's tokens (snapshots: those taken after each one's last position)
+  void draft_next(const std::vector<uint64_t>& ids, const std::map<uint64_t, int64_t>& snapshots);
 
   std::shared_ptr<const Model> model_;
   EngineLoopOptions opts_;

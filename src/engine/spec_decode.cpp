@@ -211,7 +211,7 @@ void SpecDecoder::draft(std::span<const Want> wants, Scheduler& sched,
     if (!s || s->status != Scheduler::Status::running || s->slot < 0 || s->n_computed < 1 ||
         int64_t(s->tokens.size()) != s->n_computed + 1)
       continue;
-    ds.push_back({s->slot, s->n_computed - 1, s->tokens.back(), std::clamp(w.n_draft, 0, k_)});
+    ds.push_back({s->slot, s->n_computed - 1, s->tokens.back(), std::clamp(w.n_draft, 0, k_), w.snapshot});
     ids.push_back(w.id);
     Drafts& d = drafts_[w.id];
     d = Drafts{};

@@ -84,6 +84,7 @@ class SpecDecoder {
   struct Want {
     uint64_t id = 0;
     int n_draft = 0;               // 0: only the MTP row of the last position (no drafts)
+    int64_t snapshot = -1;         // a snapshot the step took after the last computed position (DraftSeq)
   };
   // Drafts for sequences that just got a token (their last token not computed yet), in one batched draft() call.
   void draft(std::span<const Want> wants, Scheduler& sched, const std::function<Sampler&(uint64_t)>& sampler_of,

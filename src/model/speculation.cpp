@@ -180,6 +180,7 @@ void Model::draft(std::span<const DraftSeq> seqs, StatePool& pool, const DraftSi
       fail("draft: {} draft tokens (0 .. {})", s.n_draft, StateLayout::kMaxDraft);
     if (s.token < 0 || s.token >= V) fail("token id {} outside the vocabulary [0, {})", s.token, V);
     if (s.pos < 0 || s.pos + s.n_draft > cfg_.max_position_embeddings) fail("draft: position {} out of range", s.pos);
+    if (s.snapshot >= pool.n_snapshots()) fail("draft: snapshot {} outside [0, {})", s.snapshot, pool.n_snapshots());
     max_k = std::max(max_k, s.n_draft);
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -196,14 +197,21 @@ void Model::draft(std::span<const DraftSeq> seqs, StatePool& pool, const DraftSi
   // rows and put back at the end
   DeviceLists dl;
   std::vector<int32_t> ring_rows, spec_rows, hc_rows(static_cast<size_t>(ns * HC)), iota(static_cast<size_t>(ns));
-  for (size_t i = 0; i < seqs.size(); ++i)
+  std::vector<int32_t> snap_src, snap_dst;  // the exact MTP row of pos into snapshots taken at pos + 1
+  for (size_t i = 0; i < seqs.size(); ++i) {
     for (int j = 1; j < seqs[i].n_draft; ++j) {
       ring_rows.push_back(int32_t(seqs[i].slot * W + (seqs[i].pos + j) % W));
       spec_rows.push_back(int32_t(seqs[i].slot * R + j));
     }
+    if (seqs[i].snapshot >= 0) {
+      snap_src.push_back(int32_t(seqs[i].slot * W + seqs[i].pos % W));
+      snap_dst.push_back(int32_t(seqs[i].snapshot * W + seqs[i].pos % W));
+    }
+  }
   for (int64_t i = 0; i < ns * HC; ++i) hc_rows[size_t(i)] = int32_t(i / HC);
   for (int64_t i = 0; i < ns; ++i) iota[size_t(i)] = int32_t(i);
   const size_t i_ring = dl.add(ring_rows), i_spec = dl.add(spec_rows), i_hc = dl.add(hc_rows), i_iota = dl.add(iota);
+  const size_t i_ssrc = dl.add(snap_src), i_sdst = dl.add(snap_dst);
   dl.upload(*be_, ws);
   const int64_t n_save = dl.size(i_ring);
   if (n_save)
@@ -249,6 +257,9 @@ void Model::draft(std::span<const DraftSeq> seqs, StatePool& pool, const DraftSi
       mtp_input(H, dp.tokens, dl[i_hc], na, Xm);
       block(mtp_layer_, pool, plan, dp, Xm);
       ops().scatter_rows(Xm, dl[i_iota], Y, sl[i_y], na, HC * D);
+      if (j == 0 && g1 == act.size() && dl.size(i_ssrc))  // every row of pos written: patch the snapshots
+        ops().scatter_rows(mb.ring.as<float>(), dl[i_ssrc], mb.snap_ring.as<float>(), dl[i_sdst], dl.size(i_ssrc),
+                           L.head_dim);
       if (j >= max_k) continue;  // only n_draft == 0 sequences: no logits wanted
       float* logits = ws.alloc<float>(na * V);
       mtp_head(Xm, na, logits);

@@ -40,6 +40,8 @@ struct DraftSeq {
   int64_t slot = 0, pos = 0;
   int32_t token = 0;
   int n_draft = 1;
+  int64_t snapshot = -1;  // >= 0: a snapshot the last step took at pos + 1; its (provisional) MTP row of pos is
+                          // rewritten too, so that restoring it gives exactly the state of a straight run
 };
 
 // Receives the MTP logits (fp32, n_vocab, host memory) of draft j of sequence `seq` and returns the drafted token

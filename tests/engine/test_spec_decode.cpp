@@ -368,3 +368,53 @@ TEST(SpecLoop, PrefixHitsAndPreemptionChangeNothing) {
 }
 
 }  // namespace
+
+namespace {
+
+// A continued conversation hits blocks whose snapshots were taken while decoding with speculation: its sampled
+// tokens and draft counts equal a cold run's, seed for seed (the bitwise check of the restored MTP state is
+// Mtp.DraftMakesTheSnapshotsMtpRowExact in tests/model).
+TEST(SpecLoop, HitsOnGeneratedBlocksGiveTheColdRunsDrafts) {
+  auto m = load_mtp("demo");
+  const std::vector<int32_t> first = prompts_for("demo", m->n_vocab())[16];  // 121 tokens: decode crosses 128, 256
+  SamplingParams sp;
+  sp.temperature = 0.8f;
+  sp.top_k = 50;
+  auto loop_options = [] {
+    EngineLoopOptions o;
+    o.max_running = 2;
+    o.start_thread = false;
+    o.spec_draft = 3;
+    o.n_pages = 16;
+    o.n_snapshots = 16;
+    return o;
+  };
+  auto ask = [&](EngineLoop& loop, const std::vector<int32_t>& prompt, int64_t n, uint64_t seed) {
+    EngineRequest r;
+    r.prompt = prompt;
+    r.sampling = sp;
+    r.sampling.seed = seed;
+    r.max_tokens = n;
+    r.ignore_eos = true;
+    auto s = loop.submit(std::move(r));
+    loop.run_until_idle();
+    return s->wait();
+  };
+  EngineLoop warm(m, loop_options());
+  const RequestStream::Result a = ask(warm, first, 200, 5);
+  ASSERT_EQ(a.tokens.size(), 200u);
+  std::vector<int32_t> second = first;
+  second.insert(second.end(), a.tokens.begin(), a.tokens.end());
+  second.insert(second.end(), first.begin() + 1, first.begin() + 9);
+  const RequestStream::Result hit = ask(warm, second, 64, 6);
+  EXPECT_GE(hit.cached_tokens, 256) << "the continued prompt should reuse the generated blocks";
+  EngineLoop cold_loop(m, loop_options());
+  const RequestStream::Result cold = ask(cold_loop, second, 64, 6);
+  EXPECT_EQ(cold.cached_tokens, 0);
+  EXPECT_EQ(hit.tokens, cold.tokens);
+  EXPECT_EQ(hit.drafted_tokens, cold.drafted_tokens);
+  EXPECT_EQ(hit.accepted_tokens, cold.accepted_tokens);
+  EXPECT_GT(hit.accepted_tokens, 0);
+}
+
+}  // namespace

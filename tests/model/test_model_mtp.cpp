@@ -5,6 +5,7 @@
 //   from the final position are bitwise equal (demo model, tiny-a, tiny-b; reference and dense numerics);
 // * draft() of several sequences in one call equals each alone;
 // * the demo model's MTP drafts predict the held-out passages of tests/data/demo/prompts.json far above chance;
+// * a snapshot whose MTP row was provisional is made exact by the next draft() (restored == original, bitwise);
 // * a checkpoint without an MTP module, or with a DSpark drafter, is refused with a clear message.
 #include <nlohmann/json.hpp>
 
@@ -271,6 +272,47 @@ TEST(Mtp, DraftBatchedEqualsAlone) {
     ASSERT_EQ(batched[i].size(), size_t(i + 2));
     ASSERT_EQ(alone[i].size(), size_t(i + 2));
     for (size_t j = 0; j < alone[i].size(); ++j) expect_same(batched[i][j], alone[i][j], "draft");
+  }
+}
+
+// A snapshot taken where the next token was not known yet holds a provisional MTP row; draft() with the snapshot
+// rewrites it, so that a sequence restored from it drafts exactly as the one that took it.
+TEST(Mtp, DraftMakesTheSnapshotsMtpRowExact) {
+  for (bool patch : {true, false}) {
+    const Model& m = mtp_model("demo", Numerics::reference);
+    const std::vector<int32_t> ids = random_ids(131, m.n_vocab(), 3);
+    StatePool pool = m.make_pool({2, 4, 1, true});
+    const std::vector<int32_t> pages0 = {0, 1}, pages1 = {0, 2};  // block 0 shared (full), then own pages
+    Batch b;
+    BatchSeq& q = b.seqs.emplace_back();
+    q.tokens = std::span<const int32_t>(ids.data(), 128);
+    q.pages = pages0;
+    q.logits = BatchSeq::Logits::none;
+    q.snapshots = {{128, 0}};  // next token unknown here: the MTP row of 127 is provisional
+    m.forward(b, pool, nullptr);
+    const DraftSeq d{0, 127, ids[128], 2, patch ? 0 : -1};
+    (void)drafts_of(m, pool, std::span<const DraftSeq>(&d, 1));
+    pool.restore_snapshot(0, 1);
+    std::vector<std::vector<float>> out[2];
+    for (int64_t slot : {int64_t(0), int64_t(1)}) {
+      Batch b2;
+      BatchSeq& q2 = b2.seqs.emplace_back();
+      q2.slot = slot;
+      q2.p0 = 128;
+      q2.tokens = std::span<const int32_t>(&ids[128], 1);
+      q2.pages = slot ? pages1 : pages0;
+      q2.logits = BatchSeq::Logits::none;
+      m.forward(b2, pool, nullptr);
+      const DraftSeq d2{slot, 128, ids[129], 2};
+      out[slot] = drafts_of(m, pool, std::span<const DraftSeq>(&d2, 1));
+    }
+    ASSERT_EQ(out[0].size(), 2u);
+    ASSERT_EQ(out[1].size(), 2u);
+    if (patch) {
+      for (size_t j = 0; j < 2; ++j) expect_same(out[1][j], out[0][j], "restored draft " + std::to_string(j));
+    } else {
+      EXPECT_NE(out[1][0], out[0][0]) << "without the rewrite the restored MTP ring differs (the test has power)";
+    }
   }
 }
 
