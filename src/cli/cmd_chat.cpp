@@ -39,6 +39,7 @@ struct Opts {
   int64_t n = 4096, ctx = 32768;
   dsv4::cli::SamplingOptions sampling;
   int threads = 0;
+  int spec_draft = 0;
   std::string device;
   bool think = false;
 };
@@ -54,11 +55,15 @@ void setup_chat(CLI::App& app, dsv4::cli::Runner& run) {
   app.add_flag("--think", o->think, "start with thinking mode on (toggle with /think on|off)");
   app.add_option("--numerics", o->numerics, "reference | dense (default reference)");
   app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("--spec-draft", o->spec_draft,
+                 "speculative decoding: draft tokens per step with the model's MTP module (1-4; default 0: off)")
+      ->check(CLI::Range(0, 4));
   dsv4::cli::add_device_option(app, o->device);
   run = [o] {
     using namespace dsv4;
     std::fprintf(stderr, "loading %s ...\n", o->model.c_str());
-    LoadedModel lm = load_model(o->model, o->numerics, o->threads, dsv4::cli::resolve_device(o->device));
+    LoadedModel lm =
+        load_model(o->model, o->numerics, o->threads, dsv4::cli::resolve_device(o->device), o->spec_draft);
     std::fprintf(stderr, "device: %s\n", lm.device.c_str());
     if (!lm.tokenizer) fail("{}: no tokenizer.json (chat needs one)", o->model);
     const Tokenizer& tok = *lm.tokenizer;

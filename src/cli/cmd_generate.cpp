@@ -28,6 +28,7 @@ struct Opts {
   dsv4::cli::SamplingOptions sampling;
   float repeat = 1.0f, presence = 0.0f, frequency = 0.0f;
   int threads = 0;
+  int spec_draft = 0;
   std::string device;
   std::vector<std::string> stop;
   bool json = false, ignore_eos = false;
@@ -66,6 +67,9 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
   app.add_option("--frequency-penalty", o->frequency, "frequency penalty on output tokens (default 0)");
   app.add_option("--numerics", o->numerics, "reference | dense (default reference)");
   app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("--spec-draft", o->spec_draft,
+                 "speculative decoding: draft tokens per step with the model's MTP module (1-4; default 0: off)")
+      ->check(CLI::Range(0, 4));
   dsv4::cli::add_device_option(app, o->device);
   app.add_option("--ctx", o->ctx, "context size in tokens (default 0: the model's maximum)")
       ->check(CLI::NonNegativeNumber);
@@ -76,7 +80,8 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
     using namespace dsv4;
     if (o->prompt.empty() && o->prompt_ids.empty()) fail("give a prompt with -p TEXT or --prompt-ids LIST");
     std::fprintf(stderr, "loading %s ...\n", o->model.c_str());
-    LoadedModel lm = load_model(o->model, o->numerics, o->threads, dsv4::cli::resolve_device(o->device));
+    LoadedModel lm =
+        load_model(o->model, o->numerics, o->threads, dsv4::cli::resolve_device(o->device), o->spec_draft);
     std::fprintf(stderr, "device: %s\n", lm.device.c_str());
     const Tokenizer* tok = lm.tokenizer.get();
     GenerationRequest req;
@@ -133,7 +138,9 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
                             {"generated_tokens", r.ids.size()},
                             {"decode_tokens", t.decode_tokens},
                             {"decode_ms", t.decode_ms},
-                            {"decode_tokens_per_s", t.decode_tokens_per_s()}}}};
+                            {"decode_tokens_per_s", t.decode_tokens_per_s()},
+                            {"drafted_tokens", t.drafted_tokens},
+                            {"accepted_tokens", t.accepted_tokens}}}};
       std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {
       std::printf("\n");
@@ -145,6 +152,10 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
                  static_cast<long long>(t.prefill_tokens), t.prefill_ms, t.prefill_tokens_per_s(),
                  static_cast<long long>(t.decode_tokens), t.decode_ms, t.decode_tokens_per_s(), r.ids.size(),
                  to_string(r.finish));
+    if (t.drafted_tokens > 0)
+      std::fprintf(stderr, "speculative decoding: %lld of %lld draft tokens accepted (%.1f%%)\n",
+                   static_cast<long long>(t.accepted_tokens), static_cast<long long>(t.drafted_tokens),
+                   100.0 * double(t.accepted_tokens) / double(t.drafted_tokens));
     return r.finish == FinishReason::cancelled ? 130 : 0;
   };
 }

@@ -37,6 +37,7 @@ struct Opts {
   int port = 8080, queue = 64, threads = 0;
   int64_t parallel = 0, batch_tokens = 0;  // 0: the device's default
   std::string kv_memory, cache_dir, cache_size = "16G";
+  int spec_draft = 0;
   std::string device;
   int64_t ctx = 32768;
   double keepalive = 5.0;
@@ -66,6 +67,9 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
   app.add_option("--cache-size", o->cache_size, "bytes the disk tier may use (default 16G)");
   app.add_option("--numerics", o->numerics, "reference | dense (default reference)");
   app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("--spec-draft", o->spec_draft,
+                 "speculative decoding: draft tokens per step with the model's MTP module (1-4; default 0: off)")
+      ->check(CLI::Range(0, 4));
   dsv4::cli::add_device_option(app, o->device);
   app.add_option("--model-name", o->model_name, "model id reported by the API (default: the folder name)");
   app.add_option("--keepalive", o->keepalive, "seconds between SSE keepalive comments while waiting (default 5)")
@@ -96,7 +100,7 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
     const uint64_t cache_size = std::get<uint64_t>(cli::parse_byte_size(o->cache_size, "--cache-size", false));
     std::fprintf(stderr, "loading %s ...\n", o->model.c_str());
     const Device device = dsv4::cli::resolve_device(o->device);
-    LoadedModel lm = load_model(o->model, o->numerics, o->threads, device);
+    LoadedModel lm = load_model(o->model, o->numerics, o->threads, device, o->spec_draft);
     std::fprintf(stderr, "device: %s\n", lm.device.c_str());
     if (!lm.tokenizer) fail("{}: no tokenizer.json (the server needs one)", o->model);
     auto model = std::dynamic_pointer_cast<const Model>(lm.model);
@@ -117,6 +121,7 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
     }
     eo.cache_dir = o->cache_dir;
     eo.cache_size = cache_size;
+    eo.spec_draft = o->spec_draft;
     ServerOptions so;
     so.host = o->host;
     so.port = o->port;
@@ -129,7 +134,8 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
     so.auto_unpark = o->auto_unpark;
     so.engine = eo;
     so.reload = [o, device]() -> std::shared_ptr<const BatchModel> {
-      auto m = std::dynamic_pointer_cast<const Model>(load_model(o->model, o->numerics, o->threads, device).model);
+      auto m = std::dynamic_pointer_cast<const Model>(
+          load_model(o->model, o->numerics, o->threads, device, o->spec_draft).model);
       if (!m) fail("internal: the loaded model is not a DeepSeek V4 model");
       return batch_model_of(std::move(m));
     };

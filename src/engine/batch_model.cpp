@@ -27,13 +27,14 @@ class ModelBatch final : public BatchModel {
   int32_t bos_id() const override { return m_->bos_id(); }
   int32_t eos_id() const override { return m_->eos_id(); }
   int64_t max_context() const override { return m_->max_context(); }
-  StateLayout state_layout() const override { return StateLayout::of(m_->config()); }
+  StateLayout state_layout(bool mtp) const override { return StateLayout::of(m_->config(), mtp); }
   // weights, numerics, state layout, device kind and disk format (engine/cache_identity.h): never share blocks across
   // models whose rows differ
   uint64_t state_salt() const override { return cache_identity(*m_); }
   std::unique_ptr<BatchState> make_state(const StatePoolOptions& o) const override {
     return std::make_unique<PoolState>(m_->make_pool(o));
   }
+  const Model* deepseek_model() const override { return m_.get(); }
   void forward(const Batch& batch, BatchState& state, const BatchLogitsSink& sink) const override {
     auto* ps = dynamic_cast<PoolState*>(&state);
     if (!ps) fail("internal: a batch state of another model");

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "model/model.h"
 #include "sampling/sampler.h"
 #include "sampling/stop_matcher.h"
 #include "tokenizer/stream_decoder.h"
@@ -36,6 +37,10 @@ Engine::Engine(std::shared_ptr<const LanguageModel> model, int64_t n_ctx, int64_
   if (n_ctx_ < 1 || n_ctx_ > model_->max_context())
     fail("context size {} out of range [1, {}] (the model's max_position_embeddings)", n_ctx_, model_->max_context());
   if (prefill_chunk_ < 1) fail("prefill chunk must be positive, got {}", prefill_chunk_);
+  if (const auto* m = dynamic_cast<const Model*>(model_.get()); m && m->options().spec_draft > 0 && m->has_mtp()) {
+    spec_model_ = m;
+    spec_k_ = m->options().spec_draft;
+  }
 }
 
 void Engine::reset() { seq_.reset(); }
@@ -43,6 +48,7 @@ void Engine::reset() { seq_.reset(); }
 std::vector<int32_t> Engine::cached_tokens() const { return seq_ ? seq_->tokens() : std::vector<int32_t>{}; }
 
 GenerationResult Engine::generate(const GenerationRequest& req, const Tokenizer* tok, const GenerationCallbacks& cb) {
+  if (spec_k_ > 0 && !req.constraint) return generate_spec(req, tok, cb);
   const auto& prompt = req.prompt;
   const int32_t n_vocab = model_->n_vocab();
   if (prompt.empty()) fail("the prompt is empty");

@@ -14,6 +14,11 @@
 // Per decode step, on the host logits of the last position: log-probabilities (if asked) from the raw logits, then
 // the request's TokenConstraint masks them, then the sampler picks a token, which the constraint is told about.
 //
+// Speculative decoding: a dsv4::Model loaded with ModelOptions::spec_draft > 0 drafts that many tokens per step
+// with its MTP module and verifies them in one step (engine/spec_decode.h; same tokens for greedy requests, the
+// same distribution for sampled ones); requests with a TokenConstraint decode without it. The speculative path
+// keeps no sequence between requests (no prefix reuse).
+//
 // Not thread-safe: one generate() at a time.
 #pragma once
 #include <functional>
@@ -44,12 +49,17 @@ class Engine {
   int64_t n_ctx() const { return n_ctx_; }
   // Tokens held by the cached sequence (empty after reset()).
   std::vector<int32_t> cached_tokens() const;
+  // Draft tokens per step of speculative decoding (0: off).
+  int spec_draft() const { return spec_k_; }
 
  private:
+  GenerationResult generate_spec(const GenerationRequest& req, const Tokenizer* tok, const GenerationCallbacks& cb);
   std::shared_ptr<const LanguageModel> model_;
   int64_t n_ctx_;
   int64_t prefill_chunk_;
   std::unique_ptr<LmSequence> seq_;
+  const class Model* spec_model_ = nullptr;  // the model, when it speculates
+  int spec_k_ = 0;
 };
 
 }  // namespace dsv4

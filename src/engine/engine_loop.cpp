@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/cache_identity.h"
+#include "engine/spec_decode.h"
 
 namespace dsv4 {
 
@@ -67,6 +68,12 @@ void RequestStream::push(int32_t token, TokenLogprobs* lp) {
   cv_.notify_all();
 }
 
+void RequestStream::add_spec(int64_t drafted, int64_t accepted) {
+  std::lock_guard<std::mutex> lock(mu_);
+  r_.drafted_tokens += drafted;
+  r_.accepted_tokens += accepted;
+}
+
 void RequestStream::finish(StreamEnd end, std::string error, int64_t prompt_tokens, int64_t cached_tokens,
                            int64_t preemptions) {
   {
@@ -111,7 +118,12 @@ EngineLoop::EngineLoop(std::shared_ptr<const BatchModel> model, const EngineLoop
   if (o.n_ctx < 0) fail("engine loop: n_ctx must be >= 0 (got {})", o.n_ctx);
   n_ctx_ = o.n_ctx == 0 ? max_ctx : std::min(o.n_ctx, max_ctx);
   if (o.max_running < 1) fail("engine loop: max_running must be >= 1 (got {})", o.max_running);
-  const StateLayout L = model_->state_layout();
+  if (o.spec_draft < 0 || o.spec_draft > StateLayout::kMaxDraft)
+    fail("--spec-draft must be in [0, {}] (got {})", StateLayout::kMaxDraft, o.spec_draft);
+  const Model* v4 = model_->deepseek_model();
+  if (o.spec_draft > 0 && (!v4 || !v4->has_mtp()))
+    fail("--spec-draft needs the model's MTP module (loaded with ModelOptions::mtp)");
+  const StateLayout L = model_->state_layout(o.spec_draft > 0);
   int64_t n_pages = o.n_pages, n_snaps = o.n_snapshots;
   if (n_pages <= 0) {
     const uint64_t slots = uint64_t(o.max_running) * L.slot_bytes;
@@ -128,11 +140,16 @@ EngineLoop::EngineLoop(std::shared_ptr<const BatchModel> model, const EngineLoop
     if (n_pages < 1) fail("state memory of {} bytes leaves no page for the compressed rows", o.state_bytes);
   }
   if (n_snaps < 0) n_snaps = 0;
-  pool_ = model_->make_state({o.max_running, n_pages, n_snaps});
+  pool_ = model_->make_state({o.max_running, n_pages, n_snaps, o.spec_draft > 0});
+  if (o.spec_draft > 0) {
+    if (!pool_->pool()) fail("--spec-draft needs a state pool of the model");
+    spec_ = std::make_unique<SpecDecoder>(*v4, *pool_->pool(), o.spec_draft);
+  }
   PrefixCache::Options co;
   co.n_pages = n_pages;
   co.n_snapshots = n_snaps;
-  co.salt = model_->state_salt();
+  // snapshots with the MTP layer's row differ from those without: never share blocks across them
+  co.salt = model_->state_salt() ^ (o.spec_draft > 0 ? uint64_t(1) << 40 : 0);
   cache_ = std::make_unique<PrefixCache>(co);
   if (!o.cache_dir.empty()) {
     if (StatePool* pool = pool_->pool()) {
@@ -276,6 +293,10 @@ void EngineLoop::run_step() {
     bs.pages = s->pages;
     bs.logits = it.logits ? BatchSeq::Logits::last : BatchSeq::Logits::none;
     bs.snapshots = it.snapshots;
+    if (spec_) {
+      if (it.p0 + it.n < int64_t(s->tokens.size())) bs.next_token = s->tokens[size_t(it.p0 + it.n)];  // MTP input
+      spec_->prepare(it, *s, bs, *sched_);  // a decode with drafts becomes a verify step
+    }
     b.seqs.push_back(std::move(bs));
     ids.push_back(it.id);
   }
@@ -286,13 +307,15 @@ void EngineLoop::run_step() {
     bool bad = false;
     std::string error;  // the request's sampling or constraint failed (the others go on)
     std::optional<TokenLogprobs> lp;
+    bool scheduled = false;  // an accepted draft: already in the scheduler's tokens
   };
   std::vector<Out> outs;
   std::vector<float> scratch;
   const auto t0 = std::chrono::steady_clock::now();
   std::string failure;
   try {
-    model_->forward(b, *pool_, [&](size_t si, int64_t, std::span<const float> lg, bool finite) {
+    model_->forward(b, *pool_, [&](size_t si, int64_t pos, std::span<const float> lg, bool finite) {
+      if (spec_ && spec_->collect(ids[si], pos, lg, finite)) return;  // a verify step: resolved below
       Out o;
       o.id = ids[si];
       if (!finite) o.bad = true;
@@ -324,10 +347,38 @@ void EngineLoop::run_step() {
     for (const auto& it : st.items)
       for (const auto& sn : it.snapshots) cache_->free_snapshot(sn.id);
     for (uint64_t id : ids) end(id, StreamEnd::error, "forward step failed: " + failure);
+    if (spec_) spec_->retain([&](uint64_t id) { return live_.count(id) > 0; });
     publish_stats();
     return;
   }
+  auto sampler_of = [&](uint64_t id) -> Sampler& { return *live_.at(id).sampler; };
+  int64_t drafted = 0, accepted = 0;
+  if (spec_)
+    for (auto& [id, so] : spec_->resolve(st, *sched_, sampler_of)) {
+      live_.at(id).stream->add_spec(so.n_draft, so.n_accepted);
+      drafted += so.n_draft;
+      accepted += so.n_accepted;
+      if (so.bad) {
+        Out o;
+        o.id = id;
+        o.bad = true;
+        outs.push_back(o);
+      }
+      for (size_t j = 0; j < so.tokens.size(); ++j) {  // accepted drafts (in the scheduler already), then the target's
+        Out o;
+        o.id = id;
+        o.token = so.tokens[j];
+        o.scheduled = j + 1 < so.tokens.size();
+        outs.push_back(o);
+      }
+    }
+  std::map<uint64_t, int64_t> last_snapshots;  // snapshots at a sequence's last computed position (MTP row patch)
+  if (spec_)
+    for (const auto& it : st.items)
+      for (const auto& sn : it.snapshots)
+        if (sn.at == it.p0 + it.n) last_snapshots[it.id] = sn.id;
   sched_->commit(st);
+  std::vector<uint64_t> got_token;
   for (Out& o : outs) {
     auto it = live_.find(o.id);
     if (it == live_.end()) continue;
@@ -353,13 +404,14 @@ void EngineLoop::run_step() {
       continue;
     }
     lv.sampler->accept(o.token);
-    sched_->append(o.id, o.token);
+    if (!o.scheduled) sched_->append(o.id, o.token);
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++stats_.generated_tokens;  // before the token is visible (see end())
     }
     lv.stream->push(o.token, o.lp ? &*o.lp : nullptr);
     ++lv.generated;
+    if (got_token.empty() || got_token.back() != o.id) got_token.push_back(o.id);
     const Scheduler::Sequence* s = sched_->find(o.id);
     if ((lv.req.max_tokens > 0 && lv.generated >= lv.req.max_tokens) || int64_t(s->tokens.size()) >= n_ctx_)
       end(o.id, StreamEnd::length);
@@ -368,12 +420,45 @@ void EngineLoop::run_step() {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.steps;
     stats_.step_tokens += st.n_tokens();
+    stats_.drafted_tokens += drafted;
+    stats_.accepted_tokens += accepted;
     stats_.forward_seconds += secs;
     size_t b = 0;
     while (b < kStepBuckets.size() && secs > kStepBuckets[b]) ++b;
     ++stats_.step_buckets[b];
   }
+  if (spec_) draft_next(got_token, last_snapshots);
   publish_stats();
+}
+
+void EngineLoop::draft_next(const std::vector<uint64_t>& ids, const std::map<uint64_t, int64_t>& snapshots) {
+  std::vector<SpecDecoder::Want> wants;
+  for (uint64_t id : ids) {
+    auto it = live_.find(id);
+    const Scheduler::Sequence* s = sched_->find(id);
+    if (it == live_.end() || !s) continue;  // ended with its last token
+    // a verify step emits up to k + 1 tokens: no drafts past max_tokens or the context
+    int64_t k = spec_->k();
+    // a constraint or logprobs need their per-token hook on every position: such requests decode without drafts
+    if (it->second.req.constraint || it->second.req.top_logprobs >= 0) k = 0;
+    if (it->second.req.max_tokens > 0) k = std::min(k, it->second.req.max_tokens - it->second.generated - 1);
+    k = std::min(k, n_ctx_ - int64_t(s->tokens.size()) - 1);
+    const auto sn = snapshots.find(id);
+    wants.push_back({id, int(std::max<int64_t>(k, 0)), sn == snapshots.end() ? -1 : sn->second});
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    spec_->draft(wants, *sched_, [&](uint64_t id) -> Sampler& { return *live_.at(id).sampler; }, model_->eos_id(),
+                 [&](uint64_t id) { return live_.at(id).req.ignore_eos; });
+  } catch (const Error& e) {  // the MTP state of these sequences is unknown: end them
+    log::warn("draft step failed: {}", e.what());
+    for (const auto& w : wants) end(w.id, StreamEnd::error, std::string("draft step failed: ") + e.what());
+  }
+  spec_->retain([&](uint64_t id) { return live_.count(id) > 0; });
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.forward_seconds += secs;
+  stats_.draft_seconds += secs;
 }
 
 void EngineLoop::publish_stats() {

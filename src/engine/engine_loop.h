@@ -55,6 +55,9 @@ struct EngineLoopOptions {
   // EngineLoop on the same directory. Empty: no disk tier.
   std::string cache_dir;
   uint64_t cache_size = uint64_t(16) << 30;
+  // Speculative decoding with the MTP module (--spec-draft, engine/spec_decode.h): draft tokens per step, 0 = off,
+  // 1 .. StateLayout::kMaxDraft (the model must be loaded with ModelOptions::mtp).
+  int spec_draft = 0;
 };
 
 struct EngineRequest {
@@ -82,6 +85,8 @@ class RequestStream {
     int64_t prompt_tokens = 0;
     int64_t cached_tokens = 0;      // prompt tokens reused from the prefix cache (not recomputed)
     int64_t preemptions = 0;
+    int64_t drafted_tokens = 0;     // speculative decoding: draft tokens verified
+    int64_t accepted_tokens = 0;    // ... and accepted (each saves one target step)
   };
   uint64_t id() const { return id_; }
   // Blocks until tokens beyond the first `have` exist or the request ended; returns the tokens from `have` on
@@ -100,6 +105,7 @@ class RequestStream {
   explicit RequestStream(uint64_t id) : id_(id) {}
   // Loop side.
   void push(int32_t token, TokenLogprobs* lp = nullptr);
+  void add_spec(int64_t drafted, int64_t accepted);
   void finish(StreamEnd end, std::string error, int64_t prompt_tokens, int64_t cached_tokens, int64_t preemptions);
 
  private:
@@ -141,7 +147,9 @@ class EngineLoop {
     int64_t requests_submitted = 0, cache_hits = 0;   // cache_hits: finished requests with cached_tokens > 0
     std::array<int64_t, kStepBuckets.size() + 1> step_buckets{};  // steps per step-time bucket (not cumulative)
     int64_t requests_finished = 0, preemptions = 0, running = 0, waiting = 0;
-    double forward_seconds = 0;
+    int64_t drafted_tokens = 0, accepted_tokens = 0;  // speculative decoding
+    double forward_seconds = 0;       // forward steps and draft steps
+    double draft_seconds = 0;         // of which draft steps (speculative decoding)
     int64_t pool_slots = 0, pool_pages = 0, pool_snapshots = 0;
     uint64_t pool_bytes = 0;
     PrefixCache::Stats cache;
@@ -164,6 +172,8 @@ class EngineLoop {
   void run_step();
   void end(uint64_t id, StreamEnd e, std::string error = {});
   void publish_stats();  // scheduler / cache counters into stats_ (loop thread)
+  // speculative decoding: drafts after a step's tokens (snapshots: those taken after each one's last position)
+  void draft_next(const std::vector<uint64_t>& ids, const std::map<uint64_t, int64_t>& snapshots);
 
   std::shared_ptr<const BatchModel> model_;
   EngineLoopOptions opts_;
@@ -172,6 +182,7 @@ class EngineLoop {
   std::unique_ptr<DiskCache> disk_;  // reads and writes the pool: declared after it (destroyed before it)
   std::unique_ptr<PrefixCache> cache_;
   std::unique_ptr<Scheduler> sched_;
+  std::unique_ptr<class SpecDecoder> spec_;  // --spec-draft > 0
   std::map<uint64_t, Live> live_;    // loop thread only
 
   mutable std::mutex mu_;            // inbox, stats, stop flag

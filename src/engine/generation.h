@@ -39,8 +39,11 @@ struct GenerationTimings {
   int64_t cached_tokens = 0;   // prompt tokens reused from the previous sequence (prefix reuse), not recomputed
   int64_t prefill_tokens = 0;  // prompt tokens actually computed (prompt_tokens - cached_tokens)
   double prefill_ms = 0.0;
-  int64_t decode_tokens = 0;  // forward steps after the prefill (one per generated token but the last)
+  int64_t decode_tokens = 0;  // positions decoded after the prefill (one per generated token but the last; with
+                              // speculation the kept positions of the verify steps)
   double decode_ms = 0.0;     // forward steps + sampling after the prefill
+  int64_t drafted_tokens = 0;   // speculative decoding (--spec-draft): draft tokens verified
+  int64_t accepted_tokens = 0;  // ... and accepted
   double prefill_tokens_per_s() const { return prefill_ms > 0 ? prefill_tokens * 1e3 / prefill_ms : 0.0; }
   double decode_tokens_per_s() const { return decode_ms > 0 ? decode_tokens * 1e3 / decode_ms : 0.0; }
 };

@@ -17,7 +17,7 @@ std::string model_folder_name(const std::filesystem::path& dir) {
 }
 
 LoadedModel load_model(const std::filesystem::path& dir, const std::string& numerics, int threads,
-                       const Device& device) {
+                       const Device& device, int spec_draft) {
   auto num = parse_numerics(numerics);
   if (!num) fail("--numerics must be 'reference' or 'dense', got '{}'", numerics);
   if (!std::filesystem::is_directory(dir)) fail("{}: not a model folder (no such directory)", dir.string());
@@ -26,6 +26,7 @@ LoadedModel load_model(const std::filesystem::path& dir, const std::string& nume
   ModelOptions mo;
   mo.numerics = *num;
   mo.device = device;
+  mo.spec_draft = spec_draft;
   auto model = Model::load(dir, mo);
   out.device = model->backend().description();
   out.model = std::move(model);

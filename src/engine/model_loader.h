@@ -18,11 +18,13 @@ struct LoadedModel {
   std::string device;                          // the backend's description (e.g. "cuda:0 NVIDIA H200, ...")
 };
 
-// numerics: "reference" | "dense"; threads: CPU compute threads (<= 0: all cores); device: where the model runs.
+// numerics: "reference" | "dense"; threads: CPU compute threads (<= 0: all cores); device: where the model runs;
+// spec_draft: draft tokens per step of speculative decoding with the MTP module (0: off; > 0 loads the MTP module,
+// and the engines built on the model speculate).
 // Throws dsv4::Error for a missing folder, bad numerics name, an unusable device, a model that does not fit, or any
 // load failure (message names the file).
 LoadedModel load_model(const std::filesystem::path& dir, const std::string& numerics, int threads,
-                       const Device& device = Device{});
+                       const Device& device = Device{}, int spec_draft = 0);
 
 // Folder name of `dir`, ignoring trailing slashes ("models/foo/" -> "foo").
 std::string model_folder_name(const std::filesystem::path& dir);

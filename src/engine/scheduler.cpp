@@ -41,6 +41,12 @@ void Scheduler::append(uint64_t id, int32_t token) {
   it->second.tokens.push_back(token);
 }
 
+bool Scheduler::reserve_pages(uint64_t id, int64_t n_positions) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end() || it->second.status != Status::running) return false;
+  return ensure_pages(it->second, n_positions);
+}
+
 void Scheduler::release(Sequence& s) {
   cache_.release_pages(s.pages);
   s.pages.clear();

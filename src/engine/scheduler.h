@@ -94,6 +94,9 @@ class Scheduler {
   void commit(const Step& step);
   // A sampled token of a sequence whose item wanted logits.
   void append(uint64_t id, int32_t token);
+  // Speculative decoding (engine/spec_decode.h): pages for n_positions positions of a running sequence (a verify
+  // step runs past its scheduled token); false when the pool has no free page for them.
+  bool reserve_pages(uint64_t id, int64_t n_positions);
 
   const Sequence* find(uint64_t id) const;
   size_t n_waiting() const { return waiting_.size(); }

@@ -57,6 +57,8 @@ void Model::attention(int l, StatePool& pool, const StepPlan& plan, const Device
     cp.rows = lb.comp.as<float>();
     cp.snap_k = lb.snap_cmp_k.as<float>();
     cp.snap_s = lb.snap_cmp_s.as<float>();
+    cp.spec_k = lb.spec_cmp_k.as<float>();
+    cp.spec_s = lb.spec_cmp_s.as<float>();
     compressor(lp.cmp, cp, plan, dp, x, false);
     const RatioPlan* rp = plan.ratio(ratio);
     n_comp = pool.n_pages() * rp->rpp;
@@ -97,6 +99,9 @@ void Model::attention(int l, StatePool& pool, const StepPlan& plan, const Device
   for (size_t i = 0; i < plan.snap_ids.size(); ++i)
     ops().gather_rows(ring, plan.n_ring, kv, dp.snap_ring_src + int64_t(i) * W, W, Dh,
                       lb.snap_ring.as<float>() + plan.snap_ids[i] * W * Dh);
+  if (!plan.spec_ring_src.empty())  // verify steps: the ring rows about to be overwritten, for a rollback
+    ops().scatter_rows(ring, dp.spec_ring_src, lb.spec_ring.as<float>(), dp.spec_ring_dst,
+                       int64_t(plan.spec_ring_src.size()), Dh);
   ops().scatter_rows(kv, dp.ring_src, ring, dp.ring_dst, int64_t(plan.ring_src.size()), Dh);
 }
 

@@ -47,6 +47,15 @@ void Model::compressor(const CompressorResident& w, const CompressorPools& cp, c
       ops().gather_rows(kp, n, cp.k, drp.snap_src + int64_t(i) * m, m, width, cp.snap_k + id * m * width);
       ops().gather_rows(sp, n, cp.s, drp.snap_src + int64_t(i) * m, m, width, cp.snap_s + id * m * width);
     }
+  // verify steps: the frontier rows about to change and the step's projections, for a rollback
+  if (!rp.bk_src.empty()) {
+    ops().scatter_rows(cp.k, drp.bk_src, cp.spec_k, drp.bk_dst, int64_t(rp.bk_src.size()), width);
+    ops().scatter_rows(cp.s, drp.bk_src, cp.spec_s, drp.bk_dst, int64_t(rp.bk_src.size()), width);
+  }
+  if (!rp.sp_src.empty()) {
+    ops().scatter_rows(kp, drp.sp_src, cp.spec_k, drp.sp_dst, int64_t(rp.sp_src.size()), width);
+    ops().scatter_rows(sp, drp.sp_src, cp.spec_s, drp.sp_dst, int64_t(rp.sp_src.size()), width);
+  }
   // the new frontiers of the step's slots (gathered first: their sources include the old frontier rows)
   const int64_t nu = int64_t(rp.upd.size());
   float* nk = ws.alloc<float>(nu * width);

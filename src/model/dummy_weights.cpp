@@ -42,8 +42,8 @@ ModelConfig keep_first_layers(const ModelConfig& cfg, int n) {
   return c;
 }
 
-DummyCheckpoint make_dummy_checkpoint(const ModelConfig& cfg, Backend& be, uint64_t seed) {
-  const std::vector<TensorSpec> layout = checkpoint_layout(cfg, false);
+DummyCheckpoint make_dummy_checkpoint(const ModelConfig& cfg, Backend& be, uint64_t seed, bool with_mtp) {
+  const std::vector<TensorSpec> layout = checkpoint_layout(cfg, with_mtp);
   DummyCheckpoint ck;
   for (const auto& t : layout) (device_tensor(t) ? ck.device_bytes : ck.host_bytes) += t.nbytes();
   if (!be.device().is_cpu()) {

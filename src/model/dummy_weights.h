@@ -25,7 +25,7 @@ struct DummyCheckpoint {
 
 // The main model's tensors of `cfg` (no MTP). Throws dsv4::Error (naming the bytes) when they do not fit the
 // backend's free memory, before allocating.
-DummyCheckpoint make_dummy_checkpoint(const ModelConfig& cfg, Backend& be, uint64_t seed);
+DummyCheckpoint make_dummy_checkpoint(const ModelConfig& cfg, Backend& be, uint64_t seed, bool with_mtp = false);
 
 // `cfg` keeping only its first n main layers (the MTP entries of compress_ratios stay); n >= num_hidden_layers keeps
 // everything.

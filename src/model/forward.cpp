@@ -41,7 +41,10 @@ void Model::forward(SequenceState& st, std::span<const int32_t> tokens, const st
 
 void Model::validate(const Batch& b, const StatePool& pool) const {
   if (pool.backend() != be_) fail("internal: state pool lives on another backend");
-  if (pool.layout().layers.size() != size_t(cfg_.num_hidden_layers)) fail("internal: state pool does not match the model");
+  const bool mtp = pool.layout().has_mtp();
+  if (pool.layout().layers.size() != size_t(cfg_.num_hidden_layers + (mtp ? 1 : 0)))
+    fail("internal: state pool does not match the model");
+  if (mtp && !has_mtp()) fail("internal: a state pool with the MTP layer needs a model loaded with its MTP module");
   std::vector<char> used(size_t(pool.n_slots()), 0);
   for (const BatchSeq& s : b.seqs) {
     const int64_t n = s.n();
@@ -61,6 +64,16 @@ void Model::validate(const Batch& b, const StatePool& pool) const {
       for (int64_t k = 0; k < need; ++k)
         if (s.pages[size_t(k)] < 0 || s.pages[size_t(k)] >= pool.n_pages())
           fail("batch: page id {} outside [0, {})", s.pages[size_t(k)], pool.n_pages());
+    }
+    if (s.next_token >= cfg_.vocab_size)
+      fail("token id {} outside the vocabulary [0, {})", s.next_token, cfg_.vocab_size);
+    if (s.spec) {
+      if (!mtp) fail("batch: a verify step (spec) needs a state pool with the MTP layer");
+      if (n > StateLayout::kSpecRows || n > opts_.ubatch)
+        fail("batch: a verify step has {} tokens (at most {} and the ubatch {})", n, StateLayout::kSpecRows,
+             opts_.ubatch);
+      for (const auto& sn : s.snapshots)  // only states that every outcome keeps
+        if (sn.at != s.p0 + 1) fail("batch: a verify step takes snapshots only after its first token");
     }
     for (const auto& sn : s.snapshots) {
       if (sn.at % StateLayout::kPageTokens != 0 || sn.at <= s.p0 || sn.at > s.p0 + n)
@@ -88,6 +101,7 @@ void Model::forward(const Batch& b, StatePool& pool, const BatchLogitsSink& sink
   };
   for (size_t i = 0; i < b.seqs.size(); ++i) {
     const BatchSeq& s = b.seqs[i];
+    if (s.spec && room < s.n()) flush();  // a verify step stays in one ubatch (one set of speculation rows)
     for (int64_t off = 0; off < s.n();) {
       if (room == 0) flush();
       const int64_t m = std::min(room, s.n() - off);
@@ -99,6 +113,12 @@ void Model::forward(const Batch& b, StatePool& pool, const BatchLogitsSink& sink
       pc.pages = s.pages;
       pc.want.resize(size_t(m));
       for (int64_t j = 0; j < m; ++j) pc.want[size_t(j)] = char(s.wants(off + j));
+      pc.spec = s.spec;
+      if (pool.layout().has_mtp()) {
+        pc.next.resize(size_t(m));
+        for (int64_t j = 0; j < m; ++j)
+          pc.next[size_t(j)] = off + j + 1 < s.n() ? s.tokens[size_t(off + j + 1)] : s.next_token;
+      }
       for (const auto& sn : s.snapshots)
         if (sn.at > pc.p0 && sn.at <= pc.p0 + m) pc.snapshots.push_back({sn.at, sn.id});
       pieces.push_back(std::move(pc));
@@ -119,6 +139,16 @@ void Model::forward_ubatch(StepPlan plan, StatePool& pool, const BatchLogitsSink
   float* X = ws.alloc<float>(n * HC * D);
   ops().embed(embed_, dp.tokens, n, int(HC), X);
   for (int l = 0; l < cfg_.num_hidden_layers; ++l) block(l, pool, plan, dp, X);
+
+  // §5.9 the MTP block on every position (its window ring must hold the rows of every position a draft attends to);
+  // the hidden streams of each sequence's last positions are kept as the input of the next draft
+  if (plan.mtp) {
+    Workspace::Scope ms(ws);
+    ops().scatter_rows(X, dp.hid_src, pool.hidden().as<float>(), dp.hid_dst, int64_t(plan.hid_src.size()), HC * D);
+    float* Xm = ws.alloc<float>(n * HC * D);
+    mtp_input(X, dp.next, dp.hc_rows, n, Xm);
+    block(mtp_layer_, pool, plan, dp, Xm);
+  }
 
   // §5.8 head for the requested positions, a few rows at a time (bounded scratch); one copy back per group.
   constexpr int64_t kHeadRows = 16;

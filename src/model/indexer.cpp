@@ -24,6 +24,8 @@ void Model::indexer(int l, StatePool& pool, const StepPlan& plan, const DevicePl
   cp.rows = lb.keys.as<float>();
   cp.snap_k = lb.snap_idx_k.as<float>();
   cp.snap_s = lb.snap_idx_s.as<float>();
+  cp.spec_k = lb.spec_idx_k.as<float>();
+  cp.spec_s = lb.spec_idx_s.as<float>();
   compressor(lp.idx_cmp, cp, plan, dp, x, true);
   const RatioPlan& rp = *plan.ratio(4);
   const DeviceRatioPlan& drp = dp.ratios[size_t(&rp - plan.ratios.data())];

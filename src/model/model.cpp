@@ -35,13 +35,106 @@ const float* Model::upload_f32(const WeightRef& w, size_t expect, const char* wh
   return params_.back().as<float>();
 }
 
+void Model::bind_layer(const LayerWeights& lw, int l, LayerResident& p) {
+  const ModelConfig& c = cfg_;
+  const int64_t D = c.hidden_size, HC = c.hc_mult;
+  auto res = [&](const WeightRef& r) -> WeightView {
+    if (!r.bound()) return {};
+    if (dummy_ && dummy_->on_device.count(r.w)) return gemm_weight(r);  // generated on the device already
+    const WeightView h = gemm_weight(r);
+    resident_bytes_ += be_->resident_bytes(h);
+    return be_->upload(h, params_);
+  };
+  p.ratio = c.compress_ratio(l);
+  p.hash = c.is_hash_layer(l);
+  const size_t mixw = size_t(c.hc_mix_dim() * HC * D);
+  p.hc_attn_fn = upload_f32(lw.hc_attn_fn, mixw, "hc_attn_fn", l);
+  p.hc_attn_base = upload_f32(lw.hc_attn_base, size_t(c.hc_mix_dim()), "hc_attn_base", l);
+  p.hc_attn_scale = upload_f32(lw.hc_attn_scale, 3, "hc_attn_scale", l);
+  p.hc_ffn_fn = upload_f32(lw.hc_ffn_fn, mixw, "hc_ffn_fn", l);
+  p.hc_ffn_base = upload_f32(lw.hc_ffn_base, size_t(c.hc_mix_dim()), "hc_ffn_base", l);
+  p.hc_ffn_scale = upload_f32(lw.hc_ffn_scale, 3, "hc_ffn_scale", l);
+  p.attn_norm = upload_f32(lw.attn_norm, size_t(D), "attn_norm", l);
+  p.ffn_norm = upload_f32(lw.ffn_norm, size_t(D), "ffn_norm", l);
+  const AttentionWeights& aw = lw.attn;
+  p.q_norm = upload_f32(aw.q_norm, size_t(c.q_lora_rank), "q_norm", l);
+  p.kv_norm = upload_f32(aw.kv_norm, size_t(c.head_dim), "kv_norm", l);
+  p.attn_sink = upload_f32(aw.attn_sink, size_t(c.num_attention_heads), "attn_sink", l);
+  p.wq_a = res(aw.wq_a);
+  p.wq_b = res(aw.wq_b);
+  p.wkv = res(aw.wkv);
+  p.wo_a = res(aw.wo_a);
+  p.wo_b = res(aw.wo_b);
+  if (p.ratio > 0) {
+    const CompressorWeights& cw = aw.compressor;
+    p.cmp.wkv = res(cw.wkv);
+    p.cmp.wgate = res(cw.wgate);
+    p.cmp.ape = upload_f32(cw.ape, size_t(p.ratio) * size_t(ModelConfig::compressor_coff(p.ratio) * c.head_dim),
+                           "compressor.ape", l);
+    p.cmp.norm = upload_f32(cw.norm, size_t(c.head_dim), "compressor.norm", l);
+  }
+  if (p.ratio == 4) {
+    const IndexerWeights& iw = aw.indexer;
+    p.idx_cmp.wkv = res(iw.compressor.wkv);
+    p.idx_cmp.wgate = res(iw.compressor.wgate);
+    p.idx_cmp.ape = upload_f32(iw.compressor.ape, size_t(4 * 2 * c.index_head_dim), "indexer.compressor.ape", l);
+    p.idx_cmp.norm = upload_f32(iw.compressor.norm, size_t(c.index_head_dim), "indexer.compressor.norm", l);
+    p.idx_wq_b = res(iw.wq_b);
+    p.idx_weights_proj = res(iw.weights_proj);
+  }
+  const FfnWeights& fw = lw.ffn;
+  p.gate = res(fw.gate);
+  if (p.hash) {
+    const WeightRef& t = fw.tid2eid;
+    if (!t.bound()) fail("layer {}: hash layer without ffn.gate.tid2eid", l);
+    std::vector<int32_t> tab(static_cast<size_t>(t.rows * t.cols));
+    for (int64_t r = 0; r < t.rows; ++r)
+      for (int64_t k = 0; k < t.cols; ++k) {
+        const int64_t e = read_int(t, r, k);
+        if (e < 0 || e >= c.n_routed_experts)
+          fail("layer {}: ffn.gate.tid2eid[{}][{}] = {} is not an expert id", l, r, k, e);
+        tab[size_t(r * t.cols + k)] = int32_t(e);
+      }
+    if (t.rows != c.vocab_size || t.cols != c.num_experts_per_tok)
+      fail("layer {}: ffn.gate.tid2eid is [{}, {}], expected [{}, {}]", l, t.rows, t.cols, c.vocab_size,
+           c.num_experts_per_tok);
+    params_.push_back(be_->upload_vector(tab, "tid2eid"));
+    p.tid2eid = params_.back().as<int32_t>();
+  } else {
+    p.gate_bias = upload_f32(fw.gate_bias, size_t(c.n_routed_experts), "gate.bias", l);
+  }
+  p.experts.resize(fw.experts.size());
+  for (size_t e = 0; e < fw.experts.size(); ++e)
+    p.experts[e] = ExpertView{res(fw.experts[e].w1), res(fw.experts[e].w2), res(fw.experts[e].w3)};
+  if (fw.shared.w1.bound()) {
+    p.shared = ExpertView{res(fw.shared.w1), res(fw.shared.w2), res(fw.shared.w3)};
+    p.has_shared = true;
+  }
+  if (!p.experts.empty()) {
+    const ExpertView& e0 = p.experts[0];
+    for (const ExpertView& e : p.experts)
+      if (e.w1.fmt != e0.w1.fmt || e.w1.rows != e0.w1.rows || e.w1.cols != e0.w1.cols || e.w2.fmt != e0.w2.fmt ||
+          e.w3.fmt != e0.w3.fmt)
+        fail("layer {}: routed experts must share one format and shape", l);
+    params_.push_back(be_->upload_vector(p.experts, "expert table"));
+  }
+  p.moe.experts = p.experts.data();
+  p.moe.n_experts = int64_t(p.experts.size());
+  p.moe.device_table = p.experts.empty() ? nullptr : params_.back().data();
+  p.moe.shared = p.has_shared ? &p.shared : nullptr;
+
+}
+
 void Model::make_resident() {
   const ModelConfig& c = cfg_;
   const int64_t D = c.hidden_size, HC = c.hc_mult;
   // Fits? Weight bytes as the backend stores them, plus an allowance for small tensors, workspace and one sequence.
+  if (opts_.mtp && w_.mtp.empty())
+    fail("{}: the checkpoint has no MTP module (mtp.* tensors); speculative decoding (--spec-draft) needs one",
+         c.origin);
   size_t need = 0;
   ModelWeights main = w_;
-  main.mtp.clear();  // the MTP block is not run yet, so not made resident
+  if (!opts_.mtp) main.mtp.clear();  // the MTP module is resident only for speculative decoding
   for_each_weight(main, [&](const WeightRef& r) {
     if (r.fmt == WeightFormat::BF16 || r.fmt == WeightFormat::F32 || r.fmt == WeightFormat::FP8_BLOCK128 ||
         r.fmt == WeightFormat::FP4_BLOCK32)
@@ -71,87 +164,22 @@ void Model::make_resident() {
   hc_head_base_ = upload_f32(w_.hc_head_base, size_t(HC), "hc_head_base", -1);
   hc_head_scale_ = upload_f32(w_.hc_head_scale, 1, "hc_head_scale", -1);
 
+  lr_.reserve(static_cast<size_t>(c.num_hidden_layers) + 1);  // no reallocation: moe.shared points into elements
   lr_.resize(static_cast<size_t>(c.num_hidden_layers));
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const LayerWeights& lw = w_.layers[size_t(l)];
-    LayerResident& p = lr_[size_t(l)];
-    p.ratio = c.compress_ratio(l);
-    p.hash = c.is_hash_layer(l);
-    const size_t mixw = size_t(c.hc_mix_dim() * HC * D);
-    p.hc_attn_fn = upload_f32(lw.hc_attn_fn, mixw, "hc_attn_fn", l);
-    p.hc_attn_base = upload_f32(lw.hc_attn_base, size_t(c.hc_mix_dim()), "hc_attn_base", l);
-    p.hc_attn_scale = upload_f32(lw.hc_attn_scale, 3, "hc_attn_scale", l);
-    p.hc_ffn_fn = upload_f32(lw.hc_ffn_fn, mixw, "hc_ffn_fn", l);
-    p.hc_ffn_base = upload_f32(lw.hc_ffn_base, size_t(c.hc_mix_dim()), "hc_ffn_base", l);
-    p.hc_ffn_scale = upload_f32(lw.hc_ffn_scale, 3, "hc_ffn_scale", l);
-    p.attn_norm = upload_f32(lw.attn_norm, size_t(D), "attn_norm", l);
-    p.ffn_norm = upload_f32(lw.ffn_norm, size_t(D), "ffn_norm", l);
-    const AttentionWeights& aw = lw.attn;
-    p.q_norm = upload_f32(aw.q_norm, size_t(c.q_lora_rank), "q_norm", l);
-    p.kv_norm = upload_f32(aw.kv_norm, size_t(c.head_dim), "kv_norm", l);
-    p.attn_sink = upload_f32(aw.attn_sink, size_t(c.num_attention_heads), "attn_sink", l);
-    p.wq_a = res(aw.wq_a);
-    p.wq_b = res(aw.wq_b);
-    p.wkv = res(aw.wkv);
-    p.wo_a = res(aw.wo_a);
-    p.wo_b = res(aw.wo_b);
-    if (p.ratio > 0) {
-      const CompressorWeights& cw = aw.compressor;
-      p.cmp.wkv = res(cw.wkv);
-      p.cmp.wgate = res(cw.wgate);
-      p.cmp.ape = upload_f32(cw.ape, size_t(p.ratio) * size_t(ModelConfig::compressor_coff(p.ratio) * c.head_dim),
-                             "compressor.ape", l);
-      p.cmp.norm = upload_f32(cw.norm, size_t(c.head_dim), "compressor.norm", l);
-    }
-    if (p.ratio == 4) {
-      const IndexerWeights& iw = aw.indexer;
-      p.idx_cmp.wkv = res(iw.compressor.wkv);
-      p.idx_cmp.wgate = res(iw.compressor.wgate);
-      p.idx_cmp.ape = upload_f32(iw.compressor.ape, size_t(4 * 2 * c.index_head_dim), "indexer.compressor.ape", l);
-      p.idx_cmp.norm = upload_f32(iw.compressor.norm, size_t(c.index_head_dim), "indexer.compressor.norm", l);
-      p.idx_wq_b = res(iw.wq_b);
-      p.idx_weights_proj = res(iw.weights_proj);
-    }
-    const FfnWeights& fw = lw.ffn;
-    p.gate = res(fw.gate);
-    if (p.hash) {
-      const WeightRef& t = fw.tid2eid;
-      if (!t.bound()) fail("layer {}: hash layer without ffn.gate.tid2eid", l);
-      std::vector<int32_t> tab(static_cast<size_t>(t.rows * t.cols));
-      for (int64_t r = 0; r < t.rows; ++r)
-        for (int64_t k = 0; k < t.cols; ++k) {
-          const int64_t e = read_int(t, r, k);
-          if (e < 0 || e >= c.n_routed_experts)
-            fail("layer {}: ffn.gate.tid2eid[{}][{}] = {} is not an expert id", l, r, k, e);
-          tab[size_t(r * t.cols + k)] = int32_t(e);
-        }
-      if (t.rows != c.vocab_size || t.cols != c.num_experts_per_tok)
-        fail("layer {}: ffn.gate.tid2eid is [{}, {}], expected [{}, {}]", l, t.rows, t.cols, c.vocab_size,
-             c.num_experts_per_tok);
-      params_.push_back(be_->upload_vector(tab, "tid2eid"));
-      p.tid2eid = params_.back().as<int32_t>();
-    } else {
-      p.gate_bias = upload_f32(fw.gate_bias, size_t(c.n_routed_experts), "gate.bias", l);
-    }
-    p.experts.resize(fw.experts.size());
-    for (size_t e = 0; e < fw.experts.size(); ++e)
-      p.experts[e] = ExpertView{res(fw.experts[e].w1), res(fw.experts[e].w2), res(fw.experts[e].w3)};
-    if (fw.shared.w1.bound()) {
-      p.shared = ExpertView{res(fw.shared.w1), res(fw.shared.w2), res(fw.shared.w3)};
-      p.has_shared = true;
-    }
-    if (!p.experts.empty()) {
-      const ExpertView& e0 = p.experts[0];
-      for (const ExpertView& e : p.experts)
-        if (e.w1.fmt != e0.w1.fmt || e.w1.rows != e0.w1.rows || e.w1.cols != e0.w1.cols || e.w2.fmt != e0.w2.fmt ||
-            e.w3.fmt != e0.w3.fmt)
-          fail("layer {}: routed experts must share one format and shape", l);
-      params_.push_back(be_->upload_vector(p.experts, "expert table"));
-    }
-    p.moe.experts = p.experts.data();
-    p.moe.n_experts = int64_t(p.experts.size());
-    p.moe.device_table = p.experts.empty() ? nullptr : params_.back().data();
-    p.moe.shared = p.has_shared ? &p.shared : nullptr;
+  for (int l = 0; l < c.num_hidden_layers; ++l) bind_layer(w_.layers[size_t(l)], l, lr_[size_t(l)]);
+  if (opts_.mtp) {
+    const MtpWeights& mw = w_.mtp[0];
+    mtp_layer_ = c.num_hidden_layers;
+    lr_.emplace_back();
+    bind_layer(mw.block, mtp_layer_, lr_.back());
+    mtp_.e_proj = res(mw.e_proj);
+    mtp_.h_proj = res(mw.h_proj);
+    mtp_.enorm = upload_f32(mw.enorm, size_t(D), "mtp.enorm", mtp_layer_);
+    mtp_.hnorm = upload_f32(mw.hnorm, size_t(D), "mtp.hnorm", mtp_layer_);
+    mtp_.norm = upload_f32(mw.norm, size_t(D), "mtp.norm", mtp_layer_);
+    mtp_.hc_head_fn = upload_f32(mw.hc_head_fn, size_t(HC * HC * D), "mtp.hc_head_fn", mtp_layer_);
+    mtp_.hc_head_base = upload_f32(mw.hc_head_base, size_t(HC), "mtp.hc_head_base", mtp_layer_);
+    mtp_.hc_head_scale = upload_f32(mw.hc_head_scale, 1, "mtp.hc_head_scale", mtp_layer_);
   }
   be_->synchronize();
 }
@@ -159,6 +187,23 @@ void Model::make_resident() {
 std::unique_ptr<Model> Model::init(const ModelOptions& opts, ModelConfig cfg) {
   std::unique_ptr<Model> m(new Model());
   m->opts_ = opts;
+  if (opts.spec_draft < 0 || opts.spec_draft > StateLayout::kMaxDraft)
+    fail("--spec-draft must be in [0, {}] (got {})", StateLayout::kMaxDraft, opts.spec_draft);
+  if (opts.spec_draft > 0) m->opts_.mtp = true;
+  if (m->opts_.mtp) {  // before any weight is read: a clear message which drafter the checkpoint has
+    const ModelConfig& c = cfg;
+    if (c.dspark.present)
+      fail("{}: speculative decoding (--spec-draft) needs an MTP module, but the mtp.* tensors of this checkpoint "
+           "are a DSpark drafter (dspark_* config keys, block size {}), which dsv4 does not run yet; available "
+           "drafters: none (run without --spec-draft)",
+           c.origin, c.dspark.block_size);
+    if (c.num_mtp_layers() < 1)
+      fail("{}: speculative decoding (--spec-draft) needs an MTP module; the config has num_nextn_predict_layers = {}",
+           c.origin, c.num_nextn_predict_layers);
+    if (c.compress_ratio(c.num_hidden_layers) != 0)
+      fail("{}: the MTP layer has compress ratio {}; only a window-only MTP block is supported", c.origin,
+           c.compress_ratio(c.num_hidden_layers));
+  }
   if (m->opts_.ubatch < 1) fail("ubatch must be >= 1 (got {})", m->opts_.ubatch);
   if (opts.n_threads < 0) fail("n_threads must be >= 0 (got {})", opts.n_threads);
   m->cfg_ = std::move(cfg);
@@ -196,7 +241,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const Model
 
 std::unique_ptr<Model> Model::load_dummy(const ModelConfig& cfg, const ModelOptions& opts, uint64_t seed) {
   std::unique_ptr<Model> m = init(opts, cfg);
-  m->dummy_ = std::make_unique<DummyCheckpoint>(make_dummy_checkpoint(m->cfg_, *m->be_, seed));
+  m->dummy_ = std::make_unique<DummyCheckpoint>(make_dummy_checkpoint(m->cfg_, *m->be_, seed, m->opts_.mtp));
   m->w_ = bind_weights(*m->dummy_->set, m->cfg_);
   m->make_resident();
   log::info("dummy {}: {} layers, {:.2f} GiB made on {}", cfg.origin, m->cfg_.num_hidden_layers,

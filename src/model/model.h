@@ -34,6 +34,7 @@
 #include "model/language_model.h"
 #include "model/rope.h"
 #include "model/sequence_state.h"
+#include "model/speculation.h"
 #include "model/state_pool.h"
 #include "model/step_plan.h"
 
@@ -45,6 +46,17 @@ struct ModelOptions {
   Device device{};                 // where to run (ignored when `backend` is given)
   Backend* backend = nullptr;      // run on this backend (not owned; must outlive the model), e.g. a test double
   int n_threads = 0;               // CPU backend: OpenMP threads (> 0: set at load, process-wide; 0: keep)
+  bool mtp = false;                // make the MTP module resident and run it (speculative decoding); throws when
+                                   // the checkpoint has none (e.g. a DSpark drafter, which dsv4 does not run)
+  int spec_draft = 0;              // draft tokens per step for the engines built on this model (--spec-draft,
+                                   // 0 = off, 1 .. StateLayout::kMaxDraft); > 0 implies mtp
+};
+
+// The MTP module outside its block (spec §3.5, §5.9), resident on the backend's device.
+struct MtpResident {
+  WeightView e_proj, h_proj;          // FP8 [D, D]
+  const float *enorm = nullptr, *hnorm = nullptr, *norm = nullptr;  // [D]
+  const float *hc_head_fn = nullptr, *hc_head_base = nullptr, *hc_head_scale = nullptr;
 };
 
 // The weights of one compressor, resident on the backend's device.
@@ -118,6 +130,14 @@ class Model final : public LanguageModel {
   // are reported to the sink, not thrown.
   void forward(const Batch& batch, StatePool& pool, const BatchLogitsSink& sink) const;
 
+  // ---- speculative decoding (model/speculation.h) --------------------------------------------------------------
+  bool has_mtp() const { return mtp_layer_ >= 0; }
+  // Drop the last n - keep positions of verify steps (BatchSeq::spec) again: exactly the state of a run that never
+  // had them (rings, compressor frontiers, MTP ring). Throws dsv4::Error on invalid arguments.
+  void rollback(std::span<const SpecRollback> seqs, StatePool& pool) const;
+  // Draft tokens with the MTP module (model/speculation.h).
+  void draft(std::span<const DraftSeq> seqs, StatePool& pool, const DraftSink& sink) const;
+
   // Convenience: fresh-state prefill returning the logits of every position ([n, n_vocab]).
   std::vector<float> logits_all(std::span<const int32_t> tokens) const;
 
@@ -144,6 +164,7 @@ class Model final : public LanguageModel {
     float *k = nullptr, *s = nullptr;            // frontiers [n_slots * coff*ratio, coff*c]
     float* rows = nullptr;                       // compressed rows / indexer keys [n_pages * rpp, c]
     float *snap_k = nullptr, *snap_s = nullptr;  // snapshot frontier rows [n_snapshots * ratio, coff*c] (ratio 4)
+    float *spec_k = nullptr, *spec_s = nullptr;  // speculation rows (pools with the MTP layer)
   };
   void validate(const Batch& batch, const StatePool& pool) const;
   void forward_ubatch(StepPlan plan, StatePool& pool, const BatchLogitsSink& sink) const;
@@ -158,6 +179,11 @@ class Model final : public LanguageModel {
                const float* qr, int32_t* sel) const;
   void moe(int layer, const DevicePlan& dp, int64_t n, const float* x, float* out) const;
   void head(const float* X, int64_t n, float* logits) const;
+  // MTP (mtp.cpp): the block input e_proj(enorm(embed[next])) + h_proj(hnorm(H)) of H [n, hc, D] into Xm, and the
+  // MTP head's logits of its block output X [n, hc, D].
+  void mtp_input(const float* H, const int32_t* next, const int32_t* hc_rows, int64_t n, float* Xm) const;
+  void mtp_head(const float* X, int64_t n, float* logits) const;
+  void bind_layer(const LayerWeights& lw, int l, LayerResident& p);
 
   bool bf16() const { return opts_.numerics == Numerics::reference; }
   LinearOpts qopts() const { return quantized_linear_opts(opts_.numerics); }
@@ -174,6 +200,8 @@ class Model final : public LanguageModel {
   std::vector<LayerResident> lr_;
   WeightView embed_, head_;
   const float *norm_ = nullptr, *hc_head_fn_ = nullptr, *hc_head_base_ = nullptr, *hc_head_scale_ = nullptr;
+  MtpResident mtp_;
+  int mtp_layer_ = -1;                 // index of the MTP block in lr_ (= num_hidden_layers) when resident
   RopeTable rope_plain_, rope_yarn_;
   size_t resident_bytes_ = 0;
   const Ops* hook_ = nullptr;

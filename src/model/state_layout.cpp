@@ -12,13 +12,22 @@ const char* row_format_name(RowFormat f) {
   return "?";
 }
 
-StateLayout StateLayout::of(const ModelConfig& cfg) {
+StateLayout StateLayout::of(const ModelConfig& cfg, bool with_mtp) {
   StateLayout s;
   s.window = cfg.sliding_window;
   s.head_dim = cfg.head_dim;
   s.index_head_dim = cfg.index_head_dim;
   const uint64_t row = 4;  // fp32
-  for (int l = 0; l < cfg.num_hidden_layers; ++l) {
+  if (with_mtp) {
+    if (cfg.num_mtp_layers() < 1) fail("{}: the model has no MTP layer", cfg.origin);
+    if (cfg.compress_ratio(cfg.num_hidden_layers) != 0)
+      fail("{}: the MTP layer has compress ratio {}; only a window-only (ratio 0) MTP block is supported", cfg.origin,
+           cfg.compress_ratio(cfg.num_hidden_layers));
+    s.mtp_layer = cfg.num_hidden_layers;
+    s.hidden_width = int64_t(cfg.hc_mult) * cfg.hidden_size;
+  }
+  const int n_layers = cfg.num_hidden_layers + (with_mtp ? 1 : 0);
+  for (int l = 0; l < n_layers; ++l) {
     Layer L;
     L.ratio = cfg.compress_ratio(l);
     L.coff = ModelConfig::compressor_coff(L.ratio);
@@ -45,6 +54,17 @@ StateLayout StateLayout::of(const ModelConfig& cfg) {
       s.snapshot_bytes += 2 * uint64_t(L.ratio) * w * row;
     }
     s.layers.push_back(L);
+  }
+  if (with_mtp) {
+    // hidden rows + per layer: ring backup rows; per compressor: changed frontier rows + the step's projections
+    uint64_t b = uint64_t(kSpecRows * s.hidden_width) * row;
+    for (const Layer& L : s.layers) {
+      b += uint64_t(kSpecRows * s.head_dim) * row;
+      if (L.ratio > 0) b += 2 * uint64_t((L.changed_rows() + kSpecRows) * L.coff * s.head_dim) * row;
+      if (L.indexer) b += 2 * uint64_t((L.changed_rows() + kSpecRows) * L.coff * s.index_head_dim) * row;
+    }
+    s.spec_bytes = b;
+    s.slot_bytes += b;
   }
   return s;
 }

@@ -7,6 +7,12 @@
 //   page (128 tokens of one sequence, shareable once full): per compressed layer the rows of the page's positions,
 //     128 / ratio rows of head_dim (CSA: 32, HCA: 1), and on CSA layers as many indexer key rows of index_head_dim.
 //     Logical compressed row w of a sequence lives in page table[w / rows_per_page] at row w % rows_per_page.
+//   MTP layer (with_mtp): the MTP block's own window ring (ratio 0, spec §5.9) as one more layer after the main
+//     layers — in slots and snapshots like any ratio-0 layer.
+//   speculation rows (with_mtp, per slot): the pre-head hidden streams of the slot's last kSpecRows positions (the
+//     MTP input) and, per layer, what a verify step of <= kSpecRows tokens overwrites (ring rows, changed frontier
+//     rows) plus the step's compressor projections, so that rejected positions can be rolled back exactly
+//     (model/speculation.h).
 //   snapshot (the state at a 128-aligned position B that pages cannot carry): per layer the ring at B
 //     [window, head_dim] in ring-slot order, and per overlapping (ratio-4) compressor the frontier rows [0, ratio)
 //     of k and s (the last complete window, which the next window pools with). Nothing else is needed at B: every
@@ -16,6 +22,7 @@
 // compact formats of spec §6.1 — 584-byte FP8 + bf16 attention rows, FP4 indexer keys — are a lossless later
 // change of `row_format` and of the ops that read rows; page and snapshot addressing stay as they are).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -30,27 +37,39 @@ struct StateLayout {
   static constexpr int64_t kPageTokens = 128;  // tokens per page = prefix-cache block = snapshot grid
   static constexpr int kVersion = 1;           // bumped when anything below changes (disk tier, later)
 
+  static constexpr int64_t kMaxDraft = 4;                 // draft tokens per verify step at most
+  static constexpr int64_t kSpecRows = kMaxDraft + 1;     // tokens of a verify step at most
+
   struct Layer {
     int ratio = 0;                  // 0: window only; 4: CSA (+ indexer); 128: HCA
     int coff = 1;                   // 2 for the overlapping ratio-4 compressor
     int64_t rows_per_page = 0;      // compressed rows per page (kPageTokens / ratio; 0 without a compressor)
     bool indexer = false;           // ratio 4: indexer keys + indexer compressor
     int64_t frontier_rows() const { return int64_t(coff) * ratio; }
+    // Frontier rows a step of <= kSpecRows tokens can change (backed up before a verify step).
+    int64_t changed_rows() const {
+      return coff == 2 ? frontier_rows() : std::min<int64_t>(frontier_rows(), kSpecRows);
+    }
   };
 
   RowFormat row_format = RowFormat::f32;
   int64_t window = 0, head_dim = 0, index_head_dim = 0;
-  std::vector<Layer> layers;        // main layers (the MTP block is not run)
+  std::vector<Layer> layers;        // main layers, then the MTP block's layer when with_mtp
+  int mtp_layer = -1;               // index of the MTP layer in `layers`, -1 without
+  int64_t hidden_width = 0;         // hc_mult * hidden_size (speculation hidden rows)
   bool any_compressed = false;
 
   // Bytes as stored.
   uint64_t slot_bytes = 0;          // ring + frontiers of every layer
   uint64_t page_bytes = 0;          // compressed rows + indexer keys of one page, every layer
   uint64_t snapshot_bytes = 0;      // rings + overlap frontier rows of every layer
+  uint64_t spec_bytes = 0;          // speculation rows of one slot (with_mtp), part of slot_bytes
   double bytes_per_token() const { return double(page_bytes) / double(kPageTokens); }
 
-  // Throws dsv4::Error when a compress ratio does not divide kPageTokens.
-  static StateLayout of(const ModelConfig& cfg);
+  // Throws dsv4::Error when a compress ratio does not divide kPageTokens, or with_mtp and the config has no MTP
+  // layer or one with a compressor.
+  static StateLayout of(const ModelConfig& cfg, bool with_mtp = false);
+  bool has_mtp() const { return mtp_layer >= 0; }
   // Pages holding the compressed rows of positions [0, n_positions).
   static int64_t pages_for(int64_t n_positions) { return (n_positions + kPageTokens - 1) / kPageTokens; }
 };

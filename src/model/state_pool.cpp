@@ -30,7 +30,11 @@ void copy_rows(Backend& be, Buffer& dst, int64_t d0, const Buffer& src, int64_t 
 }  // namespace
 
 StatePool::StatePool(const ModelConfig& cfg, Backend& be, const StatePoolOptions& o)
-    : layout_(StateLayout::of(cfg)), be_(&be), n_slots_(o.n_slots), n_pages_(o.n_pages), n_snapshots_(o.n_snapshots) {
+    : layout_(StateLayout::of(cfg, o.mtp)),
+      be_(&be),
+      n_slots_(o.n_slots),
+      n_pages_(o.n_pages),
+      n_snapshots_(o.n_snapshots) {
   if (n_slots_ < 1) fail("state pool: at least one slot is needed (got {})", n_slots_);
   if (n_pages_ < 0 || n_snapshots_ < 0) fail("state pool: negative page or snapshot count");
   const StateLayout& L = layout_;
@@ -63,6 +67,22 @@ StatePool::StatePool(const ModelConfig& cfg, Backend& be, const StatePoolOptions
       b.snap_idx_k = rows_buffer(be, n_snapshots_ * ly.ratio, w, "snapshot frontiers");
       b.snap_idx_s = rows_buffer(be, n_snapshots_ * ly.ratio, w, "snapshot frontiers");
     }
+    if (L.has_mtp()) {
+      const int64_t R = StateLayout::kSpecRows, sr = n_slots_ * (ly.changed_rows() + R);
+      b.spec_ring = rows_buffer(be, n_slots_ * R, L.head_dim, "speculation rows");
+      if (ly.ratio > 0) {
+        b.spec_cmp_k = rows_buffer(be, sr, ly.coff * L.head_dim, "speculation rows");
+        b.spec_cmp_s = rows_buffer(be, sr, ly.coff * L.head_dim, "speculation rows");
+      }
+      if (ly.indexer) {
+        b.spec_idx_k = rows_buffer(be, sr, ly.coff * L.index_head_dim, "speculation rows");
+        b.spec_idx_s = rows_buffer(be, sr, ly.coff * L.index_head_dim, "speculation rows");
+      }
+    }
+  }
+  if (L.has_mtp()) {
+    hidden_ = rows_buffer(be, n_slots_ * StateLayout::kSpecRows, L.hidden_width, "speculation hidden rows");
+    be.ops().fill(hidden_.as<float>(), n_slots_ * StateLayout::kSpecRows * L.hidden_width, 0.0f);
   }
   for (int64_t s = 0; s < n_slots_; ++s) reset_slot(s);
 }
@@ -71,9 +91,10 @@ size_t StatePool::bytes() const {
   size_t n = 0;
   for (const LayerBuffers& b : layers_)
     for (const Buffer* x : {&b.ring, &b.cmp_k, &b.cmp_s, &b.idx_k, &b.idx_s, &b.comp, &b.keys, &b.snap_ring,
-                            &b.snap_cmp_k, &b.snap_cmp_s, &b.snap_idx_k, &b.snap_idx_s})
+                            &b.snap_cmp_k, &b.snap_cmp_s, &b.snap_idx_k, &b.snap_idx_s, &b.spec_ring, &b.spec_cmp_k,
+                            &b.spec_cmp_s, &b.spec_idx_k, &b.spec_idx_s})
       n += x->bytes();
-  return n;
+  return n + hidden_.bytes();
 }
 
 void StatePool::check_slot(int64_t slot) const {
@@ -132,6 +153,8 @@ void StatePool::copy_slot(int64_t from, int64_t to) {
     copy_rows(*be_, b.idx_k, to * fr, b.idx_k, from * fr, fr, ly.coff * layout_.index_head_dim);
     copy_rows(*be_, b.idx_s, to * fr, b.idx_s, from * fr, fr, ly.coff * layout_.index_head_dim);
   }
+  const int64_t R = StateLayout::kSpecRows;
+  copy_rows(*be_, hidden_, to * R, hidden_, from * R, R, layout_.hidden_width);
 }
 
 void StatePool::grow_pages(int64_t n) {

@@ -11,6 +11,11 @@
 //   keys      [n_pages * rows_per_page, index_head_dim]  the same rows (ratio 4)
 //   snap_ring [n_snapshots * window, head_dim]           row snapshot * window + ring slot
 //   snap_cmp_k/s, snap_idx_k/s  [n_snapshots * ratio, coff*c]  frontier rows [0, ratio) (ratio 4)
+// With the MTP layer (StatePoolOptions::mtp; R = StateLayout::kSpecRows, U = Layer::changed_rows()):
+//   hidden    [n_slots * R, hc*D]                        row slot * R + position % R: pre-head streams (MTP input)
+//   spec_ring [n_slots * R, head_dim]                    row slot * R + j: ring row a verify step overwrote at p0 + j
+//   spec_cmp_k/s, spec_idx_k/s [n_slots * (U + R), coff*c]  rows [0, U): frontier rows before a verify step (in the
+//             order of the step plan's changed rows), rows [U, U + R): the step's projections of p0 + j
 //
 // The pool is storage only: which slot, page or snapshot belongs to whom is decided by its owner (a SequenceState
 // for the single-sequence API; the prefix cache and scheduler of src/engine for many sequences). Row ids are int32
@@ -29,6 +34,7 @@ struct StatePoolOptions {
   int64_t n_slots = 1;
   int64_t n_pages = 0;
   int64_t n_snapshots = 0;
+  bool mtp = false;                  // the MTP layer and the speculation rows (StateLayout::of(cfg, true))
 };
 
 class StatePool {
@@ -36,6 +42,7 @@ class StatePool {
   struct LayerBuffers {
     Buffer ring, cmp_k, cmp_s, idx_k, idx_s, comp, keys;
     Buffer snap_ring, snap_cmp_k, snap_cmp_s, snap_idx_k, snap_idx_s;
+    Buffer spec_ring, spec_cmp_k, spec_cmp_s, spec_idx_k, spec_idx_s;
   };
 
   StatePool() = default;
@@ -50,6 +57,9 @@ class StatePool {
   int64_t n_snapshots() const { return n_snapshots_; }
   LayerBuffers& layer(int l) { return layers_[size_t(l)]; }
   const LayerBuffers& layer(int l) const { return layers_[size_t(l)]; }
+  // Speculation hidden rows (empty without the MTP layer).
+  Buffer& hidden() { return hidden_; }
+  const Buffer& hidden() const { return hidden_; }
   // Bytes of device memory held.
   size_t bytes() const;
 
@@ -77,6 +87,7 @@ class StatePool {
   Backend* be_ = nullptr;
   int64_t n_slots_ = 0, n_pages_ = 0, n_snapshots_ = 0;
   std::vector<LayerBuffers> layers_;
+  Buffer hidden_;
 };
 
 }  // namespace dsv4

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <set>
 
+#include "core/error.h"
+
 namespace dsv4 {
 
 const RatioPlan* StepPlan::ratio(int m) const {
@@ -73,11 +75,27 @@ RatioPlan plan_ratio(int m, int64_t n, const std::vector<PlanPiece>& pieces, con
         upd[size_t(j)] = w_end == 0 ? int32_t(fbase + j) : src(prev);
       }
     }
+    int64_t n_changed = 0;
+    const StateLayout::Layer ly{m, r.coff, rpp, m == 4};
+    const int64_t U = ly.changed_rows(), sbase = pc.slot * (U + StateLayout::kSpecRows);
     for (int64_t j = 0; j < nr; ++j)
       if (upd[size_t(j)] != int32_t(fbase + j)) {  // rows that keep their value need no copy (decode: 1-8 rows)
         r.upd.push_back(upd[size_t(j)]);
         r.upd_dst.push_back(int32_t(pc.slot * nr + j));
+        if (pc.spec) {  // verify step: keep the row's old value for a rollback
+          r.bk_src.push_back(int32_t(pc.slot * nr + j));
+          r.bk_dst.push_back(int32_t(sbase + n_changed));
+        }
+        ++n_changed;
       }
+    if (pc.spec) {
+      if (n_changed > U || ni > StateLayout::kSpecRows)
+        fail("internal: a verify step of {} tokens changes {} frontier rows (at most {})", ni, n_changed, U);
+      for (int64_t t = 0; t < ni; ++t) {
+        r.sp_src.push_back(int32_t(t0 + t));
+        r.sp_dst.push_back(int32_t(sbase + U + t));
+      }
+    }
 
     // Snapshots: the frontier rows [0, m) at position B are the last complete window [B - m, B).
     if (overlap)
@@ -167,6 +185,30 @@ StepPlan StepPlan::build(const ModelConfig& cfg, const StateLayout& layout, cons
     }
   }
 
+  // MTP inputs and hidden rows; verify steps' ring backups (state_pool.h, speculation rows)
+  if (layout.has_mtp()) {
+    p.mtp = true;
+    const int64_t HC = cfg.hc_mult, R = StateLayout::kSpecRows;
+    p.next.assign(size_t(n), 0);
+    p.hc_rows.resize(size_t(n * HC));
+    for (int64_t i = 0; i < n * HC; ++i) p.hc_rows[size_t(i)] = int32_t(i / HC);
+    for (size_t i = 0; i < p.pieces.size(); ++i) {
+      const PlanPiece& pc = p.pieces[i];
+      const int64_t p0 = pc.p0, ni = int64_t(pc.tokens.size()), t0 = p.piece_t0[i];
+      for (int64_t t = 0; t < ni && t < int64_t(pc.next.size()); ++t)
+        if (pc.next[size_t(t)] >= 0) p.next[size_t(t0 + t)] = pc.next[size_t(t)];
+      for (int64_t t = std::max<int64_t>(0, ni - R); t < ni; ++t) {
+        p.hid_src.push_back(int32_t(t0 + t));
+        p.hid_dst.push_back(int32_t(pc.slot * R + (p0 + t) % R));
+      }
+      if (pc.spec)
+        for (int64_t t = 0; t < ni; ++t) {
+          p.spec_ring_src.push_back(int32_t(pc.slot * W + (p0 + t) % W));
+          p.spec_ring_dst.push_back(int32_t(pc.slot * R + t));
+        }
+    }
+  }
+
   const int64_t G = cfg.o_groups;
   p.group_fwd.resize(size_t(n * G));
   p.group_back.resize(size_t(n * G));
@@ -223,15 +265,18 @@ DevicePlan DevicePlan::upload(const StepPlan& p, Backend& be, Workspace& ws) {
   const size_t o_tok = pk.add(p.tokens), o_win = pk.add(p.win_idx), o_rs = pk.add(p.ring_src),
                o_rd = pk.add(p.ring_dst), o_gf = pk.add(p.group_fwd), o_gb = pk.add(p.group_back),
                o_lr = pk.add(p.logit_rows), o_io = pk.add(p.iota), o_sr = pk.add(p.snap_ring_src),
-               o_cp = pk.add(p.cs_plain), o_cy = pk.add(p.cs_yarn);
+               o_cp = pk.add(p.cs_plain), o_cy = pk.add(p.cs_yarn), o_nx = pk.add(p.next),
+               o_hr = pk.add(p.hc_rows), o_hs = pk.add(p.hid_src), o_hd = pk.add(p.hid_dst),
+               o_srs = pk.add(p.spec_ring_src), o_srd = pk.add(p.spec_ring_dst);
   struct R {
-    size_t ape, cand, edst, upd, udst, nv, all, kp, kt, ss, cs;
+    size_t ape, cand, edst, upd, udst, nv, all, kp, kt, ss, cs, bs, bd, ss2, sd;
   };
   std::vector<R> ro;
   for (const auto& r : p.ratios)
     ro.push_back({pk.add(r.ape_row), pk.add(r.cand), pk.add(r.emit_dst), pk.add(r.upd), pk.add(r.upd_dst),
                   pk.add(r.n_visible), pk.add(r.all_idx), pk.add(r.key_pages), pk.add(r.key_table),
-                  pk.add(r.snap_src), pk.add(r.emit_cs)});
+                  pk.add(r.snap_src), pk.add(r.emit_cs), pk.add(r.bk_src), pk.add(r.bk_dst), pk.add(r.sp_src),
+                  pk.add(r.sp_dst)});
   uint8_t* dev = static_cast<uint8_t*>(ws.alloc_bytes(std::max<size_t>(pk.bytes_.size(), 1)));
   be.copy_to_device(dev, pk.bytes_.data(), pk.bytes_.size());
   auto at = [&](size_t off) -> const void* { return off == Packer::kNone ? nullptr : dev + off; };
@@ -248,6 +293,12 @@ DevicePlan DevicePlan::upload(const StepPlan& p, Backend& be, Workspace& ws) {
   d.snap_ring_src = i32(o_sr);
   d.cs_plain = static_cast<const float*>(at(o_cp));
   d.cs_yarn = static_cast<const float*>(at(o_cy));
+  d.next = i32(o_nx);
+  d.hc_rows = i32(o_hr);
+  d.hid_src = i32(o_hs);
+  d.hid_dst = i32(o_hd);
+  d.spec_ring_src = i32(o_srs);
+  d.spec_ring_dst = i32(o_srd);
   for (const auto& r : ro) {
     DeviceRatioPlan x;
     x.ape_row = i32(r.ape);
@@ -261,6 +312,10 @@ DevicePlan DevicePlan::upload(const StepPlan& p, Backend& be, Workspace& ws) {
     x.key_table = i32(r.kt);
     x.snap_src = i32(r.ss);
     x.emit_cs = static_cast<const float*>(at(r.cs));
+    x.bk_src = i32(r.bs);
+    x.bk_dst = i32(r.bd);
+    x.sp_src = i32(r.ss2);
+    x.sp_dst = i32(r.sd);
     d.ratios.push_back(x);
   }
   return d;

@@ -31,6 +31,8 @@ struct PlanPiece {
   std::span<const int32_t> tokens;
   std::span<const int32_t> pages;
   std::vector<char> want;            // [n] logits wanted
+  std::vector<int32_t> next;         // [n] or empty: the token after each position (MTP input; < 0: unknown)
+  bool spec = false;                 // a verify step (BatchSeq::spec): save what rollback needs
   struct Snapshot {
     int64_t at = 0, id = 0;          // state at position `at` (p0 < at <= p0 + n, a multiple of 128) -> snapshot id
   };
@@ -57,6 +59,10 @@ struct RatioPlan {
   std::vector<int32_t> key_table;    // (m == 4) [n] start of each token's page table in key_pages
   int64_t max_run = 0;               // most tokens of one sequence in the step
   std::vector<int32_t> snap_src;     // (coff == 2) [n_snap, m] frontier rows [0, m) at each snapshot, as sources
+  // verify steps (spec pieces, pool with the MTP layer): changed frontier rows -> speculation rows [0, U), and the
+  // step's projections -> speculation rows [U, U + R) (model/speculation.h)
+  std::vector<int32_t> bk_src, bk_dst;  // pool frontier rows -> speculation rows
+  std::vector<int32_t> sp_src, sp_dst;  // step rows -> speculation rows
 };
 
 struct StepPlan {
@@ -75,6 +81,14 @@ struct StepPlan {
   std::vector<int32_t> iota;         // 0, 1, 2, ... (scatter sources)
   std::vector<int64_t> snap_ids;     // [n_snap] snapshot ids taken in this step
   std::vector<int32_t> snap_ring_src;  // [n_snap, window] ring slot r at the snapshot, in the window index space
+  // MTP (pool with the MTP layer): the token after each row (embedded as the MTP input; 0 where unknown), the
+  // stream -> token row map [n*hc], the hidden rows kept per slot (step row -> pool hidden row), and for verify
+  // steps the ring rows they overwrite (pool ring row -> speculation row)
+  bool mtp = false;
+  std::vector<int32_t> next;
+  std::vector<int32_t> hc_rows;
+  std::vector<int32_t> hid_src, hid_dst;
+  std::vector<int32_t> spec_ring_src, spec_ring_dst;
   std::vector<int32_t> logit_rows;   // rows whose next-token logits are wanted
   std::vector<size_t> logit_seq;     // their batch sequence
   std::vector<int64_t> logit_pos;    // their positions
@@ -91,12 +105,15 @@ struct DeviceRatioPlan {
   const int32_t *ape_row = nullptr, *cand = nullptr, *emit_dst = nullptr, *upd = nullptr, *upd_dst = nullptr;
   const int32_t *n_visible = nullptr, *all_idx = nullptr, *key_pages = nullptr, *key_table = nullptr;
   const int32_t* snap_src = nullptr;
+  const int32_t *bk_src = nullptr, *bk_dst = nullptr, *sp_src = nullptr, *sp_dst = nullptr;
   const float* emit_cs = nullptr;
 };
 struct DevicePlan {
   const int32_t *tokens = nullptr, *win_idx = nullptr, *ring_src = nullptr, *ring_dst = nullptr;
   const int32_t *group_fwd = nullptr, *group_back = nullptr, *logit_rows = nullptr, *iota = nullptr;
   const int32_t* snap_ring_src = nullptr;
+  const int32_t *next = nullptr, *hc_rows = nullptr, *hid_src = nullptr, *hid_dst = nullptr;
+  const int32_t *spec_ring_src = nullptr, *spec_ring_dst = nullptr;
   const float *cs_plain = nullptr, *cs_yarn = nullptr;
   std::vector<DeviceRatioPlan> ratios;  // parallel to StepPlan::ratios
 

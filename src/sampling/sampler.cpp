@@ -55,12 +55,7 @@ void Sampler::apply_penalties(std::span<float> logits) const {
       logits[t] -= params_.presence_penalty + params_.frequency_penalty * static_cast<float>(n);
 }
 
-int32_t Sampler::sample(std::span<float> logits) {
-  if (static_cast<int64_t>(logits.size()) != n_vocab_)
-    fail("sampler: got {} logits, expected n_vocab = {}", logits.size(), n_vocab_);
-  apply_penalties(logits);
-  if (params_.greedy()) return argmax(logits);
-
+void Sampler::keep_candidates(std::span<float> logits) {
   // Softmax numerators relative to the maximum (unnormalised probabilities in (0, 1]).
   const float inv_t = 1.0f / params_.temperature;
   const float lmax = logits[argmax(logits)];
@@ -107,6 +102,15 @@ int32_t Sampler::sample(std::span<float> logits) {
   }
   if (reordered) std::sort(idx_.begin(), idx_.end());
 
+}
+
+int32_t Sampler::sample(std::span<float> logits) {
+  if (static_cast<int64_t>(logits.size()) != n_vocab_)
+    fail("sampler: got {} logits, expected n_vocab = {}", logits.size(), n_vocab_);
+  apply_penalties(logits);
+  if (params_.greedy()) return argmax(logits);
+  keep_candidates(logits);
+
   double total = 0.0;
   for (int32_t i : idx_) total += prob_[i];
   const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * total;
@@ -116,6 +120,29 @@ int32_t Sampler::sample(std::span<float> logits) {
     if (u < cum) return i;
   }
   return idx_.back();  // rounding: u landed on the total
+}
+
+void Sampler::distribution(std::span<float> logits, std::vector<float>& p) {
+  if (static_cast<int64_t>(logits.size()) != n_vocab_)
+    fail("sampler: got {} logits, expected n_vocab = {}", logits.size(), n_vocab_);
+  apply_penalties(logits);
+  p.assign(size_t(n_vocab_), 0.0f);
+  if (params_.greedy()) {
+    p[size_t(argmax(logits))] = 1.0f;
+    return;
+  }
+  keep_candidates(logits);
+  double total = 0.0;
+  for (int32_t i : idx_) total += prob_[i];
+  for (int32_t i : idx_) p[size_t(i)] = float(double(prob_[i]) / total);
+}
+
+double Sampler::uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
+
+void Sampler::unaccept(int32_t token) {
+  auto it = output_count_.find(token);
+  if (it == output_count_.end()) fail("internal: sampler: unaccept of token {} that was not accepted", token);
+  if (--it->second == 0) output_count_.erase(it);
 }
 
 }  // namespace dsv4

@@ -36,8 +36,19 @@ class Sampler {
 
   const SamplingParams& params() const { return params_; }
 
+  // Speculative decoding (engine/spec_decode.h):
+  // The distribution sample() draws from for these logits and the tokens accepted so far (steps 1-7), normalized,
+  // dense [n_vocab] (0 outside the kept set; greedy: one-hot at the argmax). `logits` is modified in place.
+  void distribution(std::span<float> logits, std::vector<float>& p);
+  // One uniform draw in [0, 1) from the sampler's stream (the draw of step 8).
+  double uniform();
+  // Undo one accept(token) (penalties of tentative draft tokens).
+  void unaccept(int32_t token);
+
  private:
   void apply_penalties(std::span<float> logits) const;
+  // Steps 4-7 for a non-greedy sampler: prob_ = unnormalised probabilities, idx_ = kept ids in ascending order.
+  void keep_candidates(std::span<float> logits);
 
   SamplingParams params_;
   int32_t n_vocab_;

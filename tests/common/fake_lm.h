@@ -43,7 +43,7 @@ class FakeLm : public LanguageModel, public BatchModel {
   std::unique_ptr<LmSequence> new_sequence() const override;
 
   // BatchModel
-  StateLayout state_layout() const override {
+  StateLayout state_layout(bool = false) const override {
     StateLayout l;
     l.slot_bytes = l.page_bytes = l.snapshot_bytes = 1 << 20;  // nominal: keeps the pool sizes of tests small
     l.any_compressed = true;
