@@ -180,6 +180,7 @@ void HttpServer::set_transport(const HttpTransportOptions& o) {
   const auto micro = [](double s) { return time_t((s - double(time_t(s))) * 1e6); };
   set_read_timeout(whole(opts_.read_timeout_s), micro(opts_.read_timeout_s));
   set_write_timeout(whole(opts_.write_timeout_s), micro(opts_.write_timeout_s));
+  set_keep_alive_timeout(std::max<time_t>(1, whole(opts_.idle_timeout_s)));  // what the Keep-Alive header says
 }
 
 int HttpServer::bind_port(const std::string& host, int port, std::string& error) {
