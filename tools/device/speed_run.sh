@@ -9,6 +9,10 @@
 #   dense    batch-1 decode at ctx 4096 with --numerics dense (fast)
 #   batch    --batch 128, 8, 32 at ctx 4096 (batched decode over one state pool)
 #   ncu      Nsight Compute kernel durations of a few decode steps (4 layers, ctx 0), CSV into $OUT/ncu.csv
+#   serve    dsv4 bench serve on the demo model with --device cuda at 1, 8, 64 and 256 concurrent HTTP clients
+#            (issue 10), JSON into $OUT/bench-serve.json
+#   spec     dsv4 bench spec, 24 dummy V4-Flash layers with the MTP module, batch 1 and 8 (issue 13), JSON into
+#            $OUT/bench-spec.json
 # Environment: OUT (results folder), DSV4_COMMIT (the commit the tree is), GTEST_FILTER (optional).
 # Every step is time-limited (the whole run stays under ~560 s) so partial results still come back.
 set -u
@@ -68,6 +72,20 @@ bench() {  # bench NAME ARGS...: one dsv4 bench model run, JSON bench-NAME.json 
     if has batch; then
       for b in 128 8 32; do bench b$b-ctx4096 --batch $b --ctx 4096 --prefill 0 --steps 8 --no-profile; done
     fi
+  fi
+  if has serve && [ -x "$B/dsv4" ] && [ "$(left)" -gt 60 ]; then
+    log "bench serve"
+    timeout $(($(left) - 30)) "$B/dsv4" bench serve -m models/dsv4-demo --device cuda --clients 1,8,64,256 \
+      --tokens 64 --requests 2 --json > "$OUT/bench-serve.json" 2> /tmp/serve.err
+    echo "bench serve rc=$?"
+    tail -8 /tmp/serve.err
+  fi
+  if has spec && [ -x "$B/dsv4" ] && [ "$(left)" -gt 60 ]; then
+    log "bench spec"
+    timeout $(($(left) - 20)) "$B/dsv4" bench spec --config "$CFG" --load-format dummy --layers 24 --device cuda \
+      --batch 1,8 --draft 1,2 -n 32 --json > "$OUT/bench-spec.json" 2> /tmp/spec.err
+    echo "bench spec rc=$?"
+    tail -8 /tmp/spec.err
   fi
   if has ncu && [ -x "$B/dsv4" ] && command -v ncu > /dev/null && [ "$(left)" -gt 70 ]; then
     log "ncu"
