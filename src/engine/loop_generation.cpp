@@ -92,6 +92,8 @@ GenerationResult generate_on_loop(EngineLoop& loop, const GenerationRequest& req
     }
   }
   tm.cached_tokens = r.cached_tokens;
+  tm.drafted_tokens = r.drafted_tokens;
+  tm.accepted_tokens = r.accepted_tokens;
   tm.prefill_tokens = tm.prompt_tokens - tm.cached_tokens;
   tm.prefill_ms = ms_between(t0, t_first.value_or(t_end));
   tm.decode_tokens = res.ids.empty() ? 0 : static_cast<int64_t>(res.ids.size()) - 1;

@@ -49,6 +49,12 @@ std::string Metrics::render(const std::optional<EngineLoop::Stats>& stats, const
   metric(o, "generated_tokens_per_second", "gauge", "Generation rate over the last 10 s of scrapes", rate);
   metric(o, "step_tokens_total", "counter", "Tokens computed by forward steps (prefill + decode)",
          double(c.step_tokens));
+  metric(o, "spec_drafted_tokens_total", "counter", "Speculative decoding: MTP draft tokens verified",
+         double(c.drafted_tokens));
+  metric(o, "spec_accepted_tokens_total", "counter", "Speculative decoding: draft tokens accepted",
+         double(c.accepted_tokens));
+  metric(o, "spec_acceptance_rate", "gauge", "Accepted / drafted tokens since the start (0 without drafts)",
+         c.drafted_tokens > 0 ? double(c.accepted_tokens) / double(c.drafted_tokens) : 0.0);
   metric(o, "preemptions_total", "counter", "Sequences preempted for state memory", double(c.preemptions));
   metric(o, "prefix_cache_hits_total", "counter", "Finished sequences that reused cached prompt blocks",
          double(c.cache_hits));

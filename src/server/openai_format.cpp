@@ -46,7 +46,9 @@ ojson timings_json(const GenerationTimings& t) {
           {"prompt_per_second", t.prefill_tokens_per_s()},
           {"predicted_n", t.decode_tokens},
           {"predicted_ms", t.decode_ms},
-          {"predicted_per_second", t.decode_tokens_per_s()}};
+          {"predicted_per_second", t.decode_tokens_per_s()},
+          {"draft_n", t.drafted_tokens},             // speculative decoding (--spec-draft): drafts verified
+          {"draft_n_accepted", t.accepted_tokens}};  // ... and accepted (llama.cpp's names)
 }
 
 ojson tool_call_delta_json(const ToolCallDelta& d) {

@@ -148,3 +148,51 @@ TEST(ServerDemo, SixTurnThinkingChatHitsEqualColdRuns) {
   server.stop();
   th.join();
 }
+
+// --spec-draft through the server: the same greedy text as without speculation, the drafts and the accepted drafts
+// in `timings` (draft_n, draft_n_accepted) and in /metrics (the demo's MTP module is trained: most drafts accepted).
+TEST(ServerDemo, SpeculativeDecodingKeepsTheTextAndReportsDrafts) {
+  ASSERT_TRUE(std::filesystem::exists(kDir / "config.json")) << "demo model missing: " << kDir;
+  auto tok = std::make_shared<Tokenizer>(Tokenizer::from_file(kDir / "tokenizer.json"));
+  ModelOptions mo;
+  mo.spec_draft = 2;
+  std::shared_ptr<const Model> spec_model = Model::load(kDir, mo);
+  const json body = {{"prompt", "The Congress of the United States"}, {"max_tokens", 24}, {"temperature", 0},
+                     {"ignore_eos", true}};
+  auto run = [&](std::shared_ptr<const Model> m, int spec_draft, std::string* metrics) {
+    ServerOptions so;
+    so.port = 0;
+    so.n_ctx = 256;
+    so.engine.max_running = 4;
+    so.engine.state_bytes = uint64_t(64) << 20;
+    so.engine.spec_draft = spec_draft;
+    Server server(so, batch_model_of(std::move(m)), tok);
+    const int port = server.bind();
+    std::thread th([&] { server.serve(); });
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(120, 0);
+    auto r = c.Post("/v1/completions", body.dump(), "application/json");
+    json j = r && r->status == 200 ? json::parse(r->body) : json{{"error", r ? r->body : "no answer"}};
+    if (metrics) {
+      auto mr = c.Get("/metrics");
+      *metrics = mr ? mr->body : "";
+    }
+    server.stop();
+    th.join();
+    return j;
+  };
+  const json plain = run(demo_model(), 0, nullptr);
+  std::string metrics;
+  const json spec = run(spec_model, 2, &metrics);
+  ASSERT_TRUE(plain.contains("choices")) << plain.dump();
+  ASSERT_TRUE(spec.contains("choices")) << spec.dump();
+  EXPECT_EQ(spec["choices"][0]["text"], plain["choices"][0]["text"]);
+  EXPECT_EQ(plain["timings"]["draft_n"], 0);
+  const int64_t drafted = spec["timings"]["draft_n"], accepted = spec["timings"]["draft_n_accepted"];
+  EXPECT_GT(drafted, 0);
+  EXPECT_GT(accepted, 0);
+  EXPECT_LE(accepted, drafted);
+  EXPECT_NE(metrics.find("dsv4_spec_drafted_tokens_total " + std::to_string(drafted)), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("dsv4_spec_accepted_tokens_total " + std::to_string(accepted)), std::string::npos)
+      << metrics;
+}
