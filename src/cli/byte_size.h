@@ -25,7 +25,11 @@ inline ByteSize parse_byte_size(const std::string& s, const char* flag, bool all
   if (end == p || !std::isfinite(v) || v <= 0) fail("{} must be a positive size such as 8G or 512M (got '{}')", flag, s);
   std::string unit(end);
   for (auto& c : unit) c = char(std::toupper(static_cast<unsigned char>(c)));
-  if (unit.empty() && allow_fraction && v <= 1.0 && s.find('.') != std::string::npos) return Fraction{v};
+  if (unit.empty() && s.find('.') != std::string::npos) {  // "1.5": a fraction, or a byte count that is not whole
+    if (allow_fraction && v <= 1.0) return Fraction{v};
+    if (allow_fraction) fail("{}: a fraction must be in (0, 1] (got '{}'; for a size give a unit: {}G)", flag, s, s);
+    if (v != std::floor(v)) fail("{}: '{}' is not a whole number of bytes (give a unit: K, M, G or T)", flag, s);
+  }
   if (unit.size() > 1 && unit.substr(1) != "B" && unit.substr(1) != "IB")
     fail("{}: unknown unit in '{}' (use K, M, G or T)", flag, s);
   double mult = 1;

@@ -171,4 +171,4 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
 
 }  // namespace
 
-DSV4_COMMAND(serve, "OpenAI-compatible HTTP server", setup_serve);
+DSV4_COMMAND(serve, "OpenAI- and Anthropic-compatible HTTP server", setup_serve);

@@ -357,6 +357,7 @@ bool HttpServer::parse(Conn& c, bool& complete, const char*& reply) {
     }
     c.header_end = p + 4;
     size_t length = 0;
+    bool has_length = false;
     size_t expect_at = 0, expect_len = 0;  // the Expect header line, CRLF included
     std::string_view head(c.buf.data(), p + 2);
     for (size_t pos = head.find("\r\n"); pos != std::string_view::npos && pos + 2 < head.size();) {
@@ -365,7 +366,10 @@ bool HttpServer::parse(Conn& c, bool& complete, const char*& reply) {
       const size_t colon = line.find(':');
       if (colon != std::string_view::npos) {
         const std::string_view value = trim(line.substr(colon + 1));
-        if (iequal_prefix(line, "content-length:")) length = size_t(std::strtoull(std::string(value).c_str(), nullptr, 10));
+        if (iequal_prefix(line, "content-length:")) {
+          length = size_t(std::strtoull(std::string(value).c_str(), nullptr, 10));
+          has_length = true;
+        }
         else if (iequal_prefix(line, "transfer-encoding:")) c.chunked = lower(value).find("chunked") != std::string::npos;
         else if (iequal_prefix(line, "expect:") && lower(value) == "100-continue") {
           expect_at = pos + 2;
@@ -385,6 +389,11 @@ bool HttpServer::parse(Conn& c, bool& complete, const char*& reply) {
       c.header_end -= expect_len;
       static const char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
       (void)!::send(c.fd, kContinue, sizeof kContinue - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+    if (!has_length && !c.chunked) {  // no body (RFC 9112 §6.3); httplib would refuse a POST without a length
+      static const char kNoBody[] = "Content-Length: 0\r\n";
+      c.buf.insert(c.header_end - 2, kNoBody);
+      c.header_end += sizeof kNoBody - 1;
     }
     c.need = c.header_end + length;
     c.chunk_pos = c.header_end;

@@ -22,6 +22,16 @@ TEST(ByteSize, UnitsAndFractions) {
   EXPECT_DOUBLE_EQ(std::get<Fraction>(f).value, 0.9);
   EXPECT_TRUE(std::holds_alternative<Fraction>(parse_byte_size("1.0", "--x", true)));
   EXPECT_THROW(parse_byte_size("0.5", "--x", false), dsv4::Error);  // no fraction allowed: half a byte
+  // a decimal number above 1 is neither a fraction nor a whole byte count: a clear error, not a truncated size
+  for (const char* bad : {"1.5", "2.0"}) {
+    try {
+      parse_byte_size(bad, "--x", true);
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const dsv4::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("(0, 1]"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(parse_byte_size("2.5", "--x", false), dsv4::Error);
   for (const char* bad : {"", "lots", "-1G", "0", "8X", "8GX", "G", "nan", "1e30G"})
     EXPECT_THROW(parse_byte_size(bad, "--x", true), dsv4::Error) << bad;
 }

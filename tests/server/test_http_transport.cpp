@@ -355,3 +355,18 @@ TEST_F(ServerTransportTest, SlowlorisConnectionsDoNotDelayHealth) {
   }
   for (int fd : slow) ::close(fd);
 }
+
+// A POST without Content-Length or Transfer-Encoding has an empty body (RFC 9112 §6.3), as `curl -X POST URL`
+// sends it (e.g. /admin/park): answered like one with "Content-Length: 0", also when another request follows.
+TEST(HttpTransport, APostWithoutALengthHasAnEmptyBody) {
+  TestServer s(small(1));
+  const int fd = connect_to(s.port);
+  send_all(fd, "POST /echo HTTP/1.1\r\nHost: x\r\n\r\nPOST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc");
+  bool closed = false;
+  const std::string got = read_until_closed(fd, 500ms, closed);
+  EXPECT_NE(got.find("200 OK"), std::string::npos) << got;
+  EXPECT_NE(got.find("0:"), std::string::npos) << got;
+  EXPECT_NE(got.find("3:abc"), std::string::npos) << got;
+  EXPECT_EQ(got.find("400"), std::string::npos) << got;
+  ::close(fd);
+}
