@@ -6,10 +6,9 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "engine/text_output.h"
 #include "model/model.h"
 #include "sampling/sampler.h"
-#include "sampling/stop_matcher.h"
-#include "tokenizer/stream_decoder.h"
 
 namespace dsv4 {
 
@@ -48,7 +47,6 @@ void Engine::reset() { seq_.reset(); }
 std::vector<int32_t> Engine::cached_tokens() const { return seq_ ? seq_->tokens() : std::vector<int32_t>{}; }
 
 GenerationResult Engine::generate(const GenerationRequest& req, const Tokenizer* tok, const GenerationCallbacks& cb) {
-  if (spec_k_ > 0 && !req.constraint) return generate_spec(req, tok, cb);
   const auto& prompt = req.prompt;
   const int32_t n_vocab = model_->n_vocab();
   if (prompt.empty()) fail("the prompt is empty");
@@ -56,12 +54,10 @@ GenerationResult Engine::generate(const GenerationRequest& req, const Tokenizer*
     if (t < 0 || t >= n_vocab) fail("prompt token {} outside the vocabulary [0, {})", t, n_vocab);
   if (static_cast<int64_t>(prompt.size()) >= n_ctx_)
     fail("the prompt has {} tokens: the context size {} leaves no room to generate", prompt.size(), n_ctx_);
-  if (!req.stop.empty() && !tok) fail("stop strings need a tokenizer");
+  TextOutput text(tok, req.stop);
+  if (spec_k_ > 0 && !req.constraint) return generate_spec(req, text, cb);
   Sampler sampler(req.sampling, n_vocab);
   sampler.set_prompt(prompt);
-  StopMatcher stops(req.stop);
-  std::optional<StreamDecoder> decoder;
-  if (tok) decoder.emplace(*tok);
   auto cancelled = [&] { return cb.should_cancel && cb.should_cancel(); };
 
   GenerationResult res;
@@ -117,26 +113,9 @@ GenerationResult Engine::generate(const GenerationRequest& req, const Tokenizer*
         res.finish = FinishReason::stop;
         break;
       }
-      res.ids.push_back(id);
       if (req.top_logprobs >= 0 && cb.on_logprobs) cb.on_logprobs(token_logprobs(raw, id, req.top_logprobs));
-      std::string piece;
-      bool stopped = false;
-      if (decoder) {
-        auto r = stops.push(decoder->push(id));
-        piece = std::move(r.text);
-        res.text += piece;
-        if (r.stopped) {
-          stopped = true;
-          res.stop_matched = r.matched;
-        }
-      }
-      bool go_on = !cb.on_token || cb.on_token(id, piece);
-      if (stopped) {
-        res.finish = FinishReason::stop;
-        break;
-      }
-      if (!go_on) {
-        res.finish = FinishReason::cancelled;
+      if (const auto end = text.push(id, res, cb)) {
+        res.finish = *end;
         break;
       }
       if (static_cast<int64_t>(res.ids.size()) >= max_tokens) break;
@@ -148,14 +127,7 @@ GenerationResult Engine::generate(const GenerationRequest& req, const Tokenizer*
     seq_.reset();
     throw;
   }
-  // Release text held back (partial stop-string prefix, incomplete UTF-8) unless a stop string ended the output.
-  if (decoder && res.stop_matched.empty() && res.finish != FinishReason::cancelled) {
-    std::string tail = stops.push(decoder->flush()).text + stops.flush();
-    if (!tail.empty()) {
-      res.text += tail;
-      if (cb.on_token) cb.on_token(-1, tail);
-    }
-  }
+  text.finish(res, cb);
   tm.decode_ms = ms_since(t0);
   log::debug("decode: {} tokens in {:.1f} ms ({:.2f} tok/s), finish {}", res.ids.size(), tm.decode_ms,
              tm.decode_tokens_per_s(), to_string(res.finish));

@@ -31,6 +31,8 @@
 
 namespace dsv4 {
 
+class TextOutput;
+
 class Engine {
  public:
   // n_ctx: positions a sequence may hold (<= model.max_context(); 0 = model.max_context()).
@@ -53,7 +55,8 @@ class Engine {
   int spec_draft() const { return spec_k_; }
 
  private:
-  GenerationResult generate_spec(const GenerationRequest& req, const Tokenizer* tok, const GenerationCallbacks& cb);
+  // the speculative path of generate() (engine_spec.cpp), on a request generate() has checked
+  GenerationResult generate_spec(const GenerationRequest& req, TextOutput& text, const GenerationCallbacks& cb);
   std::shared_ptr<const LanguageModel> model_;
   int64_t n_ctx_;
   int64_t prefill_chunk_;

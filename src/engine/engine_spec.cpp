@@ -10,11 +10,10 @@
 #include "core/log.h"
 #include "engine/engine.h"
 #include "engine/spec_decode.h"
+#include "engine/text_output.h"
 #include "model/model.h"
 #include "sampling/logprobs.h"
 #include "sampling/sampler.h"
-#include "sampling/stop_matcher.h"
-#include "tokenizer/stream_decoder.h"
 
 namespace dsv4 {
 
@@ -23,23 +22,14 @@ using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 }  // namespace
 
-GenerationResult Engine::generate_spec(const GenerationRequest& req, const Tokenizer* tok,
+GenerationResult Engine::generate_spec(const GenerationRequest& req, TextOutput& text,
                                        const GenerationCallbacks& cb) {
   const Model& m = *spec_model_;
   const auto& prompt = req.prompt;
   const int32_t n_vocab = m.n_vocab();
-  if (prompt.empty()) fail("the prompt is empty");
-  for (int32_t t : prompt)
-    if (t < 0 || t >= n_vocab) fail("prompt token {} outside the vocabulary [0, {})", t, n_vocab);
-  if (static_cast<int64_t>(prompt.size()) >= n_ctx_)
-    fail("the prompt has {} tokens: the context size {} leaves no room to generate", prompt.size(), n_ctx_);
-  if (!req.stop.empty() && !tok) fail("stop strings need a tokenizer");
   seq_.reset();  // the plain path's cached sequence is not kept in step with this one
   Sampler sampler(req.sampling, n_vocab);
   sampler.set_prompt(prompt);
-  StopMatcher stops(req.stop);
-  std::optional<StreamDecoder> decoder;
-  if (tok) decoder.emplace(*tok);
   auto cancelled = [&] { return cb.should_cancel && cb.should_cancel(); };
 
   GenerationResult res;
@@ -100,26 +90,9 @@ GenerationResult Engine::generate_spec(const GenerationRequest& req, const Token
       res.finish = FinishReason::stop;
       return false;
     }
-    res.ids.push_back(id);
     if (req.top_logprobs >= 0 && cb.on_logprobs) cb.on_logprobs(token_logprobs(raw, id, req.top_logprobs));
-    std::string piece;
-    bool stopped = false;
-    if (decoder) {
-      auto r = stops.push(decoder->push(id));
-      piece = std::move(r.text);
-      res.text += piece;
-      if (r.stopped) {
-        stopped = true;
-        res.stop_matched = r.matched;
-      }
-    }
-    const bool go_on = !cb.on_token || cb.on_token(id, piece);
-    if (stopped) {
-      res.finish = FinishReason::stop;
-      return false;
-    }
-    if (!go_on) {
-      res.finish = FinishReason::cancelled;
+    if (const auto end = text.push(id, res, cb)) {
+      res.finish = *end;
       return false;
     }
     if (int64_t(res.ids.size()) >= max_tokens) return false;
@@ -186,13 +159,7 @@ GenerationResult Engine::generate_spec(const GenerationRequest& req, const Token
       x = t;
     }
   }
-  if (decoder && res.stop_matched.empty() && res.finish != FinishReason::cancelled) {
-    std::string tail = stops.push(decoder->flush()).text + stops.flush();
-    if (!tail.empty()) {
-      res.text += tail;
-      if (cb.on_token) cb.on_token(-1, tail);
-    }
-  }
+  text.finish(res, cb);
   tm.decode_ms = ms_since(t0);
   log::debug("decode: {} tokens, {:.1f} ms; {} of {} drafts accepted, finish {}", res.ids.size(), tm.decode_ms,
              tm.accepted_tokens, tm.drafted_tokens, to_string(res.finish));

@@ -4,8 +4,7 @@
 #include <optional>
 
 #include "core/error.h"
-#include "sampling/stop_matcher.h"
-#include "tokenizer/stream_decoder.h"
+#include "engine/text_output.h"
 
 namespace dsv4 {
 
@@ -18,10 +17,7 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
 
 GenerationResult generate_on_loop(EngineLoop& loop, const GenerationRequest& req, const Tokenizer* tok,
                                   const GenerationCallbacks& cb, std::chrono::milliseconds poll, bool per_token) {
-  if (!req.stop.empty() && !tok) fail("stop strings need a tokenizer");
-  StopMatcher stops(req.stop);
-  std::optional<StreamDecoder> decoder;
-  if (tok) decoder.emplace(*tok);
+  TextOutput text(tok, req.stop);
   auto cancelled = [&] { return cb.should_cancel && cb.should_cancel(); };
 
   EngineRequest er;
@@ -59,22 +55,8 @@ GenerationResult generate_on_loop(EngineLoop& loop, const GenerationRequest& req
     for (size_t i = 0; i < toks.size() && !ours; ++i) {
       const int32_t id = toks[i];
       ++have;
-      res.ids.push_back(id);
       if (cb.on_logprobs && i < lps.size()) cb.on_logprobs(lps[i]);
-      std::string piece;
-      bool stopped = false;
-      if (decoder) {
-        auto r = stops.push(decoder->push(id));
-        piece = std::move(r.text);
-        res.text += piece;
-        if (r.stopped) {
-          stopped = true;
-          res.stop_matched = r.matched;
-        }
-      }
-      const bool go_on = !cb.on_token || cb.on_token(id, piece);
-      if (stopped) ours = FinishReason::stop;
-      else if (!go_on) ours = FinishReason::cancelled;
+      ours = text.push(id, res, cb);
     }
   }
   if (ours) loop.cancel(stream->id());
@@ -98,14 +80,7 @@ GenerationResult generate_on_loop(EngineLoop& loop, const GenerationRequest& req
   tm.prefill_ms = ms_between(t0, t_first.value_or(t_end));
   tm.decode_tokens = res.ids.empty() ? 0 : static_cast<int64_t>(res.ids.size()) - 1;
   tm.decode_ms = t_first ? ms_between(*t_first, t_end) : 0.0;
-  // Release text held back (partial stop-string prefix, incomplete UTF-8) unless a stop string ended the output.
-  if (decoder && res.stop_matched.empty() && res.finish != FinishReason::cancelled) {
-    std::string tail = stops.push(decoder->flush()).text + stops.flush();
-    if (!tail.empty()) {
-      res.text += tail;
-      if (cb.on_token) cb.on_token(-1, tail);
-    }
-  }
+  text.finish(res, cb);
   return res;
 }
 
