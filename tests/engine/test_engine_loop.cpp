@@ -351,8 +351,9 @@ TEST(EngineLoop, ConstraintsAndLogprobsArePerRequestAndBatchInvariant) {
       ASSERT_EQ(together[r].logprobs[i].top.size(), 3u);
       EXPECT_EQ(together[r].logprobs[i].top[0].id, alone[r].logprobs[i].top[0].id);
     }
-    if (r % 3 != 2)
+    if (r % 3 != 2) {
       for (int32_t t : together[r].tokens) EXPECT_EQ(int(t % 3), int(r % 3)) << "request " << r << " token " << t;
+    }
   }
   // Each constraint was told exactly its request's tokens (plus a final EOS when the request stopped).
   for (size_t k = 0; k < cs_together.size(); ++k) {

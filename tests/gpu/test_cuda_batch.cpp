@@ -18,6 +18,7 @@
 
 #include "backend/cuda/gemm_path.h"
 #include "engine/engine_loop.h"
+#include "gpu_modes.h"
 #include "gpu_test_util.h"
 #include "model/model.h"
 #include "model/sequence.h"
@@ -27,35 +28,10 @@ namespace {
 
 using gpu::cuda;
 
-struct DeterministicGemm {
-  DeterministicGemm() {
-    cuda::set_gemm_path(cuda::GemmPath::simt);
-    cuda::set_deterministic(true);  // also the CPU-order decode kernels of hc_pre / sparse_attention
-  }
-  ~DeterministicGemm() {
-    cuda::set_gemm_path(cuda::GemmPath::auto_);
-    cuda::set_deterministic(false);
-  }
-};
-
-std::string model_dir(const std::string& name) {
-  if (name == "dsv4-demo") return std::string(DSV4_SOURCE_DIR) + "/models/dsv4-demo";
-  return std::string(DSV4_SOURCE_DIR) + "/tests/data/" + name;
-}
+using gpu::DeterministicGemm;
 
 std::shared_ptr<const Model> model(const std::string& name, Numerics num, bool on_cuda) {
-  // both backends first: function statics die in reverse order of construction, so the models go before them
-  (void)cuda();
-  (void)gpu::cpu();
-  static std::map<std::tuple<std::string, int, bool>, std::shared_ptr<const Model>> cache;
-  auto& m = cache[{name, int(num), on_cuda}];
-  if (!m) {
-    ModelOptions o;
-    o.numerics = num;
-    o.backend = on_cuda ? cuda() : &gpu::cpu();
-    m = Model::load(model_dir(name), o);
-  }
-  return m;
+  return gpu::cached_model(name, num, on_cuda);
 }
 
 std::vector<int32_t> random_ids(int64_t n, int32_t vocab, uint32_t seed) {

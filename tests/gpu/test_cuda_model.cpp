@@ -25,6 +25,7 @@
 #include "common/golden.h"
 #include "core/error.h"
 #include "common/replica.h"
+#include "gpu_modes.h"
 #include "gpu_test_util.h"
 #include "model/model.h"
 #include "model/sequence.h"
@@ -34,25 +35,13 @@ namespace {
 
 using gpu::cuda;
 
-std::string model_dir(const std::string& name) {
-  if (name == "dsv4-demo") return std::string(DSV4_SOURCE_DIR) + "/models/dsv4-demo";
-  return std::string(DSV4_SOURCE_DIR) + "/tests/data/" + name;
-}
+using gpu::DeterministicGemm;
+using gpu::model_dir;
+using DeterministicMode = gpu::DeterministicScope;
 
 // One loaded model per (name, numerics, device) for the whole program.
 const Model& model(const std::string& name, Numerics num, bool on_cuda) {
-  // both backends first: function statics die in reverse order of construction, so the models go before them
-  (void)cuda();
-  (void)gpu::cpu();
-  static std::map<std::tuple<std::string, int, bool>, std::unique_ptr<Model>> cache;
-  auto& m = cache[{name, int(num), on_cuda}];
-  if (!m) {
-    ModelOptions o;
-    o.numerics = num;
-    o.backend = on_cuda ? cuda() : &gpu::cpu();
-    m = Model::load(model_dir(name), o);
-  }
-  return *m;
+  return *gpu::cached_model(name, num, on_cuda);
 }
 
 // Logits of every position of `ids`, fed in chunks of `chunk` tokens (0: one prefill).
@@ -191,12 +180,6 @@ class CudaVsCpu : public ::testing::TestWithParam<std::tuple<std::string, Numeri
 // The CUDA kernels repeat the CPU's arithmetic in the CPU's order wherever the CPU reference fixes one (every
 // reduction, glibc's expf/log1pf transcribed), so on these models — whose GEMMs are too small for the cuBLASLt path
 // (K >= 512) — the logits must be bitwise equal. The log-probability statistics are printed as well.
-// The deterministic mode (gemm_path.h) for a scope.
-struct DeterministicMode {
-  DeterministicMode() { cuda::set_deterministic(true); }
-  ~DeterministicMode() { cuda::set_deterministic(false); }
-};
-
 TEST_P(CudaVsCpu, EveryPositionOfA2050TokenPromptIsBitwiseEqual) {
   DSV4_REQUIRE_GPU();
   const auto& [name, num] = GetParam();
@@ -317,18 +300,6 @@ INSTANTIATE_TEST_SUITE_P(Numerics, CudaDemoGreedy,
                          });
 
 // ---- invariance on CUDA ------------------------------------------------------------------------------------------
-
-// Forces the deterministic GEMM mode (the same kernel for every token count) for a scope.
-struct DeterministicGemm {
-  DeterministicGemm() {
-    cuda::set_gemm_path(cuda::GemmPath::simt);
-    cuda::set_deterministic(true);  // also the CPU-order decode kernels of hc_pre / sparse_attention
-  }
-  ~DeterministicGemm() {
-    cuda::set_gemm_path(cuda::GemmPath::auto_);
-    cuda::set_deterministic(false);
-  }
-};
 
 class CudaInvariance : public ::testing::TestWithParam<std::tuple<std::string, Numerics>> {};
 

@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "backend/cuda/gemm_path.h"
+#include "gpu_modes.h"
 #include "gpu_test_util.h"
 
 namespace dsv4::test::gpu {
@@ -699,10 +700,7 @@ constexpr HcCase kHcHeadCases[] = {
 
 // The deterministic mode (gemm_path.h) for a scope: the bitwise checks below run in it; the default (fast) mode has
 // its own decode kernels (HcPreFastMode).
-struct DeterministicScope {
-  DeterministicScope() { cuda::set_deterministic(true); }
-  ~DeterministicScope() { cuda::set_deterministic(false); }
-};
+using gpu::DeterministicScope;
 
 TEST(GpuOpsHc, HcPre) {
   DSV4_REQUIRE_GPU();

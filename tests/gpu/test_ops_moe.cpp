@@ -44,6 +44,7 @@
 #include <numeric>
 
 #include "backend/cuda/gemm_path.h"
+#include "gpu_modes.h"
 #include "gpu_test_util.h"
 
 namespace dsv4::test::gpu {
@@ -325,11 +326,7 @@ MoeRun moe_gpu(const std::vector<float>& x, int64_t n, const std::vector<int32_t
   return r;
 }
 
-// The deterministic mode (gemm_path.h) for a scope.
-struct DeterministicScope {
-  DeterministicScope() { cuda::set_deterministic(true); }
-  ~DeterministicScope() { cuda::set_deterministic(false); }
-};
+using gpu::DeterministicScope;  // the deterministic mode (gemm_path.h) for a scope
 
 // The fast mode against the CPU: per token, rms(y - ref) <= 2^-5 rms(ref), every element finite. gemv_kernel sums
 // in its own order (fp32 rounding, ~2^-24 relative per partial sum), which moves a bf16-rounded g / up / h element by
