@@ -23,7 +23,6 @@
 #include "server/auth.h"
 #include "server/connection_monitor.h"
 #include "server/generation_output.h"
-#include "server/listen_backlog.h"
 #include "server/loop_host.h"
 #include "server/metrics.h"
 #include "server/http_transport.h"
@@ -718,7 +717,6 @@ int Server::bind() {
   if (p <= 0) fail("cannot listen on {}:{}: {}", o.host, o.port, why);
   impl_->port = p;
   impl_->bound = true;
-  if (raise_listen_backlog(p, 1024) == 0) log::warn("could not raise the listen backlog of port {}", p);
   return p;
 }
 
