@@ -14,7 +14,9 @@
 #            (issue 10), JSON into $OUT/bench-serve.json
 #   spec     dsv4 bench spec, 24 dummy V4-Flash layers with the MTP module, batch 1 and 8 (issue 13), JSON into
 #            $OUT/bench-spec.json
-# Environment: OUT (results folder), DSV4_COMMIT (the commit the tree is), GTEST_FILTER (optional).
+# Environment: OUT (results folder), DSV4_COMMIT (the commit the tree is: pass it as a literal, e.g.
+# DSV4_COMMIT=0a8d6df; `$(git rev-parse --short HEAD)` on the device resolves to main's tip, not the tree sent),
+# GTEST_FILTER (optional).
 # Every step is time-limited (the whole run stays under ~560 s) so partial results still come back.
 set -u
 OUT=${OUT:-/tmp/dsv4-out}
