@@ -4,9 +4,11 @@
 #include <algorithm>
 
 #include "backend/cpu_backend.h"
+#include "backend/step_graphs.h"
 #include "core/error.h"
 #ifdef DSV4_WITH_CUDA
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/decode_graph.h"
 #include "backend/cuda/gemm_path.h"
 #endif
 
@@ -145,6 +147,15 @@ bool cuda_deterministic() {
 Device default_device() {
   if (cuda_compiled() && cuda_device_count() > 0) return Device{DeviceKind::cuda, 0};
   return Device{DeviceKind::cpu, 0};
+}
+
+std::unique_ptr<StepGraphs> make_step_graphs(Backend& be) {
+#ifdef DSV4_WITH_CUDA
+  if (auto* c = dynamic_cast<cuda::CudaBackend*>(&be)) return cuda::make_decode_graphs(*c);
+#else
+  (void)be;
+#endif
+  return nullptr;
 }
 
 std::unique_ptr<Backend> make_backend(const Device& device, const BackendOptions& opts) {

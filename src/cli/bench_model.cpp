@@ -3,7 +3,7 @@
 // run, the same figures extrapolated to the config's full layer count (`*_full`), and a per-op time breakdown.
 //   dsv4 bench model (-m DIR | --config FILE) [--load-format auto|dummy|safetensors] [--layers N] [--device D]
 //                    [--numerics reference|dense] [--batch B] [--ctx C] [--prefill T] [--steps S] [--json]
-//                    [--deterministic]
+//                    [--deterministic] [--no-cuda-graph]
 // --batch B > 1: B sequences decode together (one batched forward step per token of each), sharing one prefilled
 // ctx-token context (ctx a multiple of 128); decode_tok_s = B / step time.
 // --load-format dummy (the default with --config) builds weights of the config's exact shapes and formats with
@@ -45,7 +45,7 @@ struct ModelBenchOpts {
   std::string model, config, load_format = "auto", device, numerics = "reference";
   int layers = 0, batch = 1, steps = 32;
   int64_t ctx = 0, prefill = 512;
-  bool json = false, no_profile = false;
+  bool json = false, no_profile = false, no_cuda_graph = false;
 };
 
 // Device copy bandwidth (read + write bytes / s) of a 1 GiB buffer, best of 5.
@@ -105,12 +105,13 @@ int run_model_bench(const ModelBenchOpts& o) {
   const ModelConfig cfg = keep_first_layers(full, o.layers);
   if (fmt_ == "safetensors" && cfg.num_hidden_layers != full.num_hidden_layers)
     fail("bench model: --layers needs --load-format dummy (a checkpoint holds all of its layers)");
-  if (o.ctx + o.prefill + o.steps + 1 > cfg.max_position_embeddings) fail("bench model: --ctx + --prefill too long");
+  if (o.ctx + o.prefill + o.steps + 9 > cfg.max_position_embeddings) fail("bench model: --ctx + --prefill too long");
 
   ModelOptions mo;
   mo.numerics = *num;
   mo.device = resolve_device(o.device);
   mo.ubatch = std::max<int64_t>({256, o.prefill, std::min<int64_t>(o.ctx, 8192)});  // the context in few steps
+  mo.cuda_graphs = !o.no_cuda_graph;
   const auto t_load = Clock::now();
   say(fmt::format("bench model: {} {} layers of {} ({}), {} numerics, device {}", fmt_, cfg.num_hidden_layers,
                   full.num_hidden_layers, cfg_path.string(), o.numerics, mo.device.name()));
@@ -131,6 +132,7 @@ int run_model_bench(const ModelBenchOpts& o) {
   out["numerics"] = o.numerics;
   out["load_format"] = fmt_;
   out["deterministic"] = cuda_deterministic();
+  out["cuda_graph"] = m->step_graphs() != nullptr;
   out["copy_GBps"] = copy;
   const double layer_scale = double(full.num_hidden_layers) / double(cfg.num_hidden_layers);
 
@@ -153,7 +155,7 @@ int run_model_bench(const ModelBenchOpts& o) {
     }
   }
 
-  // decode: ctx tokens already in the sequence, then steps single-token steps (2 warm-up steps first)
+  // decode: ctx tokens already in the sequence, then steps single-token steps (kWarmSteps warm-up steps first)
   uint64_t outside = 0;
   const uint64_t bytes = m->decode_weight_bytes(&outside, o.batch);
   const uint64_t bytes_full = outside + uint64_t(double(bytes - outside) * layer_scale);
@@ -173,6 +175,18 @@ int run_model_bench(const ModelBenchOpts& o) {
                     o.batch, std::max<int64_t>(o.ctx, 1), t * 1e3, double(o.batch) / t, double(bytes) / 1e9, gbs,
                     100.0 * gbs / copy, full.num_hidden_layers, t_full * 1e3, double(o.batch) / t_full));
   };
+  // Warm-up decode steps: with CUDA graphs, each step shape runs eagerly once, is recorded the second time and
+  // replayed after that; a decode's shapes come back every 4 positions (ratio-4 compressor), so 8 steps record all.
+  constexpr int kWarmSteps = 8;
+  const int64_t replays0 = m->step_graphs() ? m->step_graphs()->replays() : 0;
+  auto report_graphs = [&] {
+    if (!m->step_graphs()) return;
+    const int64_t r = m->step_graphs()->replays() - replays0;
+    out["cuda_graph_replays"] = r;
+    out["cuda_graphs_recorded"] = m->step_graphs()->recorded();
+    say(fmt::format("CUDA graphs: {} step shapes recorded, {} replays in {} warm-up + {} timed steps",
+                    m->step_graphs()->recorded(), r, kWarmSteps, o.steps));
+  };
   auto report_ops = [&](const ProfiledOps& prof, int n) {
     out["decode_ops"] = op_table(prof, n);
     std::string line;
@@ -187,7 +201,7 @@ int run_model_bench(const ModelBenchOpts& o) {
     // pages in every page table, its window ring and compressor frontiers copied to the other slots); then every
     // step decodes one token of each sequence (random tokens) in one batched forward step.
     const int64_t B = o.batch, shared = StateLayout::pages_for(o.ctx);
-    const int64_t own = StateLayout::pages_for(o.ctx + o.steps + 4) - shared;
+    const int64_t own = StateLayout::pages_for(o.ctx + o.steps + 12) - shared;
     StatePool pool = m->make_pool({B, shared + B * own, 0});
     std::vector<std::vector<int32_t>> tables(static_cast<size_t>(B));
     for (int64_t b = 0; b < B; ++b) {
@@ -230,16 +244,16 @@ int run_model_bench(const ModelBenchOpts& o) {
       for (auto& x : tok) x = dist(rng);
       ++pos;
     };
-    step();
-    step();
+    for (int i = 0; i < kWarmSteps; ++i) step();
     const auto t0 = Clock::now();
     for (int i = 0; i < o.steps; ++i) step();
     report_decode(since(t0) / o.steps);
+    report_graphs();
     out["batch_note"] = "the sequences share one prefilled ctx-token context (full pages shared, ring and frontiers "
                         "copied); weight_bytes_per_step counts the expected distinct routed experts of the batch";
     if (bad > 0) say(fmt::format("warning: {} logit rows were not finite", bad));
     out["nonfinite_logit_rows"] = bad;
-    if (!o.no_profile && pos + 2 <= o.ctx + o.steps + 4) {
+    if (!o.no_profile && pos + 2 <= o.ctx + o.steps + 12) {
       ProfiledOps prof(be);
       m->set_op_hook(&prof);
       step();
@@ -256,11 +270,11 @@ int run_model_bench(const ModelBenchOpts& o) {
       const int32_t t = int32_t(std::max_element(lg.begin(), lg.end()) - lg.begin());
       seq.append(std::span<const int32_t>(&t, 1), lg);
     };
-    step();
-    step();
+    for (int i = 0; i < kWarmSteps; ++i) step();
     const auto t0 = Clock::now();
     for (int i = 0; i < o.steps; ++i) step();
     report_decode(since(t0) / o.steps);
+    report_graphs();
     if (!o.no_profile) {
       ProfiledOps prof(be);
       m->set_op_hook(&prof);
@@ -298,6 +312,7 @@ void setup_bench_model(CLI::App& app, Runner& run) {
   app.add_option("--prefill", o->prefill, "prefill chunk length (tokens; 0: skip)");
   app.add_option("--steps", o->steps, "timed decode steps");
   app.add_flag("--no-profile", o->no_profile, "skip the per-op breakdown runs");
+  app.add_flag("--no-cuda-graph", o->no_cuda_graph, "CUDA: launch every kernel of a step (no recorded step graphs)");
   app.add_flag("--json", o->json, "print one JSON object on stdout (progress stays on stderr)");
   run = [o] { return run_model_bench(*o); };
 }

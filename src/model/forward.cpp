@@ -133,21 +133,47 @@ void Model::forward_ubatch(StepPlan plan, StatePool& pool, const BatchLogitsSink
   const int64_t n = plan.n, D = cfg_.hidden_size, HC = cfg_.hc_mult;
   Workspace& ws = be_->workspace();
   Workspace::Scope scope(ws);
+  const Workspace::Mark ws_at = ws.mark();
   const DevicePlan dp = DevicePlan::upload(plan, *be_, ws);
 
-  // §5.1: e = embed[token]; X = [e, e, e, e]
   float* X = ws.alloc<float>(n * HC * D);
-  ops().embed(embed_, dp.tokens, n, int(HC), X);
-  for (int l = 0; l < cfg_.num_hidden_layers; ++l) block(l, pool, plan, dp, X);
+  auto layers = [&] {
+    // §5.1: e = embed[token]; X = [e, e, e, e]
+    ops().embed(embed_, dp.tokens, n, int(HC), X);
+    for (int l = 0; l < cfg_.num_hidden_layers; ++l) block(l, pool, plan, dp, X);
 
-  // §5.9 the MTP block on every position (its window ring must hold the rows of every position a draft attends to);
-  // the hidden streams of each sequence's last positions are kept as the input of the next draft
-  if (plan.mtp) {
-    Workspace::Scope ms(ws);
-    ops().scatter_rows(X, dp.hid_src, pool.hidden().as<float>(), dp.hid_dst, int64_t(plan.hid_src.size()), HC * D);
-    float* Xm = ws.alloc<float>(n * HC * D);
-    mtp_input(X, dp.next, dp.hc_rows, n, Xm);
-    block(mtp_layer_, pool, plan, dp, Xm);
+    // §5.9 the MTP block on every position (its window ring must hold the rows of every position a draft attends
+    // to); the hidden streams of each sequence's last positions are kept as the input of the next draft
+    if (plan.mtp) {
+      Workspace::Scope ms(ws);
+      ops().scatter_rows(X, dp.hid_src, pool.hidden().as<float>(), dp.hid_dst, int64_t(plan.hid_src.size()), HC * D);
+      float* Xm = ws.alloc<float>(n * HC * D);
+      mtp_input(X, dp.next, dp.hc_rows, n, Xm);
+      block(mtp_layer_, pool, plan, dp, Xm);
+    }
+  };
+  // Recorded steps (CUDA graphs) for decode-sized steps (<= kGraphMaxTokens tokens, where launches dominate):
+  // everything up to the head, keyed by the plan's shape, the buffers it reaches (the pool's, the workspace mark: the
+  // plan upload and every scratch address follow from it). Verify steps and op hooks (profiling: synchronizes per
+  // op) run eagerly.
+  constexpr int64_t kGraphMaxTokens = 128;
+  bool spec = false;
+  for (const PlanPiece& pc : plan.pieces) spec = spec || pc.spec;
+  if (graphs_ && !hook_ && !spec && n <= kGraphMaxTokens) {
+    std::vector<int64_t> key = plan.shape_key();
+    key.insert(key.end(), {int64_t(ws_at.chunk), int64_t(ws_at.offset), pool.n_slots(), pool.n_pages(),
+                           pool.n_snapshots()});
+    auto addr = [&](const Buffer& b) { key.push_back(int64_t(reinterpret_cast<uintptr_t>(b.data()))); };
+    addr(pool.hidden());
+    for (int l = 0; l < int(pool.layout().layers.size()); ++l) {
+      const StatePool::LayerBuffers& lb = pool.layer(l);
+      for (const Buffer* b : {&lb.ring, &lb.cmp_k, &lb.cmp_s, &lb.idx_k, &lb.idx_s, &lb.comp, &lb.keys, &lb.snap_ring,
+                              &lb.snap_cmp_k, &lb.snap_cmp_s, &lb.snap_idx_k, &lb.snap_idx_s})
+        addr(*b);
+    }
+    graphs_->run(key, layers);
+  } else {
+    layers();
   }
 
   // §5.8 head for the requested positions, a few rows at a time (bounded scratch); one copy back per group.

@@ -51,7 +51,9 @@ void Model::indexer(int l, StatePool& pool, const StepPlan& plan, const DevicePl
   keys.table = drp.key_table;
   keys.page_rows = rp.rpp;
   keys.max_run = rp.max_run;
-  ops().indexer_topk(q, n, IH, IDh, keys, drp.n_visible, rp.max_visible, w, topk, bf, sel);  // pool rows
+  // recorded steps pass the bucket of max_visible (StepPlan::shape_key); the selection is the same
+  const int64_t mv = graphs_ ? StepPlan::visible_bucket(rp.max_visible) : rp.max_visible;
+  ops().indexer_topk(q, n, IH, IDh, keys, drp.n_visible, mv, w, topk, bf, sel);  // pool rows
 }
 
 }  // namespace dsv4

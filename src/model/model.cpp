@@ -21,7 +21,8 @@ void need_len(size_t have, size_t n, const char* what, int layer) {
 }  // namespace
 
 Model::~Model() {
-  // Resident buffers go back to the backend before an owned backend is destroyed.
+  // Recordings and resident buffers go back to the backend before an owned backend is destroyed.
+  graphs_.reset();
   params_.clear();
   dummy_.reset();
   if (be_) be_->synchronize();
@@ -224,6 +225,7 @@ std::unique_ptr<Model> Model::init(const ModelOptions& opts, ModelConfig cfg) {
     m->owned_be_ = make_backend(opts.device, bo);
     m->be_ = m->owned_be_.get();
   }
+  if (opts.cuda_graphs) m->graphs_ = make_step_graphs(*m->be_);
   m->rope_plain_ = RopeTable::for_ratio(c, 0);
   m->rope_yarn_ = RopeTable::for_ratio(c, 4);
   return m;

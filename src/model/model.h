@@ -26,6 +26,7 @@
 #include "backend/backend.h"
 #include "backend/numerics.h"
 #include "backend/ops.h"
+#include "backend/step_graphs.h"
 #include "core/device.h"
 #include "loader/config.h"
 #include "loader/safetensors.h"
@@ -50,6 +51,8 @@ struct ModelOptions {
                                    // the checkpoint has none (e.g. a DSpark drafter, which dsv4 does not run)
   int spec_draft = 0;              // draft tokens per step for the engines built on this model (--spec-draft,
                                    // 0 = off, 1 .. StateLayout::kMaxDraft); > 0 implies mtp
+  bool cuda_graphs = true;         // CUDA: record each forward step shape once as a CUDA graph and replay it
+                                   // (backend/step_graphs.h; `dsv4 bench model --no-cuda-graph` turns it off)
 };
 
 // The MTP module outside its block (spec §3.5, §5.9), resident on the backend's device.
@@ -151,6 +154,8 @@ class Model final : public LanguageModel {
   uint64_t decode_weight_bytes(uint64_t* outside_layers = nullptr, int64_t batch = 1) const;
   // Benchmarks: route every op through `ops` (a decorator of backend().ops(), e.g. ProfiledOps); nullptr: direct.
   void set_op_hook(const Ops* ops) { hook_ = ops; }
+  // The recorded forward steps (CUDA graphs), or nullptr (CPU backend, ModelOptions::cuda_graphs off).
+  const StepGraphs* step_graphs() const { return graphs_.get(); }
 
  private:
   Model() = default;
@@ -206,6 +211,7 @@ class Model final : public LanguageModel {
   size_t resident_bytes_ = 0;
   const Ops* hook_ = nullptr;
   mutable std::mutex mu_;              // one forward step at a time (shared workspace)
+  mutable std::unique_ptr<StepGraphs> graphs_;  // recorded steps (null: eager); destroyed before owned_be_
   mutable std::vector<float> logits_host_;
   mutable std::vector<int32_t> bad_host_;
 };

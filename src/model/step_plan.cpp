@@ -15,6 +15,21 @@ const RatioPlan* StepPlan::ratio(int m) const {
   return nullptr;
 }
 
+std::vector<int64_t> StepPlan::shape_key() const {
+  std::vector<int64_t> k{n, window, rd, n_ring, int64_t(mtp), int64_t(pieces.size()), int64_t(ratios.size())};
+  auto sz = [&](const auto&... v) { (k.push_back(int64_t(v.size())), ...); };
+  sz(tokens, cs_plain, cs_yarn, win_idx, ring_src, ring_dst, group_fwd, group_back, iota, snap_ids, snap_ring_src,
+     next, hc_rows, hid_src, hid_dst, spec_ring_src, spec_ring_dst, logit_rows);
+  for (int64_t id : snap_ids) k.push_back(id);
+  for (const RatioPlan& r : ratios) {
+    k.insert(k.end(), {int64_t(r.m), int64_t(r.coff), r.rpp, r.nr, r.n_emit, r.k_all, r.max_run,
+                       r.m == 4 ? visible_bucket(r.max_visible) : r.max_visible});
+    sz(r.ape_row, r.cand, r.emit_cs, r.emit_dst, r.upd, r.upd_dst, r.n_visible, r.all_idx, r.key_pages, r.key_table,
+       r.snap_src, r.bk_src, r.bk_dst, r.sp_src, r.sp_dst);
+  }
+  return k;
+}
+
 namespace {
 
 // The compressor plan of ratio m for the pieces of a step (spec §5.5; index spaces in step_plan.h).

@@ -95,6 +95,15 @@ struct StepPlan {
 
   const RatioPlan* ratio(int m) const;
 
+  // What host code derives from the plan besides the contents of its arrays: the size of every array, the counts
+  // and scalars passed to ops, the snapshot ids (pointer offsets). Two plans with equal keys queue the same kernels
+  // with the same arguments once uploaded to the same address (recorded steps, backend/step_graphs.h). The ratio-4
+  // max_visible enters as its bucket (see visible_bucket).
+  std::vector<int64_t> shape_key() const;
+  // max_visible rounded up to a multiple of 256 (the indexer's key tile): the indexer's results do not depend on
+  // max_visible beyond bounding every n_visible, so recorded steps pass the bucket and replay for 1,024 positions.
+  static int64_t visible_bucket(int64_t max_visible) { return (max_visible + 255) / 256 * 256; }
+
   // n_slots: the pool's slot count (ring and frontier index spaces).
   static StepPlan build(const ModelConfig& cfg, const StateLayout& layout, const RopeTable& plain,
                         const RopeTable& yarn, int64_t n_slots, std::vector<PlanPiece> pieces);

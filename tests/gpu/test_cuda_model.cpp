@@ -8,6 +8,7 @@
 //   CPU's top-2 logit gap is below 1e-3 deterministic / 2e-2 fast);
 // * chunked prefill (chunks 1, 5, 128, 129, 512) == one prefill, decode == re-prefill, snapshot / rewind: bitwise in
 //   the deterministic mode (one kernel for every token count), within a stated tolerance with the default paths;
+// * decode with recorded steps (CUDA graphs) == eager decode (fast mode) and == the CPU (deterministic), bitwise;
 // * `dsv4 bench model --batch B` end to end on a small dummy model;
 // * errors: a model too large for the GPU, no visible GPU.
 #include <gtest/gtest.h>
@@ -396,6 +397,65 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaInvariance,
                            return n + "_" + std::string(numerics_name(std::get<1>(info.param)));
                          });
 
+// ---- recorded decode steps (CUDA graphs, backend/step_graphs.h) --------------------------------------------------
+
+// Greedy decode of `steps` tokens after `prompt`, every step's logits; `forced` (if not empty) gives the tokens to
+// feed instead of the greedy ones (so two models see the same inputs).
+std::vector<float> decode_logits(const Model& m, const std::vector<int32_t>& prompt, int steps,
+                                 std::vector<int32_t>& tokens) {
+  ModelSequence seq(m);
+  std::vector<float> lg(static_cast<size_t>(m.n_vocab())), out;
+  seq.append(prompt, lg);
+  const bool forced = !tokens.empty();
+  for (int i = 0; i < steps; ++i) {
+    out.insert(out.end(), lg.begin(), lg.end());
+    const int32_t t = forced ? tokens[size_t(i)] : int32_t(std::max_element(lg.begin(), lg.end()) - lg.begin());
+    if (!forced) tokens.push_back(t);
+    seq.append(std::span<const int32_t>(&t, 1), lg);
+  }
+  return out;
+}
+
+TEST(CudaGraphs, ReplayedDecodeStepsEqualEagerStepsAndTheCpuBitwise) {
+  DSV4_REQUIRE_GPU();
+  for (const char* name : {"tiny-a", "dsv4-demo"}) {
+    const Model& g = model(name, Numerics::reference, true);  // graphs on (the default)
+    ASSERT_NE(g.step_graphs(), nullptr);
+    ModelOptions o;
+    o.backend = cuda();
+    o.cuda_graphs = false;
+    const auto eager = Model::load(model_dir(name), o);
+    ASSERT_EQ(eager->step_graphs(), nullptr);
+    // decode across compressed-row emissions and a 128-position boundary (ratio-4 and ratio-128 shapes change)
+    const auto prompt = random_prompt(100, g.n_vocab(), 31);
+    const int steps = 48;
+    // fast mode: replays == eager launches of the same kernels
+    std::vector<int32_t> toks;
+    const int64_t r0 = g.step_graphs()->replays();
+    const auto lg_g = decode_logits(g, prompt, steps, toks);
+    const int64_t replays = g.step_graphs()->replays() - r0;
+    const auto lg_e = decode_logits(*eager, prompt, steps, toks);
+    ASSERT_EQ(lg_g.size(), lg_e.size());
+    size_t bad = 0;
+    for (size_t i = 0; i < lg_g.size(); ++i) bad += lg_g[i] != lg_e[i];
+    EXPECT_EQ(bad, 0u) << name << ": replayed vs eager decode logits (fast mode)";
+    EXPECT_GE(replays, steps / 4) << name << ": most decode steps should replay a recording";
+    // deterministic mode: replays equal the CPU reference bitwise
+    DeterministicMode det;
+    std::vector<int32_t> toks_d;
+    const int64_t r1 = g.step_graphs()->replays();
+    const auto lg_d = decode_logits(g, prompt, steps, toks_d);
+    const int64_t replays_d = g.step_graphs()->replays() - r1;
+    const auto lg_c = decode_logits(model(name, Numerics::reference, false), prompt, steps, toks_d);
+    size_t bad_d = 0;
+    for (size_t i = 0; i < lg_d.size(); ++i) bad_d += lg_d[i] != lg_c[i];
+    EXPECT_EQ(bad_d, 0u) << name << ": replayed decode (deterministic) vs the CPU";
+    EXPECT_GE(replays_d, steps / 4) << name;
+    std::printf("[cuda-graphs] %s: %lld / %lld replays (fast / deterministic), %zu / %zu differing logits\n", name,
+                (long long)replays, (long long)replays_d, bad, bad_d);
+  }
+}
+
 // ---- errors ------------------------------------------------------------------------------------------------------
 
 struct CliResult {
@@ -417,7 +477,7 @@ CliResult cli(const std::string& args, const std::string& env = "") {
 
 // `dsv4 bench model --batch B` (batched decode over one state pool) end to end on a small dummy model: it runs, every
 // logit row is finite, the JSON reports the batch, B / step time as tok/s and more weight bytes than batch 1 (more
-// distinct experts); --deterministic is reported; a --ctx that is not a multiple of 128 is a one-line error.
+// distinct experts); --deterministic and --no-cuda-graph are reported; a --ctx that is not a multiple of 128 is a one-line error.
 TEST(CudaBench, BatchedDecodeRunsAndReports) {
   DSV4_REQUIRE_GPU();
   auto json_of = [](const CliResult& r) {
@@ -429,7 +489,10 @@ TEST(CudaBench, BatchedDecodeRunsAndReports) {
                           "--no-profile --json";
   const std::string base = cfg + " --ctx 128";
   const CliResult one = cli(base + " --batch 1"), four = cli(base + " --batch 4"),
-                  det = cli(base + " --batch 4 --deterministic");
+                  det = cli(base + " --batch 4 --deterministic"), nog = cli(base + " --batch 4 --no-cuda-graph");
+  ASSERT_EQ(nog.rc, 0) << nog.out;
+  EXPECT_FALSE(json_of(nog).at("cuda_graph").get<bool>());
+  EXPECT_EQ(json_of(nog).at("nonfinite_logit_rows").get<int>(), 0);
   ASSERT_EQ(one.rc, 0) << one.out;
   ASSERT_EQ(four.rc, 0) << four.out;
   ASSERT_EQ(det.rc, 0) << det.out;
@@ -445,6 +508,8 @@ TEST(CudaBench, BatchedDecodeRunsAndReports) {
   EXPECT_NEAR(j4.at("decode_tok_s").get<double>() * j4.at("decode_ms_per_step").get<double>(), 4000.0, 1.0);
   EXPECT_GT(j4.at("weight_bytes_per_step").get<double>(), j1.at("weight_bytes_per_step").get<double>());
   EXPECT_FALSE(j4.at("deterministic").get<bool>());
+  EXPECT_TRUE(j4.at("cuda_graph").get<bool>());
+  EXPECT_GT(j4.at("cuda_graph_replays").get<int>(), 0);  // 8 warm-up + 3 timed steps: replays from the 9th
   EXPECT_TRUE(jd.at("deterministic").get<bool>());
   const CliResult bad = cli(cfg + " --batch 2 --ctx 100");
   EXPECT_EQ(bad.rc, 1) << bad.out;

@@ -3,8 +3,9 @@
 #   bash tools/device/speed_run.sh [STEPS]    STEPS: comma list of build,test,bench,prefill,dense,batch (default all)
 #   build    scripts/build-cuda.sh build (targets dsv4 + test_gpu only)
 #   test     scripts/test-gpu.sh (every GPU test), log + gtest JSON into $OUT
-#   bench    dsv4 bench model, 24 dummy V4-Flash layers, batch-1 decode at ctx 4096: fast (default) and
-#            --deterministic (the CPU-order kernels: the baseline)
+#   bench    dsv4 bench model, 24 dummy V4-Flash layers, batch-1 decode at ctx 4096: fast (default: CUDA graphs)
+#            and the same with --no-cuda-graph (every kernel launched); with `det` also --deterministic (the
+#            CPU-order kernels: the baseline)
 #   prefill  the same, prefill of 8192 tokens (fast)
 #   dense    batch-1 decode at ctx 4096 with --numerics dense (fast)
 #   batch    --batch 128, 8, 32 at ctx 4096 (batched decode over one state pool)
@@ -13,7 +14,9 @@
 #            (issue 10), JSON into $OUT/bench-serve.json
 #   spec     dsv4 bench spec, 24 dummy V4-Flash layers with the MTP module, batch 1 and 8 (issue 13), JSON into
 #            $OUT/bench-spec.json
-# Environment: OUT (results folder), DSV4_COMMIT (the commit the tree is), GTEST_FILTER (optional).
+# Environment: OUT (results folder), DSV4_COMMIT (the commit the tree is: pass it as a literal, e.g.
+# DSV4_COMMIT=0a8d6df; `$(git rev-parse --short HEAD)` on the device resolves to main's tip, not the tree sent),
+# GTEST_FILTER (optional).
 # Every step is time-limited (the whole run stays under ~560 s) so partial results still come back.
 set -u
 OUT=${OUT:-/tmp/dsv4-out}
@@ -54,6 +57,7 @@ bench() {  # bench NAME ARGS...: one dsv4 bench model run, JSON bench-NAME.json 
   fi
   if [ -x "$B/dsv4" ]; then
     has bench && bench b1-ctx4096 --ctx 4096 --prefill 0 --steps 32
+    has bench && bench b1-ctx4096-nograph --ctx 4096 --prefill 0 --steps 32 --no-cuda-graph --no-profile
     has bench && has det && bench b1-ctx4096-deterministic --ctx 4096 --prefill 0 --steps 16 --deterministic
   fi
   if has test && [ -x "$B/test_gpu" ]; then
@@ -70,7 +74,8 @@ bench() {  # bench NAME ARGS...: one dsv4 bench model run, JSON bench-NAME.json 
     has dense && bench b1-ctx4096-dense --ctx 4096 --prefill 0 --steps 16 --numerics dense --no-profile
     has prefill && bench prefill8192 --ctx 0 --prefill 8192 --steps 1 --no-profile
     if has batch; then
-      for b in 128 8 32; do bench b$b-ctx4096 --batch $b --ctx 4096 --prefill 0 --steps 8 --no-profile; done
+      for b in 8 32 128; do bench b$b-ctx4096 --batch $b --ctx 4096 --prefill 0 --steps 8 --no-profile; done
+      bench b8-ctx4096-nograph --batch 8 --ctx 4096 --prefill 0 --steps 8 --no-profile --no-cuda-graph
     fi
   fi
   if has serve && [ -x "$B/dsv4" ] && [ "$(left)" -gt 60 ]; then

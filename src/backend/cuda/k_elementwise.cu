@@ -92,6 +92,7 @@ __global__ void rmsnorm_kernel(const float* x, int64_t n_rows, int64_t dim, cons
   const float* xr = x + r * dim;
   float* yr = y + r * dim;
   double ss = 0;
+#pragma unroll 8  // the loads of 8 iterations in flight (the summation order is unchanged)
   for (int64_t i = lane; i < dim; i += TPR) {
     const double v = double(xr[i]);
     ss += v * v;  // exact product (48 significant bits)
@@ -99,6 +100,7 @@ __global__ void rmsnorm_kernel(const float* x, int64_t n_rows, int64_t dim, cons
   ss = row_sum<TPR>(ss, smem);
   const float var = __fdiv_rn(__double2float_rn(ss), float(dim));
   const float s = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
+#pragma unroll 8
   for (int64_t i = lane; i < dim; i += TPR) {
     const float t = __fmul_rn(xr[i], s);
     yr[i] = maybe_bf16(w ? __fmul_rn(w[i], t) : t, bf16);
@@ -114,6 +116,7 @@ __global__ void head_rms_kernel(float* x, int64_t n_rows, int64_t dim, float eps
   if (TPR == 32 && r >= n_rows) return;
   float* xr = x + r * dim;
   double ss = 0;
+#pragma unroll 8  // the loads of 8 iterations in flight (the summation order is unchanged)
   for (int64_t i = lane; i < dim; i += TPR) {
     const float v = xr[i];
     if (bf16) {
@@ -131,6 +134,7 @@ __global__ void head_rms_kernel(float* x, int64_t n_rows, int64_t dim, float eps
   } else {
     rs = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(__double2float_rn(ss), float(dim)), eps)));
   }
+#pragma unroll 8
   for (int64_t i = lane; i < dim; i += TPR) xr[i] = maybe_bf16(__fmul_rn(xr[i], rs), bf16);
 }
 

@@ -213,6 +213,7 @@ __global__ void __launch_bounds__(kThreads) hc_dot_fast_kernel(const float* X, i
   const float4* x4 = reinterpret_cast<const float4*>(X + t * width);
   if (m == mix) {
     double q = 0.0;
+#pragma unroll 8  // the loads of 8 iterations in flight (the accumulation order is unchanged)
     for (int64_t k = threadIdx.x; k < width / 4; k += kThreads) {
       const float4 xv = __ldg(x4 + k);
       q = __fma_rn(double(xv.x), double(xv.x), q);
@@ -232,6 +233,7 @@ __global__ void __launch_bounds__(kThreads) hc_dot_fast_kernel(const float* X, i
   }
   const float4* f4 = reinterpret_cast<const float4*>(fn + int64_t(m) * width);
   float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+#pragma unroll 8  // the loads of 8 iterations in flight (the accumulation order is unchanged)
   for (int64_t k = threadIdx.x; k < width / 4; k += kThreads) {
     const float4 xv = __ldg(x4 + k), fv = __ldg(f4 + k);
     a0 = __fmaf_rn(xv.x, fv.x, a0);
@@ -384,6 +386,7 @@ __global__ void __launch_bounds__(kThreads) hc_finish_kernel(const float* X, int
   // 4. collapse: u[d] = sum_j pre_j x[j, d] (CPU order), bf16 when bf16; fast mode: 4 columns per float4 load
   //    (the same operations per element)
   if (!exact_ss && dim % 4 == 0) {
+#pragma unroll 4
     for (int64_t d4 = threadIdx.x; d4 < dim / 4; d4 += kThreads) {
       float4 s4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 4

@@ -39,6 +39,7 @@ __global__ void __launch_bounds__(kWarps * 32) route_kernel(const float* logits,
   if (t >= n_tok) return;
   float* sc = sc_s[warp];
   float* sel = sel_s[warp];
+#pragma unroll 8  // the loads of 8 iterations in flight
   for (int64_t e = lane; e < E; e += 32) {
     const float l = logits[t * E + e];
     const float sp = l > 20.0f ? l : log1pf_glibc(expf_glibc(l));
