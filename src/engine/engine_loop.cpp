@@ -378,6 +378,11 @@ void EngineLoop::run_step() {
       for (const auto& sn : it.snapshots)
         if (sn.at == it.p0 + it.n) last_snapshots[it.id] = sn.id;
   sched_->commit(st);
+  if (drafted > 0) {  // before any token of this step is visible (a client that has its answer sees its drafts)
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.drafted_tokens += drafted;
+    stats_.accepted_tokens += accepted;
+  }
   std::vector<uint64_t> got_token;
   for (Out& o : outs) {
     auto it = live_.find(o.id);
@@ -420,8 +425,6 @@ void EngineLoop::run_step() {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.steps;
     stats_.step_tokens += st.n_tokens();
-    stats_.drafted_tokens += drafted;
-    stats_.accepted_tokens += accepted;
     stats_.forward_seconds += secs;
     size_t b = 0;
     while (b < kStepBuckets.size() && secs > kStepBuckets[b]) ++b;
