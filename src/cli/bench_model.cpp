@@ -117,14 +117,17 @@ int run_model_bench(const ModelBenchOpts& o) {
   mo.device = resolve_device(o.device);
   mo.placement = o.placement;
   mo.ubatch = std::max<int64_t>({256, o.prefill, std::min<int64_t>(o.ctx, 8192)});  // the context in few steps
+  // the copy bandwidth first: with --gpu-experts auto the model fills the device memory
+  std::unique_ptr<Backend> backend = make_backend(mo.device);
+  const double copy = copy_gbps(*backend);
+  say(fmt::format("copy bandwidth {:.0f} GB/s", copy));
+  mo.backend = backend.get();
   const auto t_load = Clock::now();
   say(fmt::format("bench model: {} {} layers of {} ({}), {} numerics, device {}", fmt_, cfg.num_hidden_layers,
                   full.num_hidden_layers, cfg_path.string(), o.numerics, mo.device.name()));
   std::unique_ptr<Model> m = fmt_ == "dummy" ? Model::load_dummy(cfg, mo) : Model::load(o.model, mo);
   Backend& be = m->backend();
   say(fmt::format("loaded in {:.1f} s on {}", since(t_load), be.description()));
-  const double copy = copy_gbps(be);
-  say(fmt::format("copy bandwidth {:.0f} GB/s", copy));
 
   nlohmann::json out;
   out["device"] = be.description();
