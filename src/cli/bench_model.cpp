@@ -154,11 +154,9 @@ int run_model_bench(const ModelBenchOpts& o) {
   out["experts_on_device"] = int64_t(cfg.num_hidden_layers) * cfg.n_routed_experts - pl.n_host();
   out["split_layers"] = split_layers;
   out["host_expert_bytes"] = m->host_expert_bytes();
-  out["resident_bytes"] = m->resident_bytes();
   if (pl.n_host() > 0) {
     say(pl.summary());
-    say(fmt::format("{:.2f} GiB of routed experts in host memory, {:.2f} GiB of weights on the device",
-                    double(m->host_expert_bytes()) / double(1ull << 30), double(m->resident_bytes()) / double(1ull << 30)));
+    say(fmt::format("{:.2f} GiB of routed experts in host memory", double(m->host_expert_bytes()) / double(1ull << 30)));
   }
   // the split's traffic and host time over `steps` steps of the timed run just finished (per step, per split layer)
   auto report_split = [&](const char* key, double steps, double step_s) {
