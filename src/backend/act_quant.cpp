@@ -55,7 +55,12 @@ inline float bf16_finite(float v) {
   return bfloat((b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u);
 }
 
-inline float clampf(float v, float lo, float hi) { return std::fmin(std::fmax(v, lo), hi); }
+// fmin(fmax(v, lo), hi) for finite lo < hi, bitwise (NaN -> lo, +-inf -> the bound), without the libm calls that
+// kept the quantization loops scalar.
+inline float clampf(float v, float lo, float hi) {
+  const float u = v > lo ? v : lo;
+  return u < hi ? u : hi;
+}
 
 inline float block_amax(const float* x, int64_t n) {
   float m = 0.0f;
@@ -69,6 +74,14 @@ inline float block_amax(const float* x, int64_t n) {
 
 }  // namespace
 
+// The quantization loops are compiled twice (AVX2 and the baseline ISA, chosen at load time): the same operations
+// per element (compares, bit arithmetic, separate multiplies and adds: no FMA), only wider vectors.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DSV4_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define DSV4_CLONES
+#endif
+
 float fp8_act_scale(float amax) {
   constexpr float kInv448 = 1.0f / 448.0f;
   return pow2_ceil(std::fmax(amax, 1e-4f) * kInv448);
@@ -80,7 +93,7 @@ float fp4_act_scale(float amax) {
 }
 
 // x / s == x * (1/s) exactly: s is a power of two whose inverse is a normal float (2^-126 <= s <= 2^126 here).
-void act_quant_fp8(const float* x, int64_t n, int64_t block, float* q, float* s_out) {
+DSV4_CLONES void act_quant_fp8(const float* x, int64_t n, int64_t block, float* q, float* s_out) {
   for (int64_t b0 = 0, bi = 0; b0 < n; b0 += block, ++bi) {
     const int64_t len = n - b0 < block ? n - b0 : block;
     const float s = fp8_act_scale(block_amax(x + b0, len)), inv = 1.0f / s;
@@ -90,7 +103,7 @@ void act_quant_fp8(const float* x, int64_t n, int64_t block, float* q, float* s_
   }
 }
 
-void act_quant_fp8_inplace(float* x, int64_t n, int64_t block) {
+DSV4_CLONES void act_quant_fp8_inplace(float* x, int64_t n, int64_t block) {
   for (int64_t b0 = 0; b0 < n; b0 += block) {
     const int64_t len = n - b0 < block ? n - b0 : block;
     const float s = fp8_act_scale(block_amax(x + b0, len)), inv = 1.0f / s;
@@ -99,7 +112,7 @@ void act_quant_fp8_inplace(float* x, int64_t n, int64_t block) {
   }
 }
 
-void fp4_act_quant_inplace(float* x, int64_t n) {
+DSV4_CLONES void fp4_act_quant_inplace(float* x, int64_t n) {
   constexpr int64_t block = 32;
   for (int64_t b0 = 0; b0 < n; b0 += block) {
     const int64_t len = n - b0 < block ? n - b0 : block;

@@ -7,6 +7,7 @@
 #include "backend/act_quant.h"
 #include "backend/cpu_ops.h"
 #include "backend/gemm.h"
+#include "backend/parallel.h"
 #include "format/numeric.h"
 
 namespace dsv4 {
@@ -64,7 +65,10 @@ int64_t cpu_expert_rows(const MoeWeights& w, int64_t D, const uint8_t* use, cons
   int64_t busy = 0;  // items with rows
   for (int64_t e = 0; e < E; ++e) busy += st[e + 1] > st[e] ? 1 : 0;
   busy += shared ? 1 : 0;
-#pragma omp parallel for schedule(dynamic, 1) if (busy >= 2)
+  // Fewer items with rows than threads (decode: top-k experts + shared on a many-core CPU): one item after the other,
+  // each product on the whole pool (its 64-row groups split over the threads), instead of idling the other threads.
+  const int64_t threads = max_threads();
+#pragma omp parallel for schedule(dynamic, 1) if (busy >= 2 && busy >= threads)
   for (int64_t e = 0; e < n_items; ++e) item(e);
   return m;
 }

@@ -10,6 +10,7 @@
 
 #include "backend/act_quant.h"
 #include "backend/gemm.h"
+#include "backend/parallel.h"
 #include "core/error.h"
 #include "format/numeric.h"
 
@@ -27,14 +28,28 @@ inline bool par(int64_t work) { return work >= (int64_t(1) << 16); }
 inline float bf(float x) { return round_to_bf16(x); }
 inline float maybe_bf(float x, bool b) { return b ? round_to_bf16(x) : x; }
 
+// Hot loops of the attention ops, compiled twice (AVX2 and the baseline ISA, chosen at load time): the same separate
+// multiplies and adds per element in the same order (no FMA contraction: the build is ISO C++), only wider vectors,
+// so results are bitwise those of the baseline build.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DSV4_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define DSV4_CLONES
+#endif
+
 // Dot product with 8 fixed partial sums (deterministic, vectorizable).
-inline float dot(const float* a, const float* b, int64_t n) {
+DSV4_CLONES float dot(const float* a, const float* b, int64_t n) {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
     for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
   for (int l = 0; i < n; ++i, ++l) acc[l] += a[i] * b[i];
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+// acc[i] += p * row[i] (one multiply, one add).
+DSV4_CLONES void add_scaled(float* acc, float p, const float* row, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) acc[i] += p * row[i];
 }
 
 inline float sum_sq(const float* a, int64_t n) {
@@ -343,8 +358,7 @@ void CpuOps::sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, co
         if (!row) continue;
         const float p = std::exp(s_blk[j - b0] - m_new);
         sum += p;
-        const float pv = maybe_bf(p, bf16);
-        for (int64_t d = 0; d < dim; ++d) acc[d] += pv * row[d];
+        add_scaled(acc.data(), maybe_bf(p, bf16), row, dim);
       }
       m = m_new;
     }

@@ -162,8 +162,9 @@ inline void transpose8_regs(__m256 r[8]) {
 }
 
 inline void load_transposed8(const uint8_t* base, int64_t row_bytes, int64_t off, __m256 T[16]) {
+  const int64_t pf = gemv_prefetch_bytes(row_bytes);
   for (int i = 0; i < 8; ++i)
-    _mm_prefetch(reinterpret_cast<const char*>(base + i * row_bytes + off + 512), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(base + i * row_bytes + off + pf), _MM_HINT_T0);
   for (int h = 0; h < 2; ++h) {
     __m256 r[8];
     for (int i = 0; i < 8; ++i)

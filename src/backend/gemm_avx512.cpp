@@ -154,9 +154,8 @@ inline void transpose16_regs(__m512 r[16]) {
 // 64 rows in parallel, too many streams for the hardware prefetchers. (Past a row's end it touches the next row:
 // harmless; prefetches never fault.)
 constexpr int64_t kPrefetchBytes = 512;
-inline void prefetch_rows(const uint8_t* p, int64_t row_bytes) {
-  for (int i = 0; i < 16; ++i)
-    _mm_prefetch(reinterpret_cast<const char*>(p + i * row_bytes + kPrefetchBytes), _MM_HINT_T0);
+inline void prefetch_rows(const uint8_t* p, int64_t row_bytes, int64_t dist = kPrefetchBytes) {
+  for (int i = 0; i < 16; ++i) _mm_prefetch(reinterpret_cast<const char*>(p + i * row_bytes + dist), _MM_HINT_T0);
 }
 
 // Dense-mode post-processing of one decoded P row (16 rows at chunk column k): block scale, bf16 rounding.
@@ -339,7 +338,7 @@ void act_quant_row(const float* x, int64_t n, float* q, float* s_out) {
 constexpr int kG = kGroupPanels;
 
 inline void load_transposed(const uint8_t* base, int64_t row_bytes, int64_t byte_off, __m512 T[16]) {
-  prefetch_rows(base + byte_off, row_bytes);
+  prefetch_rows(base + byte_off, row_bytes, gemv_prefetch_bytes(row_bytes));
   for (int i = 0; i < 16; ++i) T[i] = _mm512_loadu_ps(reinterpret_cast<const float*>(base + i * row_bytes + byte_off));
   transpose16_regs(T);
 }

@@ -82,6 +82,14 @@ const Kernels& scalar_kernels();
 const Kernels* avx2_kernels();    // nullptr when not compiled in
 const Kernels* avx512_kernels();  // nullptr when not compiled in
 
+// Software prefetch distance of the fused GEMVs, in bytes past the row bytes about to be loaded. Rows short enough
+// that a 64-row group is one small contiguous block (the lm head of a narrow model: [129280, 96] bf16 = 192-byte
+// rows) are prefetched one group ahead, so the prefetches run across 4 KiB pages, where the hardware prefetchers stop;
+// long rows 512 bytes ahead in each row (the group walks too many row streams for the hardware prefetchers).
+inline int64_t gemv_prefetch_bytes(int64_t row_bytes) {
+  return row_bytes * kGroupRows <= 16384 ? row_bytes * kGroupRows : 512;
+}
+
 // Round a dequantized value to bf16 exactly as the SIMD kernels do (RNE on the bit pattern; weights are finite).
 inline uint32_t bf16_round_bits(uint32_t b) { return (b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u; }
 

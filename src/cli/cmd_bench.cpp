@@ -7,7 +7,7 @@
 //        (act_quant per 128, bf16 outputs); reports weight-streaming GB/s and its % of the copy bandwidth;
 //        plus the BF16 lm head GEMV [129280, 4096] (fp32 logits) unless --no-head;
 //     3. prefill: a T-token chunk through the same layer (T*6/256 tokens per routed expert, all 256 experts + shared),
-//        reporting tokens/s and GFLOP/s.
+//        reporting tokens/s, GFLOP/s and % of the fp32 FMA peak measured in the same run (FMA chains on every thread).
 //   dsv4 bench structured -m DIR [-n N] [--threads T] [--repeat R] [--json]   (src/cli/bench_structured.cpp)
 //     decode ms/token of a real model without and with a JSON-schema constraint (cold and cached grammar).
 //   dsv4 bench spec -m DIR [--batch 1,8] [--draft 1,2,3,4] [-n N] [--json]   (src/cli/bench_spec.cpp)
@@ -16,6 +16,10 @@
 //   experts among --experts-alloc allocated ones, so weights stream from memory, not from the caches.
 // Hook: add another benchmark kind (e.g. `dsv4 bench layer`, model engineer) as one more entry of kBenchKinds below.
 #include <omp.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -173,6 +177,58 @@ Bandwidth measure_bandwidth(size_t bytes, int reps) {
   return bw;
 }
 
+// ---- fp32 FMA peak: independent FMA chains on every thread, at the SIMD width the kernels use ------------------
+#if defined(__x86_64__) && defined(__GNUC__)
+// 12 independent chains (more than FMA latency x FMA ports); returns a value that depends on the work.
+__attribute__((target("avx2,fma"))) float fma_loop256(int64_t iters) {
+  __m256 c[12];
+  for (int i = 0; i < 12; ++i) c[i] = _mm256_set1_ps(1.0f + 1e-7f * static_cast<float>(i));
+  const __m256 m = _mm256_set1_ps(0.999999f), a = _mm256_set1_ps(1e-6f);
+  for (int64_t it = 0; it < iters; ++it)
+    for (int i = 0; i < 12; ++i) c[i] = _mm256_fmadd_ps(c[i], m, a);
+  for (int i = 1; i < 12; ++i) c[0] = _mm256_add_ps(c[0], c[i]);
+  return _mm256_cvtss_f32(c[0]);
+}
+__attribute__((target("avx512f"))) float fma_loop512(int64_t iters) {
+  __m512 c[12];
+  for (int i = 0; i < 12; ++i) c[i] = _mm512_set1_ps(1.0f + 1e-7f * static_cast<float>(i));
+  const __m512 m = _mm512_set1_ps(0.999999f), a = _mm512_set1_ps(1e-6f);
+  for (int64_t it = 0; it < iters; ++it)
+    for (int i = 0; i < 12; ++i) c[i] = _mm512_fmadd_ps(c[i], m, a);
+  for (int i = 1; i < 12; ++i) c[0] = _mm512_add_ps(c[0], c[i]);
+  return _mm512_cvtss_f32(c[0]);
+}
+#endif
+
+// GFLOP/s (2 per FMA lane) of nt threads running FMA chains at the width of simd_level() (scalar: 1 lane).
+double fma_peak_gflops(int nt) {
+  const SimdLevel l = simd_level();
+  const int lanes = l == SimdLevel::avx512 ? 16 : l == SimdLevel::avx2 ? 8 : 1;
+  constexpr int64_t kIters = 20'000'000;
+  double sink = 0;
+  const auto t0 = Clock::now();
+#pragma omp parallel num_threads(nt) reduction(+ : sink)
+  {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (l == SimdLevel::avx512)
+      sink += fma_loop512(kIters);
+    else if (l == SimdLevel::avx2)
+      sink += fma_loop256(kIters);
+    else
+#endif
+    {
+      float c[12];
+      for (int i = 0; i < 12; ++i) c[i] = 1.0f + 1e-7f * static_cast<float>(i);
+      for (int64_t it = 0; it < kIters; ++it)
+        for (float& v : c) v = std::fma(v, 0.999999f, 1e-6f);
+      sink += c[0];
+    }
+  }
+  const double t = seconds_since(t0);
+  if (sink == 42) std::fprintf(stderr, " ");
+  return 2.0 * lanes * 12.0 * static_cast<double>(kIters) * nt / t / 1e9;
+}
+
 // ---- dsv4 bench gemm -------------------------------------------------------------------------------------------
 struct GemmBenchOpts {
   int threads = 0;
@@ -280,9 +336,42 @@ int run_gemm_bench(const GemmBenchOpts& o) {
         },
         experts[0].w1.bytes());
     const double fp8 = rate([&] { linear(shared.w1.g, x.data(), 1, yy.data(), lo); }, shared.w1.bytes());
-    out["decode_gemv_GBps"] = {{"fp4_expert_w1", fp4}, {"fp8_shared_w1_cached", fp8}};
-    say(fmt::format("decode GEMV: FP4 expert w1 {:.1f} GB/s (streamed), FP8 shared w1 {:.1f} GB/s (8 MB, cache-warm)",
-                    fp4, fp8));
+    // FP8 streamed from memory: shared-expert-shaped [2048, 4096] weights cycled over more bytes than the caches hold
+    const int n_fp8 = std::max(2, static_cast<int>((o.experts_alloc * experts[0].w1.bytes()) / shared.w1.bytes()));
+    std::vector<OwnedWeight> fp8s;
+    for (int i = 0; i < n_fp8; ++i) fp8s.push_back(make_fp8(I, D, 7001 + i));
+    int f = 0;
+    const double fp8s_rate = rate(
+        [&] {
+          linear(fp8s[f].g, x.data(), 1, yy.data(), lo);
+          f = (f + 1) % n_fp8;
+        },
+        shared.w1.bytes());
+    // The same without E4M3 subnormal codes (exponent field 0: 1/16 of uniformly random bytes, ~1e-4 of a real
+    // checkpoint's weights): the GEMV decodes codes through fp32 subnormals, which cost a microcode assist per
+    // multiply on some CPUs; the two figures differing shows that cost.
+    for (auto& wt : fp8s)
+      for (auto& b : wt.w)
+        if ((b & 0x78) == 0) b |= 0x08;
+    const double fp8n_rate = rate(
+        [&] {
+          linear(fp8s[f].g, x.data(), 1, yy.data(), lo);
+          f = (f + 1) % n_fp8;
+        },
+        shared.w1.bytes());
+    fp8s.clear();
+    out["decode_gemv_GBps"] = {{"fp4_expert_w1", fp4},
+                               {"fp8_shared_w1_cached", fp8},
+                               {"fp8_w1_streamed", fp8s_rate},
+                               {"fp8_w1_streamed_no_subnormal_codes", fp8n_rate}};
+    out["decode_gemv_pct_of_read"] = {{"fp4_expert_w1", 100.0 * fp4 / bw.read_gbs},
+                                      {"fp8_w1_streamed", 100.0 * fp8s_rate / bw.read_gbs},
+                                      {"fp8_w1_streamed_no_subnormal_codes", 100.0 * fp8n_rate / bw.read_gbs}};
+    say(fmt::format("decode GEMV: FP4 expert w1 {:.1f} GB/s = {:.0f}% of read (streamed); FP8 [2048, 4096] {:.1f} GB/s "
+                    "= {:.0f}% of read (streamed over {} copies; {:.1f} GB/s = {:.0f}% without subnormal codes), "
+                    "{:.1f} GB/s (8 MB, cache-warm)",
+                    fp4, 100.0 * fp4 / bw.read_gbs, fp8s_rate, 100.0 * fp8s_rate / bw.read_gbs, n_fp8, fp8n_rate,
+                    100.0 * fp8n_rate / bw.read_gbs, fp8));
     // thread scaling of the streamed FP4 GEMV (per-core rate and where memory bandwidth takes over)
     std::string line;
     nlohmann::json sc = nlohmann::json::object();
@@ -330,15 +419,19 @@ int run_gemm_bench(const GemmBenchOpts& o) {
     for (int64_t e = 0; e < E; ++e) run_expert(experts[e % o.experts_alloc], x.data(), per, lo, g, up, y);
     const double t = seconds_since(t0);
     const double flops = 2.0 * 3.0 * static_cast<double>(I * D) * static_cast<double>(T + per * E);
+    const double peak = fma_peak_gflops(nt);
+    out["fma_peak_GFLOPs"] = peak;
     out["prefill_moe_layer"] = {{"tokens", T},
                                 {"tokens_per_expert", per},
                                 {"seconds", t},
                                 {"tokens_per_s", static_cast<double>(T) / t},
-                                {"GFLOPs", flops / t / 1e9}};
+                                {"GFLOPs", flops / t / 1e9},
+                                {"pct_of_fma_peak", 100.0 * flops / t / 1e9 / peak}};
     say(
         fmt::format("prefill MoE layer, {} tokens ({} per routed expert x 256 + shared): {:.3f} s, {:.0f} tokens/s, "
-                    "{:.0f} GFLOP/s",
-                    T, per, t, static_cast<double>(T) / t, flops / t / 1e9));
+                    "{:.0f} GFLOP/s = {:.0f}% of the measured fp32 FMA peak ({:.0f} GFLOP/s, {} threads, {})",
+                    T, per, t, static_cast<double>(T) / t, flops / t / 1e9, 100.0 * flops / t / 1e9 / peak, peak, nt,
+                    simd_level_name(simd_level())));
   }
   if (o.json) std::printf("%s\n", out.dump(2).c_str());
   return 0;

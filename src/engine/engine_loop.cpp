@@ -466,6 +466,7 @@ void EngineLoop::publish_stats() {
   stats_.preemptions = sched_->preemptions();
   stats_.running = int64_t(sched_->n_running());
   stats_.waiting = int64_t(sched_->n_waiting());
+  stats_.compute_threads = max_threads();  // called on the thread that runs the steps
   stats_.cache = cache_->stats();
   if (disk_) stats_.disk = disk_->stats();
 }

@@ -152,6 +152,7 @@ class EngineLoop {
     double draft_seconds = 0;         // of which draft steps (speculative decoding)
     int64_t pool_slots = 0, pool_pages = 0, pool_snapshots = 0;
     uint64_t pool_bytes = 0;
+    int compute_threads = 0;        // CPU: OpenMP pool size of the thread that runs the steps (serve --threads)
     PrefixCache::Stats cache;
     DiskCache::Stats disk;          // all zero without a disk tier
   };

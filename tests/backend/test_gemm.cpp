@@ -322,7 +322,10 @@ TEST(Gemm, DecodeShapes) {
         Case{GemmFormat::fp8, 128, 384, 1, Q(), false, 24}, Case{GemmFormat::bf16, 128, 512, 1, D()},
         Case{GemmFormat::fp8, 256, 256, 1, D(true, true)}, Case{GemmFormat::fp4, 64, 512, 1, D()},
         Case{GemmFormat::fp8, 128, 512, 1, D(false, false), true, 64},
-        Case{GemmFormat::fp4, 128, 256, 1, D(false, true)}, Case{GemmFormat::bf16, 64, 96, 1, D(true, true)}})
+        Case{GemmFormat::fp4, 128, 256, 1, D(false, true)}, Case{GemmFormat::bf16, 64, 96, 1, D(true, true)},
+        // short rows (prefetched one group ahead, past the weight's end for the last groups), a partial last group
+        Case{GemmFormat::bf16, 1000, 96, 1, D()}, Case{GemmFormat::fp4, 640, 128, 1, Q()},
+        Case{GemmFormat::fp8, 576, 128, 1, Q()}})
     run_case(c, rng);
 }
 

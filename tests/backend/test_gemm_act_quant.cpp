@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -104,6 +105,41 @@ TEST(ActQuant, Fp4MatchesEncoder) {
   fp4_act_quant_inplace(t, 9);
   const float want[9] = {6.0f, 0.0f, 1.0f, 1.0f, 2.0f, 2.0f, 4.0f, 4.0f, -0.0f};
   for (int i = 0; i < 9; ++i) EXPECT_EQ(float_to_bits(t[i]), float_to_bits(want[i])) << i;
+}
+
+TEST(ActQuant, NonFiniteInputsClampLikeFminFmax) {
+  // The clamp of spec §4.3 / §4.4 is fmin(fmax(x / s, -M), M): a NaN element becomes -M, +-inf the bound (the block
+  // scale ignores NaN; an inf element makes the scale inf). Checked against the libm formula.
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  std::vector<float> x{1.5f, nan, -2.0f, 100.0f, -nan, 0.0f, -0.0f, 3.0f};
+  for (int i = 0; i < 24; ++i) x.push_back(0.37f * float(i - 11));
+  const int64_t n = static_cast<int64_t>(x.size());  // 32: one fp4 block, one fp8 block
+  std::vector<float> q(n), s(1), ip = x;
+  act_quant_fp8(x.data(), n, 128, q.data(), s.data());
+  act_quant_fp8_inplace(ip.data(), n, 128);
+  ASSERT_EQ(s[0], ceil_pow2(100.0f / 448.0f));
+  for (int64_t i = 0; i < n; ++i) {
+    const float c = std::fmin(std::fmax(x[i] * (1.0f / s[0]), -448.0f), 448.0f);
+    const float want = e4m3fn_to_float(float_to_e4m3fn_rne_satfinite(c));
+    ASSERT_EQ(float_to_bits(q[i]), float_to_bits(want)) << i;
+    ASSERT_EQ(float_to_bits(ip[i]), float_to_bits(round_to_bf16(want * s[0]))) << i;
+  }
+  std::vector<float> f4 = x;
+  fp4_act_quant_inplace(f4.data(), n);
+  const float s4 = ceil_pow2(100.0f / 6.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    const float c = std::fmin(std::fmax(x[i] * (1.0f / s4), -6.0f), 6.0f);
+    ASSERT_EQ(float_to_bits(f4[i]), float_to_bits(round_to_bf16(e2m1_to_float(float_to_e2m1_rne(c)) * s4))) << i;
+  }
+  // an inf element: scale inf, every element x * 0 (inf * 0 = NaN -> -448)
+  std::vector<float> y{inf, 1.0f, -inf, -1.0f};
+  std::vector<float> qy(4), sy(1);
+  act_quant_fp8(y.data(), 4, 128, qy.data(), sy.data());
+  ASSERT_EQ(sy[0], inf);
+  for (int i = 0; i < 4; ++i) {
+    const float c = std::fmin(std::fmax(y[size_t(i)] * (1.0f / sy[0]), -448.0f), 448.0f);
+    ASSERT_EQ(float_to_bits(qy[size_t(i)]), float_to_bits(e4m3fn_to_float(float_to_e4m3fn_rne_satfinite(c)))) << i;
+  }
 }
 
 TEST(ActQuant, RoundBf16) {

@@ -297,6 +297,27 @@ TEST(EngineLoop, ThreadedLoopServesSubmittersOnOtherThreads) {
   EXPECT_EQ(s->wait().end, StreamEnd::cancelled);
 }
 
+TEST(EngineLoop, ThreadCountReachesTheLoopThread) {
+  // serve --threads N: OpenMP's pool size is per calling thread, so the loop thread that runs the steps must set it
+  // itself; N differs from the default pool size of a new thread (all cores) and from this thread's.
+  auto m = load("tiny-b");
+  const int want = omp_get_num_procs() + 1;
+  omp_set_num_threads(1);
+  EngineLoopOptions o;
+  o.max_running = 2;
+  o.batch_tokens = 64;
+  o.state_bytes = uint64_t(16) << 20;
+  o.n_threads = want;
+  {
+    EngineLoop loop(m, o);
+    auto s = loop.submit(greedy_req(ids(12, 5, m->n_vocab()), 3));
+    EXPECT_EQ(s->wait().tokens, solo(*m, ids(12, 5, m->n_vocab()), 3));
+    EXPECT_EQ(loop.stats().compute_threads, want);
+  }
+  EXPECT_EQ(omp_get_max_threads(), 1);  // the submitting thread's pool is untouched
+  omp_set_num_threads(omp_get_num_procs());
+}
+
 namespace {
 // Allows only tokens t with t % 3 == r (a per-request mask), and records the tokens it was told.
 class ModuloConstraint : public TokenConstraint {
