@@ -2,6 +2,7 @@
 #include "backend/backend.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "backend/cpu_backend.h"
 #include "backend/step_graphs.h"
@@ -64,6 +65,16 @@ Buffer& Buffer::operator=(const Buffer& o) {
   }
   return *this;
 }
+
+// ---- Backend -----------------------------------------------------------------------------------------------------
+
+void* Backend::alloc_pinned(size_t bytes, const char* what) {
+  void* p = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);
+  if (!p) fail("out of host memory: {} needs {} bytes", what, bytes);
+  return p;
+}
+
+void Backend::free_pinned(void* p) noexcept { std::free(p); }
 
 // ---- Workspace ---------------------------------------------------------------------------------------------------
 

@@ -106,6 +106,16 @@ class Backend {
   // Wait for all queued work; throws dsv4::Error if the device reported a failure.
   virtual void synchronize() = 0;
 
+  // Host staging memory for copies that overlap device work (model/split_moe.h). CUDA: page-locked host memory;
+  // default: ordinary host memory. Throws dsv4::Error naming `what` when it cannot be had.
+  virtual void* alloc_pinned(size_t bytes, const char* what);
+  virtual void free_pinned(void* p) noexcept;
+  // A device -> host copy queued in order with the ops that does not wait for it; wait_copies_to_host() waits
+  // until every such copy queued before it has landed (not for the work queued after them). Default: a plain
+  // copy_to_host (waits at once).
+  virtual void copy_to_host_async(void* dst, const void* src, size_t bytes) { copy_to_host(dst, src, bytes); }
+  virtual void wait_copies_to_host() {}
+
   // Make a checkpoint weight resident on this device (CPU: a view of the mapped bytes, no copy). The device memory
   // is appended to `storage` (the caller keeps it as long as the view is used).
   virtual WeightView upload(const WeightView& host, std::vector<Buffer>& storage) = 0;

@@ -50,6 +50,22 @@ class CpuOps : public Ops {
               bool bf16, float* h) const override;
   void moe(const MoeWeights& w, const float* x, int64_t n_tok, const int32_t* ids, const float* wts, int64_t k,
            float swiglu_limit, const LinearOpts& q, bool bf16, float* y) const override;
+  void moe_resident(const MoeWeights& w, const uint8_t* resident, const float* x, int64_t n_tok, const int32_t* ids,
+                    const float* wts, int64_t k, float swiglu_limit, const LinearOpts& q, bool bf16, float* o_pairs,
+                    float* o_shared) const override;
+  void moe_combine(const float* o_pairs, const int32_t* ids, int64_t n_tok, int64_t k, int64_t D,
+                   const float* o_shared, bool bf16, float* y) const override;
 };
+
+// The expert part of CpuOps::moe (cpu_moe.cpp), shared with the host half of a split MoE layer (model/split_moe.h):
+// runs the routed experts selected by `use` (use[e] != 0; nullptr: all) on their (token, slot) pairs, and the shared
+// expert on every token when with_shared (and w.shared). out receives the selected pairs' o rows in bucket order
+// (ascending expert id, then pair index p = t * k + i), then the shared expert's n_tok rows; pair_of_row[r] = the
+// pair of routed row r. Experts run in parallel; every row equals CpuOps::moe's bitwise (a row depends only on its
+// token, expert and weight). Capacity: out [(n_tok * k + n_tok) * D], pair_of_row [n_tok * k]. Returns the number
+// of routed rows. D = the experts' input width (w.experts[0].w1.cols; views of unselected experts may be unbound).
+int64_t cpu_expert_rows(const MoeWeights& w, int64_t D, const uint8_t* use, const float* x, int64_t n_tok,
+                        const int32_t* ids, const float* wts, int64_t k, float swiglu_limit, const LinearOpts& q,
+                        bool bf16, bool with_shared, int32_t* pair_of_row, float* out);
 
 }  // namespace dsv4

@@ -178,6 +178,20 @@ class Ops {
   // fp32; bf16(y) when bf16. x, y: [n_tok, D]; ids, wts: [n_tok, k].
   virtual void moe(const MoeWeights& w, const float* x, int64_t n_tok, const int32_t* ids, const float* wts, int64_t k,
                    float swiglu_limit, const LinearOpts& q, bool bf16, float* y) const = 0;
+
+  // ---- MoE split between the device and the host (model/split_moe.h) ---------------------------------------------
+  // The two halves of `moe` for a layer whose routed experts are partly elsewhere (on the host CPU). Device half:
+  // for every pair p = t * k + i whose expert is resident (resident[ids[p]] != 0; resident: [n_experts] bytes on
+  // the device), o_pairs[p, :] = that expert's o for the pair, exactly as `moe` computes it (rows of the other
+  // pairs are left untouched); the shared expert's o [n_tok, D] goes to o_shared (when w.shared and o_shared).
+  // Experts whose views are unbound (w == nullptr) must not be marked resident; their shapes must still be set.
+  virtual void moe_resident(const MoeWeights& w, const uint8_t* resident, const float* x, int64_t n_tok,
+                            const int32_t* ids, const float* wts, int64_t k, float swiglu_limit, const LinearOpts& q,
+                            bool bf16, float* o_pairs, float* o_shared) const = 0;
+  // The combine of `moe` over per-pair rows: y[t] = Σ o_pairs[t * k + i] over the slots in ascending (ids, slot)
+  // order from 0, then + o_shared[t] (nullptr: none), fp32; bf16(y) when bf16. o_pairs: [n_tok * k, D].
+  virtual void moe_combine(const float* o_pairs, const int32_t* ids, int64_t n_tok, int64_t k, int64_t D,
+                           const float* o_shared, bool bf16, float* y) const = 0;
 };
 
 }  // namespace dsv4

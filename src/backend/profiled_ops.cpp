@@ -111,4 +111,12 @@ void ProfiledOps::moe(const MoeWeights& w, const float* x, int64_t n_tok, const 
   timed("moe", [&] { inner_.moe(w, x, n_tok, ids, wts, k, swiglu_limit, q, bf16, y); });
 }
 
+void ProfiledOps::moe_resident(const MoeWeights& w, const uint8_t* resident, const float* x, int64_t n_tok, const int32_t* ids, const float* wts, int64_t k, float swiglu_limit, const LinearOpts& q, bool bf16, float* o_pairs, float* o_shared) const {
+  timed("moe_resident", [&] { inner_.moe_resident(w, resident, x, n_tok, ids, wts, k, swiglu_limit, q, bf16, o_pairs, o_shared); });
+}
+
+void ProfiledOps::moe_combine(const float* o_pairs, const int32_t* ids, int64_t n_tok, int64_t k, int64_t D, const float* o_shared, bool bf16, float* y) const {
+  timed("moe_combine", [&] { inner_.moe_combine(o_pairs, ids, n_tok, k, D, o_shared, bf16, y); });
+}
+
 }  // namespace dsv4

@@ -3,14 +3,17 @@
 // run, the same figures extrapolated to the config's full layer count (`*_full`), and a per-op time breakdown.
 //   dsv4 bench model (-m DIR | --config FILE) [--load-format auto|dummy|safetensors] [--layers N] [--device D]
 //                    [--numerics reference|dense] [--batch B] [--ctx C] [--prefill T] [--steps S] [--json]
-//                    [--deterministic] [--no-cuda-graph]
+//                    [--deterministic] [--no-cuda-graph] [--cpu-moe | --n-cpu-moe N | --gpu-experts auto|N] [--hot-experts FILE]
 // --batch B > 1: B sequences decode together (one batched forward step per token of each), sharing one prefilled
 // ctx-token context (ctx a multiple of 128); decode_tok_s = B / step time.
 // --load-format dummy (the default with --config) builds weights of the config's exact shapes and formats with
 // pseudo-random values on the device, reading no tensor file (model/dummy_weights.h); --layers N keeps the first N
 // layers of the schedule (24 layers of V4-Flash fit one H200).
 // Extrapolation: decode time scales with the weight bytes (layers x per-layer bytes + the head), prefill time with
-// the layer count. The per-op breakdown comes from a separate run with a synchronization around every op
+// the layer count. With routed experts on the CPU (issue 11, model/split_moe.h) the JSON adds the placement, the
+// weight bytes the CPU reads per decode step, and per timed run (decode_split, prefill_split) the PCIe bytes per
+// step, the CPU experts' time per step and per split layer; decode_gpu_ms_per_layer = the profiled device time of
+// all ops per step / layers. The per-op breakdown comes from a separate run with a synchronization around every op
 // (backend/profiled_ops.h), so its total exceeds the timed run by the launch + sync latencies.
 #include <algorithm>
 #include <chrono>
@@ -26,6 +29,7 @@
 #include "backend/profiled_ops.h"
 #include "cli/command.h"
 #include "cli/device_option.h"
+#include "cli/placement_option.h"
 #include "core/error.h"
 #include "model/dummy_weights.h"
 #include "model/model.h"
@@ -46,6 +50,7 @@ struct ModelBenchOpts {
   int layers = 0, batch = 1, steps = 32;
   int64_t ctx = 0, prefill = 512;
   bool json = false, no_profile = false, no_cuda_graph = false;
+  PlacementOptions placement;
 };
 
 // Device copy bandwidth (read + write bytes / s) of a 1 GiB buffer, best of 5.
@@ -110,16 +115,20 @@ int run_model_bench(const ModelBenchOpts& o) {
   ModelOptions mo;
   mo.numerics = *num;
   mo.device = resolve_device(o.device);
+  mo.placement = o.placement;
   mo.ubatch = std::max<int64_t>({256, o.prefill, std::min<int64_t>(o.ctx, 8192)});  // the context in few steps
   mo.cuda_graphs = !o.no_cuda_graph;
+  // the copy bandwidth first: with --gpu-experts auto the model fills the device memory
+  std::unique_ptr<Backend> backend = make_backend(mo.device);
+  const double copy = copy_gbps(*backend);
+  say(fmt::format("copy bandwidth {:.0f} GB/s", copy));
+  mo.backend = backend.get();
   const auto t_load = Clock::now();
   say(fmt::format("bench model: {} {} layers of {} ({}), {} numerics, device {}", fmt_, cfg.num_hidden_layers,
                   full.num_hidden_layers, cfg_path.string(), o.numerics, mo.device.name()));
   std::unique_ptr<Model> m = fmt_ == "dummy" ? Model::load_dummy(cfg, mo) : Model::load(o.model, mo);
   Backend& be = m->backend();
   say(fmt::format("loaded in {:.1f} s on {}", since(t_load), be.description()));
-  const double copy = copy_gbps(be);
-  say(fmt::format("copy bandwidth {:.0f} GB/s", copy));
 
   nlohmann::json out;
   out["device"] = be.description();
@@ -135,6 +144,47 @@ int run_model_bench(const ModelBenchOpts& o) {
   out["cuda_graph"] = m->step_graphs() != nullptr;
   out["copy_GBps"] = copy;
   const double layer_scale = double(full.num_hidden_layers) / double(cfg.num_hidden_layers);
+  // routed experts split between the device and the CPU (--cpu-moe, --n-cpu-moe, --gpu-experts, --hot-experts)
+  const ExpertPlacement& pl = m->placement();
+  const int64_t split_layers = [&] {
+    int64_t n = 0;
+    for (int l = 0; l < cfg.num_hidden_layers; ++l) n += pl.n_host(l) > 0 ? 1 : 0;
+    return n;
+  }();
+  out["placement"] = pl.summary();
+  out["experts_on_cpu"] = pl.n_host();
+  out["experts_on_device"] = int64_t(cfg.num_hidden_layers) * cfg.n_routed_experts - pl.n_host();
+  out["split_layers"] = split_layers;
+  out["host_expert_bytes"] = m->host_expert_bytes();
+  if (pl.n_host() > 0) {
+    say(pl.summary());
+    say(fmt::format("{:.2f} GiB of routed experts in host memory", double(m->host_expert_bytes()) / double(1ull << 30)));
+  }
+  // the split's traffic and host time over `steps` steps of the timed run just finished (per step, per split layer)
+  auto report_split = [&](const char* key, double steps, double step_s) {
+    const SplitMoeStats st = m->split_stats();
+    if (st.calls == 0) return;
+    const double calls_per_step = double(st.calls) / steps;
+    nlohmann::json j;
+    j["pcie_bytes_per_step"] = double(st.to_host_bytes + st.to_device_bytes) / steps;
+    j["to_host_bytes_per_step"] = double(st.to_host_bytes) / steps;
+    j["to_device_bytes_per_step"] = double(st.to_device_bytes) / steps;
+    j["split_layer_calls_per_step"] = calls_per_step;
+    j["cpu_ms_per_step"] = st.host_s * 1e3 / steps;
+    j["cpu_ms_per_split_layer"] = st.host_s * 1e3 / double(st.calls);
+    j["cpu_wait_ms_per_split_layer"] = st.wait_s * 1e3 / double(st.calls);
+    j["cpu_pairs_per_step"] = double(st.host_pairs) / steps;
+    j["device_pairs_per_step"] = double(st.device_pairs) / steps;
+    j["step_ms"] = step_s * 1e3;
+    j["cpu_share_of_step"] = st.host_s / steps / step_s;
+    out[key] = j;
+    say(fmt::format("  split ({}): {:.1f} KB over PCIe per step ({:.1f} KB to host, {:.1f} KB back), CPU experts "
+                    "{:.2f} ms per step = {:.3f} ms per split layer ({:.0f}% of the step), {:.1f} CPU pairs per step",
+                    key, double(st.to_host_bytes + st.to_device_bytes) / steps / 1e3, double(st.to_host_bytes) / steps / 1e3,
+                    double(st.to_device_bytes) / steps / 1e3, st.host_s * 1e3 / steps,
+                    st.host_s * 1e3 / double(st.calls), 100.0 * st.host_s / steps / step_s,
+                    double(st.host_pairs) / steps));
+  };
 
   // prefill: a warm-up run of the same length, then the timed one (fresh sequences)
   if (o.prefill > 0) {
@@ -142,6 +192,7 @@ int run_model_bench(const ModelBenchOpts& o) {
     std::vector<float> lg(static_cast<size_t>(cfg.vocab_size));
     for (int rep = 0; rep < 2; ++rep) {
       ModelSequence seq(*m);
+      m->reset_split_stats();
       const auto t0 = Clock::now();
       seq.append(ids, lg);
       const double t = since(t0);
@@ -151,6 +202,7 @@ int run_model_bench(const ModelBenchOpts& o) {
         out["prefill_tok_s_full"] = double(o.prefill) / (t * layer_scale);
         say(fmt::format("prefill {} tokens: {:.1f} ms, {:.0f} tok/s ({:.0f} tok/s at {} layers)", o.prefill, t * 1e3,
                         double(o.prefill) / t, double(o.prefill) / (t * layer_scale), full.num_hidden_layers));
+        report_split("prefill_split", 1.0, t);
       }
     }
   }
@@ -159,6 +211,7 @@ int run_model_bench(const ModelBenchOpts& o) {
   uint64_t outside = 0;
   const uint64_t bytes = m->decode_weight_bytes(&outside, o.batch);
   const uint64_t bytes_full = outside + uint64_t(double(bytes - outside) * layer_scale);
+  const uint64_t host_bytes = m->host_decode_weight_bytes(o.batch);
   auto report_decode = [&](double t) {
     const double gbs = double(bytes) / t / 1e9;
     const double t_full = t * double(bytes_full) / double(bytes);
@@ -170,6 +223,12 @@ int run_model_bench(const ModelBenchOpts& o) {
     out["weight_bytes_per_step_full"] = bytes_full;
     out["achieved_GBps"] = gbs;
     out["pct_of_copy"] = 100.0 * gbs / copy;
+    if (host_bytes > 0) {
+      out["weight_bytes_per_step_cpu"] = host_bytes;
+      out["weight_bytes_per_step_device"] = bytes - host_bytes;
+      out["decode_tok_s_full_note"] = "with routed experts on the CPU, *_full scales the measured step by weight bytes "
+                                      "as if the extra layers split like the measured ones";
+    }
     say(fmt::format("decode batch {} at ctx {}: {:.2f} ms/step, {:.1f} tok/s; {:.2f} GB of weights per step -> {:.0f} "
                     "GB/s = {:.1f}% of copy; at {} layers: {:.2f} ms/step, {:.1f} tok/s",
                     o.batch, std::max<int64_t>(o.ctx, 1), t * 1e3, double(o.batch) / t, double(bytes) / 1e9, gbs,
@@ -189,6 +248,9 @@ int run_model_bench(const ModelBenchOpts& o) {
   };
   auto report_ops = [&](const ProfiledOps& prof, int n) {
     out["decode_ops"] = op_table(prof, n);
+    double dev_ms = 0;  // device time of every op (synchronized per op), per step
+    for (const auto& [k, e] : prof.times()) dev_ms += e.seconds * 1e3 / n;
+    out["decode_gpu_ms_per_layer"] = dev_ms / double(cfg.num_hidden_layers);
     std::string line;
     std::vector<std::pair<double, std::string>> v;
     for (const auto& [k, e] : prof.times()) v.push_back({e.seconds * 1e3 / n, k});
@@ -249,6 +311,13 @@ int run_model_bench(const ModelBenchOpts& o) {
     for (int i = 0; i < o.steps; ++i) step();
     report_decode(since(t0) / o.steps);
     report_graphs();
+    step();
+    step();
+    m->reset_split_stats();
+    const auto t0 = Clock::now();
+    for (int i = 0; i < o.steps; ++i) step();
+    report_decode(since(t0) / o.steps);
+    report_split("decode_split", o.steps, since(t0) / o.steps);
     out["batch_note"] = "the sequences share one prefilled ctx-token context (full pages shared, ring and frontiers "
                         "copied); weight_bytes_per_step counts the expected distinct routed experts of the batch";
     if (bad > 0) say(fmt::format("warning: {} logit rows were not finite", bad));
@@ -275,6 +344,14 @@ int run_model_bench(const ModelBenchOpts& o) {
     for (int i = 0; i < o.steps; ++i) step();
     report_decode(since(t0) / o.steps);
     report_graphs();
+    step();
+    step();
+    m->reset_split_stats();
+    const auto t0 = Clock::now();
+    for (int i = 0; i < o.steps; ++i) step();
+    const double step_s = since(t0) / o.steps;
+    report_decode(step_s);
+    report_split("decode_split", o.steps, step_s);
     if (!o.no_profile) {
       ProfiledOps prof(be);
       m->set_op_hook(&prof);
@@ -293,6 +370,7 @@ int run_model_bench(const ModelBenchOpts& o) {
     m->set_op_hook(nullptr);
     out["prefill_ops"] = op_table(prof, 1);
   }
+  out["workspace_high_water_bytes"] = be.workspace().high_water();
   if (o.json) std::printf("%s\n", out.dump(2).c_str());
   return 0;
 }
@@ -306,6 +384,7 @@ void setup_bench_model(CLI::App& app, Runner& run) {
   app.add_option("--load-format", o->load_format, "auto (dummy with --config) | dummy | safetensors");
   app.add_option("--layers", o->layers, "keep the first N layers of the schedule (dummy weights; 0: all)");
   add_device_option(app, o->device);
+  add_placement_options(app, o->placement);
   app.add_option("--numerics", o->numerics, "reference | dense");
   app.add_option("--batch", o->batch, "sequences per decode step (1; > 1: batched decode over one state pool)");
   app.add_option("--ctx", o->ctx, "tokens already in the sequence before the decode steps");

@@ -26,6 +26,7 @@
 #include "cli/byte_size.h"
 #include "cli/command.h"
 #include "cli/device_option.h"
+#include "cli/placement_option.h"
 #include "core/error.h"
 #include "engine/batch_model.h"
 #include "engine/model_loader.h"
@@ -42,6 +43,7 @@ struct ServeBenchOpts {
   int tokens = 32, prompt = 64, requests = 2, threads = 0;
   int64_t parallel = 0, batch_tokens = 0;
   bool json = false;
+  PlacementOptions placement;
 };
 
 struct Level {
@@ -136,7 +138,7 @@ int run_serve_bench(const ServeBenchOpts& o) {
   } else {
     if (o.model.empty()) fail("give -m MODEL (or --url of a running server)");
     const Device device = resolve_device(o.device);
-    LoadedModel lm = load_model(o.model, o.numerics, o.threads, device);
+    LoadedModel lm = load_model(o.model, o.numerics, o.threads, device, 0, o.placement);
     if (!lm.tokenizer) fail("{}: no tokenizer.json", o.model);
     device_name = lm.device;
     auto model = std::dynamic_pointer_cast<const Model>(lm.model);
@@ -241,6 +243,7 @@ void setup_bench_serve(CLI::App& app, Runner& run) {
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--threads", o->threads, "CPU compute threads (default 0: all cores)")->check(CLI::NonNegativeNumber);
   add_device_option(app, o->device);
+  add_placement_options(app, o->placement);
   app.add_option("--numerics", o->numerics, "reference | dense (default reference)");
   app.add_option("--parallel", o->parallel, "running sequences (default: cpu 16, cuda 256)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 16));

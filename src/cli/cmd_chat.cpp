@@ -15,6 +15,7 @@
 #include "chat/output_parser.h"
 #include "cli/command.h"
 #include "cli/device_option.h"
+#include "cli/placement_option.h"
 #include "cli/sampling_options.h"
 #include "core/error.h"
 #include "engine/engine.h"
@@ -40,6 +41,7 @@ struct Opts {
   dsv4::cli::SamplingOptions sampling;
   int threads = 0;
   int spec_draft = 0;
+  dsv4::PlacementOptions placement;
   std::string device;
   bool think = false;
 };
@@ -59,11 +61,13 @@ void setup_chat(CLI::App& app, dsv4::cli::Runner& run) {
                  "speculative decoding: draft tokens per step with the model's MTP module (1-4; default 0: off)")
       ->check(CLI::Range(0, 4));
   dsv4::cli::add_device_option(app, o->device);
+  dsv4::cli::add_placement_options(app, o->placement);
   run = [o] {
     using namespace dsv4;
     std::fprintf(stderr, "loading %s ...\n", o->model.c_str());
     LoadedModel lm =
-        load_model(o->model, o->numerics, o->threads, dsv4::cli::resolve_device(o->device), o->spec_draft);
+        load_model(o->model, o->numerics, o->threads, dsv4::cli::resolve_device(o->device), o->spec_draft,
+                   o->placement);
     std::fprintf(stderr, "device: %s\n", lm.device.c_str());
     if (!lm.tokenizer) fail("{}: no tokenizer.json (chat needs one)", o->model);
     const Tokenizer& tok = *lm.tokenizer;

@@ -12,6 +12,7 @@
 
 #include "cli/command.h"
 #include "cli/device_option.h"
+#include "cli/placement_option.h"
 #include "cli/sampling_options.h"
 #include "core/error.h"
 #include "engine/engine.h"
@@ -29,6 +30,7 @@ struct Opts {
   float repeat = 1.0f, presence = 0.0f, frequency = 0.0f;
   int threads = 0;
   int spec_draft = 0;
+  dsv4::PlacementOptions placement;
   std::string device;
   std::vector<std::string> stop;
   bool json = false, ignore_eos = false;
@@ -71,6 +73,7 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
                  "speculative decoding: draft tokens per step with the model's MTP module (1-4; default 0: off)")
       ->check(CLI::Range(0, 4));
   dsv4::cli::add_device_option(app, o->device);
+  dsv4::cli::add_placement_options(app, o->placement);
   app.add_option("--ctx", o->ctx, "context size in tokens (default 0: the model's maximum)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--ignore-eos", o->ignore_eos, "keep generating after the end-of-sequence token");
@@ -81,7 +84,8 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
     if (o->prompt.empty() && o->prompt_ids.empty()) fail("give a prompt with -p TEXT or --prompt-ids LIST");
     std::fprintf(stderr, "loading %s ...\n", o->model.c_str());
     LoadedModel lm =
-        load_model(o->model, o->numerics, o->threads, dsv4::cli::resolve_device(o->device), o->spec_draft);
+        load_model(o->model, o->numerics, o->threads, dsv4::cli::resolve_device(o->device), o->spec_draft,
+                   o->placement);
     std::fprintf(stderr, "device: %s\n", lm.device.c_str());
     const Tokenizer* tok = lm.tokenizer.get();
     GenerationRequest req;

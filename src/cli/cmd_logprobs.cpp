@@ -12,6 +12,7 @@
 
 #include "cli/command.h"
 #include "cli/device_option.h"
+#include "cli/placement_option.h"
 #include "core/error.h"
 #include "model/model.h"
 #include "model/sequence.h"
@@ -26,6 +27,7 @@ struct Opts {
   std::string device;
   int64_t chunk = 0;
   bool json = false;
+  dsv4::PlacementOptions placement;
 };
 
 std::vector<int32_t> parse_ids(const std::string& s) {
@@ -80,6 +82,7 @@ void setup_logprobs(CLI::App& app, dsv4::cli::Runner& run) {
   app.add_option("--chunk", o->chunk, "feed the prompt in chunks of N tokens (default: one prefill)")
       ->check(CLI::NonNegativeNumber);
   dsv4::cli::add_device_option(app, o->device);
+  dsv4::cli::add_placement_options(app, o->placement);
   app.add_flag("--json", o->json, "print JSON {\"positions\": [{\"top_ids\", \"top_logprobs\"}, ...]}");
   run = [o] {
     const auto num = dsv4::parse_numerics(o->numerics);
@@ -88,6 +91,7 @@ void setup_logprobs(CLI::App& app, dsv4::cli::Runner& run) {
     dsv4::ModelOptions mo;
     mo.numerics = *num;
     mo.device = dsv4::cli::resolve_device(o->device);
+    mo.placement = o->placement;
     auto model = dsv4::Model::load(o->model, mo);
     std::fprintf(stderr, "device: %s\n", model->backend().description().c_str());
     dsv4::ModelSequence seq(*model);

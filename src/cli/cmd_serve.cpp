@@ -23,6 +23,7 @@
 #include "cli/byte_size.h"
 #include "cli/command.h"
 #include "cli/device_option.h"
+#include "cli/placement_option.h"
 #include "core/error.h"
 #include "engine/batch_model.h"
 #include "engine/model_loader.h"
@@ -38,6 +39,7 @@ struct Opts {
   int64_t parallel = 0, batch_tokens = 0;  // 0: the device's default
   std::string kv_memory, cache_dir, cache_size = "16G";
   int spec_draft = 0;
+  dsv4::PlacementOptions placement;
   std::string device;
   int64_t ctx = 32768;
   double keepalive = 5.0;
@@ -71,6 +73,7 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
                  "speculative decoding: draft tokens per step with the model's MTP module (1-4; default 0: off)")
       ->check(CLI::Range(0, 4));
   dsv4::cli::add_device_option(app, o->device);
+  dsv4::cli::add_placement_options(app, o->placement);
   app.add_option("--model-name", o->model_name, "model id reported by the API (default: the folder name)");
   app.add_option("--keepalive", o->keepalive, "seconds between SSE keepalive comments while waiting (default 5)")
       ->check(CLI::Range(0.01, 3600.0));
@@ -100,7 +103,7 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
     const uint64_t cache_size = std::get<uint64_t>(cli::parse_byte_size(o->cache_size, "--cache-size", false));
     std::fprintf(stderr, "loading %s ...\n", o->model.c_str());
     const Device device = dsv4::cli::resolve_device(o->device);
-    LoadedModel lm = load_model(o->model, o->numerics, o->threads, device, o->spec_draft);
+    LoadedModel lm = load_model(o->model, o->numerics, o->threads, device, o->spec_draft, o->placement);
     std::fprintf(stderr, "device: %s\n", lm.device.c_str());
     if (!lm.tokenizer) fail("{}: no tokenizer.json (the server needs one)", o->model);
     auto model = std::dynamic_pointer_cast<const Model>(lm.model);
@@ -135,7 +138,7 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
     so.engine = eo;
     so.reload = [o, device]() -> std::shared_ptr<const BatchModel> {
       auto m = std::dynamic_pointer_cast<const Model>(
-          load_model(o->model, o->numerics, o->threads, device, o->spec_draft).model);
+          load_model(o->model, o->numerics, o->threads, device, o->spec_draft, o->placement).model);
       if (!m) fail("internal: the loaded model is not a DeepSeek V4 model");
       return batch_model_of(std::move(m));
     };

@@ -17,7 +17,7 @@ std::string model_folder_name(const std::filesystem::path& dir) {
 }
 
 LoadedModel load_model(const std::filesystem::path& dir, const std::string& numerics, int threads,
-                       const Device& device, int spec_draft) {
+                       const Device& device, int spec_draft, const PlacementOptions& placement) {
   auto num = parse_numerics(numerics);
   if (!num) fail("--numerics must be 'reference' or 'dense', got '{}'", numerics);
   if (!std::filesystem::is_directory(dir)) fail("{}: not a model folder (no such directory)", dir.string());
@@ -27,8 +27,10 @@ LoadedModel load_model(const std::filesystem::path& dir, const std::string& nume
   mo.numerics = *num;
   mo.device = device;
   mo.spec_draft = spec_draft;
+  mo.placement = placement;
   auto model = Model::load(dir, mo);
   out.device = model->backend().description();
+  if (placement.any()) out.device += "; " + model->placement().summary();
   out.model = std::move(model);
   const auto tj = dir / "tokenizer.json";
   if (std::filesystem::exists(tj)) {

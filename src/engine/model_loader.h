@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/device.h"
+#include "model/expert_placement.h"
 #include "model/language_model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -20,11 +21,13 @@ struct LoadedModel {
 
 // numerics: "reference" | "dense"; threads: CPU compute threads (<= 0: all cores); device: where the model runs;
 // spec_draft: draft tokens per step of speculative decoding with the MTP module (0: off; > 0 loads the MTP module,
-// and the engines built on the model speculate).
+// and the engines built on the model speculate); placement: routed experts on the device or the CPU
+// (model/expert_placement.h).
 // Throws dsv4::Error for a missing folder, bad numerics name, an unusable device, a model that does not fit, or any
 // load failure (message names the file).
 LoadedModel load_model(const std::filesystem::path& dir, const std::string& numerics, int threads,
-                       const Device& device = Device{}, int spec_draft = 0);
+                       const Device& device = Device{}, int spec_draft = 0,
+                       const PlacementOptions& placement = {});
 
 // Folder name of `dir`, ignoring trailing slashes ("models/foo/" -> "foo").
 std::string model_folder_name(const std::filesystem::path& dir);

@@ -12,20 +12,33 @@
 #include "backend/backend.h"
 #include "loader/config.h"
 #include "loader/safetensors.h"
+#include "model/expert_placement.h"
 
 namespace dsv4 {
 
 struct DummyCheckpoint {
   std::vector<Buffer> device;                 // device-generated tensor bytes
   std::vector<std::vector<uint8_t>> host;     // host-generated tensor bytes
+  std::vector<std::unique_ptr<uint8_t[]>> host_experts;  // routed experts placed on the CPU (filled on the host)
   std::unique_ptr<SafetensorsSet> set;        // TensorInfos over both
   std::unordered_set<const TensorInfo*> on_device;  // tensors whose data pointer is device memory
   uint64_t device_bytes = 0, host_bytes = 0;
 };
 
-// The main model's tensors of `cfg` (no MTP). Throws dsv4::Error (naming the bytes) when they do not fit the
-// backend's free memory, before allocating.
-DummyCheckpoint make_dummy_checkpoint(const ModelConfig& cfg, Backend& be, uint64_t seed, bool with_mtp = false);
+// The main model's tensors of `cfg` (no MTP). The routed experts that `placement` puts on the CPU (a GPU backend
+// only) are filled on the host, multi-threaded, with the values the device would make. Throws dsv4::Error (naming
+// the bytes) when they do not fit the backend's free memory or the host's, before allocating.
+DummyCheckpoint make_dummy_checkpoint(const ModelConfig& cfg, Backend& be, uint64_t seed, bool with_mtp = false,
+                                      const ExpertPlacement* placement = nullptr);
+
+// Device bytes of the dummy tensors: every one but the main layers' routed experts, and one routed expert.
+struct DummyDeviceBytes {
+  uint64_t non_expert = 0, one_expert = 0;
+};
+DummyDeviceBytes dummy_device_bytes(const ModelConfig& cfg, bool with_mtp);
+
+// "layers.L.ffn.experts.E.*" -> true with *layer = L, *expert = E.
+bool parse_routed_expert(const std::string& name, int* layer, int64_t* expert);
 
 // `cfg` keeping only its first n main layers (the MTP entries of compress_ratios stay); n >= num_hidden_layers keeps
 // everything.

@@ -18,7 +18,18 @@ double gib(size_t b) { return double(b) / double(size_t(1) << 30); }
 void need_len(size_t have, size_t n, const char* what, int layer) {
   if (have != n) fail("layer {}: {} has {} elements, expected {}", layer, what, have, n);
 }
+uint64_t view_bytes(const WeightView& w) {
+  if (w.rows == 0) return 0;  // (views of experts on the other side keep their shapes)
+  uint64_t b = uint64_t(w.rows * w.row_bytes());
+  if (w.fmt == GemmFormat::fp8)
+    b += uint64_t((w.rows + w.block_rows - 1) / w.block_rows * ((w.cols + w.block_cols - 1) / w.block_cols)) *
+         (w.scale_f32 ? 4 : 1);
+  if (w.fmt == GemmFormat::fp4) b += uint64_t(w.rows * ((w.cols + 31) / 32));
+  return b;
+}
+uint64_t expert_bytes(const ExpertView& e) { return view_bytes(e.w1) + view_bytes(e.w2) + view_bytes(e.w3); }
 }  // namespace
+
 
 Model::~Model() {
   // Recordings and resident buffers go back to the backend before an owned backend is destroyed.
@@ -104,9 +115,38 @@ void Model::bind_layer(const LayerWeights& lw, int l, LayerResident& p) {
   } else {
     p.gate_bias = upload_f32(fw.gate_bias, size_t(c.n_routed_experts), "gate.bias", l);
   }
-  p.experts.resize(fw.experts.size());
-  for (size_t e = 0; e < fw.experts.size(); ++e)
-    p.experts[e] = ExpertView{res(fw.experts[e].w1), res(fw.experts[e].w2), res(fw.experts[e].w3)};
+  // routed experts: on the device, or (placement) in host memory for the CPU — the device table then keeps their
+  // shapes only, the host table the host experts' views
+  const int64_t E = int64_t(fw.experts.size());
+  auto shape_of = [](const WeightRef& r) {
+    WeightView v = r.bound() ? gemm_weight(r) : WeightView{};
+    v.w = nullptr;
+    v.scale = nullptr;
+    v.aux = nullptr;
+    return v;
+  };
+  auto host_of = [&](const WeightRef& r) -> WeightView {
+    if (!r.bound()) return {};
+    const WeightView h = gemm_weight(r);
+    host_expert_bytes_ += view_bytes(h);
+    return h;
+  };
+  p.experts.resize(size_t(E));
+  p.host_experts.assign(size_t(E), ExpertView{});
+  p.split = SplitMoeLayer{};
+  p.split.on_host.assign(size_t(E), 0);
+  for (int64_t e = 0; e < E; ++e) {
+    const ExpertWeights& xw = fw.experts[size_t(e)];
+    if (placement_.on_host(l, e)) {
+      p.experts[size_t(e)] = ExpertView{shape_of(xw.w1), shape_of(xw.w2), shape_of(xw.w3)};
+      p.host_experts[size_t(e)] = ExpertView{host_of(xw.w1), host_of(xw.w2), host_of(xw.w3)};
+      p.split.on_host[size_t(e)] = 1;
+      ++p.split.n_host;
+    } else {
+      p.experts[size_t(e)] = ExpertView{res(xw.w1), res(xw.w2), res(xw.w3)};
+      p.host_experts[size_t(e)] = ExpertView{shape_of(xw.w1), shape_of(xw.w2), shape_of(xw.w3)};
+    }
+  }
   if (fw.shared.w1.bound()) {
     p.shared = ExpertView{res(fw.shared.w1), res(fw.shared.w2), res(fw.shared.w3)};
     p.has_shared = true;
@@ -123,6 +163,15 @@ void Model::bind_layer(const LayerWeights& lw, int l, LayerResident& p) {
   p.moe.n_experts = int64_t(p.experts.size());
   p.moe.device_table = p.experts.empty() ? nullptr : params_.back().data();
   p.moe.shared = p.has_shared ? &p.shared : nullptr;
+  if (p.split.n_host > 0) {
+    p.split.device = p.moe;
+    p.split.host = MoeWeights{p.host_experts.data(), E, nullptr, nullptr};
+    std::vector<uint8_t> resident(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) resident[size_t(e)] = p.split.on_host[size_t(e)] ? 0 : 1;
+    params_.push_back(be_->upload_vector(resident, "expert placement"));
+    p.split.resident = params_.back().as<uint8_t>();
+    if (!split_) split_ = std::make_unique<SplitMoe>(*be_);
+  }
 
 }
 
@@ -141,12 +190,24 @@ void Model::make_resident() {
         r.fmt == WeightFormat::FP4_BLOCK32)
       need += be_->resident_bytes(gemm_weight(r));
   });
+  // the routed experts of the main layers: placed on the device or the CPU (the dummy checkpoint was made for the
+  // placement load_dummy chose)
+  size_t one_expert = 0;
+  if (!w_.layers.empty() && !w_.layers[0].ffn.experts.empty()) {
+    const ExpertWeights& x = w_.layers[0].ffn.experts[0];
+    for (const WeightRef* r : {&x.w1, &x.w2, &x.w3})
+      if (r->bound()) one_expert += be_->resident_bytes(gemm_weight(*r));
+  }
+  const size_t all_experts = one_expert * size_t(c.num_hidden_layers) * size_t(c.n_routed_experts);
+  if (!dummy_) place_experts(need - std::min(need, all_experts), one_expert);
+  need -= std::min(need, one_expert * size_t(placement_.n_host()));
   if (need > 0 && !dummy_) {
     const MemoryInfo mi = be_->memory();
     const size_t slack = size_t(1) << 30;  // workspace + state of a first sequence + small tensors
     if (need + slack > mi.free)
       fail("the model in {} needs {:.2f} GiB on {} ({} bytes of weights + ~1 GiB of workspace and state) but only "
-           "{:.2f} GiB of {:.2f} GiB are free; use --device cpu or a machine with more GPU memory",
+           "{:.2f} GiB of {:.2f} GiB are free; keep routed experts on the CPU (--gpu-experts auto, --n-cpu-moe N, "
+           "--cpu-moe), use --device cpu or a machine with more GPU memory",
            c.origin, gib(need + slack), be_->device().name(), need, gib(mi.free), gib(mi.total));
   }
   auto res = [&](const WeightRef& r) -> WeightView {
@@ -183,6 +244,34 @@ void Model::make_resident() {
     mtp_.hc_head_scale = upload_f32(mw.hc_head_scale, 1, "mtp.hc_head_scale", mtp_layer_);
   }
   be_->synchronize();
+}
+
+void Model::place_experts(uint64_t non_expert, uint64_t expert) {
+  const MemoryInfo mi = be_->memory();
+  const int64_t budget =
+      int64_t(mi.free) - int64_t(non_expert) - int64_t(placement_reserve_bytes(cfg_, opts_.ubatch));
+  placement_ = resolve_placement(cfg_, opts_.placement, expert, budget);
+  // a split layer waits on the host's experts inside the step, which a CUDA graph cannot record: eager steps
+  if (placement_.n_host() > 0) graphs_.reset();
+  if (opts_.placement.any()) log::info("{}", placement_.summary());
+}
+
+SplitMoeStats Model::split_stats() const { return split_ ? split_->stats() : SplitMoeStats{}; }
+
+void Model::reset_split_stats() const {
+  if (split_) split_->reset_stats();
+}
+
+uint64_t Model::host_decode_weight_bytes(int64_t batch) const {
+  uint64_t b = 0;
+  const double k = double(cfg_.num_experts_per_tok);
+  for (const LayerResident& p : lr_) {
+    if (p.split.n_host == 0 || p.experts.empty()) continue;
+    const double E = double(p.experts.size());
+    const double used = batch <= 1 ? k : E * (1.0 - std::pow(1.0 - std::min(k / E, 1.0), double(batch)));
+    b += uint64_t(used * double(p.split.n_host) / E * double(expert_bytes(p.experts[0])) + 0.5);
+  }
+  return b;
 }
 
 std::unique_ptr<Model> Model::init(const ModelOptions& opts, ModelConfig cfg) {
@@ -243,7 +332,10 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const Model
 
 std::unique_ptr<Model> Model::load_dummy(const ModelConfig& cfg, const ModelOptions& opts, uint64_t seed) {
   std::unique_ptr<Model> m = init(opts, cfg);
-  m->dummy_ = std::make_unique<DummyCheckpoint>(make_dummy_checkpoint(m->cfg_, *m->be_, seed, m->opts_.mtp));
+  const DummyDeviceBytes db = dummy_device_bytes(m->cfg_, m->opts_.mtp);
+  m->place_experts(db.non_expert, m->be_->device().is_cpu() ? 0 : db.one_expert);
+  m->dummy_ = std::make_unique<DummyCheckpoint>(
+      make_dummy_checkpoint(m->cfg_, *m->be_, seed, m->opts_.mtp, &m->placement_));
   m->w_ = bind_weights(*m->dummy_->set, m->cfg_);
   m->make_resident();
   log::info("dummy {}: {} layers, {:.2f} GiB made on {}", cfg.origin, m->cfg_.num_hidden_layers,
@@ -251,18 +343,6 @@ std::unique_ptr<Model> Model::load_dummy(const ModelConfig& cfg, const ModelOpti
   return m;
 }
 
-namespace {
-uint64_t view_bytes(const WeightView& w) {
-  if (!w.bound()) return 0;
-  uint64_t b = uint64_t(w.rows * w.row_bytes());
-  if (w.fmt == GemmFormat::fp8)
-    b += uint64_t((w.rows + w.block_rows - 1) / w.block_rows * ((w.cols + w.block_cols - 1) / w.block_cols)) *
-         (w.scale_f32 ? 4 : 1);
-  if (w.fmt == GemmFormat::fp4) b += uint64_t(w.rows * ((w.cols + 31) / 32));
-  return b;
-}
-uint64_t expert_bytes(const ExpertView& e) { return view_bytes(e.w1) + view_bytes(e.w2) + view_bytes(e.w3); }
-}  // namespace
 
 uint64_t Model::decode_weight_bytes(uint64_t* outside_layers, int64_t batch) const {
   const ModelConfig& c = cfg_;

@@ -32,10 +32,12 @@
 #include "loader/safetensors.h"
 #include "loader/weights.h"
 #include "model/batch.h"
+#include "model/expert_placement.h"
 #include "model/language_model.h"
 #include "model/rope.h"
 #include "model/sequence_state.h"
 #include "model/speculation.h"
+#include "model/split_moe.h"
 #include "model/state_pool.h"
 #include "model/step_plan.h"
 
@@ -53,6 +55,8 @@ struct ModelOptions {
                                    // 0 = off, 1 .. StateLayout::kMaxDraft); > 0 implies mtp
   bool cuda_graphs = true;         // CUDA: record each forward step shape once as a CUDA graph and replay it
                                    // (backend/step_graphs.h; `dsv4 bench model --no-cuda-graph` turns it off)
+  PlacementOptions placement;      // routed experts on the device or the CPU (--cpu-moe, --n-cpu-moe, --gpu-experts,
+                                   // --hot-experts; model/expert_placement.h); default: all on the device
 };
 
 // The MTP module outside its block (spec §3.5, §5.9), resident on the backend's device.
@@ -83,10 +87,12 @@ struct LayerResident {
   WeightView gate;
   const float* gate_bias = nullptr;   // [E] (non-hash layers with a bias)
   const int32_t* tid2eid = nullptr;   // [vocab, top-k] (hash layers)
-  std::vector<ExpertView> experts;
+  std::vector<ExpertView> experts;    // device views (experts on the host: shapes only, unbound)
   ExpertView shared;
   bool has_shared = false;
   MoeWeights moe;                     // views of `experts` / `shared` + their device table
+  std::vector<ExpertView> host_experts;  // host views of the experts the CPU runs (the others unbound)
+  SplitMoeLayer split;                // the layer's split (split.n_host > 0: some experts on the host)
 };
 
 class Model final : public LanguageModel {
@@ -157,6 +163,20 @@ class Model final : public LanguageModel {
   // The recorded forward steps (CUDA graphs), or nullptr (CPU backend, ModelOptions::cuda_graphs off).
   const StepGraphs* step_graphs() const { return graphs_.get(); }
 
+  // ---- routed experts split between the device and the CPU (model/expert_placement.h, model/split_moe.h) -------
+  const ExpertPlacement& placement() const { return placement_; }
+  // Of decode_weight_bytes(nullptr, batch): the routed-expert bytes the CPU reads (experts in host memory).
+  uint64_t host_decode_weight_bytes(int64_t batch = 1) const;
+  // Host bytes of the routed experts placed on the CPU.
+  uint64_t host_expert_bytes() const { return host_expert_bytes_; }
+  // Totals of the split layers since the last reset (PCIe bytes, host compute time); all zero without a split.
+  SplitMoeStats split_stats() const;
+  void reset_split_stats() const;
+  // Profiling (`dsv4 profile-experts`): called after the router of every main layer with the host copy of its
+  // expert ids [n, k]; empty: none. Not thread-safe with forward steps running.
+  using RouteObserver = std::function<void(int layer, const int32_t* ids, int64_t n, int64_t k)>;
+  void set_route_observer(RouteObserver f) { route_observer_ = std::move(f); }
+
  private:
   Model() = default;
   static std::unique_ptr<Model> init(const ModelOptions& opts, ModelConfig cfg);
@@ -189,6 +209,9 @@ class Model final : public LanguageModel {
   void mtp_input(const float* H, const int32_t* next, const int32_t* hc_rows, int64_t n, float* Xm) const;
   void mtp_head(const float* X, int64_t n, float* logits) const;
   void bind_layer(const LayerWeights& lw, int l, LayerResident& p);
+  // Sets placement_ from opts_.placement: non_expert = device bytes of every weight but the main layers' routed
+  // experts, expert = device bytes of one routed expert.
+  void place_experts(uint64_t non_expert, uint64_t expert);
 
   bool bf16() const { return opts_.numerics == Numerics::reference; }
   LinearOpts qopts() const { return quantized_linear_opts(opts_.numerics); }
@@ -210,6 +233,11 @@ class Model final : public LanguageModel {
   RopeTable rope_plain_, rope_yarn_;
   size_t resident_bytes_ = 0;
   const Ops* hook_ = nullptr;
+  ExpertPlacement placement_;
+  uint64_t host_expert_bytes_ = 0;
+  std::unique_ptr<SplitMoe> split_;    // staging of the split layers (when any)
+  RouteObserver route_observer_;
+  mutable std::vector<int32_t> route_host_;
   mutable std::mutex mu_;              // one forward step at a time (shared workspace)
   mutable std::unique_ptr<StepGraphs> graphs_;  // recorded steps (null: eager); destroyed before owned_be_
   mutable std::vector<float> logits_host_;

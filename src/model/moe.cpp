@@ -1,7 +1,8 @@
 // Mixture of experts (spec §5.7): fp32 router logits, sqrt-softplus scores, hash (tid2eid) or bias-corrected top-k
 // selection, normalized weights × route scale (op `route`); routed SwiGLU experts (clamped, routing weight applied
 // before w2) accumulated in fp32 in ascending expert id, plus the shared expert (op `moe`); bf16 result in reference
-// numerics. Dispatch and combine happen inside the ops, on the device.
+// numerics. Dispatch and combine happen inside the ops, on the device; a layer with routed experts on the CPU
+// (placement, model/expert_placement.h) runs split (model/split_moe.h), to the same result.
 #include "model/model.h"
 
 namespace dsv4 {
@@ -17,6 +18,15 @@ void Model::moe(int l, const DevicePlan& dp, int64_t n, const float* x, float* o
   float* wts = ws.alloc<float>(n * k);
   ops().route(logits, n, E, k, lp.hash ? nullptr : lp.gate_bias, lp.hash ? lp.tid2eid : nullptr, dp.tokens,
               float(cfg_.routed_scaling_factor), ids, wts);
+  if (route_observer_ && l < cfg_.num_hidden_layers) {
+    route_host_.resize(size_t(n * k));
+    be_->copy_to_host(route_host_.data(), ids, size_t(n * k) * 4);
+    route_observer_(l, route_host_.data(), n, k);
+  }
+  if (lp.split.n_host > 0) {  // some routed experts on the CPU (model/split_moe.h)
+    split_->run(ops(), lp.split, cfg_.hidden_size, x, n, ids, wts, k, float(cfg_.swiglu_limit), qopts(), bf16(), out);
+    return;
+  }
   ops().moe(lp.moe, x, n, ids, wts, k, float(cfg_.swiglu_limit), qopts(), bf16(), out);
 }
 

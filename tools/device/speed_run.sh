@@ -14,6 +14,12 @@
 #            (issue 10), JSON into $OUT/bench-serve.json
 #   spec     dsv4 bench spec, 24 dummy V4-Flash layers with the MTP module, batch 1 and 8 (issue 13), JSON into
 #            $OUT/bench-spec.json
+#   hyb1     hybrid GPU + CPU (issue 11): all 43 dummy V4-Flash layers, --gpu-experts auto (the experts that do not
+#            fit the GPU on the CPU), batch-1 decode at ctx 1024 (32 steps, per-op profile) + prefill of 2048 tokens
+#   hyb4     the same placement, batch-4 decode at ctx 1024
+#   hyb8k    the same placement, prefill of 8192 tokens
+#   hybn     --n-cpu-moe 8 (the experts of the last 8 layers on the CPU), batch-1 decode at ctx 1024
+#   gemm     dsv4 bench gemm on the machine's CPU (all threads), JSON into $OUT/bench-gemm.json
 # Environment: OUT (results folder), DSV4_COMMIT (the commit the tree is: pass it as a literal, e.g.
 # DSV4_COMMIT=0a8d6df; `$(git rev-parse --short HEAD)` on the device resolves to main's tip, not the tree sent),
 # GTEST_FILTER (optional).
@@ -42,6 +48,19 @@ bench() {  # bench NAME ARGS...: one dsv4 bench model run, JSON bench-NAME.json 
   grep -v '^\[warning\]' /tmp/bench.err | tail -6
   { echo "== ${cmd[*]}"; cat /tmp/bench.err; } >> "$OUT/bench.log"
   tar -cf "$OUT/bench-json.tar" -C /tmp/benchjson .  # one file back for every run (the tool returns <= 8 files)
+}
+hbench() {  # hbench NAME ARGS...: one hybrid run over all 43 layers (no --layers), like bench
+  local name=$1; shift
+  local l; l=$(left)
+  if [ "$l" -lt 40 ]; then echo "skip hybrid $name (time)"; return; fi
+  local cmd=("$B/dsv4" bench model --config "$CFG" --load-format dummy --device cuda "$@" --json)
+  log "hybrid $name: ${cmd[*]}"
+  mkdir -p /tmp/benchjson
+  timeout $((l - 10)) "${cmd[@]}" > "/tmp/benchjson/bench-$name.json" 2> /tmp/bench.err
+  echo "hybrid $name rc=$?"
+  grep -v '^\[warning\]' /tmp/bench.err | tail -9
+  { echo "== ${cmd[*]}"; cat /tmp/bench.err; } >> "$OUT/bench.log"
+  tar -cf "$OUT/bench-json.tar" -C /tmp/benchjson .
 }
 {
   log "start $(date -u) steps=$STEPS commit=${DSV4_COMMIT:-unknown}"
@@ -77,6 +96,19 @@ bench() {  # bench NAME ARGS...: one dsv4 bench model run, JSON bench-NAME.json 
       for b in 8 32 128; do bench b$b-ctx4096 --batch $b --ctx 4096 --prefill 0 --steps 8 --no-profile; done
       bench b8-ctx4096-nograph --batch 8 --ctx 4096 --prefill 0 --steps 8 --no-profile --no-cuda-graph
     fi
+  fi
+  if [ -x "$B/dsv4" ]; then
+    has hyb1 && hbench hyb-b1-ctx1024-prefill2048 --gpu-experts auto --batch 1 --ctx 1024 --prefill 2048 --steps 32
+    has hyb4 && hbench hyb-b4-ctx1024 --gpu-experts auto --batch 4 --ctx 1024 --prefill 0 --steps 16 --no-profile
+    has hyb8k && hbench hyb-prefill8192 --gpu-experts auto --batch 1 --ctx 0 --prefill 8192 --steps 2 --no-profile
+    has hybn && hbench hyb-ncpumoe8-b1-ctx1024 --n-cpu-moe 8 --batch 1 --ctx 1024 --prefill 0 --steps 16 --no-profile
+  fi
+  if has gemm && [ -x "$B/dsv4" ] && [ "$(left)" -gt 40 ]; then
+    log "bench gemm ($(nproc) threads)"
+    timeout $(($(left) - 10)) "$B/dsv4" bench gemm --threads "$(nproc)" --json > "$OUT/bench-gemm.json" \
+      2> /tmp/gemm.err
+    echo "bench gemm rc=$?"
+    tail -12 /tmp/gemm.err
   fi
   if has serve && [ -x "$B/dsv4" ] && [ "$(left)" -gt 60 ]; then
     log "bench serve"

@@ -61,6 +61,7 @@ CudaBackend::CudaBackend(int index) : index_(index) {
   cc_major_ = prop.major;
   cc_minor_ = prop.minor;
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  check(cudaEventCreateWithFlags(&to_host_, cudaEventDisableTiming), "cudaEventCreate");
   ops_ = std::make_unique<CudaOps>(*this);
 }
 
@@ -68,6 +69,7 @@ CudaBackend::~CudaBackend() {
   activate();
   if (stream_) (void)cudaStreamSynchronize(stream_);
   release_workspace();
+  if (to_host_) (void)cudaEventDestroy(to_host_);
   if (stream_) (void)cudaStreamDestroy(stream_);
 }
 
@@ -130,6 +132,36 @@ void CudaBackend::synchronize() {
   activate();
   check(cudaStreamSynchronize(stream_), "synchronize");
   check(cudaGetLastError(), "kernel launch");
+}
+
+void* CudaBackend::alloc_pinned(size_t bytes, const char* what) {
+  activate();
+  void* p = nullptr;
+  const cudaError_t e = cudaHostAlloc(&p, bytes == 0 ? 1 : bytes, cudaHostAllocPortable);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    fail("out of page-locked host memory: {} needs {} bytes ({:.2f} GiB): {}", what, bytes, gib(bytes),
+         cudaGetErrorString(e));
+  }
+  return p;
+}
+
+void CudaBackend::free_pinned(void* p) noexcept {
+  if (!p) return;
+  activate();
+  (void)cudaFreeHost(p);
+}
+
+void CudaBackend::copy_to_host_async(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  activate();
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "copy to host");
+  check(cudaEventRecord(to_host_, stream_), "cudaEventRecord");
+}
+
+void CudaBackend::wait_copies_to_host() {
+  activate();
+  check(cudaEventSynchronize(to_host_), "synchronize (copy to host)");
 }
 
 void CudaBackend::fill_random(void* p, size_t bytes, RandomFill kind, float param, uint64_t seed) {

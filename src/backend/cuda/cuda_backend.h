@@ -28,6 +28,10 @@ class CudaBackend final : public Backend {
   void copy_to_host(void* dst, const void* src, size_t bytes) override;
   void copy_on_device(void* dst, const void* src, size_t bytes) override;
   void synchronize() override;
+  void* alloc_pinned(size_t bytes, const char* what) override;
+  void free_pinned(void* p) noexcept override;
+  void copy_to_host_async(void* dst, const void* src, size_t bytes) override;
+  void wait_copies_to_host() override;
   void fill_random(void* p, size_t bytes, RandomFill kind, float param, uint64_t seed) override;
   WeightView upload(const WeightView& host, std::vector<Buffer>& storage) override;
   using Backend::upload;
@@ -41,6 +45,7 @@ class CudaBackend final : public Backend {
  private:
   int index_ = 0;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t to_host_ = nullptr;  // recorded after each copy_to_host_async
   std::unique_ptr<CudaOps> ops_;
   std::string name_;
   size_t total_ = 0;

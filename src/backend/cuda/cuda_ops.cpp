@@ -126,6 +126,19 @@ void CudaOps::moe(const MoeWeights& w, const float* x, int64_t n_tok, const int3
   DSV4_CUDA_OP(moe, w, x, n_tok, ids, wts, k, swiglu_limit, q, bf16, y, scratch);
 }
 
+void CudaOps::moe_resident(const MoeWeights& w, const uint8_t* resident, const float* x, int64_t n_tok,
+                           const int32_t* ids, const float* wts, int64_t k, float swiglu_limit, const LinearOpts& q,
+                           bool bf16, float* o_pairs, float* o_shared) const {
+  if (n_tok <= 0) return;
+  Workspace::Scope scope(be_.workspace());
+  void* scratch = be_.workspace().alloc_bytes(moe_scratch_bytes(w, n_tok, k, q));
+  DSV4_CUDA_OP(moe_resident, w, resident, x, n_tok, ids, wts, k, swiglu_limit, q, bf16, o_pairs, o_shared, scratch);
+}
+void CudaOps::moe_combine(const float* o_pairs, const int32_t* ids, int64_t n_tok, int64_t k, int64_t D,
+                          const float* o_shared, bool bf16, float* y) const {
+  if (n_tok > 0) DSV4_CUDA_OP(moe_combine, o_pairs, ids, n_tok, k, D, o_shared, bf16, y);
+}
+
 #undef DSV4_CUDA_OP
 
 }  // namespace dsv4::cuda

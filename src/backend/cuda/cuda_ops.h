@@ -52,6 +52,11 @@ class CudaOps final : public Ops {
               bool bf16, float* h) const override;
   void moe(const MoeWeights& w, const float* x, int64_t n_tok, const int32_t* ids, const float* wts, int64_t k,
            float swiglu_limit, const LinearOpts& q, bool bf16, float* y) const override;
+  void moe_resident(const MoeWeights& w, const uint8_t* resident, const float* x, int64_t n_tok, const int32_t* ids,
+                    const float* wts, int64_t k, float swiglu_limit, const LinearOpts& q, bool bf16, float* o_pairs,
+                    float* o_shared) const override;
+  void moe_combine(const float* o_pairs, const int32_t* ids, int64_t n_tok, int64_t k, int64_t D,
+                   const float* o_shared, bool bf16, float* y) const override;
 
  private:
   CudaBackend& be_;

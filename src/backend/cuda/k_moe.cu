@@ -13,6 +13,8 @@
 //   5. shared expert through linear() (w1, w3, SwiGLU without weight, w2).
 //   6. moe_combine_kernel: y[t] = sum of o over t's slots in ascending (expert id, slot) order (fp32, from 0),
 //      + the shared expert's output, then bf16(y) when bf16 — the CPU's accumulation order.
+// moe_resident (a layer split with the host, model/split_moe.h) runs 1-5 on the resident experts' pairs only (the
+// plan skips the others) and writes each pair's row to o_pairs[pair] instead of 6; moe_combine is 6 over such rows.
 // Grids are sized from host-known bounds (n_tok * k pairs, n_experts); blocks past the device-side totals exit.
 #include <cuda_runtime.h>
 
@@ -64,7 +66,8 @@ __device__ int block_excl_scan(int v, int* tmp, int* total) {
 }
 
 __global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(const int32_t* ids, int64_t P, int64_t E, int64_t k,
-                                                                const float* wts, int32_t* seg_start,
+                                                                const uint8_t* resident, const float* wts,
+                                                                int32_t* seg_start,
                                                                 int32_t* big_tile_start, int32_t* small_list,
                                                                 int32_t* n_small, int32_t* pos, int32_t* row_tok,
                                                                 float* row_w) {
@@ -79,7 +82,7 @@ __global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(const int32_t* i
   __syncthreads();
   for (int64_t p = tid; p < P; p += kPlanThreads) {
     const int32_t e = ids[p];
-    if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);  // integer counts: order-independent
+    if (e >= 0 && e < E && (resident == nullptr || resident[e])) atomicAdd(&cnt[e], 1);  // order-independent
   }
   __syncthreads();
 
@@ -104,7 +107,7 @@ __global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(const int32_t* i
   for (int64_t c0 = 0; c0 < P; c0 += kPlanThreads) {
     const int64_t p = c0 + tid;
     const int32_t e = p < P ? ids[p] : -1;
-    const bool valid = e >= 0 && e < E;
+    const bool valid = e >= 0 && e < E && (resident == nullptr || resident[e]);
     for (int64_t i = tid; i < 32 * E; i += kPlanThreads) wc[i / E][i % E] = 0;
     __syncthreads();
     const unsigned key = valid ? unsigned(e) : unsigned(E + lane);  // invalid lanes never group
@@ -135,6 +138,7 @@ __global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(const int32_t* i
 }
 
 // y[t, d] = (sum over t's slots in (expert id, slot) order of o[pos, d]) + os[t, d], bf16 when bf16.
+// pos == nullptr: o holds one row per pair (pos = the pair index).
 __global__ void __launch_bounds__(256) moe_combine_kernel(const int32_t* ids, const int32_t* pos, int64_t n_tok,
                                                           int64_t k, const float* o, const float* os, int64_t D,
                                                           bool bf16, float* y) {
@@ -145,7 +149,7 @@ __global__ void __launch_bounds__(256) moe_combine_kernel(const int32_t* ids, co
   int key[8], ord[8];
   int ns = 0;
   for (int64_t i = 0; i < k; ++i) {
-    const int32_t ps = pos[t * k + i];
+    const int32_t ps = pos != nullptr ? pos[t * k + i] : static_cast<int32_t>(t * k + i);
     if (ps < 0) continue;
     const int id = ids[t * k + i];
     int j = ns++;
@@ -166,6 +170,19 @@ __global__ void __launch_bounds__(256) moe_combine_kernel(const int32_t* ids, co
   if (os != nullptr)
     for (int j = 0; j < nv; ++j) acc[j] = __fadd_rn(acc[j], os[t * D + d0 + j]);
   for (int j = 0; j < nv; ++j) y[t * D + d0 + j] = bf16 ? round_bf16(acc[j]) : acc[j];
+}
+
+// o_pairs[p, :] = o[pos[p], :] for the pairs with a row (pos[p] >= 0); the others are left untouched.
+__global__ void __launch_bounds__(256) moe_unsort_kernel(const int32_t* pos, int64_t P, const float* o, int64_t D,
+                                                         float* o_pairs) {
+  const int64_t nd = (D + 1023) / 1024;
+  const int64_t p = blockIdx.x / nd;
+  const int64_t d0 = (blockIdx.x % nd) * 1024 + int64_t(threadIdx.x) * 4;
+  if (p >= P || d0 >= D) return;
+  const int32_t ps = pos[p];
+  if (ps < 0) return;
+  const int nv = static_cast<int>(D - d0 < 4 ? D - d0 : 4);
+  for (int j = 0; j < nv; ++j) o_pairs[p * D + d0 + j] = o[int64_t(ps) * D + d0 + j];
 }
 
 struct MoeLayout {
@@ -224,8 +241,12 @@ size_t moe_scratch_bytes(const MoeWeights& w, int64_t n_tok, int64_t k, const Li
   return layout(w, n_tok, k, q).total;
 }
 
-void moe(const MoeWeights& w, const float* x, int64_t n_tok, const int32_t* ids, const float* wts, int64_t k,
-         float swiglu_limit, const LinearOpts& q, bool bf16, float* y, void* scratch, cudaStream_t stream) {
+namespace {
+
+// moe (y != nullptr: the combine into y) or moe_resident (resident, o_pairs, o_shared).
+void moe_run(const MoeWeights& w, const uint8_t* resident, const float* x, int64_t n_tok, const int32_t* ids,
+             const float* wts, int64_t k, float swiglu_limit, const LinearOpts& q, bool bf16, float* y,
+             float* o_pairs, float* o_shared, void* scratch, cudaStream_t stream) {
   using gemm_internal::fail_msg;
   if (n_tok <= 0) return;
   if (w.n_experts <= 0 || w.experts == nullptr || w.device_table == nullptr) fail_msg("moe: no experts");
@@ -247,7 +268,7 @@ void moe(const MoeWeights& w, const float* x, int64_t n_tok, const int32_t* ids,
   auto I32 = [&](size_t off) { return reinterpret_cast<int32_t*>(base + off); };
   auto F32 = [&](size_t off) { return reinterpret_cast<float*>(base + off); };
 
-  moe_plan_kernel<<<1, kPlanThreads, 0, stream>>>(ids, L.P, L.E, k, wts, I32(L.seg), I32(L.big), I32(L.small),
+  moe_plan_kernel<<<1, kPlanThreads, 0, stream>>>(ids, L.P, L.E, k, resident, wts, I32(L.seg), I32(L.big), I32(L.small),
                                                   I32(L.nsmall), I32(L.pos), I32(L.rtok), F32(L.rw));
 
   gemm_internal::MoeGemmArgs g;
@@ -281,19 +302,45 @@ void moe(const MoeWeights& w, const float* x, int64_t n_tok, const int32_t* ids,
   }
 
   const float* os = nullptr;
-  if (w.shared != nullptr) {
+  if (w.shared != nullptr && (y != nullptr || o_shared != nullptr)) {
+    float* osd = y != nullptr ? F32(L.os) : o_shared;
     const ExpertView& s = *w.shared;
     void* ls = base + L.lin;
     linear(s.w1, x, n_tok, F32(L.gs), q, ls, stream);
     linear(s.w3, x, n_tok, F32(L.us), q, ls, stream);
     gemm_internal::swiglu_rows(F32(L.gs), F32(L.us), n_tok, L.Is, swiglu_limit, bf16, F32(L.gs), stream);
-    linear(s.w2, F32(L.gs), n_tok, F32(L.os), q, ls, stream);
-    os = F32(L.os);
+    linear(s.w2, F32(L.gs), n_tok, osd, q, ls, stream);
+    os = osd;
   }
 
   const int64_t nd = cdiv(L.D, 1024);
-  moe_combine_kernel<<<static_cast<unsigned>(n_tok * nd), 256, 0, stream>>>(ids, I32(L.pos), n_tok, k, F32(L.o), os,
-                                                                            L.D, bf16, y);
+  if (y != nullptr)
+    moe_combine_kernel<<<static_cast<unsigned>(n_tok * nd), 256, 0, stream>>>(ids, I32(L.pos), n_tok, k, F32(L.o),
+                                                                              os, L.D, bf16, y);
+  else
+    moe_unsort_kernel<<<static_cast<unsigned>(L.P * nd), 256, 0, stream>>>(I32(L.pos), L.P, F32(L.o), L.D, o_pairs);
+}
+
+}  // namespace
+
+void moe(const MoeWeights& w, const float* x, int64_t n_tok, const int32_t* ids, const float* wts, int64_t k,
+         float swiglu_limit, const LinearOpts& q, bool bf16, float* y, void* scratch, cudaStream_t stream) {
+  moe_run(w, nullptr, x, n_tok, ids, wts, k, swiglu_limit, q, bf16, y, nullptr, nullptr, scratch, stream);
+}
+
+void moe_resident(const MoeWeights& w, const uint8_t* resident, const float* x, int64_t n_tok, const int32_t* ids,
+                  const float* wts, int64_t k, float swiglu_limit, const LinearOpts& q, bool bf16, float* o_pairs,
+                  float* o_shared, void* scratch, cudaStream_t stream) {
+  moe_run(w, resident, x, n_tok, ids, wts, k, swiglu_limit, q, bf16, nullptr, o_pairs, o_shared, scratch, stream);
+}
+
+void moe_combine(const float* o_pairs, const int32_t* ids, int64_t n_tok, int64_t k, int64_t D,
+                 const float* o_shared, bool bf16, float* y, cudaStream_t stream) {
+  if (n_tok <= 0) return;
+  if (k <= 0 || k > 8) gemm_internal::fail_msg("moe: k must be in 1..8");
+  const int64_t nd = cdiv(D, 1024);
+  moe_combine_kernel<<<static_cast<unsigned>(n_tok * nd), 256, 0, stream>>>(ids, nullptr, n_tok, k, o_pairs,
+                                                                            o_shared, D, bf16, y);
 }
 
 }  // namespace dsv4::cuda

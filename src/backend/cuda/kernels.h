@@ -82,6 +82,12 @@ void route(const float* logits, int64_t n_tok, int64_t n_experts, int64_t k, con
 size_t moe_scratch_bytes(const MoeWeights& w, int64_t n_tok, int64_t k, const LinearOpts& q);
 void moe(const MoeWeights& w, const float* x, int64_t n_tok, const int32_t* ids, const float* wts, int64_t k,
          float swiglu_limit, const LinearOpts& q, bool bf16, float* y, void* scratch, cudaStream_t stream);
+// Ops::moe_resident / moe_combine (scratch: moe_scratch_bytes).
+void moe_resident(const MoeWeights& w, const uint8_t* resident, const float* x, int64_t n_tok, const int32_t* ids,
+                  const float* wts, int64_t k, float swiglu_limit, const LinearOpts& q, bool bf16, float* o_pairs,
+                  float* o_shared, void* scratch, cudaStream_t stream);
+void moe_combine(const float* o_pairs, const int32_t* ids, int64_t n_tok, int64_t k, int64_t D,
+                 const float* o_shared, bool bf16, float* y, cudaStream_t stream);
 
 // ---- dummy weights (k_random.cu) ---------------------------------------------------------------------------------
 // Backend::fill_random on the device; kind = int(Backend::RandomFill).

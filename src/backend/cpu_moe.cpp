@@ -1,0 +1,149 @@
+// CPU MoE ops (ops.h `moe`, `moe_resident`, `moe_combine`; spec §5.7) over one expert runner, cpu_expert_rows
+// (cpu_ops.h), which the host half of a split MoE layer (model/split_moe.h) runs too.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "backend/act_quant.h"
+#include "backend/cpu_ops.h"
+#include "backend/gemm.h"
+#include "backend/parallel.h"
+#include "format/numeric.h"
+
+namespace dsv4 {
+
+int64_t cpu_expert_rows(const MoeWeights& w, int64_t D, const uint8_t* use, const float* x, int64_t n_tok,
+                        const int32_t* ids, const float* wts, int64_t k, float swiglu_limit, const LinearOpts& q,
+                        bool bf16, bool with_shared, int32_t* pair_of_row, float* out) {
+  static const CpuOps ops;
+  const int64_t E = w.n_experts;
+  const bool shared = with_shared && w.shared != nullptr;
+  auto used = [&](int32_t e) { return use == nullptr || use[e] != 0; };
+  // bucket the selected (token, slot) pairs by expert, in pair order (a token's duplicates of one expert stay in
+  // slot order)
+  static thread_local std::vector<int64_t> start, fillp;
+  start.assign(static_cast<size_t>(E + 1), 0);
+  for (int64_t i = 0; i < n_tok * k; ++i)
+    if (used(ids[i])) ++start[size_t(ids[i]) + 1];
+  for (int64_t e = 0; e < E; ++e) start[size_t(e + 1)] += start[size_t(e)];
+  const int64_t m = start[size_t(E)];
+  fillp.assign(start.begin(), start.end() - 1);
+  for (int64_t i = 0; i < n_tok * k; ++i)
+    if (used(ids[i])) pair_of_row[fillp[size_t(ids[i])]++] = int32_t(i);
+  // Every expert (and the shared one, item E) runs on its rows independently — in parallel over experts when there
+  // are several — into its slice of `out` (bucket order; the shared expert's n_tok rows after the m pairs).
+  auto run_expert = [&](const ExpertView& ew, int64_t ne, const float* xin, const float* row_w, float* o) {
+    static thread_local std::vector<float> g, up;
+    const int64_t inter = ew.w1.rows;
+    g.resize(static_cast<size_t>(ne * inter));
+    up.resize(static_cast<size_t>(ne * inter));
+    dsv4::linear(ew.w1, xin, ne, g.data(), q);
+    dsv4::linear(ew.w3, xin, ne, up.data(), q);
+    ops.swiglu(g.data(), up.data(), ne, inter, swiglu_limit, row_w, bf16, g.data());
+    dsv4::linear(ew.w2, g.data(), ne, o, q);
+  };
+  // (the thread_local vectors above are this thread's: other threads see them through these pointers only)
+  const int64_t* st = start.data();
+  auto item = [&](int64_t e) {
+    if (e == E) {
+      run_expert(*w.shared, n_tok, x, nullptr, out + m * D);
+      return;
+    }
+    const int64_t s0 = st[e], ne = st[e + 1] - s0;
+    if (ne == 0) return;
+    static thread_local std::vector<float> xe, rw;
+    xe.resize(static_cast<size_t>(ne * D));
+    rw.resize(static_cast<size_t>(ne));
+    for (int64_t i = 0; i < ne; ++i) {
+      const int64_t pair = pair_of_row[s0 + i];
+      std::memcpy(&xe[size_t(i * D)], x + (pair / k) * D, size_t(D) * 4);
+      rw[size_t(i)] = wts[pair];
+    }
+    run_expert(w.experts[e], ne, xe.data(), rw.data(), out + s0 * D);
+  };
+  const int64_t n_items = E + (shared ? 1 : 0);
+  int64_t busy = 0;  // items with rows
+  for (int64_t e = 0; e < E; ++e) busy += st[e + 1] > st[e] ? 1 : 0;
+  busy += shared ? 1 : 0;
+  // Fewer items with rows than threads (decode: top-k experts + shared on a many-core CPU): one item after the other,
+  // each product on the whole pool (its 64-row groups split over the threads), instead of idling the other threads.
+  const int64_t threads = max_threads();
+#pragma omp parallel for schedule(dynamic, 1) if (busy >= 2 && busy >= threads)
+  for (int64_t e = 0; e < n_items; ++e) item(e);
+  return m;
+}
+
+void CpuOps::moe(const MoeWeights& w, const float* x, int64_t n_tok, const int32_t* ids, const float* wts, int64_t k,
+                 float swiglu_limit, const LinearOpts& q, bool bf16, float* y) const {
+  const int64_t D = n_tok > 0 && w.n_experts > 0 ? w.experts[0].w1.cols : 0;
+  static thread_local std::vector<int32_t> pairs;
+  static thread_local std::vector<float> acc, out;
+  pairs.resize(static_cast<size_t>(n_tok * k));
+  out.resize(static_cast<size_t>((n_tok * k + (w.shared ? n_tok : 0)) * D));
+  const int64_t m = cpu_expert_rows(w, D, nullptr, x, n_tok, ids, wts, k, swiglu_limit, q, bf16, true, pairs.data(),
+                                    out.data());
+  // each token sums its slots in ascending (expert id, slot) order (the bucket order), then adds the shared expert:
+  // the order of the sequential version, so results do not depend on the thread count or on the split
+  acc.assign(static_cast<size_t>(n_tok * D), 0.0f);
+  for (int64_t i = 0; i < m; ++i) {
+    float* yt = &acc[size_t((pairs[size_t(i)] / k) * D)];
+    const float* o = &out[size_t(i * D)];
+    for (int64_t d = 0; d < D; ++d) yt[d] += o[d];
+  }
+  if (w.shared) {
+    const float* o = out.data() + m * D;
+    for (int64_t i = 0; i < n_tok * D; ++i) acc[size_t(i)] += o[size_t(i)];
+  }
+  if (bf16) round_bf16_inplace(acc.data(), n_tok * D);
+  std::memcpy(y, acc.data(), size_t(n_tok * D) * 4);
+}
+
+void CpuOps::moe_resident(const MoeWeights& w, const uint8_t* resident, const float* x, int64_t n_tok,
+                          const int32_t* ids, const float* wts, int64_t k, float swiglu_limit, const LinearOpts& q,
+                          bool bf16, float* o_pairs, float* o_shared) const {
+  if (n_tok <= 0) return;
+  const int64_t D = w.experts[0].w1.cols;
+  static thread_local std::vector<int32_t> pairs;
+  static thread_local std::vector<float> out;
+  pairs.resize(static_cast<size_t>(n_tok * k));
+  out.resize(static_cast<size_t>((n_tok * k + n_tok) * D));
+  const int64_t m = cpu_expert_rows(w, D, resident, x, n_tok, ids, wts, k, swiglu_limit, q, bf16,
+                                    o_shared != nullptr, pairs.data(), out.data());
+  for (int64_t i = 0; i < m; ++i)
+    std::memcpy(o_pairs + int64_t(pairs[size_t(i)]) * D, out.data() + i * D, size_t(D) * 4);
+  if (o_shared && w.shared) std::memcpy(o_shared, out.data() + m * D, size_t(n_tok * D) * 4);
+}
+
+void CpuOps::moe_combine(const float* o_pairs, const int32_t* ids, int64_t n_tok, int64_t k, int64_t D,
+                         const float* o_shared, bool bf16, float* y) const {
+#pragma omp parallel for schedule(static) if (n_tok * k * D >= (int64_t(1) << 16))
+  for (int64_t t = 0; t < n_tok; ++t) {
+    // the token's slots in ascending (expert id, slot) order (stable insertion sort: k is small)
+    int32_t order[64];
+    static thread_local std::vector<int32_t> big;
+    int32_t* ord = order;
+    if (k > 64) {
+      big.resize(static_cast<size_t>(k));
+      ord = big.data();
+    }
+    for (int64_t i = 0; i < k; ++i) {
+      int64_t j = i;
+      while (j > 0 && ids[t * k + ord[j - 1]] > ids[t * k + i]) {
+        ord[j] = ord[j - 1];
+        --j;
+      }
+      ord[j] = int32_t(i);
+    }
+    float* yt = y + t * D;
+    std::fill(yt, yt + D, 0.0f);
+    for (int64_t s = 0; s < k; ++s) {
+      const float* o = o_pairs + (t * k + ord[s]) * D;
+      for (int64_t d = 0; d < D; ++d) yt[d] += o[d];
+    }
+    if (o_shared)
+      for (int64_t d = 0; d < D; ++d) yt[d] += o_shared[t * D + d];
+    if (bf16) round_bf16_inplace(yt, D);
+  }
+}
+
+}  // namespace dsv4

@@ -1,0 +1,186 @@
+#include "model/expert_placement.h"
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <numeric>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace dsv4 {
+
+namespace {
+double gib(double b) { return b / double(uint64_t(1) << 30); }
+}  // namespace
+
+ExpertProfile read_expert_profile(const std::filesystem::path& file) {
+  std::ifstream f(file);
+  if (!f) fail("--hot-experts {}: cannot open the file", file.string());
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const std::exception& e) {
+    fail("--hot-experts {}: not JSON ({})", file.string(), e.what());
+  }
+  if (!j.is_object() || j.value("format", "") != "dsv4-expert-profile")
+    fail("--hot-experts {}: not an expert profile (\"format\": \"dsv4-expert-profile\"; made by dsv4 profile-experts)",
+         file.string());
+  if (!j.contains("counts") || !j["counts"].is_array())
+    fail("--hot-experts {}: no \"counts\" array (one row of counts per layer)", file.string());
+  ExpertProfile p;
+  p.model = j.value("model", "");
+  p.prompts = j.value("prompts", int64_t(0));
+  p.tokens = j.value("tokens", int64_t(0));
+  p.top_k = j.value("top_k", int64_t(0));
+  for (size_t l = 0; l < j["counts"].size(); ++l) {
+    const auto& row = j["counts"][l];
+    if (!row.is_array()) fail("--hot-experts {}: counts[{}] is not an array of counts", file.string(), l);
+    std::vector<uint64_t> r;
+    for (const auto& c : row) {
+      if (!c.is_number_unsigned() && !(c.is_number_integer() && c.get<int64_t>() >= 0))
+        fail("--hot-experts {}: counts[{}] holds {}, not a count", file.string(), l, c.dump());
+      r.push_back(c.get<uint64_t>());
+    }
+    p.counts.push_back(std::move(r));
+  }
+  return p;
+}
+
+void write_expert_profile(const ExpertProfile& p, const std::filesystem::path& file) {
+  nlohmann::json j;
+  j["format"] = "dsv4-expert-profile";
+  j["version"] = 1;
+  j["model"] = p.model;
+  j["prompts"] = p.prompts;
+  j["tokens"] = p.tokens;
+  j["n_layers"] = p.counts.size();
+  j["n_experts"] = p.counts.empty() ? size_t(0) : p.counts[0].size();
+  j["top_k"] = p.top_k;
+  j["counts"] = p.counts;
+  std::ofstream f(file);
+  if (!f) fail("{}: cannot write the profile", file.string());
+  f << j.dump() << "\n";
+  if (!f) fail("{}: write failed", file.string());
+}
+
+bool ExpertPlacement::all_device() const { return n_host() == 0; }
+
+int64_t ExpertPlacement::n_host(int layer) const {
+  if (layer < 0 || size_t(layer) >= on_device.size()) return 0;
+  const auto& r = on_device[size_t(layer)];
+  return int64_t(std::count(r.begin(), r.end(), uint8_t(0)));
+}
+
+int64_t ExpertPlacement::n_host() const {
+  int64_t n = 0;
+  for (size_t l = 0; l < on_device.size(); ++l) n += n_host(int(l));
+  return n;
+}
+
+int64_t ExpertPlacement::n_total() const {
+  int64_t n = 0;
+  for (const auto& r : on_device) n += int64_t(r.size());
+  return n;
+}
+
+std::string ExpertPlacement::summary() const {
+  const int64_t h = n_host(), t = n_total();
+  if (h == 0) return "routed experts: all on the device";
+  std::string all, part;
+  for (size_t l = 0; l < on_device.size(); ++l) {
+    const int64_t nh = n_host(int(l));
+    if (nh == int64_t(on_device[l].size())) all += (all.empty() ? "" : ",") + std::to_string(l);
+    else if (nh > 0) part += (part.empty() ? "" : ",") + std::to_string(l);
+  }
+  std::string where;
+  if (!all.empty()) where += "all of layers " + all;
+  if (!part.empty()) where += (where.empty() ? "" : "; ") + std::string("some of layers ") + part;
+  return fmt::format("routed experts: {} on the device, {} on the CPU ({})", t - h, h, where);
+}
+
+uint64_t placement_reserve_bytes(const ModelConfig& c, int64_t ubatch) {
+  // Workspace of one ubatch: the MoE scratch (hidden rows, k slot rows of inter + 2 x hidden, fp32) and the
+  // attention / mHC activations (~16 x hidden + 4 x heads x head_dim per token, fp32), plus 1 GiB for the state of
+  // the first sequences, the head's logits and the small tensors.
+  const double per_tok = 4.0 * double(c.num_experts_per_tok * (c.moe_intermediate_size + 2 * c.hidden_size) +
+                                      16 * c.hidden_size + 4 * c.num_attention_heads * c.head_dim);
+  return uint64_t(per_tok * double(std::max<int64_t>(ubatch, 1))) + (uint64_t(1) << 30);
+}
+
+ExpertPlacement resolve_placement(const ModelConfig& cfg, const PlacementOptions& o, uint64_t expert_bytes,
+                                  int64_t auto_budget) {
+  const int L = cfg.num_hidden_layers;
+  const int64_t E = cfg.n_routed_experts;
+  ExpertPlacement pl;
+  if (!o.any() || E == 0) return pl;
+  const int modes = int(o.cpu_moe) + int(o.n_cpu_moe >= 0) + int(!o.gpu_experts.empty() || !o.hot_experts.empty());
+  if (modes > 1)
+    fail("--cpu-moe, --n-cpu-moe and --gpu-experts / --hot-experts choose the expert placement in different ways; "
+         "give one of them");
+  pl.on_device.assign(size_t(L), std::vector<uint8_t>(size_t(E), 1));
+  if (o.cpu_moe) {
+    for (auto& r : pl.on_device) std::fill(r.begin(), r.end(), uint8_t(0));
+    return pl;
+  }
+  if (o.n_cpu_moe >= 0) {
+    if (o.n_cpu_moe > L)
+      fail("--n-cpu-moe {}: the model has {} layers (give 0 .. {})", o.n_cpu_moe, L, L);
+    for (int l = L - o.n_cpu_moe; l < L; ++l)
+      std::fill(pl.on_device[size_t(l)].begin(), pl.on_device[size_t(l)].end(), uint8_t(0));
+    return pl;
+  }
+  // --gpu-experts auto | N, optionally ordered by a profile
+  std::vector<std::vector<uint64_t>> counts;
+  if (!o.hot_experts.empty()) {
+    const ExpertProfile p = read_expert_profile(o.hot_experts);
+    if (int64_t(p.counts.size()) > L)
+      fail("--hot-experts {}: the profile has {} layers but the model {} (layer {} does not exist)", o.hot_experts,
+           p.counts.size(), L, L);
+    for (size_t l = 0; l < p.counts.size(); ++l)
+      if (int64_t(p.counts[l].size()) != E)
+        fail("--hot-experts {}: layer {} of the profile has {} experts but the model {}{}", o.hot_experts, l,
+             p.counts[l].size(), E,
+             int64_t(p.counts[l].size()) > E ? fmt::format(" (expert {} does not exist)", E) : std::string());
+    counts = p.counts;
+  }
+  counts.resize(size_t(L), std::vector<uint64_t>(size_t(E), 0));
+  const std::string& g = o.gpu_experts.empty() ? std::string("auto") : o.gpu_experts;
+  if (g != "auto") {
+    int64_t n = -1;
+    if (!g.empty() && g.size() < 10 && std::all_of(g.begin(), g.end(), [](char ch) { return std::isdigit(static_cast<unsigned char>(ch)); }))
+      n = std::stoll(g);
+    if (n < 0 || n > E) fail("--gpu-experts must be auto or a number of experts per layer in 0 .. {} (got '{}')", E, g);
+    for (int l = 0; l < L; ++l) {
+      std::vector<int64_t> ord(static_cast<size_t>(E));
+      std::iota(ord.begin(), ord.end(), 0);
+      const auto& c = counts[size_t(l)];
+      std::stable_sort(ord.begin(), ord.end(), [&](int64_t a, int64_t b) { return c[size_t(a)] > c[size_t(b)]; });
+      auto& r = pl.on_device[size_t(l)];
+      std::fill(r.begin(), r.end(), uint8_t(0));
+      for (int64_t i = 0; i < n; ++i) r[size_t(ord[size_t(i)])] = 1;
+    }
+    return pl;
+  }
+  // auto: as many experts as the budget holds
+  if (auto_budget < 0)
+    fail("--gpu-experts auto: the weights other than the routed experts and the reserve for state and workspaces "
+         "need {:.2f} GiB more than the device has free; use a smaller model (bench: --layers) or --device cpu",
+         gib(double(-auto_budget)));
+  const int64_t total = int64_t(L) * E;
+  const int64_t n_dev =
+      expert_bytes == 0 ? total : std::min<int64_t>(total, int64_t(uint64_t(auto_budget) / expert_bytes));
+  std::vector<int64_t> ord(static_cast<size_t>(total));  // (layer, expert) flattened
+  std::iota(ord.begin(), ord.end(), 0);
+  if (!o.hot_experts.empty())
+    std::stable_sort(ord.begin(), ord.end(), [&](int64_t a, int64_t b) {
+      return counts[size_t(a / E)][size_t(a % E)] > counts[size_t(b / E)][size_t(b % E)];
+    });
+  for (auto& r : pl.on_device) std::fill(r.begin(), r.end(), uint8_t(0));
+  for (int64_t i = 0; i < n_dev; ++i) pl.on_device[size_t(ord[size_t(i)] / E)][size_t(ord[size_t(i)] % E)] = 1;
+  return pl;
+}
+
+}  // namespace dsv4

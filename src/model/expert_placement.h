@@ -1,0 +1,71 @@
+// Where each routed expert of each main layer lives (issue 11): on the model's device, or in host memory where the
+// CPU runs it (model/split_moe.h). Attention, the shared expert, the router, mHC, the head and the MTP block stay
+// on the device. The CLI options (generate, chat, serve, logprobs, bench):
+//   --cpu-moe              every routed expert on the CPU
+//   --n-cpu-moe N          the routed experts of the last N main layers on the CPU (0 .. num_hidden_layers)
+//   --gpu-experts auto|N   auto: as many experts on the device as its free memory holds after the other weights
+//                          and a reserve for the state pool and workspaces (placement_reserve_bytes); N: N experts
+//                          of every layer on the device
+//   --hot-experts FILE     an expert-usage profile (`dsv4 profile-experts`): the device gets the most used experts
+//                          (counts across all layers, highest first) instead of whole layers from the first; implies
+//                          --gpu-experts auto unless N is given, where each layer keeps its N most used
+// Without a profile, auto fills whole layers from the first (the last layers go to the CPU, as --n-cpu-moe) and
+// --gpu-experts N keeps experts 0 .. N-1. On a CPU backend the "device" is the CPU too: the same split runs with a
+// second CPU executor (tests).
+//
+// Profile file (JSON, written by `dsv4 profile-experts`, read by --hot-experts):
+//   {"format": "dsv4-expert-profile", "version": 1, "model": NAME, "prompts": N, "tokens": T,
+//    "n_layers": L, "n_experts": E, "top_k": K, "counts": [[c_0, ..., c_{E-1}], ...  one row per layer]}
+// counts[l][e] = (token, slot) pairs routed to expert e of main layer l. A profile with more layers or more experts
+// per layer than the model is an error; layers it lacks keep the expert-id order.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "loader/config.h"
+
+namespace dsv4 {
+
+struct PlacementOptions {
+  bool cpu_moe = false;
+  int n_cpu_moe = -1;       // < 0: not given
+  std::string gpu_experts;  // "" | "auto" | a count per layer
+  std::string hot_experts;  // profile file, or ""
+  bool any() const { return cpu_moe || n_cpu_moe >= 0 || !gpu_experts.empty() || !hot_experts.empty(); }
+};
+
+struct ExpertProfile {
+  std::string model;
+  int64_t prompts = 0, tokens = 0, top_k = 0;
+  std::vector<std::vector<uint64_t>> counts;  // [layer][expert]
+};
+
+// Reads / writes the JSON format above. Throws dsv4::Error (one line, naming the file) on a bad file.
+ExpertProfile read_expert_profile(const std::filesystem::path& file);
+void write_expert_profile(const ExpertProfile& p, const std::filesystem::path& file);
+
+struct ExpertPlacement {
+  std::vector<std::vector<uint8_t>> on_device;  // [main layer][expert], 1 = device; empty: everything on the device
+  bool all_device() const;
+  bool on_host(int layer, int64_t e) const {
+    return layer >= 0 && size_t(layer) < on_device.size() && on_device[size_t(layer)][size_t(e)] == 0;
+  }
+  int64_t n_host() const;         // routed experts on the host
+  int64_t n_host(int layer) const;
+  int64_t n_total() const;
+  std::string summary() const;    // e.g. "routed experts: 9984 on the device, 1024 on the CPU (layers 39-42)"
+};
+
+// Bytes of the device that --gpu-experts auto leaves free for the state pool and the workspaces of ubatch tokens.
+uint64_t placement_reserve_bytes(const ModelConfig& cfg, int64_t ubatch);
+
+// The placement of `o` for cfg's main layers. expert_bytes: device bytes of one routed expert (w1 + w2 + w3 with
+// scales); auto_budget: device bytes --gpu-experts auto may fill with routed experts (free memory - every other
+// weight - the reserve; may be negative). Throws dsv4::Error (one line) on bad or conflicting options, a profile
+// that does not match the model, or a placement that cannot fit.
+ExpertPlacement resolve_placement(const ModelConfig& cfg, const PlacementOptions& o, uint64_t expert_bytes,
+                                  int64_t auto_budget);
+
+}  // namespace dsv4
