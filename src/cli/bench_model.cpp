@@ -307,17 +307,13 @@ int run_model_bench(const ModelBenchOpts& o) {
       ++pos;
     };
     for (int i = 0; i < kWarmSteps; ++i) step();
-    const auto t0 = Clock::now();
-    for (int i = 0; i < o.steps; ++i) step();
-    report_decode(since(t0) / o.steps);
-    report_graphs();
-    step();
-    step();
     m->reset_split_stats();
     const auto t0 = Clock::now();
     for (int i = 0; i < o.steps; ++i) step();
-    report_decode(since(t0) / o.steps);
-    report_split("decode_split", o.steps, since(t0) / o.steps);
+    const double step_s = since(t0) / o.steps;
+    report_decode(step_s);
+    report_graphs();
+    report_split("decode_split", o.steps, step_s);
     out["batch_note"] = "the sequences share one prefilled ctx-token context (full pages shared, ring and frontiers "
                         "copied); weight_bytes_per_step counts the expected distinct routed experts of the batch";
     if (bad > 0) say(fmt::format("warning: {} logit rows were not finite", bad));
@@ -340,17 +336,12 @@ int run_model_bench(const ModelBenchOpts& o) {
       seq.append(std::span<const int32_t>(&t, 1), lg);
     };
     for (int i = 0; i < kWarmSteps; ++i) step();
-    const auto t0 = Clock::now();
-    for (int i = 0; i < o.steps; ++i) step();
-    report_decode(since(t0) / o.steps);
-    report_graphs();
-    step();
-    step();
     m->reset_split_stats();
     const auto t0 = Clock::now();
     for (int i = 0; i < o.steps; ++i) step();
     const double step_s = since(t0) / o.steps;
     report_decode(step_s);
+    report_graphs();
     report_split("decode_split", o.steps, step_s);
     if (!o.no_profile) {
       ProfiledOps prof(be);
