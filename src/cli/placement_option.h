@@ -12,7 +12,7 @@ inline void add_placement_options(CLI::App& app, PlacementOptions& p) {
                "every routed expert on the CPU (host memory); attention, shared experts, router, mHC and head stay "
                "on the device");
   app.add_option("--n-cpu-moe", p.n_cpu_moe, "the routed experts of the last N layers on the CPU")
-      ->check(CLI::NonNegativeNumber);  // a negative N is an error, not "not given"
+      ->check(CLI::Range(0, 1 << 16));  // a negative N is an error, not "not given"
   app.add_option("--gpu-experts", p.gpu_experts,
                  "auto: as many routed experts on the device as its free memory holds (after the other weights and "
                  "room for state and workspaces), the rest on the CPU; N: N experts per layer on the device");
