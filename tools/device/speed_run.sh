@@ -35,33 +35,22 @@ has() { [[ ",$STEPS," == *",$1,"* ]]; }
 left() { echo $((${LIMIT:-570} - ($(date +%s) - T0))); }
 CFG=tests/data/configs/deepseek-v4-flash-config.json
 B=build
-bench() {  # bench NAME ARGS...: one dsv4 bench model run, JSON bench-NAME.json into $OUT/bench-json.tar, stderr into
-           # $OUT/bench.log
-  local name=$1; shift
+bench_run() {  # bench_run LABEL TAIL NAME ARGS...: one dsv4 bench model run, JSON bench-NAME.json into
+                #   $OUT/bench-json.tar, stderr into $OUT/bench.log (its last TAIL lines on stdout)
+  local label=$1 tail_n=$2 name=$3; shift 3
   local l; l=$(left)
-  if [ "$l" -lt 40 ]; then echo "skip bench $name (time)"; return; fi
-  local cmd=("$B/dsv4" bench model --config "$CFG" --load-format dummy --layers 24 --device cuda "$@" --json)
-  log "bench $name: ${cmd[*]}"
+  if [ "$l" -lt 40 ]; then echo "skip $label $name (time)"; return; fi
+  local cmd=("$B/dsv4" bench model --config "$CFG" --load-format dummy "$@" --json)
+  log "$label $name: ${cmd[*]}"
   mkdir -p /tmp/benchjson
   timeout $((l - 10)) "${cmd[@]}" > "/tmp/benchjson/bench-$name.json" 2> /tmp/bench.err
-  echo "bench $name rc=$?"
-  grep -v '^\[warning\]' /tmp/bench.err | tail -6
+  echo "$label $name rc=$?"
+  grep -v '^\[warning\]' /tmp/bench.err | tail -"$tail_n"
   { echo "== ${cmd[*]}"; cat /tmp/bench.err; } >> "$OUT/bench.log"
   tar -cf "$OUT/bench-json.tar" -C /tmp/benchjson .  # one file back for every run (the tool returns <= 8 files)
 }
-hbench() {  # hbench NAME ARGS...: one hybrid run over all 43 layers (no --layers), like bench
-  local name=$1; shift
-  local l; l=$(left)
-  if [ "$l" -lt 40 ]; then echo "skip hybrid $name (time)"; return; fi
-  local cmd=("$B/dsv4" bench model --config "$CFG" --load-format dummy --device cuda "$@" --json)
-  log "hybrid $name: ${cmd[*]}"
-  mkdir -p /tmp/benchjson
-  timeout $((l - 10)) "${cmd[@]}" > "/tmp/benchjson/bench-$name.json" 2> /tmp/bench.err
-  echo "hybrid $name rc=$?"
-  grep -v '^\[warning\]' /tmp/bench.err | tail -9
-  { echo "== ${cmd[*]}"; cat /tmp/bench.err; } >> "$OUT/bench.log"
-  tar -cf "$OUT/bench-json.tar" -C /tmp/benchjson .
-}
+bench() { local name=$1; shift; bench_run bench 6 "$name" --layers 24 --device cuda "$@"; }  # 24 layers
+hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; }  # hybrid: all 43 layers
 {
   log "start $(date -u) steps=$STEPS commit=${DSV4_COMMIT:-unknown}"
   nvidia-smi -L 2>&1 | head -2
