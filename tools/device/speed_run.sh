@@ -20,6 +20,9 @@
 #   hyb8k    the same placement, prefill of 8192 tokens
 #   hybn     --n-cpu-moe 8 (the experts of the last 8 layers on the CPU), batch-1 decode at ctx 1024
 #   gemm     dsv4 bench gemm on the machine's CPU (all threads), JSON into $OUT/bench-gemm.json
+#   prof     Nsight Systems trace of batch-1 decode (24 layers, ctx 4096, CUDA graphs traced per node): the kernel
+#            summary and the gzipped per-kernel trace into $OUT (nsys-kern.csv, nsys-trace.csv.gz); skipped without nsys
+#   hf       tools/bench/hf_side_by_side.py (issue 9 item 5): HF transformers vs dsv4, 4 layers, into $OUT/side-by-side.json
 # Environment: OUT (results folder), DSV4_COMMIT (the commit the tree is: pass it as a literal, e.g.
 # DSV4_COMMIT=0a8d6df; `$(git rev-parse --short HEAD)` on the device resolves to main's tip, not the tree sent),
 # GTEST_FILTER (optional).
@@ -112,6 +115,28 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
       --batch 1,8 --draft 1,2 -n 32 --json > "$OUT/bench-spec.json" 2> /tmp/spec.err
     echo "bench spec rc=$?"
     tail -8 /tmp/spec.err
+  fi
+  if has prof && [ -x "$B/dsv4" ] && [ "$(left)" -gt 90 ]; then
+    if command -v nsys > /dev/null; then
+      log "nsys"
+      timeout $(($(left) - 30)) nsys profile -o /tmp/prof -f true --trace=cuda --cuda-graph-trace=node \
+        "$B/dsv4" bench model --config "$CFG" --load-format dummy --layers 24 --device cuda --ctx 4096 --prefill 0 \
+        --steps 16 --no-profile > /tmp/nsys.out 2>&1
+      echo "nsys rc=$?"; tail -4 /tmp/nsys.out
+      nsys stats --report cuda_gpu_kern_sum --format csv -o /tmp/kern /tmp/prof.nsys-rep > /dev/null 2>&1
+      nsys stats --report cuda_gpu_trace --format csv -o /tmp/trace /tmp/prof.nsys-rep > /dev/null 2>&1
+      cp /tmp/kern*.csv "$OUT/nsys-kern.csv" 2> /dev/null
+      gzip -c /tmp/trace*.csv > "$OUT/nsys-trace.csv.gz" 2> /dev/null
+      ls -la "$OUT"
+    else
+      echo "prof: no nsys on this machine"
+    fi
+  fi
+  if has hf && [ -x "$B/dsv4" ] && [ "$(left)" -gt 90 ]; then
+    log "hf side by side"
+    timeout $(($(left) - 15)) python3 tools/bench/hf_side_by_side.py --dsv4 "$B/dsv4" --config "$CFG" --layers 4 \
+      --prefill 2048 --steps 16 --out "$OUT/side-by-side.json" > /tmp/hf.out 2>&1
+    echo "hf rc=$?"; tail -25 /tmp/hf.out; cp /tmp/hf.out "$OUT/side-by-side.log"
   fi
   if has ncu && [ -x "$B/dsv4" ] && command -v ncu > /dev/null && [ "$(left)" -gt 70 ]; then
     log "ncu"
