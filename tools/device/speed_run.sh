@@ -20,6 +20,7 @@
 #   hyb8k    the same placement, prefill of 8192 tokens
 #   hybn     --n-cpu-moe 8 (the experts of the last 8 layers on the CPU), batch-1 decode at ctx 1024
 #   gemm     dsv4 bench gemm on the machine's CPU (all threads), JSON into $OUT/bench-gemm.json
+#   pprof    prefill of 2048 and 8192 tokens at 4 layers with the per-op breakdown
 #   prof     Nsight Systems trace of batch-1 decode (24 layers, ctx 4096, CUDA graphs traced per node): the kernel
 #            summary and the gzipped per-kernel trace into $OUT (nsys-kern.csv, nsys-trace.csv.gz); skipped without nsys
 #   hf       tools/bench/hf_side_by_side.py (issue 9 item 5): HF transformers vs dsv4, 4 layers, into $OUT/side-by-side.json
@@ -115,6 +116,10 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
       --batch 1,8 --draft 1,2 -n 32 --json > "$OUT/bench-spec.json" 2> /tmp/spec.err
     echo "bench spec rc=$?"
     tail -8 /tmp/spec.err
+  fi
+  if has pprof && [ -x "$B/dsv4" ]; then  # prefill per-op breakdown (4 layers)
+    bench_run pprof 12 p4-prefill2048 --layers 4 --device cuda --ctx 0 --prefill 2048 --steps 1
+    bench_run pprof 12 p4-prefill8192 --layers 4 --device cuda --ctx 0 --prefill 8192 --steps 1
   fi
   if has prof && [ -x "$B/dsv4" ] && [ "$(left)" -gt 90 ]; then
     if command -v nsys > /dev/null; then
