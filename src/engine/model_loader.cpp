@@ -28,6 +28,9 @@ LoadedModel load_model(const std::filesystem::path& dir, const std::string& nume
   mo.device = device;
   mo.spec_draft = spec_draft;
   mo.placement = placement;
+  // tokens per forward step: a GPU reads every weight once per step, so prefill wants big steps (serve's default
+  // --batch-tokens on CUDA is 2048 too); the CPU keeps small ones (bounded scratch, no gain from bigger)
+  mo.ubatch = device.is_cpu() ? 256 : 2048;
   auto model = Model::load(dir, mo);
   out.device = model->backend().description();
   if (placement.any()) out.device += "; " + model->placement().summary();

@@ -22,10 +22,13 @@ void ModelSequence::run(std::span<const int32_t> tokens, const std::function<boo
     fail("context overflow: {} + {} positions exceed the model context {}", state_.n_past, n, model_.max_context());
   for (int32_t t : tokens)
     if (t < 0 || t >= model_.n_vocab()) fail("token id {} outside the vocabulary [0, {})", t, model_.n_vocab());
+  // Segments of up to one ubatch (at least kCheckpointEvery tokens): what is left in one segment when it fits, else
+  // up to the last multiple of kCheckpointEvery within one ubatch, so that checkpoints land exactly there. A long
+  // prompt thus runs in ubatch-sized forward steps (one pass over the weights per ubatch, not per 128 tokens).
+  const int64_t seg_max = std::max(kCheckpointEvery, model_.options().ubatch / kCheckpointEvery * kCheckpointEvery);
   for (int64_t i = 0; i < n;) {
-    // segments end at multiples of kCheckpointEvery so that checkpoints land exactly there
-    const int64_t to_boundary = kCheckpointEvery - state_.n_past % kCheckpointEvery;
-    const int64_t m = std::min(n - i, to_boundary);
+    const int64_t p = state_.n_past, left = n - i;
+    const int64_t m = left <= seg_max ? left : (p + seg_max) / kCheckpointEvery * kCheckpointEvery - p;
     auto seg = tokens.subspan(static_cast<size_t>(i), size_t(m));
     try {
       model_.forward(state_, seg, want, sink);

@@ -1,7 +1,9 @@
 // ModelSequence: the LmSequence of dsv4::Model — token list + SequenceState + automatic checkpoints for rewind.
 //
-// Checkpoints (StateCheckpoint, cheap: rings + compressor frontiers + row counts) are taken automatically whenever
-// n_past reaches a multiple of kCheckpointEvery and at the end of every multi-token append (the prompt end); at most
+// Checkpoints (StateCheckpoint, cheap: rings + compressor frontiers + row counts) are taken automatically at the end
+// of every forward segment that ends on a multiple of kCheckpointEvery (an append runs in segments of up to one
+// ubatch that end there: every 128 tokens while decoding, every ubatch of a long prompt) and at the end of every
+// multi-token append (the prompt end); at most
 // kMaxCheckpoints are kept (oldest dropped). rewind(p) restores the newest checkpoint at or before p and re-prefills
 // the gap, so the state equals a cold prefill of tokens()[0:p] (spec errata: the state cannot roll back by itself).
 // snapshot()/restore() are full deep copies (independent of later rewinds), for prefix caching and tests.

@@ -32,8 +32,8 @@
 //      element finite. The simulation gives 0.6% overall and 1.0% for the worst token at the calibrated error (1.5%
 //      at 4x that error), so 6.25% leaves a 6x margin, while a real bug in the shared expert (garbage, a wrong scale
 //      layout, one of the 32 K blocks lost: sqrt(1/32) = 18%) moves it by 18..100%.
-// * moe in the default (fast) mode (gemv_kernel for the small expert segments, its own summation order): per token
-//   rms(y - ref) <= 2^-5 rms(ref) (check_moe_fast); the bitwise checks above run in the deterministic mode
+// * moe in the default (fast) mode (gemv_kernel for the small expert segments, the tensor-core tc_kernel for the big
+//   ones in (Q), each in its own summation order): per token rms(y - ref) <= 2^-5 rms(ref) (check_moe_fast); the bitwise checks above run in the deterministic mode
 //   (gemm_path.h set_deterministic) and with forced paths.
 // * moe batch invariance: row t of a 300-token call == the same token alone (path forced simt so that the shared
 //   expert runs the same kernel order; the routed experts change kernel with the segment sizes, not the order).
@@ -644,6 +644,7 @@ TEST(CudaMoe, MoePrefillShapes) {
   run_moe_case({64, kAllOne, true, 10.0f}, 201);       // one segment of 384 rows: 6 full M tiles of the tiled kernel
   run_moe_case({64, kEveryExpert, true, 10.0f}, 202);  // 256 segments of 1-2 rows: small kernel only
   run_moe_case({300, kSkewed, true, 10.0f}, 203);      // 4 segments of 75+ rows (tiled, partial tiles) + small ones
+  run_moe_case({1024, kRandom, true, 10.0f}, 204);     // ~24 rows per expert: every expert on a partial M tile
 }
 
 TEST(CudaMoe, MoeBatchInvariance) {

@@ -550,6 +550,202 @@ __global__ void __launch_bounds__(256) tile_kernel(const GArgs A) {
   }
 }
 
+// ---- tensor-core MoE tile kernel ("tc": fast mode, (Q) FP4 / FP8 experts, big segments) -------------------------
+// The tiled kernel's schedule (64 sorted rows x 64 output rows per block, big_tile_start) on FP8 tensor cores:
+// mma.sync m16n8k32 e4m3 x e4m3 -> fp32, one mma per 32-column K block, so the FP4 weights' per-32 scales (and the
+// FP8 weights' per-128 ones) and the activations' per-128 scales are applied to each block's product in fp32:
+//   acc = fma(mma(a_codes[kb], w_codes[kb]), sa[m, kb/4] * sw[n, kb], acc)      (kb = 32-column blocks, ascending)
+// Activation codes (exact e4m3 values in fp32) are converted to e4m3 bytes exactly; FP4 nibbles become e4m3 bytes by
+// bit placement (the E2M1 value times 2^-6, exact; the scale carries the 2^6 back). Every product is exact; the sums
+// inside one mma are the tensor core's (as in the reference's own FP8 / FP4 GEMMs), so the result differs from the
+// CPU's order by accumulation rounding (not deterministic(): the CPU-order tiled kernel runs there). A row's result
+// does not depend on the other rows of its tile.
+// Block: 128 threads = 2 x 2 warps of 32 rows x 32 columns (per weight: w1 and w3 for kW13), K in tiles of 128
+// staged through shared memory as e4m3 bytes (row stride 144 bytes: conflict-free fragment reads).
+constexpr int TC_THREADS = 128, TC_KT = 128, TC_LD = TC_KT + 16;  // bytes per staged row
+
+__device__ __forceinline__ uint32_t tc_e4m3x4(float4 v) {  // 4 exact e4m3 values -> 4 bytes (little endian)
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v.x, v.y), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v.z, v.w), __NV_SATFINITE, __NV_E4M3);
+  return lo | (hi << 16);
+}
+
+// 8 FP4 nibbles (columns 0..7, low nibble first) -> 8 e4m3 bytes (E2M1 value x 2^-6) in column order.
+__device__ __forceinline__ uint2 tc_fp4x8(uint32_t w) {
+  const uint32_t o = w >> 4;
+  const uint32_t ev = ((w << 4) & 0x80808080u) | ((w << 2) & 0x1C1C1C1Cu);  // columns 0, 2, 4, 6
+  const uint32_t od = ((o << 4) & 0x80808080u) | ((o << 2) & 0x1C1C1C1Cu);  // columns 1, 3, 5, 7
+  return make_uint2(__byte_perm(ev, od, 0x5140), __byte_perm(ev, od, 0x7362));
+}
+
+__device__ __forceinline__ uint4 tc_load16(const uint8_t* p, bool vec) {  // 16 bytes, any alignment
+  if (vec) return __ldg(reinterpret_cast<const uint4*>(p));
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    w[i] = uint32_t(__ldg(p + 4 * i)) | (uint32_t(__ldg(p + 4 * i + 1)) << 8) |
+           (uint32_t(__ldg(p + 4 * i + 2)) << 16) | (uint32_t(__ldg(p + 4 * i + 3)) << 24);
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+__device__ __forceinline__ void tc_mma(const uint32_t a[4], uint32_t b0, uint32_t b1, float d[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%10,%10,%10,%10};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+#else
+  d[0] = d[1] = d[2] = d[3] = 0.0f;
+  __trap();  // tc_supported() keeps the launchers off this path
+#endif
+}
+
+template <int FMT, int KIND>
+__global__ void __launch_bounds__(TC_THREADS) tc_kernel(const GArgs A) {
+  static_assert(FMT == kFmtFp8 || FMT == kFmtFp4, "tc: FP8 / FP4 weights");
+  static_assert(KIND == kW13 || KIND == kW2, "tc: MoE kinds");
+  constexpr int NW = KIND == kW13 ? 2 : 1;
+  constexpr float WMUL = FMT == kFmtFp4 ? 64.0f : 1.0f;
+  __shared__ __align__(16) uint8_t As[TBM * TC_LD];
+  __shared__ __align__(16) uint8_t Bs[NW][TBN * TC_LD];
+  __shared__ float SA[TBM];
+  __shared__ float SW[NW][TBN][TC_KT / 32];
+  __shared__ int64_t Arow[TBM];
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int64_t slot = blockIdx.x % A.n_slots, nt = blockIdx.x / A.n_slots;
+  const int64_t E = A.n_experts;
+  if (slot >= A.big_tile_start[E]) return;
+  int64_t lo = 0, hi = E - 1;  // last e with big_tile_start[e] <= slot
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (A.big_tile_start[mid] <= slot) lo = mid; else hi = mid - 1;
+  }
+  const int64_t e = lo;
+  const int64_t m0 = A.seg_start[e] + (slot - A.big_tile_start[e]) * TBM;
+  const int64_t mcnt = imin(TBM, A.seg_start[e + 1] - m0);
+  WDesc wd[NW];
+  int64_t K = 0, nout = 0, wrow0 = 0;
+  block_weights<KIND>(A, e, wd, K, nout, wrow0);
+  const int64_t n0 = nt * TBN;
+  if (mcnt <= 0 || n0 >= nout) return;
+  if (tid < TBM) Arow[tid] = tid < mcnt ? act_row<KIND>(A, m0 + tid) : -1;
+  __syncthreads();
+
+  const int wm = warp & 1, wn = warp >> 1;  // warp tile: rows wm*32 .. +32, columns wn*32 .. +32
+  float acc[NW][2][4][4];
+#pragma unroll
+  for (int w = 0; w < NW; ++w)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[w][i][j][c] = 0.0f;
+
+  for (int64_t k0 = 0; k0 < K; k0 += TC_KT) {
+    // stage A: 64 rows x 128 codes -> e4m3 bytes (rows past the segment: zeros)
+#pragma unroll 4
+    for (int i = tid; i < TBM * (TC_KT / 4); i += TC_THREADS) {
+      const int r = i / (TC_KT / 4), c4 = i % (TC_KT / 4);
+      const int64_t ar = Arow[r];
+      uint32_t v = 0u;
+      if (ar >= 0) v = tc_e4m3x4(__ldg(reinterpret_cast<const float4*>(A.a + ar * A.lda + k0) + c4));
+      *reinterpret_cast<uint32_t*>(As + r * TC_LD + 4 * c4) = v;
+    }
+    if (tid < TBM) {
+      const int64_t ar = Arow[tid];
+      SA[tid] = ar >= 0 ? __ldg(A.sa + ar * A.ldsa + (k0 >> 7)) : 0.0f;
+    }
+    // stage B: 64 weight rows x 128 columns as e4m3 bytes, and their per-32-column scales (x 2^6 for FP4)
+#pragma unroll
+    for (int w = 0; w < NW; ++w) {
+      if constexpr (FMT == kFmtFp4) {
+        for (int i = tid; i < TBN * 4; i += TC_THREADS) {  // 16 bytes = 32 columns each
+          const int r = i / 4, q = i % 4;
+          const int64_t n = n0 + r;
+          uint4 u = make_uint4(0u, 0u, 0u, 0u);
+          if (n < nout) u = tc_load16(wd[w].w + (wrow0 + n) * wd[w].row_bytes + k0 / 2 + 16 * q, wd[w].vec);
+          const uint2 a = tc_fp4x8(u.x), b = tc_fp4x8(u.y), c = tc_fp4x8(u.z), d = tc_fp4x8(u.w);
+          uint4* dst = reinterpret_cast<uint4*>(Bs[w] + r * TC_LD + 32 * q);
+          dst[0] = make_uint4(a.x, a.y, b.x, b.y);
+          dst[1] = make_uint4(c.x, c.y, d.x, d.y);
+        }
+      } else {
+        for (int i = tid; i < TBN * 8; i += TC_THREADS) {  // 16 bytes = 16 columns each
+          const int r = i / 8, q = i % 8;
+          const int64_t n = n0 + r;
+          uint4 u = make_uint4(0u, 0u, 0u, 0u);
+          if (n < nout) u = tc_load16(wd[w].w + (wrow0 + n) * wd[w].row_bytes + k0 + 16 * q, wd[w].vec);
+          *reinterpret_cast<uint4*>(Bs[w] + r * TC_LD + 16 * q) = u;
+        }
+      }
+      for (int i = tid; i < TBN * (TC_KT / 32); i += TC_THREADS) {
+        const int r = i / (TC_KT / 32), kb = i % (TC_KT / 32);
+        const int64_t n = n0 + r;
+        // (constant indices into wd: a dynamic one would put the descriptors in local memory)
+        const float s = n < nout ? wscale(wd[w == 0 ? 0 : NW - 1], wrow0 + n, k0 + 32 * kb) : 0.0f;
+        SW[w][r][kb] = __fmul_rn(s, WMUL);
+      }
+    }
+    __syncthreads();
+    float sa[2][2];  // rows g and g + 8 of the warp's two m16 tiles
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      sa[i][0] = SA[wm * 32 + i * 16 + g];
+      sa[i][1] = SA[wm * 32 + i * 16 + g + 8];
+    }
+#pragma unroll
+    for (int kb = 0; kb < TC_KT / 32; ++kb) {
+      uint32_t a[2][4];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const uint8_t* p = As + (wm * 32 + i * 16 + g) * TC_LD + kb * 32 + 4 * t4;
+        a[i][0] = *reinterpret_cast<const uint32_t*>(p);
+        a[i][1] = *reinterpret_cast<const uint32_t*>(p + 8 * TC_LD);
+        a[i][2] = *reinterpret_cast<const uint32_t*>(p + 16);
+        a[i][3] = *reinterpret_cast<const uint32_t*>(p + 8 * TC_LD + 16);
+      }
+#pragma unroll
+      for (int w = 0; w < NW; ++w)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int nr = wn * 32 + j * 8 + g;  // B fragment: weight row nr (output column g of the n8 tile)
+          const uint8_t* p = Bs[w] + nr * TC_LD + kb * 32 + 4 * t4;
+          const uint32_t b0 = *reinterpret_cast<const uint32_t*>(p), b1 = *reinterpret_cast<const uint32_t*>(p + 16);
+          const int nc = wn * 32 + j * 8 + 2 * t4;  // accumulator columns nc, nc + 1
+          const float s0 = SW[w][nc][kb], s1 = SW[w][nc + 1][kb];
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            float d[4];
+            tc_mma(a[i], b0, b1, d);
+            acc[w][i][j][0] = __fmaf_rn(d[0], __fmul_rn(sa[i][0], s0), acc[w][i][j][0]);
+            acc[w][i][j][1] = __fmaf_rn(d[1], __fmul_rn(sa[i][0], s1), acc[w][i][j][1]);
+            acc[w][i][j][2] = __fmaf_rn(d[2], __fmul_rn(sa[i][1], s0), acc[w][i][j][2]);
+            acc[w][i][j][3] = __fmaf_rn(d[3], __fmul_rn(sa[i][1], s1), acc[w][i][j][3]);
+          }
+        }
+    }
+    __syncthreads();
+  }
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int m = wm * 32 + i * 16 + g + 8 * h;
+      if (m >= mcnt) continue;
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int64_t n = n0 + wn * 32 + j * 8 + 2 * t4 + c;
+          if (n < nout) store_out<KIND>(A, m0 + m, n, acc[0][i][j][2 * h + c], acc[NW - 1][i][j][2 * h + c]);
+        }
+    }
+}
+
 // ---- small-M kernel ("small_m", (Q) only) -------------------------------------------------------------------------
 // The chunks are the scale blocks, so splitting K over the lanes keeps the CPU's (Q) order exactly.
 constexpr int SBN = 32;  // output rows per block (8 warps x 4)
@@ -1407,6 +1603,38 @@ GArgs moe_args(const MoeGemmArgs& g) {
   return A;
 }
 
+// Whether tc_kernel can take the big segments: fast (Q) mode on the auto path, FP8 / FP4 experts, K of both
+// products a multiple of 128, 16-byte activation rows, and a device + build with e4m3 mma (sm_89+).
+bool tc_ok(const MoeGemmArgs& g, int kind, const GArgs& A) {
+  if (!g.quant || deterministic() || gemm_path() != GemmPath::auto_ || !A.a_vec) return false;
+  if (g.fmt != GemmFormat::fp4 && !(g.fmt == GemmFormat::fp8 && g.block_cols == 128)) return false;
+  if (g.d_model % TC_KT != 0 || g.inter % TC_KT != 0 || (kind != kW13 && kind != kW2)) return false;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  static int cached[64] = {};  // per device: 0 unknown, 1 yes, 2 no
+  if (dev < 0 || dev >= 64) return false;
+  if (cached[dev] == 0) {
+    cudaFuncAttributes fa{};
+    int major = 0, minor = 0;
+    const bool ok = cudaFuncGetAttributes(&fa, tc_kernel<kFmtFp4, kW2>) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+                    fa.binaryVersion >= 89 && major * 10 + minor >= 89;
+    cached[dev] = ok ? 1 : 2;
+  }
+  return cached[dev] == 1;
+}
+
+template <int KIND>
+void launch_tc(int fmt, const GArgs& A, int64_t grid, cudaStream_t st) {
+  if (grid <= 0) return;
+  const dim3 gr(static_cast<unsigned>(grid)), b(TC_THREADS);
+  if (fmt == kFmtFp4)
+    tc_kernel<kFmtFp4, KIND><<<gr, b, 0, st>>>(A);
+  else
+    tc_kernel<kFmtFp8, KIND><<<gr, b, 0, st>>>(A);
+}
+
 void moe_launch_both(int kind, const MoeGemmArgs& g, GArgs A, int64_t nout, cudaStream_t stream) {
   const int fmt = fmt_code(g.fmt);
   const int64_t P = g.n_rows_bound, E = g.n_experts;
@@ -1430,6 +1658,23 @@ void moe_launch_both(int kind, const MoeGemmArgs& g, GArgs A, int64_t nout, cuda
   const int64_t gg = gv.ok ? As.n_slots * cdiv(nout, gv.rpb) : 0;
   // no segment can exceed kMoeSmallMax rows when there are no more pairs than that: no tiled-kernel launch
   const bool any_big = P > kMoeSmallMax;
+  // big segments on the tensor-core kernel in the fast (Q) mode (tc_kernel), else on the CPU-order tiled kernel
+  if (any_big && tc_ok(g, kind, A)) {
+    if (kind == kW13) {
+      if (gv.ok)
+        launch_gemv<kW13>(fmt, g.quant, gv_mt_moe(g.n_tok), As, gg, stream);
+      else
+        launch_kind<kW13, true>(fmt, g.quant, mt, As, gs, stream);
+      launch_tc<kW13>(fmt, Ab, gb, stream);
+    } else {
+      if (gv.ok)
+        launch_gemv<kW2>(fmt, g.quant, gv_mt_moe(g.n_tok), As, gg, stream);
+      else
+        launch_kind<kW2, true>(fmt, g.quant, mt, As, gs, stream);
+      launch_tc<kW2>(fmt, Ab, gb, stream);
+    }
+    return;
+  }
   if (kind == kW13) {
     if (gv.ok)
       launch_gemv<kW13>(fmt, g.quant, gv_mt_moe(g.n_tok), As, gg, stream);
