@@ -64,6 +64,10 @@ struct AttnArgs {
   bool bf16;
   bool vec;  // dim % 4 == 0 and every row base 16-byte aligned: float4 global loads
   float* out;
+  // fast decode kernel, split mode (part != nullptr): split blockIdx.y covers entries [y * kSplit, (y + 1) * kSplit)
+  // and leaves its unnormalized acc[dim], running max and sum in part[((t * H + h) * n_split + y) * (dim + 2) ...]
+  float* part;
+  int64_t n_split;
 };
 
 template <int G, int NCH>
@@ -347,6 +351,7 @@ __global__ void __launch_bounds__(kThreads) sparse_attention_kernel(AttnArgs a) 
 // (fma). exp is CUDA's expf. Deterministic and batch invariant; fp32 rounding differs from the CPU's.
 constexpr int kFG = 4;
 constexpr int64_t kFastMaxTok = 256;
+constexpr int64_t kSplit = kBlock;  // entries per split of the split mode (one online-softmax block)
 
 template <int NQ>
 __global__ void __launch_bounds__(kThreads) attn_decode_fast_kernel(AttnArgs a) {
@@ -376,12 +381,13 @@ __global__ void __launch_bounds__(kThreads) attn_decode_fast_kernel(AttnArgs a) 
   float m_h = kNegInf, sum_h = 0.0f;  // softmax state of head `warp` (warps 0..3)
 
   const int64_t k = a.k_win + a.k_comp;
-  for (int64_t b0 = 0; b0 < k; b0 += kBlock) {
+  const int64_t e0 = a.part ? int64_t(blockIdx.y) * kSplit : 0, e1 = a.part ? std::min(k, e0 + kSplit) : k;
+  for (int64_t b0 = e0; b0 < e1; b0 += kBlock) {
     __syncthreads();  // the previous block is done with rp / sc
     const float* p = nullptr;
     if (tid < kBlock) {
       const int64_t j = b0 + tid;
-      if (j < k) {
+      if (j < e1) {
         if (j < a.k_win) {
           const int64_t i = a.win_idx[t * a.k_win + j];
           if (i >= 0) p = i < a.n_ring ? a.ring + i * dim : a.fresh + (i - a.n_ring) * dim;
@@ -472,6 +478,20 @@ __global__ void __launch_bounds__(kThreads) attn_decode_fast_kernel(AttnArgs a) 
       }
     }
   }
+  if (a.part) {  // split mode: the partial state; attn_combine_kernel finishes
+    const int64_t W = dim + 2;
+    __shared__ float ms_s[kFG], ls_s[kFG];
+    if (warp < kFG && lane == 0) ms_s[warp] = m_h, ls_s[warp] = sum_h;
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < kFG; ++h) {
+      if (h >= gv) continue;
+      float* pp = a.part + ((t * H + h0 + h) * a.n_split + blockIdx.y) * W;
+      if (pv_on) pp[c0] = acc[h][0], pp[c0 + 1] = acc[h][1];
+      if (tid == 0) pp[dim] = ms_s[h], pp[dim + 1] = ls_s[h];
+    }
+    return;
+  }
   // output: acc / (sum + exp(sink - m)); zero for a head without any valid entry
   if (warp < kFG && lane == 0) {
     const int h = warp;
@@ -488,6 +508,44 @@ __global__ void __launch_bounds__(kThreads) attn_decode_fast_kernel(AttnArgs a) 
       o[0] = empty ? 0.0f : maybe_bf16(__fdiv_rn(acc[h][0], den_s[h]), a.bf16);
       o[1] = empty ? 0.0f : maybe_bf16(__fdiv_rn(acc[h][1], den_s[h]), a.bf16);
     }
+  }
+}
+
+// Split mode's finish: one CTA per (token, head). M = max of the splits' maxima; out = sum_s acc_s e^(m_s - M) /
+// (sum_s l_s e^(m_s - M) + e^(sink - M)) in split order (zero when no split saw a valid entry).
+constexpr int64_t kMaxSplit = 1024;
+__global__ void __launch_bounds__(kThreads) attn_combine_kernel(const float* part, int64_t n_split, int64_t H,
+                                                               int64_t dim, const float* sink, bool bf16, float* out) {
+  __shared__ float wsp[kMaxSplit];
+  __shared__ float M_s, den_s;
+  const int64_t th = blockIdx.x, h = th % H;
+  const int64_t W = dim + 2;
+  const float* pp = part + th * n_split * W;
+  if (threadIdx.x < 32) {
+    float M = kNegInf;
+    for (int64_t s = threadIdx.x; s < n_split; s += 32) M = fmaxf(M, pp[s * W + dim]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    float L = 0.0f;
+    for (int64_t s = threadIdx.x; s < n_split; s += 32) {
+      const float m = pp[s * W + dim];
+      const float w = (m == kNegInf || M == kNegInf) ? 0.0f : expf(__fsub_rn(m, M));
+      wsp[s] = w;
+      L = __fmaf_rn(pp[s * W + dim + 1], w, L);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) L = __fadd_rn(L, __shfl_xor_sync(0xffffffffu, L, o));
+    if (threadIdx.x == 0) {
+      M_s = M;
+      den_s = M == kNegInf ? 1.0f : __fadd_rn(L, expf(__fsub_rn(sink[h], M)));
+    }
+  }
+  __syncthreads();
+  const bool empty = M_s == kNegInf;
+  for (int64_t c = threadIdx.x; c < dim; c += kThreads) {
+    float v = 0.0f;
+    for (int64_t s = 0; s < n_split; ++s) v = __fmaf_rn(pp[s * W + c], wsp[s], v);
+    out[th * dim + c] = empty ? 0.0f : maybe_bf16(__fdiv_rn(v, den_s), bf16);
   }
 }
 
@@ -527,9 +585,15 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 }  // namespace
 
+size_t attention_split_bytes(int64_t n_tok, int64_t n_heads, int64_t dim, int64_t k) {
+  const int64_t n_split = (std::max<int64_t>(k, 0) + kSplit - 1) / kSplit;
+  if (n_tok <= 0 || n_heads <= 0 || dim <= 0 || n_split <= 1) return 0;
+  return size_t(n_tok * n_heads * n_split * (dim + 2)) * sizeof(float);
+}
+
 void sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, const KvRows& kv, const int32_t* win_idx,
                       int64_t k_win, const int32_t* comp_idx, int64_t k_comp, const float* sink, float scale,
-                      bool bf16, float* out, cudaStream_t stream) {
+                      bool bf16, float* out, void* split_scratch, size_t split_bytes, cudaStream_t stream) {
   if (n_tok <= 0 || n_heads <= 0 || kv.dim <= 0) return;
   // (dsv4::fail's fmt format check does not build under nvcc: errors go through check(), which throws dsv4::Error)
   if (kv.dim > 4 * kChunk) check(cudaErrorInvalidValue, "sparse_attention: row width > 512 is not supported");
@@ -555,6 +619,24 @@ void sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, const KvRo
   // the fast decode kernel (fast mode: not deterministic(), gemm_path.h)
   if (!deterministic() && n_tok <= kFastMaxTok && a.vec && kv.dim % 128 == 0 && aligned16(q) && aligned16(out)) {
     const int64_t grid = n_tok * ((n_heads + kFG - 1) / kFG);
+    // split the entries in fixed pieces of kSplit (more CTAs for the few tokens of a decode step; the pieces depend
+    // on the entry count alone, so a token's result does not depend on n_tok) when the partial states fit the scratch
+    const int64_t n_split = (k_win + k_comp + kSplit - 1) / kSplit;
+    if (split_scratch != nullptr && n_split > 1 && n_split <= kMaxSplit &&
+        attention_split_bytes(n_tok, n_heads, kv.dim, k_win + k_comp) <= split_bytes) {
+      a.part = static_cast<float*>(split_scratch);
+      a.n_split = n_split;
+      const dim3 g{unsigned(grid), unsigned(n_split), 1u};
+      switch (kv.dim / 128) {
+        case 1: attn_decode_fast_kernel<1><<<g, kThreads, 0, stream>>>(a); break;
+        case 2: attn_decode_fast_kernel<2><<<g, kThreads, 0, stream>>>(a); break;
+        case 3: attn_decode_fast_kernel<3><<<g, kThreads, 0, stream>>>(a); break;
+        default: attn_decode_fast_kernel<4><<<g, kThreads, 0, stream>>>(a); break;
+      }
+      attn_combine_kernel<<<unsigned(n_tok * n_heads), kThreads, 0, stream>>>(a.part, n_split, n_heads, kv.dim, sink,
+                                                                              bf16, out);
+      return;
+    }
     const unsigned g = unsigned(grid);
     switch (kv.dim / 128) {
       case 1: attn_decode_fast_kernel<1><<<g, kThreads, 0, stream>>>(a); return;
