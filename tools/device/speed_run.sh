@@ -21,7 +21,8 @@
 #   hybn     --n-cpu-moe 8 (the experts of the last 8 layers on the CPU), batch-1 decode at ctx 1024
 #   gemm     dsv4 bench gemm on the machine's CPU (all threads), JSON into $OUT/bench-gemm.json
 #   pprof    prefill of 2048 and 8192 tokens at 4 layers with the per-op breakdown
-#   ncud     Nsight Compute per-kernel durations and DRAM bytes of eager decode steps (2 layers, ctx 4096)
+#   ncud     Nsight Compute per-kernel durations, cycles and DRAM bytes of eager decode steps (2 layers, ctx 4096;
+#            ncu's locked base clocks: an unlocked idle GPU between serialized kernels runs latency-bound ones slowly)
 #   prof     Nsight Systems trace of batch-1 decode (24 layers, ctx 4096, CUDA graphs traced per node): the kernel
 #            summary and the gzipped per-kernel trace into $OUT (nsys-kern.csv, nsys-trace.csv.gz); skipped without nsys
 #   hf       tools/bench/hf_side_by_side.py (issue 9 item 5): HF transformers vs dsv4, 4 layers, into $OUT/side-by-side.json
@@ -146,7 +147,7 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
   fi
   if has ncud && [ -x "$B/dsv4" ] && command -v ncu > /dev/null && [ "$(left)" -gt 70 ]; then
     log "ncu decode (2 layers, ctx 4096, eager; launches 500.. skip the context prefill and the first warm-up steps)"
-    timeout $(($(left) - 15)) ncu --clock-control none --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum \
+    timeout $(($(left) - 15)) ncu --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum,sm__cycles_elapsed.avg \
       --launch-skip 500 --launch-count 400 "$B/dsv4" bench model --config "$CFG" --load-format dummy --layers 2 \
       --device cuda --ctx 4096 --prefill 0 --steps 4 --no-cuda-graph --no-profile > "$OUT/ncu-decode.csv" 2> /tmp/ncu.err
     echo "ncu decode rc=$? ($(wc -l < "$OUT/ncu-decode.csv") lines)"
