@@ -64,9 +64,11 @@ struct AttnArgs {
   bool bf16;
   bool vec;  // dim % 4 == 0 and every row base 16-byte aligned: float4 global loads
   float* out;
-  // fast decode kernel, split mode (part != nullptr): split blockIdx.y covers entries [y * kSplit, (y + 1) * kSplit)
-  // and leaves its unnormalized acc[dim], running max and sum in part[((t * H + h) * n_split + y) * (dim + 2) ...]
+  // fast decode kernel, split mode: split blockIdx.y covers entries [y * kSplit, (y + 1) * kSplit) and leaves its
+  // unnormalized acc[dim], running max and sum in part[((t * H + h) * n_split + y) * (dim + 2) ...]
   float* part;
+  float* scores;
+  float* bmax;
   int64_t n_split;
 };
 
@@ -353,7 +355,10 @@ constexpr int kFG = 4;
 constexpr int64_t kFastMaxTok = 256;
 constexpr int64_t kSplit = kBlock;  // entries per split of the split mode (one online-softmax block)
 
-template <int NQ>
+// MODE: kWhole (every entry, the output), kScores (split y: its block's scores and score max into the scratch),
+// kPartial (split y: from those scores, its block's P V with the running max the sequential pass has there).
+constexpr int kWhole = 0, kScores = 1, kPartial = 2;
+template <int NQ, int MODE>
 __global__ void __launch_bounds__(kThreads) attn_decode_fast_kernel(AttnArgs a) {
   __shared__ const float* rp[kBlock];
   __shared__ float sc[kFG][kBlock];
@@ -381,7 +386,11 @@ __global__ void __launch_bounds__(kThreads) attn_decode_fast_kernel(AttnArgs a) 
   float m_h = kNegInf, sum_h = 0.0f;  // softmax state of head `warp` (warps 0..3)
 
   const int64_t k = a.k_win + a.k_comp;
-  const int64_t e0 = a.part ? int64_t(blockIdx.y) * kSplit : 0, e1 = a.part ? std::min(k, e0 + kSplit) : k;
+  const int64_t e0 = MODE != kWhole ? int64_t(blockIdx.y) * kSplit : 0;
+  const int64_t e1 = MODE != kWhole ? std::min(k, e0 + kSplit) : k;
+  // split scratch: scores [n_tok, H, k], block score maxima [n_tok, H, n_split], partial states (AttnArgs::part)
+  float* sc_g = a.scores + (t * H + h0) * k;
+  float* bm_g = a.bmax + (t * H + h0) * a.n_split;
   for (int64_t b0 = e0; b0 < e1; b0 += kBlock) {
     __syncthreads();  // the previous block is done with rp / sc
     const float* p = nullptr;
@@ -398,9 +407,18 @@ __global__ void __launch_bounds__(kThreads) attn_decode_fast_kernel(AttnArgs a) 
       }
       rp[tid] = p;
     }
-    if (!__syncthreads_or(p != nullptr)) continue;  // no valid entry in this block (as the CPU)
+    if (!__syncthreads_or(p != nullptr)) {  // no valid entry in this block (as the CPU)
+      if (MODE == kScores && warp < kFG && lane == 0 && warp < gv) bm_g[warp * a.n_split + blockIdx.y] = kNegInf;
+      continue;
+    }
+    if constexpr (MODE == kPartial) {  // the scores of kScores
+      for (int i = tid; i < kFG * kBlock; i += kThreads) {
+        const int h = i / kBlock, j = i % kBlock;
+        sc[h][j] = (h < gv && b0 + j < e1) ? sc_g[h * k + b0 + j] : kNegInf;
+      }
+    }
     // QK
-    for (int j = warp; j < kBlock; j += kThreads / 32) {
+    for (int j = warp; MODE != kPartial && j < kBlock; j += kThreads / 32) {
       const float* r = rp[j];
       if (r == nullptr) {  // warp-uniform
         if (lane < kFG) sc[lane][j] = kNegInf;
@@ -436,6 +454,22 @@ __global__ void __launch_bounds__(kThreads) attn_decode_fast_kernel(AttnArgs a) 
       if (v1) bm = fmaxf(bm, s1);
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, o));
+      if constexpr (MODE == kScores) {  // scores and block max out; nothing else
+        if (h < gv) {
+          for (int j = lane; j < kBlock; j += 32)
+            if (b0 + j < e1) sc_g[h * k + b0 + j] = rp[j] != nullptr ? sc[h][j] : kNegInf;
+          if (lane == 0) bm_g[h * a.n_split + blockIdx.y] = bm;
+        }
+        continue;
+      }
+      if constexpr (MODE == kPartial) {  // the running max of the sequential pass after this block
+        float run = kNegInf;
+        if (h < gv)
+          for (int64_t c = lane; c <= int64_t(blockIdx.y); c += 32) run = fmaxf(run, bm_g[h * a.n_split + c]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) run = fmaxf(run, __shfl_xor_sync(0xffffffffu, run, o));
+        m_h = run;  // (acc and sum start at 0: alpha is irrelevant; the block's P use m_new = run below)
+      }
       if (bm == kNegInf) {  // every valid score -inf (or NaN): the block is skipped for this head
         sc[h][lane] = 0.0f;
         sc[h][lane + 32] = 0.0f;
@@ -455,6 +489,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_fast_kernel(AttnArgs a) 
         if (lane == 0) alpha_s[h] = alpha;
       }
     }
+    if constexpr (MODE == kScores) continue;
     __syncthreads();
     // PV
     if (pv_on) {
@@ -478,7 +513,8 @@ __global__ void __launch_bounds__(kThreads) attn_decode_fast_kernel(AttnArgs a) 
       }
     }
   }
-  if (a.part) {  // split mode: the partial state; attn_combine_kernel finishes
+  if constexpr (MODE == kScores) return;
+  if constexpr (MODE == kPartial) {  // split mode: the partial state; attn_combine_kernel finishes
     const int64_t W = dim + 2;
     __shared__ float ms_s[kFG], ls_s[kFG];
     if (warp < kFG && lane == 0) ms_s[warp] = m_h, ls_s[warp] = sum_h;
@@ -588,7 +624,7 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 size_t attention_split_bytes(int64_t n_tok, int64_t n_heads, int64_t dim, int64_t k) {
   const int64_t n_split = (std::max<int64_t>(k, 0) + kSplit - 1) / kSplit;
   if (n_tok <= 0 || n_heads <= 0 || dim <= 0 || n_split <= 1) return 0;
-  return size_t(n_tok * n_heads * n_split * (dim + 2)) * sizeof(float);
+  return size_t(n_tok * n_heads * (n_split * (dim + 2) + k + n_split)) * sizeof(float);
 }
 
 void sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, const KvRows& kv, const int32_t* win_idx,
@@ -624,14 +660,21 @@ void sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, const KvRo
     const int64_t n_split = (k_win + k_comp + kSplit - 1) / kSplit;
     if (split_scratch != nullptr && n_split > 1 && n_split <= kMaxSplit &&
         attention_split_bytes(n_tok, n_heads, kv.dim, k_win + k_comp) <= split_bytes) {
+      const int64_t kk = k_win + k_comp;
       a.part = static_cast<float*>(split_scratch);
+      a.scores = a.part + n_tok * n_heads * n_split * (kv.dim + 2);
+      a.bmax = a.scores + n_tok * n_heads * kk;
       a.n_split = n_split;
       const dim3 g{unsigned(grid), unsigned(n_split), 1u};
       switch (kv.dim / 128) {
-        case 1: attn_decode_fast_kernel<1><<<g, kThreads, 0, stream>>>(a); break;
-        case 2: attn_decode_fast_kernel<2><<<g, kThreads, 0, stream>>>(a); break;
-        case 3: attn_decode_fast_kernel<3><<<g, kThreads, 0, stream>>>(a); break;
-        default: attn_decode_fast_kernel<4><<<g, kThreads, 0, stream>>>(a); break;
+        case 1: attn_decode_fast_kernel<1, kScores><<<g, kThreads, 0, stream>>>(a);
+                attn_decode_fast_kernel<1, kPartial><<<g, kThreads, 0, stream>>>(a); break;
+        case 2: attn_decode_fast_kernel<2, kScores><<<g, kThreads, 0, stream>>>(a);
+                attn_decode_fast_kernel<2, kPartial><<<g, kThreads, 0, stream>>>(a); break;
+        case 3: attn_decode_fast_kernel<3, kScores><<<g, kThreads, 0, stream>>>(a);
+                attn_decode_fast_kernel<3, kPartial><<<g, kThreads, 0, stream>>>(a); break;
+        default: attn_decode_fast_kernel<4, kScores><<<g, kThreads, 0, stream>>>(a);
+                 attn_decode_fast_kernel<4, kPartial><<<g, kThreads, 0, stream>>>(a); break;
       }
       attn_combine_kernel<<<unsigned(n_tok * n_heads), kThreads, 0, stream>>>(a.part, n_split, n_heads, kv.dim, sink,
                                                                               bf16, out);
@@ -639,10 +682,10 @@ void sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, const KvRo
     }
     const unsigned g = unsigned(grid);
     switch (kv.dim / 128) {
-      case 1: attn_decode_fast_kernel<1><<<g, kThreads, 0, stream>>>(a); return;
-      case 2: attn_decode_fast_kernel<2><<<g, kThreads, 0, stream>>>(a); return;
-      case 3: attn_decode_fast_kernel<3><<<g, kThreads, 0, stream>>>(a); return;
-      default: attn_decode_fast_kernel<4><<<g, kThreads, 0, stream>>>(a); return;
+      case 1: attn_decode_fast_kernel<1, kWhole><<<g, kThreads, 0, stream>>>(a); return;
+      case 2: attn_decode_fast_kernel<2, kWhole><<<g, kThreads, 0, stream>>>(a); return;
+      case 3: attn_decode_fast_kernel<3, kWhole><<<g, kThreads, 0, stream>>>(a); return;
+      default: attn_decode_fast_kernel<4, kWhole><<<g, kThreads, 0, stream>>>(a); return;
     }
   }
   // Heads per CTA: as many as keep the GPU filled (each CTA stages its rows once for all its heads). The results do
