@@ -158,6 +158,37 @@ inline void prefetch_rows(const uint8_t* p, int64_t row_bytes, int64_t dist = kP
   for (int i = 0; i < 16; ++i) _mm_prefetch(reinterpret_cast<const char*>(p + i * row_bytes + dist), _MM_HINT_T0);
 }
 
+// ---- E4M3 codes in the top byte of each 32-bit lane -> exact fp32 values ----
+// srai by 4 and mask 0x87F00000 give sign | e << 23 | m << 20, the fp32 2^(e-127) * 1.m; * 2^120 rebiases exactly to
+// e4m3. For the subnormal codes (e = 0, m != 0: m * 2^-9) that intermediate is an fp32 subnormal, and on some CPUs
+// (Intel) every multiply with a subnormal input takes a microcode assist (~100+ cycles per instruction: the FP8 GEMV
+// ran at a seventh of the FP4 one on uniformly random codes). The exact path never forms a subnormal: those lanes get
+// exponent field 1 (2^-126 * 1.m, * 2^120 = 2^-6 * (1 + m/8)), then subtract 2^-6 with the lane's sign: exactly
+// +-m * 2^-9, the same value (and bits) as the plain path. Codes +-0 (e = 0, m = 0) are +-0 on both paths.
+// EXACT = false is valid only when no lane holds a subnormal code (e4m3_subnormals zero for its word). The constants
+// are loop-invariant (hoisted by the compiler).
+template <bool EXACT>
+inline __m512 dec_e4m3_top(__m512i top) {
+  const __m512i x = _mm512_and_si512(_mm512_srai_epi32(top, 4), _mm512_set1_epi32(static_cast<int>(0x87F00000u)));
+  const __m512 rebias = _mm512_set1_ps(0x1p120f);
+  if constexpr (!EXACT) {
+    return _mm512_mul_ps(_mm512_castsi512_ps(x), rebias);
+  } else {
+    const __mmask16 sub = _mm512_mask_test_epi32_mask(_mm512_testn_epi32_mask(x, _mm512_set1_epi32(0x07800000)), x,
+                                                      _mm512_set1_epi32(0x00700000));  // e = 0, m != 0
+    const __m512 w =  // exponent field 1 in those lanes: +-2^-6 * (1 + m/8)
+        _mm512_mul_ps(_mm512_castsi512_ps(_mm512_mask_or_epi32(x, sub, x, _mm512_set1_epi32(0x00800000))), rebias);
+    const __m512 c = _mm512_castsi512_ps(  // (x & sign) | 2^-6
+        _mm512_ternarylogic_epi32(x, _mm512_set1_epi32(static_cast<int>(0x80000000u)), _mm512_set1_epi32(0x3C800000), 0xEA));
+    return _mm512_mask_sub_ps(w, sub, w, c);
+  }
+}
+
+// Whether any byte of v is a subnormal E4M3 code (exponent bits 0x78 clear, mantissa bits 0x07 not all clear).
+inline __mmask64 e4m3_subnormals(__m512i v) {
+  return _mm512_mask_test_epi8_mask(_mm512_testn_epi8_mask(v, _mm512_set1_epi8(0x78)), v, _mm512_set1_epi8(0x07));
+}
+
 // Dense-mode post-processing of one decoded P row (16 rows at chunk column k): block scale, bf16 rounding.
 template <bool DEQ, bool RND>
 inline __m512 finish(__m512 v, const float* Ps, int k, int sblk) {
@@ -207,10 +238,7 @@ void decode_panel_fast_t(const PanelSrc& s, int64_t r0, int64_t k0, int kc, cons
       break;
     }
     case GemmFormat::fp8: {  // 64 columns per step; word c holds columns 4c..4c+3
-      // byte q moved to the top (bits 24..31), arithmetic shift by 4 and mask 0x87F00000 -> sign | e << 23 | m << 20,
-      // i.e. the fp32 2^(e-127)*1.m (or the subnormal m*2^-129 for e = 0); * 2^120 rebiases exactly to e4m3.
-      const __m512i keep = _mm512_set1_epi32(static_cast<int>(0x87F00000u));
-      const __m512 rebias = _mm512_set1_ps(0x1p120f);
+      // byte q moved to the top (bits 24..31), then dec_e4m3_top (the exact path only for words with subnormal codes)
       for (int kb = 0; kb < kc; kb += 64) {
         prefetch_rows(base + k0 + kb, s.row_bytes);
         for (int i = 0; i < 16; ++i)
@@ -219,13 +247,19 @@ void decode_panel_fast_t(const PanelSrc& s, int64_t r0, int64_t k0, int kc, cons
         for (int c = 0; c < 16; ++c) {
           const __m512i v = _mm512_castps_si512(r[c]);
           float* out = P + (kb + 4 * c) * kPanel;
-          auto dec = [&](__m512i top) {
-            return _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_srai_epi32(top, 4), keep)), rebias);
+          auto put = [&]<bool EX>() {
+            _mm512_storeu_ps(out + 0 * kPanel,
+                             finish<DEQ, RND>(dec_e4m3_top<EX>(_mm512_slli_epi32(v, 24)), Ps, kb + 4 * c + 0, sblk));
+            _mm512_storeu_ps(out + 1 * kPanel,
+                             finish<DEQ, RND>(dec_e4m3_top<EX>(_mm512_slli_epi32(v, 16)), Ps, kb + 4 * c + 1, sblk));
+            _mm512_storeu_ps(out + 2 * kPanel,
+                             finish<DEQ, RND>(dec_e4m3_top<EX>(_mm512_slli_epi32(v, 8)), Ps, kb + 4 * c + 2, sblk));
+            _mm512_storeu_ps(out + 3 * kPanel, finish<DEQ, RND>(dec_e4m3_top<EX>(v), Ps, kb + 4 * c + 3, sblk));
           };
-          _mm512_storeu_ps(out + 0 * kPanel, finish<DEQ, RND>(dec(_mm512_slli_epi32(v, 24)), Ps, kb + 4 * c + 0, sblk));
-          _mm512_storeu_ps(out + 1 * kPanel, finish<DEQ, RND>(dec(_mm512_slli_epi32(v, 16)), Ps, kb + 4 * c + 1, sblk));
-          _mm512_storeu_ps(out + 2 * kPanel, finish<DEQ, RND>(dec(_mm512_slli_epi32(v, 8)), Ps, kb + 4 * c + 2, sblk));
-          _mm512_storeu_ps(out + 3 * kPanel, finish<DEQ, RND>(dec(v), Ps, kb + 4 * c + 3, sblk));
+          if (e4m3_subnormals(v) != 0)
+            put.template operator()<true>();
+          else
+            put.template operator()<false>();
         }
       }
       break;
@@ -397,8 +431,6 @@ void gemv_fp4(const PanelSrc& s, int64_t n0, const float* a, const float* sa, __
 template <int MODE>
 void gemv_fp8(const PanelSrc& s, int64_t n0, const float* a, const float* sa, __m512 accv[kG]) {
   const int64_t K = s.cols;
-  const __m512i keep = _mm512_set1_epi32(static_cast<int>(0x87F00000u));
-  const __m512 rebias = _mm512_set1_ps(0x1p120f);
   alignas(64) __m512 T[kG][16];
   __m512 sv[kG], sw[kG];
   for (int64_t kb = 0; kb < K; kb += 128) {
@@ -411,16 +443,25 @@ void gemv_fp8(const PanelSrc& s, int64_t n0, const float* a, const float* sa, __
       for (int p = 0; p < kG; ++p) load_transposed(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, k0, T[p]);
       for (int c = 0; c < 16; ++c) {
         const float* ak = a + k0 + 4 * c;
-        for (int qq = 0; qq < 4; ++qq) {
-          const __m512 ab = _mm512_set1_ps(ak[qq]);
-          for (int p = 0; p < kG; ++p) {
-            const __m512i top = _mm512_slli_epi32(_mm512_castps_si512(T[p][c]), 24 - 8 * qq);
-            __m512 w = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_srai_epi32(top, 4), keep)), rebias);
-            if constexpr (MODE >= 1) w = _mm512_mul_ps(w, sw[p]);
-            if constexpr (MODE == 2) w = round_bf16(w);
-            sv[p] = _mm512_fmadd_ps(ab, w, sv[p]);
+        auto step = [&]<bool EX>() {
+          for (int qq = 0; qq < 4; ++qq) {
+            const __m512 ab = _mm512_set1_ps(ak[qq]);
+            for (int p = 0; p < kG; ++p) {
+              const __m512i top = _mm512_slli_epi32(_mm512_castps_si512(T[p][c]), 24 - 8 * qq);
+              __m512 w = dec_e4m3_top<EX>(top);
+              if constexpr (MODE >= 1) w = _mm512_mul_ps(w, sw[p]);
+              if constexpr (MODE == 2) w = round_bf16(w);
+              sv[p] = _mm512_fmadd_ps(ab, w, sv[p]);
+            }
           }
-        }
+        };
+        // the exact decode only for the 4 panels' words with a subnormal code (a real checkpoint: ~1e-4 of codes)
+        __mmask64 sub = 0;
+        for (int p = 0; p < kG; ++p) sub |= e4m3_subnormals(_mm512_castps_si512(T[p][c]));
+        if (sub != 0)
+          step.template operator()<true>();
+        else
+          step.template operator()<false>();
       }
     }
     if constexpr (MODE == 0) {
