@@ -205,9 +205,11 @@ void linear(const GemmWeight& W, const float* x, int64_t n_tok, float* y, const 
     bool done = false;
     if (mr == 1 && nrows == kGroupRows && ker.gemv_group != nullptr)
       done = ker.gemv_group(src, n0, a + t0 * K, Q ? sa + t0 * nsb : nullptr, Q, accbuf.data());
-    // A few tokens (a batch of decodes): the fused GEMV for all of them, when the kernel set has one for this format.
+    // A few tokens (a batch of decodes): the fused GEMV for all of them, when the kernel set has one for this format
+    // and mode (AVX-512: BF16 dense, FP4 / FP8 quantized).
     if (!done && mr > 1 && mr <= 8 && nrows == kGroupRows && ker.gemv_group_m != nullptr)
-      done = ker.gemv_group_m(src, n0, a + t0 * K, K, int(mr), Q, accbuf.data(), kGroupRows);
+      done = ker.gemv_group_m(src, n0, a + t0 * K, K, Q ? sa + t0 * nsb : nullptr, nsb, int(mr), Q, accbuf.data(),
+                              kGroupRows);
     for (int64_t k0 = 0; k0 < K && !done; k0 += chunk) {
       const int kc = static_cast<int>(std::min<int64_t>(chunk, K - k0));
       const int kc_pad = (kc + 15) & ~15;

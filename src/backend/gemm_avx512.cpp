@@ -558,9 +558,119 @@ void gemv_bf16_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, flo
   }
 }
 
-bool gemv_group_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, int mr, bool q, float* acc,
-                  int64_t ldacc) {
-  if (q || s.fmt != GemmFormat::bf16 || s.cols % 32 != 0 || mr < 1 || mr > 8) return false;
+// Quantized (Q) product of MR tokens against one group, FP4 (1x32 E8M0 blocks) or FP8 (128-column blocks): two
+// panels at a time, every transposed weight word decoded once for all tokens, 2*MR independent block chains in
+// registers; per output the order of gemv_fp4 / gemv_fp8 / mk_q: s = fma chain over the K-block (k ascending), then
+// acc = acc + s * (sa * sw), blocks ascending (acc kept in the caller's buffer).
+template <int MR, bool FP4>
+void gemv_q_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, const float* sa, int64_t ldsa, float* acc,
+              int64_t ldacc) {
+  static_assert(kG % 2 == 0);
+  const int64_t K = s.cols;
+  constexpr int kStep = FP4 ? 128 : 64;  // columns per 64-byte row load
+  constexpr int kBlk = FP4 ? 32 : 128;   // K-block
+  const __m512 lut = _mm512_loadu_ps(e2m1_lut());
+  for (int p = 0; p < kG; p += 2) {
+    const int64_t r0 = n0 + p * kPanel;
+    const uint8_t* base0 = s.w + r0 * s.row_bytes;
+    const uint8_t* base1 = base0 + kPanel * s.row_bytes;
+    float* acc0 = acc + p * kPanel;
+    for (int m = 0; m < MR; ++m) {
+      _mm512_storeu_ps(acc0 + m * ldacc, _mm512_setzero_ps());
+      _mm512_storeu_ps(acc0 + m * ldacc + kPanel, _mm512_setzero_ps());
+    }
+    __m512 sv[MR][2];
+    alignas(64) float Ps[2][4 * kPanel];
+    auto flush = [&](int64_t kb, __m512 sw0, __m512 sw1) {  // end of the K-block at kb
+      for (int m = 0; m < MR; ++m) {
+        const __m512 sab = _mm512_set1_ps(sa[m * ldsa + kb / 128]);
+        float* o = acc0 + m * ldacc;
+        _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_mul_ps(sv[m][0], _mm512_mul_ps(sab, sw0))));
+        _mm512_storeu_ps(o + kPanel, _mm512_add_ps(_mm512_loadu_ps(o + kPanel),
+                                                   _mm512_mul_ps(sv[m][1], _mm512_mul_ps(sab, sw1))));
+        sv[m][0] = sv[m][1] = _mm512_setzero_ps();
+      }
+    };
+    for (int m = 0; m < MR; ++m) sv[m][0] = sv[m][1] = _mm512_setzero_ps();
+    __m512 sw0 = _mm512_setzero_ps(), sw1 = sw0;
+    for (int64_t k0 = 0; k0 < K; k0 += kStep) {
+      alignas(64) __m512 T0[16], T1[16];
+      const int64_t off = FP4 ? k0 / 2 : k0;
+      load_transposed(base0, s.row_bytes, off, T0);
+      load_transposed(base1, s.row_bytes, off, T1);
+      if constexpr (FP4) {
+        fp4_panel_scales(s, r0, k0, 4, Ps[0]);
+        fp4_panel_scales(s, r0 + kPanel, k0, 4, Ps[1]);
+      } else if (k0 % 128 == 0) {
+        sw0 = fp8_panel_scale(s, r0, k0 / 128);
+        sw1 = fp8_panel_scale(s, r0 + kPanel, k0 / 128);
+      }
+      constexpr int kPerWord = FP4 ? 8 : 4;
+      for (int c = 0; c < 16; ++c) {
+        if constexpr (FP4) {
+          if (c % 4 == 0) {  // a new 32-column block
+            sw0 = _mm512_load_ps(Ps[0] + (c / 4) * kPanel);
+            sw1 = _mm512_load_ps(Ps[1] + (c / 4) * kPanel);
+          }
+        }
+        const float* ak = a + k0 + kPerWord * c;
+        auto step = [&]<bool EX>() {
+          for (int qq = 0; qq < kPerWord; ++qq) {
+            __m512 w0, w1;
+            if constexpr (FP4) {
+              w0 = _mm512_permutexvar_ps(_mm512_srli_epi32(_mm512_castps_si512(T0[c]), 4 * qq), lut);
+              w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(_mm512_castps_si512(T1[c]), 4 * qq), lut);
+            } else {
+              w0 = dec_e4m3_top<EX>(_mm512_slli_epi32(_mm512_castps_si512(T0[c]), 24 - 8 * qq));
+              w1 = dec_e4m3_top<EX>(_mm512_slli_epi32(_mm512_castps_si512(T1[c]), 24 - 8 * qq));
+            }
+            for (int m = 0; m < MR; ++m) {
+              const __m512 x = _mm512_set1_ps(ak[m * lda + qq]);
+              sv[m][0] = _mm512_fmadd_ps(x, w0, sv[m][0]);
+              sv[m][1] = _mm512_fmadd_ps(x, w1, sv[m][1]);
+            }
+          }
+        };
+        if (FP4 || (e4m3_subnormals(_mm512_castps_si512(T0[c])) | e4m3_subnormals(_mm512_castps_si512(T1[c]))) != 0)
+          step.template operator()<true>();
+        else
+          step.template operator()<false>();
+        const int64_t kend = k0 + kPerWord * (c + 1);
+        if (kend % kBlk == 0) flush(kend - kBlk, sw0, sw1);
+      }
+    }
+  }
+}
+
+template <bool FP4>
+void gemv_q_m_dispatch(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, const float* sa, int64_t ldsa,
+                       int mr, float* acc, int64_t ldacc) {
+  switch (mr) {
+    case 8: gemv_q_m<8, FP4>(s, n0, a, lda, sa, ldsa, acc, ldacc); break;
+    case 7: gemv_q_m<7, FP4>(s, n0, a, lda, sa, ldsa, acc, ldacc); break;
+    case 6: gemv_q_m<6, FP4>(s, n0, a, lda, sa, ldsa, acc, ldacc); break;
+    case 5: gemv_q_m<5, FP4>(s, n0, a, lda, sa, ldsa, acc, ldacc); break;
+    case 4: gemv_q_m<4, FP4>(s, n0, a, lda, sa, ldsa, acc, ldacc); break;
+    case 3: gemv_q_m<3, FP4>(s, n0, a, lda, sa, ldsa, acc, ldacc); break;
+    default: gemv_q_m<2, FP4>(s, n0, a, lda, sa, ldsa, acc, ldacc); break;
+  }
+}
+
+bool gemv_group_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, const float* sa, int64_t ldsa, int mr,
+                  bool q, float* acc, int64_t ldacc) {
+  if (mr < 2 || mr > 8) return false;
+  if (q) {
+    if (s.fmt == GemmFormat::fp4 && s.cols % 128 == 0) {
+      gemv_q_m_dispatch<true>(s, n0, a, lda, sa, ldsa, mr, acc, ldacc);
+      return true;
+    }
+    if (s.fmt == GemmFormat::fp8 && s.cols % 128 == 0 && s.bc == 128) {
+      gemv_q_m_dispatch<false>(s, n0, a, lda, sa, ldsa, mr, acc, ldacc);
+      return true;
+    }
+    return false;
+  }
+  if (s.fmt != GemmFormat::bf16 || s.cols % 32 != 0) return false;
   switch (mr) {
     case 8: gemv_bf16_m2<8>(s, n0, a, lda, acc, ldacc); break;
     case 7: gemv_bf16_m2<7>(s, n0, a, lda, acc, ldacc); break;

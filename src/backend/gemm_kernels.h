@@ -71,11 +71,12 @@ struct Kernels {
   bool (*gemv_group)(const PanelSrc& s, int64_t n0, const float* a, const float* sa, bool q, float* acc);
   void (*mk_q)(const MkArgs& a);   // semantics (Q) of gemm.h for this chunk
   void (*mk_d)(const MkArgs& a);   // semantics (D) of gemm.h for this chunk
-  // Optional (may be null): the fused GEMV for mr (2..8) tokens at once (token m at a + m*lda, accumulators at
-  // acc + m*ldacc, starting at 0): every weight word is loaded and transposed once for all of them; each output keeps
-  // the chain of mk_q / mk_d. Returns false (having done nothing) when this format / mode / shape is not handled.
-  bool (*gemv_group_m)(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, int mr, bool q, float* acc,
-                       int64_t ldacc) = nullptr;
+  // Optional (may be null): the fused GEMV for mr (2..8) tokens at once (token m at a + m*lda, (Q) its act scales at
+  // sa + m*ldsa, accumulators at acc + m*ldacc, starting at 0): every weight word is loaded, transposed and decoded
+  // once for all of them; each output keeps the chain of mk_q / mk_d. Returns false (having done nothing) when this
+  // format / mode / shape is not handled.
+  bool (*gemv_group_m)(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, const float* sa, int64_t ldsa,
+                       int mr, bool q, float* acc, int64_t ldacc) = nullptr;
 };
 
 const Kernels& scalar_kernels();

@@ -375,6 +375,17 @@ TEST(Gemm, SmallBatchShapes) {
       run_case(c, rng);
 }
 
+TEST(Gemm, SmallBatchQuantizedShapes) {
+  // 2-8 tokens, reference (Q) numerics: the fused multi-token FP4 / FP8 GEMV (AVX-512) on full groups — FP8 with
+  // row blocks of 128 / 24 (scales per row inside a panel) and F32 scales — and the panel path for a partial group.
+  std::mt19937 rng(10);
+  for (int64_t n : {2, 3, 5, 8})
+    for (const Case& c : {Case{GemmFormat::fp4, 128, 512, n, Q()}, Case{GemmFormat::fp4, 100, 256, n, Q(false)},
+                          Case{GemmFormat::fp8, 192, 384, n, Q(false)}, Case{GemmFormat::fp8, 128, 256, n, Q(), false, 24},
+                          Case{GemmFormat::fp8, 64, 512, n, Q(), true}, Case{GemmFormat::fp8, 64, 256, n, D()}})
+      run_case(c, rng);
+}
+
 TEST(Gemm, RowOfOutputIndependentOfBatch) {
   // Row t of y depends only on row t of x: a 1-token call equals the same row of a 37-token call.
   std::mt19937 rng(5);
