@@ -221,7 +221,7 @@ void linear(const GemmWeight& W, const float* x, int64_t n_tok, float* y, const 
         const int prows = static_cast<int>(std::min<int64_t>(kPanel, n0 + nrows - pr0));
         float* Ps = Psbuf.data() + static_cast<size_t>(p) * (kChunk / 32) * kPanel;
         if (scales_per_chunk) {
-          if (prows == kPanel && W.fmt == GemmFormat::fp4 && ker.fp4_panel_scales != nullptr && nps % 4 == 0) {
+          if (prows == kPanel && W.fmt == GemmFormat::fp4 && ker.fp4_panel_scales != nullptr) {
             ker.fp4_panel_scales(src, pr0, k0, nps, Ps);
           } else if (prows == kPanel && W.fmt == GemmFormat::fp8 && pr0 / src.br == (pr0 + kPanel - 1) / src.br) {
             weight_scales_row(src, pr0, k0 / sblk, nps, Ps, kPanel);  // one row block: same scales for all 16 rows

@@ -1,5 +1,6 @@
 // AVX-512 (F+BW+VL, with AVX2/FMA/F16C) GEMM kernels, compiled with a target pragma and chosen at run time.
 // They reproduce gemm_scalar.cpp bitwise: lanes are output rows, so every output's sum runs sequentially in k.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -197,26 +198,54 @@ inline __m512 finish(__m512 v, const float* Ps, int k, int sblk) {
   return v;
 }
 
-// Full 16-row panels, kc a multiple of 16 elements per 64 loaded bytes: the raw rows are transposed as 32-bit words
+// Full 16-row panels (any kc: a partial last step loads masked and goes through a tail buffer): the raw rows are transposed as 32-bit words
 // (16 rows x 64 bytes -> 16 vectors, lane i = 4 bytes of row i), then every code inside a word is decoded across the
 // 16 lanes at once: FP4 8 nibbles (k, k+1, ... = low nibble first), FP8 4 bytes, BF16 2 halves — little-endian order
 // is the column order, so P rows come out in natural k order.
+// 16 rows x nbytes (<= 64) from p (row stride row_bytes) into r, zeros past nbytes (masked loads never touch the
+// bytes past a row's end), with the rows' software prefetch.
+inline void load_rows(__m512 r[16], const uint8_t* p, int64_t row_bytes, int nbytes) {
+  prefetch_rows(p, row_bytes);
+  if (nbytes >= 64) {
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(reinterpret_cast<const float*>(p + i * row_bytes));
+  } else {
+    const __mmask64 m = (__mmask64{1} << nbytes) - 1;
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi8(m, p + i * row_bytes));
+  }
+}
+
+// One step of decode_panel_fast_t: columns [kb, kb + width) of the chunk go straight to P, or, for the last step
+// when it is partial (kc - kb < width), to tail, of which done() copies the rows below kc and zeros [kc, kc_pad).
+struct Step {
+  float* P;
+  float* dst;
+  int kb, kc, width;
+  Step(float* P_, int kb_, int kc_, int width_, float* tail)
+      : P(P_), dst(kc_ - kb_ < width_ ? tail : P_ + kb_ * kPanel), kb(kb_), kc(kc_), width(width_) {}
+  void done() const {
+    if (kc - kb >= width) return;
+    const int kc_pad = (kc + 15) & ~15;
+    std::memcpy(P + kb * kPanel, dst, sizeof(float) * kPanel * (kc - kb));
+    std::memset(P + kc * kPanel, 0, sizeof(float) * kPanel * (kc_pad - kc));
+  }
+};
+
 template <bool DEQ, bool RND>
 void decode_panel_fast_t(const PanelSrc& s, int64_t r0, int64_t k0, int kc, const float* Ps, float* P) {
   const uint8_t* base = s.w + r0 * s.row_bytes;
   const int sblk = static_cast<int>(s.bc);
   __m512 r[16];
+  alignas(64) float tail[128 * kPanel];  // the last, partial step's rows (then copied up to kc_pad, zeros past kc)
   switch (s.fmt) {
     case GemmFormat::fp4: {  // 64 bytes = 128 columns per row per step; word c holds columns 8c..8c+7
       const __m512 lut = _mm512_loadu_ps(e2m1_lut());
       for (int kb = 0; kb < kc; kb += 128) {
-        prefetch_rows(base + (k0 + kb) / 2, s.row_bytes);
-        for (int i = 0; i < 16; ++i)
-          r[i] = _mm512_loadu_ps(reinterpret_cast<const float*>(base + i * s.row_bytes + (k0 + kb) / 2));
+        Step st(P, kb, kc, 128, tail);
+        load_rows(r, base + (k0 + kb) / 2, s.row_bytes, (std::min(kc - kb, 128) + 1) / 2);
         transpose16_regs(r);
         for (int c = 0; c < 16; ++c) {
           const __m512i v = _mm512_castps_si512(r[c]);
-          float* out = P + (kb + 8 * c) * kPanel;
+          float* out = st.dst + 8 * c * kPanel;
           // permutexvar uses the low 4 bits of each index: nibble q of the word after a 4q shift
           _mm512_storeu_ps(out + 0 * kPanel, finish<DEQ, RND>(_mm512_permutexvar_ps(v, lut), Ps, kb + 8 * c + 0, sblk));
           _mm512_storeu_ps(out + 1 * kPanel, finish<DEQ, RND>(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut), Ps,
@@ -234,19 +263,19 @@ void decode_panel_fast_t(const PanelSrc& s, int64_t r0, int64_t k0, int kc, cons
           _mm512_storeu_ps(out + 7 * kPanel, finish<DEQ, RND>(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 28), lut), Ps,
                                                               kb + 8 * c + 7, sblk));
         }
+        st.done();
       }
       break;
     }
     case GemmFormat::fp8: {  // 64 columns per step; word c holds columns 4c..4c+3
       // byte q moved to the top (bits 24..31), then dec_e4m3_top (the exact path only for words with subnormal codes)
       for (int kb = 0; kb < kc; kb += 64) {
-        prefetch_rows(base + k0 + kb, s.row_bytes);
-        for (int i = 0; i < 16; ++i)
-          r[i] = _mm512_loadu_ps(reinterpret_cast<const float*>(base + i * s.row_bytes + k0 + kb));
+        Step st(P, kb, kc, 64, tail);
+        load_rows(r, base + k0 + kb, s.row_bytes, std::min(kc - kb, 64));
         transpose16_regs(r);
         for (int c = 0; c < 16; ++c) {
           const __m512i v = _mm512_castps_si512(r[c]);
-          float* out = P + (kb + 4 * c) * kPanel;
+          float* out = st.dst + 4 * c * kPanel;
           auto put = [&]<bool EX>() {
             _mm512_storeu_ps(out + 0 * kPanel,
                              finish<DEQ, RND>(dec_e4m3_top<EX>(_mm512_slli_epi32(v, 24)), Ps, kb + 4 * c + 0, sblk));
@@ -261,22 +290,23 @@ void decode_panel_fast_t(const PanelSrc& s, int64_t r0, int64_t k0, int kc, cons
           else
             put.template operator()<false>();
         }
+        st.done();
       }
       break;
     }
     case GemmFormat::bf16: {  // 32 columns per step; word c holds columns 2c, 2c+1
       const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
       for (int kb = 0; kb < kc; kb += 32) {
-        prefetch_rows(base + 2 * (k0 + kb), s.row_bytes);
-        for (int i = 0; i < 16; ++i)
-          r[i] = _mm512_loadu_ps(reinterpret_cast<const float*>(base + i * s.row_bytes + 2 * (k0 + kb)));
+        Step st(P, kb, kc, 32, tail);
+        load_rows(r, base + 2 * (k0 + kb), s.row_bytes, 2 * std::min(kc - kb, 32));
         transpose16_regs(r);
         for (int c = 0; c < 16; ++c) {
           const __m512i v = _mm512_castps_si512(r[c]);
-          float* out = P + (kb + 2 * c) * kPanel;
+          float* out = st.dst + 2 * c * kPanel;
           _mm512_storeu_ps(out, finish<DEQ, RND>(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), nullptr, 0, 1));
           _mm512_storeu_ps(out + kPanel, finish<DEQ, RND>(_mm512_castsi512_ps(_mm512_and_si512(v, hi)), nullptr, 0, 1));
         }
+        st.done();
       }
       break;
     }
@@ -299,8 +329,7 @@ void decode_panel(const PanelSrc& s, int64_t r0, int nrows, int64_t k0, int kc, 
   const int kc_pad = (kc + 15) & ~15;
   if (nrows == kPanel) {
     const bool quantized = s.fmt == GemmFormat::fp4 || s.fmt == GemmFormat::fp8;
-    const bool fits = (s.fmt == GemmFormat::fp4 && kc % 128 == 0) || (s.fmt == GemmFormat::fp8 && kc % 64 == 0) ||
-                      (s.fmt == GemmFormat::bf16 && kc % 32 == 0);
+    const bool fits = s.fmt == GemmFormat::fp4 || s.fmt == GemmFormat::fp8 || s.fmt == GemmFormat::bf16;
     if (fits && (!quantized || !s.dequant || Ps != nullptr)) return decode_panel_fast(s, r0, k0, kc, Ps, P);
   }
   alignas(64) static thread_local float tmp[kPanel * kChunk];
@@ -313,7 +342,7 @@ void decode_panel(const PanelSrc& s, int64_t r0, int nrows, int64_t k0, int kc, 
   for (int k = 0; k < kc_pad; k += 16) transpose16(tmp + k, kc_pad, P + k * kPanel);
 }
 
-// E8M0 scales of 16 rows x nps blocks (nps multiple of 4): one 32-bit gather per 4 blocks, decoded bitwise like
+// E8M0 scales of 16 rows x nps blocks: one 32-bit gather per 4 blocks, decoded bitwise like
 // e8m0_to_float (e = 0 -> 2^-127, e = 255 -> NaN).
 void fp4_panel_scales(const PanelSrc& s, int64_t r0, int64_t k0, int nps, float* Ps) {
   const int64_t stride = s.scale_cols;  // bytes per scale row
@@ -322,8 +351,17 @@ void fp4_panel_scales(const PanelSrc& s, int64_t r0, int64_t k0, int nps, float*
                                           _mm512_set1_epi32(static_cast<int>(stride)));
   const __m512i ff = _mm512_set1_epi32(0xFF), zero = _mm512_setzero_si512();
   for (int b = 0; b < nps; b += 4) {
-    const __m512i v = _mm512_i32gather_epi32(vidx, base + b, 1);
-    for (int q = 0; q < 4; ++q) {
+    // a last group of n < 4 blocks: the 4 bytes ending at its last block (the bytes before it are the same row's or
+    // the previous row's, never past the scale grid's end), shifted into place; at the grid's very start, per block
+    const int n = nps - b < 4 ? nps - b : 4;
+    if (n < 4 && r0 * stride + k0 / 32 + b + n < 4) {
+      for (int q = 0; q < n; ++q)
+        for (int j = 0; j < kPanel; ++j) Ps[(b + q) * kPanel + j] = e8m0_to_float(base[j * stride + b + q]);
+      break;
+    }
+    __m512i v = _mm512_i32gather_epi32(vidx, base + b - (4 - n), 1);
+    if (n < 4) v = _mm512_srli_epi32(v, 8 * (4 - n));
+    for (int q = 0; q < n; ++q) {
       const __m512i e = _mm512_and_si512(_mm512_srli_epi32(v, 8 * q), ff);
       __m512i bits = _mm512_slli_epi32(e, 23);
       bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(e, zero), _mm512_set1_epi32(0x00400000));

@@ -61,7 +61,8 @@ struct Kernels {
   // Ps: when not null, the block scales of this panel for the chunk, Ps[b][j] = scale(r0 + j, k0 + b*sblk) with
   // sblk = s.bc (fp4: 32), for the dense dequantization (kernels may also look scales up themselves).
   void (*decode_panel)(const PanelSrc& s, int64_t r0, int nrows, int64_t k0, int kc, const float* Ps, float* P);
-  // Optional (may be null): Ps[b][j] = scale(r0 + j, k0 + b*32) for a full FP4 panel (16 rows, E8M0), b < nps.
+  // Optional (may be null): Ps[b][j] = scale(r0 + j, k0 + b*32) for a full FP4 panel (16 rows, E8M0), b < nps
+  // (any nps >= 1; reads only bytes of the scale grid).
   void (*fp4_panel_scales)(const PanelSrc& s, int64_t r0, int64_t k0, int nps, float* Ps);
   // Optional (may be null): act_quant_fp8(x, n, 128, q, s) of act_quant.h, bitwise identical.
   void (*act_quant_row)(const float* x, int64_t n, float* q, float* s);
