@@ -205,9 +205,11 @@ void linear(const GemmWeight& W, const float* x, int64_t n_tok, float* y, const 
     bool done = false;
     if (mr == 1 && nrows == kGroupRows && ker.gemv_group != nullptr)
       done = ker.gemv_group(src, n0, a + t0 * K, Q ? sa + t0 * nsb : nullptr, Q, accbuf.data());
-    // A few tokens (a batch of decodes): the fused GEMV for all of them, when the kernel set has one for this format.
+    // A few tokens (a batch of decodes): the fused GEMV for all of them, when the kernel set has one for this format
+    // and mode (AVX-512: BF16 dense, FP4 / FP8 quantized).
     if (!done && mr > 1 && mr <= 8 && nrows == kGroupRows && ker.gemv_group_m != nullptr)
-      done = ker.gemv_group_m(src, n0, a + t0 * K, K, int(mr), Q, accbuf.data(), kGroupRows);
+      done = ker.gemv_group_m(src, n0, a + t0 * K, K, Q ? sa + t0 * nsb : nullptr, nsb, int(mr), Q, accbuf.data(),
+                              kGroupRows);
     for (int64_t k0 = 0; k0 < K && !done; k0 += chunk) {
       const int kc = static_cast<int>(std::min<int64_t>(chunk, K - k0));
       const int kc_pad = (kc + 15) & ~15;
@@ -219,7 +221,7 @@ void linear(const GemmWeight& W, const float* x, int64_t n_tok, float* y, const 
         const int prows = static_cast<int>(std::min<int64_t>(kPanel, n0 + nrows - pr0));
         float* Ps = Psbuf.data() + static_cast<size_t>(p) * (kChunk / 32) * kPanel;
         if (scales_per_chunk) {
-          if (prows == kPanel && W.fmt == GemmFormat::fp4 && ker.fp4_panel_scales != nullptr && nps % 4 == 0) {
+          if (prows == kPanel && W.fmt == GemmFormat::fp4 && ker.fp4_panel_scales != nullptr) {
             ker.fp4_panel_scales(src, pr0, k0, nps, Ps);
           } else if (prows == kPanel && W.fmt == GemmFormat::fp8 && pr0 / src.br == (pr0 + kPanel - 1) / src.br) {
             weight_scales_row(src, pr0, k0 / sblk, nps, Ps, kPanel);  // one row block: same scales for all 16 rows

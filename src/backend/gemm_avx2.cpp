@@ -238,11 +238,40 @@ inline __m256 fp8_sub_scale(const PanelSrc& s, int64_t r0, int64_t c) {
   return _mm256_load_ps(v);
 }
 
+// E4M3 code in the top byte of each lane -> exact fp32 (see gemm_avx512.cpp dec_e4m3_top): sign | e << 23 | m << 20
+// times 2^120; the EXACT path keeps fp32 subnormals out of the multiply (microcode assists on Intel) by giving the
+// subnormal codes (e = 0, m != 0) exponent field 1 and subtracting their signed 2^-6 afterwards (other lanes: - +0,
+// exact). EXACT = false only for words without subnormal codes (e4m3_subnormals8).
+template <bool EXACT>
+inline __m256 dec_e4m3_top8(__m256i top) {
+  const __m256i x = _mm256_and_si256(_mm256_srai_epi32(top, 4), _mm256_set1_epi32(static_cast<int>(0x87F00000u)));
+  const __m256 rebias = _mm256_set1_ps(0x1p120f);
+  if constexpr (!EXACT) {
+    return _mm256_mul_ps(_mm256_castsi256_ps(x), rebias);
+  } else {
+    const __m256i zero = _mm256_setzero_si256();
+    const __m256i e0 = _mm256_cmpeq_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x07800000)), zero);
+    const __m256i m0 = _mm256_cmpeq_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x00700000)), zero);
+    const __m256i sub = _mm256_andnot_si256(m0, e0);
+    const __m256i xs = _mm256_or_si256(x, _mm256_and_si256(sub, _mm256_set1_epi32(0x00800000)));
+    const __m256 w = _mm256_mul_ps(_mm256_castsi256_ps(xs), rebias);
+    const __m256i c = _mm256_or_si256(_mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0x80000000u))),
+                                      _mm256_set1_epi32(0x3C800000));  // +-2^-6
+    return _mm256_sub_ps(w, _mm256_castsi256_ps(_mm256_and_si256(c, sub)));
+  }
+}
+
+// Whether any byte of v is a subnormal E4M3 code (exponent bits 0x78 clear, mantissa bits 0x07 not all clear).
+inline bool e4m3_subnormals8(__m256i v) {
+  const __m256i zero = _mm256_setzero_si256();
+  const __m256i e0 = _mm256_cmpeq_epi8(_mm256_and_si256(v, _mm256_set1_epi8(0x78)), zero);
+  const __m256i m0 = _mm256_cmpeq_epi8(_mm256_and_si256(v, _mm256_set1_epi8(0x07)), zero);
+  return _mm256_movemask_epi8(_mm256_andnot_si256(m0, e0)) != 0;
+}
+
 template <int MODE>
 void gemv_fp8(const PanelSrc& s, int64_t rb, const float* a, const float* sa, float* acc) {
   const int64_t K = s.cols;
-  const __m256i keep = _mm256_set1_epi32(static_cast<int>(0x87F00000u));
-  const __m256 rebias = _mm256_set1_ps(0x1p120f);
   alignas(32) __m256 T[kSubs][16];
   __m256 accv[kSubs], sv[kSubs], sw[kSubs];
   for (int sp = 0; sp < kSubs; ++sp) accv[sp] = _mm256_setzero_ps();
@@ -256,16 +285,24 @@ void gemv_fp8(const PanelSrc& s, int64_t rb, const float* a, const float* sa, fl
       for (int sp = 0; sp < kSubs; ++sp) load_transposed8(s.w + (rb + 8 * sp) * s.row_bytes, s.row_bytes, k0, T[sp]);
       for (int c = 0; c < 16; ++c) {
         const float* ak = a + k0 + 4 * c;
-        for (int qq = 0; qq < 4; ++qq) {
-          const __m256 ab = _mm256_broadcast_ss(ak + qq);
-          for (int sp = 0; sp < kSubs; ++sp) {
-            const __m256i top = _mm256_slli_epi32(_mm256_castps_si256(T[sp][c]), 24 - 8 * qq);
-            __m256 w = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(top, 4), keep)), rebias);
-            if constexpr (MODE >= 1) w = _mm256_mul_ps(w, sw[sp]);
-            if constexpr (MODE == 2) w = round_bf16(w);
-            sv[sp] = _mm256_fmadd_ps(ab, w, sv[sp]);
+        auto step = [&]<bool EX>() {
+          for (int qq = 0; qq < 4; ++qq) {
+            const __m256 ab = _mm256_broadcast_ss(ak + qq);
+            for (int sp = 0; sp < kSubs; ++sp) {
+              const __m256i top = _mm256_slli_epi32(_mm256_castps_si256(T[sp][c]), 24 - 8 * qq);
+              __m256 w = dec_e4m3_top8<EX>(top);
+              if constexpr (MODE >= 1) w = _mm256_mul_ps(w, sw[sp]);
+              if constexpr (MODE == 2) w = round_bf16(w);
+              sv[sp] = _mm256_fmadd_ps(ab, w, sv[sp]);
+            }
           }
-        }
+        };
+        bool sub = false;
+        for (int sp = 0; sp < kSubs; ++sp) sub = sub || e4m3_subnormals8(_mm256_castps_si256(T[sp][c]));
+        if (sub)
+          step.template operator()<true>();
+        else
+          step.template operator()<false>();
       }
     }
     if constexpr (MODE == 0) {

@@ -1,5 +1,6 @@
 // AVX-512 (F+BW+VL, with AVX2/FMA/F16C) GEMM kernels, compiled with a target pragma and chosen at run time.
 // They reproduce gemm_scalar.cpp bitwise: lanes are output rows, so every output's sum runs sequentially in k.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -158,6 +159,37 @@ inline void prefetch_rows(const uint8_t* p, int64_t row_bytes, int64_t dist = kP
   for (int i = 0; i < 16; ++i) _mm_prefetch(reinterpret_cast<const char*>(p + i * row_bytes + dist), _MM_HINT_T0);
 }
 
+// ---- E4M3 codes in the top byte of each 32-bit lane -> exact fp32 values ----
+// srai by 4 and mask 0x87F00000 give sign | e << 23 | m << 20, the fp32 2^(e-127) * 1.m; * 2^120 rebiases exactly to
+// e4m3. For the subnormal codes (e = 0, m != 0: m * 2^-9) that intermediate is an fp32 subnormal, and on some CPUs
+// (Intel) every multiply with a subnormal input takes a microcode assist (~100+ cycles per instruction: the FP8 GEMV
+// ran at a seventh of the FP4 one on uniformly random codes). The exact path never forms a subnormal: those lanes get
+// exponent field 1 (2^-126 * 1.m, * 2^120 = 2^-6 * (1 + m/8)), then subtract 2^-6 with the lane's sign: exactly
+// +-m * 2^-9, the same value (and bits) as the plain path. Codes +-0 (e = 0, m = 0) are +-0 on both paths.
+// EXACT = false is valid only when no lane holds a subnormal code (e4m3_subnormals zero for its word). The constants
+// are loop-invariant (hoisted by the compiler).
+template <bool EXACT>
+inline __m512 dec_e4m3_top(__m512i top) {
+  const __m512i x = _mm512_and_si512(_mm512_srai_epi32(top, 4), _mm512_set1_epi32(static_cast<int>(0x87F00000u)));
+  const __m512 rebias = _mm512_set1_ps(0x1p120f);
+  if constexpr (!EXACT) {
+    return _mm512_mul_ps(_mm512_castsi512_ps(x), rebias);
+  } else {
+    const __mmask16 sub = _mm512_mask_test_epi32_mask(_mm512_testn_epi32_mask(x, _mm512_set1_epi32(0x07800000)), x,
+                                                      _mm512_set1_epi32(0x00700000));  // e = 0, m != 0
+    const __m512 w =  // exponent field 1 in those lanes: +-2^-6 * (1 + m/8)
+        _mm512_mul_ps(_mm512_castsi512_ps(_mm512_mask_or_epi32(x, sub, x, _mm512_set1_epi32(0x00800000))), rebias);
+    const __m512 c = _mm512_castsi512_ps(  // (x & sign) | 2^-6
+        _mm512_ternarylogic_epi32(x, _mm512_set1_epi32(static_cast<int>(0x80000000u)), _mm512_set1_epi32(0x3C800000), 0xEA));
+    return _mm512_mask_sub_ps(w, sub, w, c);
+  }
+}
+
+// Whether any byte of v is a subnormal E4M3 code (exponent bits 0x78 clear, mantissa bits 0x07 not all clear).
+inline __mmask64 e4m3_subnormals(__m512i v) {
+  return _mm512_mask_test_epi8_mask(_mm512_testn_epi8_mask(v, _mm512_set1_epi8(0x78)), v, _mm512_set1_epi8(0x07));
+}
+
 // Dense-mode post-processing of one decoded P row (16 rows at chunk column k): block scale, bf16 rounding.
 template <bool DEQ, bool RND>
 inline __m512 finish(__m512 v, const float* Ps, int k, int sblk) {
@@ -166,26 +198,54 @@ inline __m512 finish(__m512 v, const float* Ps, int k, int sblk) {
   return v;
 }
 
-// Full 16-row panels, kc a multiple of 16 elements per 64 loaded bytes: the raw rows are transposed as 32-bit words
+// Full 16-row panels (any kc: a partial last step loads masked and goes through a tail buffer): the raw rows are transposed as 32-bit words
 // (16 rows x 64 bytes -> 16 vectors, lane i = 4 bytes of row i), then every code inside a word is decoded across the
 // 16 lanes at once: FP4 8 nibbles (k, k+1, ... = low nibble first), FP8 4 bytes, BF16 2 halves — little-endian order
 // is the column order, so P rows come out in natural k order.
+// 16 rows x nbytes (<= 64) from p (row stride row_bytes) into r, zeros past nbytes (masked loads never touch the
+// bytes past a row's end), with the rows' software prefetch.
+inline void load_rows(__m512 r[16], const uint8_t* p, int64_t row_bytes, int nbytes) {
+  prefetch_rows(p, row_bytes);
+  if (nbytes >= 64) {
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(reinterpret_cast<const float*>(p + i * row_bytes));
+  } else {
+    const __mmask64 m = (__mmask64{1} << nbytes) - 1;
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi8(m, p + i * row_bytes));
+  }
+}
+
+// One step of decode_panel_fast_t: columns [kb, kb + width) of the chunk go straight to P, or, for the last step
+// when it is partial (kc - kb < width), to tail, of which done() copies the rows below kc and zeros [kc, kc_pad).
+struct Step {
+  float* P;
+  float* dst;
+  int kb, kc, width;
+  Step(float* P_, int kb_, int kc_, int width_, float* tail)
+      : P(P_), dst(kc_ - kb_ < width_ ? tail : P_ + kb_ * kPanel), kb(kb_), kc(kc_), width(width_) {}
+  void done() const {
+    if (kc - kb >= width) return;
+    const int kc_pad = (kc + 15) & ~15;
+    std::memcpy(P + kb * kPanel, dst, sizeof(float) * kPanel * (kc - kb));
+    std::memset(P + kc * kPanel, 0, sizeof(float) * kPanel * (kc_pad - kc));
+  }
+};
+
 template <bool DEQ, bool RND>
 void decode_panel_fast_t(const PanelSrc& s, int64_t r0, int64_t k0, int kc, const float* Ps, float* P) {
   const uint8_t* base = s.w + r0 * s.row_bytes;
   const int sblk = static_cast<int>(s.bc);
   __m512 r[16];
+  alignas(64) float tail[128 * kPanel];  // the last, partial step's rows (then copied up to kc_pad, zeros past kc)
   switch (s.fmt) {
     case GemmFormat::fp4: {  // 64 bytes = 128 columns per row per step; word c holds columns 8c..8c+7
       const __m512 lut = _mm512_loadu_ps(e2m1_lut());
       for (int kb = 0; kb < kc; kb += 128) {
-        prefetch_rows(base + (k0 + kb) / 2, s.row_bytes);
-        for (int i = 0; i < 16; ++i)
-          r[i] = _mm512_loadu_ps(reinterpret_cast<const float*>(base + i * s.row_bytes + (k0 + kb) / 2));
+        Step st(P, kb, kc, 128, tail);
+        load_rows(r, base + (k0 + kb) / 2, s.row_bytes, (std::min(kc - kb, 128) + 1) / 2);
         transpose16_regs(r);
         for (int c = 0; c < 16; ++c) {
           const __m512i v = _mm512_castps_si512(r[c]);
-          float* out = P + (kb + 8 * c) * kPanel;
+          float* out = st.dst + 8 * c * kPanel;
           // permutexvar uses the low 4 bits of each index: nibble q of the word after a 4q shift
           _mm512_storeu_ps(out + 0 * kPanel, finish<DEQ, RND>(_mm512_permutexvar_ps(v, lut), Ps, kb + 8 * c + 0, sblk));
           _mm512_storeu_ps(out + 1 * kPanel, finish<DEQ, RND>(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut), Ps,
@@ -203,46 +263,50 @@ void decode_panel_fast_t(const PanelSrc& s, int64_t r0, int64_t k0, int kc, cons
           _mm512_storeu_ps(out + 7 * kPanel, finish<DEQ, RND>(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 28), lut), Ps,
                                                               kb + 8 * c + 7, sblk));
         }
+        st.done();
       }
       break;
     }
     case GemmFormat::fp8: {  // 64 columns per step; word c holds columns 4c..4c+3
-      // byte q moved to the top (bits 24..31), arithmetic shift by 4 and mask 0x87F00000 -> sign | e << 23 | m << 20,
-      // i.e. the fp32 2^(e-127)*1.m (or the subnormal m*2^-129 for e = 0); * 2^120 rebiases exactly to e4m3.
-      const __m512i keep = _mm512_set1_epi32(static_cast<int>(0x87F00000u));
-      const __m512 rebias = _mm512_set1_ps(0x1p120f);
+      // byte q moved to the top (bits 24..31), then dec_e4m3_top (the exact path only for words with subnormal codes)
       for (int kb = 0; kb < kc; kb += 64) {
-        prefetch_rows(base + k0 + kb, s.row_bytes);
-        for (int i = 0; i < 16; ++i)
-          r[i] = _mm512_loadu_ps(reinterpret_cast<const float*>(base + i * s.row_bytes + k0 + kb));
+        Step st(P, kb, kc, 64, tail);
+        load_rows(r, base + k0 + kb, s.row_bytes, std::min(kc - kb, 64));
         transpose16_regs(r);
         for (int c = 0; c < 16; ++c) {
           const __m512i v = _mm512_castps_si512(r[c]);
-          float* out = P + (kb + 4 * c) * kPanel;
-          auto dec = [&](__m512i top) {
-            return _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_srai_epi32(top, 4), keep)), rebias);
+          float* out = st.dst + 4 * c * kPanel;
+          auto put = [&]<bool EX>() {
+            _mm512_storeu_ps(out + 0 * kPanel,
+                             finish<DEQ, RND>(dec_e4m3_top<EX>(_mm512_slli_epi32(v, 24)), Ps, kb + 4 * c + 0, sblk));
+            _mm512_storeu_ps(out + 1 * kPanel,
+                             finish<DEQ, RND>(dec_e4m3_top<EX>(_mm512_slli_epi32(v, 16)), Ps, kb + 4 * c + 1, sblk));
+            _mm512_storeu_ps(out + 2 * kPanel,
+                             finish<DEQ, RND>(dec_e4m3_top<EX>(_mm512_slli_epi32(v, 8)), Ps, kb + 4 * c + 2, sblk));
+            _mm512_storeu_ps(out + 3 * kPanel, finish<DEQ, RND>(dec_e4m3_top<EX>(v), Ps, kb + 4 * c + 3, sblk));
           };
-          _mm512_storeu_ps(out + 0 * kPanel, finish<DEQ, RND>(dec(_mm512_slli_epi32(v, 24)), Ps, kb + 4 * c + 0, sblk));
-          _mm512_storeu_ps(out + 1 * kPanel, finish<DEQ, RND>(dec(_mm512_slli_epi32(v, 16)), Ps, kb + 4 * c + 1, sblk));
-          _mm512_storeu_ps(out + 2 * kPanel, finish<DEQ, RND>(dec(_mm512_slli_epi32(v, 8)), Ps, kb + 4 * c + 2, sblk));
-          _mm512_storeu_ps(out + 3 * kPanel, finish<DEQ, RND>(dec(v), Ps, kb + 4 * c + 3, sblk));
+          if (e4m3_subnormals(v) != 0)
+            put.template operator()<true>();
+          else
+            put.template operator()<false>();
         }
+        st.done();
       }
       break;
     }
     case GemmFormat::bf16: {  // 32 columns per step; word c holds columns 2c, 2c+1
       const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
       for (int kb = 0; kb < kc; kb += 32) {
-        prefetch_rows(base + 2 * (k0 + kb), s.row_bytes);
-        for (int i = 0; i < 16; ++i)
-          r[i] = _mm512_loadu_ps(reinterpret_cast<const float*>(base + i * s.row_bytes + 2 * (k0 + kb)));
+        Step st(P, kb, kc, 32, tail);
+        load_rows(r, base + 2 * (k0 + kb), s.row_bytes, 2 * std::min(kc - kb, 32));
         transpose16_regs(r);
         for (int c = 0; c < 16; ++c) {
           const __m512i v = _mm512_castps_si512(r[c]);
-          float* out = P + (kb + 2 * c) * kPanel;
+          float* out = st.dst + 2 * c * kPanel;
           _mm512_storeu_ps(out, finish<DEQ, RND>(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), nullptr, 0, 1));
           _mm512_storeu_ps(out + kPanel, finish<DEQ, RND>(_mm512_castsi512_ps(_mm512_and_si512(v, hi)), nullptr, 0, 1));
         }
+        st.done();
       }
       break;
     }
@@ -265,8 +329,7 @@ void decode_panel(const PanelSrc& s, int64_t r0, int nrows, int64_t k0, int kc, 
   const int kc_pad = (kc + 15) & ~15;
   if (nrows == kPanel) {
     const bool quantized = s.fmt == GemmFormat::fp4 || s.fmt == GemmFormat::fp8;
-    const bool fits = (s.fmt == GemmFormat::fp4 && kc % 128 == 0) || (s.fmt == GemmFormat::fp8 && kc % 64 == 0) ||
-                      (s.fmt == GemmFormat::bf16 && kc % 32 == 0);
+    const bool fits = s.fmt == GemmFormat::fp4 || s.fmt == GemmFormat::fp8 || s.fmt == GemmFormat::bf16;
     if (fits && (!quantized || !s.dequant || Ps != nullptr)) return decode_panel_fast(s, r0, k0, kc, Ps, P);
   }
   alignas(64) static thread_local float tmp[kPanel * kChunk];
@@ -279,7 +342,7 @@ void decode_panel(const PanelSrc& s, int64_t r0, int nrows, int64_t k0, int kc, 
   for (int k = 0; k < kc_pad; k += 16) transpose16(tmp + k, kc_pad, P + k * kPanel);
 }
 
-// E8M0 scales of 16 rows x nps blocks (nps multiple of 4): one 32-bit gather per 4 blocks, decoded bitwise like
+// E8M0 scales of 16 rows x nps blocks: one 32-bit gather per 4 blocks, decoded bitwise like
 // e8m0_to_float (e = 0 -> 2^-127, e = 255 -> NaN).
 void fp4_panel_scales(const PanelSrc& s, int64_t r0, int64_t k0, int nps, float* Ps) {
   const int64_t stride = s.scale_cols;  // bytes per scale row
@@ -288,8 +351,17 @@ void fp4_panel_scales(const PanelSrc& s, int64_t r0, int64_t k0, int nps, float*
                                           _mm512_set1_epi32(static_cast<int>(stride)));
   const __m512i ff = _mm512_set1_epi32(0xFF), zero = _mm512_setzero_si512();
   for (int b = 0; b < nps; b += 4) {
-    const __m512i v = _mm512_i32gather_epi32(vidx, base + b, 1);
-    for (int q = 0; q < 4; ++q) {
+    // a last group of n < 4 blocks: the 4 bytes ending at its last block (the bytes before it are the same row's or
+    // the previous row's, never past the scale grid's end), shifted into place; at the grid's very start, per block
+    const int n = nps - b < 4 ? nps - b : 4;
+    if (n < 4 && r0 * stride + k0 / 32 + b + n < 4) {
+      for (int q = 0; q < n; ++q)
+        for (int j = 0; j < kPanel; ++j) Ps[(b + q) * kPanel + j] = e8m0_to_float(base[j * stride + b + q]);
+      break;
+    }
+    __m512i v = _mm512_i32gather_epi32(vidx, base + b - (4 - n), 1);
+    if (n < 4) v = _mm512_srli_epi32(v, 8 * (4 - n));
+    for (int q = 0; q < n; ++q) {
       const __m512i e = _mm512_and_si512(_mm512_srli_epi32(v, 8 * q), ff);
       __m512i bits = _mm512_slli_epi32(e, 23);
       bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(e, zero), _mm512_set1_epi32(0x00400000));
@@ -337,10 +409,31 @@ void act_quant_row(const float* x, int64_t n, float* q, float* s_out) {
 // four independent accumulation chains (one per panel), exactly the order of mk_q / mk_d.
 constexpr int kG = kGroupPanels;
 
+
+// Rows' 64 bytes at byte_off -> T[c] lane i = 32-bit word c of row i (16 rows, stride row_bytes). The two cross-lane
+// stages of a 16x16 transpose are done by the loads: vector (j, u) gathers the 16-byte block j of rows u, 4+u, 8+u,
+// 12+u (one load + 3 inserts), then a 4x4 in-lane transpose per j gives words 4j..4j+3 (half the shuffles of
+// transpose16_regs; pure data movement).
 inline void load_transposed(const uint8_t* base, int64_t row_bytes, int64_t byte_off, __m512 T[16]) {
   prefetch_rows(base + byte_off, row_bytes, gemv_prefetch_bytes(row_bytes));
-  for (int i = 0; i < 16; ++i) T[i] = _mm512_loadu_ps(reinterpret_cast<const float*>(base + i * row_bytes + byte_off));
-  transpose16_regs(T);
+  const uint8_t* p = base + byte_off;
+  for (int j = 0; j < 4; ++j) {
+    __m512 z[4];
+    for (int u = 0; u < 4; ++u) {
+      const float* q = reinterpret_cast<const float*>(p + u * row_bytes + 16 * j);
+      __m512 v = _mm512_castps128_ps512(_mm_loadu_ps(q));
+      v = _mm512_insertf32x4(v, _mm_loadu_ps(q + 4 * row_bytes / 4), 1);
+      v = _mm512_insertf32x4(v, _mm_loadu_ps(q + 8 * row_bytes / 4), 2);
+      v = _mm512_insertf32x4(v, _mm_loadu_ps(q + 12 * row_bytes / 4), 3);
+      z[u] = v;
+    }
+    const __m512 t0 = _mm512_unpacklo_ps(z[0], z[1]), t1 = _mm512_unpackhi_ps(z[0], z[1]);
+    const __m512 t2 = _mm512_unpacklo_ps(z[2], z[3]), t3 = _mm512_unpackhi_ps(z[2], z[3]);
+    T[4 * j + 0] = _mm512_shuffle_ps(t0, t2, 0x44);
+    T[4 * j + 1] = _mm512_shuffle_ps(t0, t2, 0xEE);
+    T[4 * j + 2] = _mm512_shuffle_ps(t1, t3, 0x44);
+    T[4 * j + 3] = _mm512_shuffle_ps(t1, t3, 0xEE);
+  }
 }
 
 // FP8 block scales of 16 rows (r0..r0+15) at scale column c: per-row, or one broadcast when the panel lies in one
@@ -397,8 +490,6 @@ void gemv_fp4(const PanelSrc& s, int64_t n0, const float* a, const float* sa, __
 template <int MODE>
 void gemv_fp8(const PanelSrc& s, int64_t n0, const float* a, const float* sa, __m512 accv[kG]) {
   const int64_t K = s.cols;
-  const __m512i keep = _mm512_set1_epi32(static_cast<int>(0x87F00000u));
-  const __m512 rebias = _mm512_set1_ps(0x1p120f);
   alignas(64) __m512 T[kG][16];
   __m512 sv[kG], sw[kG];
   for (int64_t kb = 0; kb < K; kb += 128) {
@@ -411,16 +502,25 @@ void gemv_fp8(const PanelSrc& s, int64_t n0, const float* a, const float* sa, __
       for (int p = 0; p < kG; ++p) load_transposed(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, k0, T[p]);
       for (int c = 0; c < 16; ++c) {
         const float* ak = a + k0 + 4 * c;
-        for (int qq = 0; qq < 4; ++qq) {
-          const __m512 ab = _mm512_set1_ps(ak[qq]);
-          for (int p = 0; p < kG; ++p) {
-            const __m512i top = _mm512_slli_epi32(_mm512_castps_si512(T[p][c]), 24 - 8 * qq);
-            __m512 w = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_srai_epi32(top, 4), keep)), rebias);
-            if constexpr (MODE >= 1) w = _mm512_mul_ps(w, sw[p]);
-            if constexpr (MODE == 2) w = round_bf16(w);
-            sv[p] = _mm512_fmadd_ps(ab, w, sv[p]);
+        auto step = [&]<bool EX>() {
+          for (int qq = 0; qq < 4; ++qq) {
+            const __m512 ab = _mm512_set1_ps(ak[qq]);
+            for (int p = 0; p < kG; ++p) {
+              const __m512i top = _mm512_slli_epi32(_mm512_castps_si512(T[p][c]), 24 - 8 * qq);
+              __m512 w = dec_e4m3_top<EX>(top);
+              if constexpr (MODE >= 1) w = _mm512_mul_ps(w, sw[p]);
+              if constexpr (MODE == 2) w = round_bf16(w);
+              sv[p] = _mm512_fmadd_ps(ab, w, sv[p]);
+            }
           }
-        }
+        };
+        // the exact decode only for the 4 panels' words with a subnormal code (a real checkpoint: ~1e-4 of codes)
+        __mmask64 sub = 0;
+        for (int p = 0; p < kG; ++p) sub |= e4m3_subnormals(_mm512_castps_si512(T[p][c]));
+        if (sub != 0)
+          step.template operator()<true>();
+        else
+          step.template operator()<false>();
       }
     }
     if constexpr (MODE == 0) {
@@ -517,9 +617,119 @@ void gemv_bf16_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, flo
   }
 }
 
-bool gemv_group_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, int mr, bool q, float* acc,
-                  int64_t ldacc) {
-  if (q || s.fmt != GemmFormat::bf16 || s.cols % 32 != 0 || mr < 1 || mr > 8) return false;
+// Quantized (Q) product of MR tokens against one group, FP4 (1x32 E8M0 blocks) or FP8 (128-column blocks): two
+// panels at a time, every transposed weight word decoded once for all tokens, 2*MR independent block chains in
+// registers; per output the order of gemv_fp4 / gemv_fp8 / mk_q: s = fma chain over the K-block (k ascending), then
+// acc = acc + s * (sa * sw), blocks ascending (acc kept in the caller's buffer).
+template <int MR, bool FP4>
+void gemv_q_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, const float* sa, int64_t ldsa, float* acc,
+              int64_t ldacc) {
+  static_assert(kG % 2 == 0);
+  const int64_t K = s.cols;
+  constexpr int kStep = FP4 ? 128 : 64;  // columns per 64-byte row load
+  constexpr int kBlk = FP4 ? 32 : 128;   // K-block
+  const __m512 lut = _mm512_loadu_ps(e2m1_lut());
+  for (int p = 0; p < kG; p += 2) {
+    const int64_t r0 = n0 + p * kPanel;
+    const uint8_t* base0 = s.w + r0 * s.row_bytes;
+    const uint8_t* base1 = base0 + kPanel * s.row_bytes;
+    float* acc0 = acc + p * kPanel;
+    for (int m = 0; m < MR; ++m) {
+      _mm512_storeu_ps(acc0 + m * ldacc, _mm512_setzero_ps());
+      _mm512_storeu_ps(acc0 + m * ldacc + kPanel, _mm512_setzero_ps());
+    }
+    __m512 sv[MR][2];
+    alignas(64) float Ps[2][4 * kPanel];
+    auto flush = [&](int64_t kb, __m512 sw0, __m512 sw1) {  // end of the K-block at kb
+      for (int m = 0; m < MR; ++m) {
+        const __m512 sab = _mm512_set1_ps(sa[m * ldsa + kb / 128]);
+        float* o = acc0 + m * ldacc;
+        _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_mul_ps(sv[m][0], _mm512_mul_ps(sab, sw0))));
+        _mm512_storeu_ps(o + kPanel, _mm512_add_ps(_mm512_loadu_ps(o + kPanel),
+                                                   _mm512_mul_ps(sv[m][1], _mm512_mul_ps(sab, sw1))));
+        sv[m][0] = sv[m][1] = _mm512_setzero_ps();
+      }
+    };
+    for (int m = 0; m < MR; ++m) sv[m][0] = sv[m][1] = _mm512_setzero_ps();
+    __m512 sw0 = _mm512_setzero_ps(), sw1 = sw0;
+    for (int64_t k0 = 0; k0 < K; k0 += kStep) {
+      alignas(64) __m512 T0[16], T1[16];
+      const int64_t off = FP4 ? k0 / 2 : k0;
+      load_transposed(base0, s.row_bytes, off, T0);
+      load_transposed(base1, s.row_bytes, off, T1);
+      if constexpr (FP4) {
+        fp4_panel_scales(s, r0, k0, 4, Ps[0]);
+        fp4_panel_scales(s, r0 + kPanel, k0, 4, Ps[1]);
+      } else if (k0 % 128 == 0) {
+        sw0 = fp8_panel_scale(s, r0, k0 / 128);
+        sw1 = fp8_panel_scale(s, r0 + kPanel, k0 / 128);
+      }
+      constexpr int kPerWord = FP4 ? 8 : 4;
+      for (int c = 0; c < 16; ++c) {
+        if constexpr (FP4) {
+          if (c % 4 == 0) {  // a new 32-column block
+            sw0 = _mm512_load_ps(Ps[0] + (c / 4) * kPanel);
+            sw1 = _mm512_load_ps(Ps[1] + (c / 4) * kPanel);
+          }
+        }
+        const float* ak = a + k0 + kPerWord * c;
+        auto step = [&]<bool EX>() {
+          for (int qq = 0; qq < kPerWord; ++qq) {
+            __m512 w0, w1;
+            if constexpr (FP4) {
+              w0 = _mm512_permutexvar_ps(_mm512_srli_epi32(_mm512_castps_si512(T0[c]), 4 * qq), lut);
+              w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(_mm512_castps_si512(T1[c]), 4 * qq), lut);
+            } else {
+              w0 = dec_e4m3_top<EX>(_mm512_slli_epi32(_mm512_castps_si512(T0[c]), 24 - 8 * qq));
+              w1 = dec_e4m3_top<EX>(_mm512_slli_epi32(_mm512_castps_si512(T1[c]), 24 - 8 * qq));
+            }
+            for (int m = 0; m < MR; ++m) {
+              const __m512 x = _mm512_set1_ps(ak[m * lda + qq]);
+              sv[m][0] = _mm512_fmadd_ps(x, w0, sv[m][0]);
+              sv[m][1] = _mm512_fmadd_ps(x, w1, sv[m][1]);
+            }
+          }
+        };
+        if (FP4 || (e4m3_subnormals(_mm512_castps_si512(T0[c])) | e4m3_subnormals(_mm512_castps_si512(T1[c]))) != 0)
+          step.template operator()<true>();
+        else
+          step.template operator()<false>();
+        const int64_t kend = k0 + kPerWord * (c + 1);
+        if (kend % kBlk == 0) flush(kend - kBlk, sw0, sw1);
+      }
+    }
+  }
+}
+
+template <bool FP4>
+void gemv_q_m_dispatch(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, const float* sa, int64_t ldsa,
+                       int mr, float* acc, int64_t ldacc) {
+  switch (mr) {
+    case 8: gemv_q_m<8, FP4>(s, n0, a, lda, sa, ldsa, acc, ldacc); break;
+    case 7: gemv_q_m<7, FP4>(s, n0, a, lda, sa, ldsa, acc, ldacc); break;
+    case 6: gemv_q_m<6, FP4>(s, n0, a, lda, sa, ldsa, acc, ldacc); break;
+    case 5: gemv_q_m<5, FP4>(s, n0, a, lda, sa, ldsa, acc, ldacc); break;
+    case 4: gemv_q_m<4, FP4>(s, n0, a, lda, sa, ldsa, acc, ldacc); break;
+    case 3: gemv_q_m<3, FP4>(s, n0, a, lda, sa, ldsa, acc, ldacc); break;
+    default: gemv_q_m<2, FP4>(s, n0, a, lda, sa, ldsa, acc, ldacc); break;
+  }
+}
+
+bool gemv_group_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, const float* sa, int64_t ldsa, int mr,
+                  bool q, float* acc, int64_t ldacc) {
+  if (mr < 2 || mr > 8) return false;
+  if (q) {
+    if (s.fmt == GemmFormat::fp4 && s.cols % 128 == 0) {
+      gemv_q_m_dispatch<true>(s, n0, a, lda, sa, ldsa, mr, acc, ldacc);
+      return true;
+    }
+    if (s.fmt == GemmFormat::fp8 && s.cols % 128 == 0 && s.bc == 128) {
+      gemv_q_m_dispatch<false>(s, n0, a, lda, sa, ldsa, mr, acc, ldacc);
+      return true;
+    }
+    return false;
+  }
+  if (s.fmt != GemmFormat::bf16 || s.cols % 32 != 0) return false;
   switch (mr) {
     case 8: gemv_bf16_m2<8>(s, n0, a, lda, acc, ldacc); break;
     case 7: gemv_bf16_m2<7>(s, n0, a, lda, acc, ldacc); break;

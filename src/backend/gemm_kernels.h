@@ -61,7 +61,8 @@ struct Kernels {
   // Ps: when not null, the block scales of this panel for the chunk, Ps[b][j] = scale(r0 + j, k0 + b*sblk) with
   // sblk = s.bc (fp4: 32), for the dense dequantization (kernels may also look scales up themselves).
   void (*decode_panel)(const PanelSrc& s, int64_t r0, int nrows, int64_t k0, int kc, const float* Ps, float* P);
-  // Optional (may be null): Ps[b][j] = scale(r0 + j, k0 + b*32) for a full FP4 panel (16 rows, E8M0), b < nps.
+  // Optional (may be null): Ps[b][j] = scale(r0 + j, k0 + b*32) for a full FP4 panel (16 rows, E8M0), b < nps
+  // (any nps >= 1; reads only bytes of the scale grid).
   void (*fp4_panel_scales)(const PanelSrc& s, int64_t r0, int64_t k0, int nps, float* Ps);
   // Optional (may be null): act_quant_fp8(x, n, 128, q, s) of act_quant.h, bitwise identical.
   void (*act_quant_row)(const float* x, int64_t n, float* q, float* s);
@@ -71,11 +72,12 @@ struct Kernels {
   bool (*gemv_group)(const PanelSrc& s, int64_t n0, const float* a, const float* sa, bool q, float* acc);
   void (*mk_q)(const MkArgs& a);   // semantics (Q) of gemm.h for this chunk
   void (*mk_d)(const MkArgs& a);   // semantics (D) of gemm.h for this chunk
-  // Optional (may be null): the fused GEMV for mr (2..8) tokens at once (token m at a + m*lda, accumulators at
-  // acc + m*ldacc, starting at 0): every weight word is loaded and transposed once for all of them; each output keeps
-  // the chain of mk_q / mk_d. Returns false (having done nothing) when this format / mode / shape is not handled.
-  bool (*gemv_group_m)(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, int mr, bool q, float* acc,
-                       int64_t ldacc) = nullptr;
+  // Optional (may be null): the fused GEMV for mr (2..8) tokens at once (token m at a + m*lda, (Q) its act scales at
+  // sa + m*ldsa, accumulators at acc + m*ldacc, starting at 0): every weight word is loaded, transposed and decoded
+  // once for all of them; each output keeps the chain of mk_q / mk_d. Returns false (having done nothing) when this
+  // format / mode / shape is not handled.
+  bool (*gemv_group_m)(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, const float* sa, int64_t ldsa,
+                       int mr, bool q, float* acc, int64_t ldacc) = nullptr;
 };
 
 const Kernels& scalar_kernels();

@@ -239,9 +239,8 @@ std::string fmt_name(GemmFormat f) {
   return "?";
 }
 
-void run_case(const Case& c, std::mt19937& rng) {
+void run_case_on(const Case& c, const TestWeight& W, std::mt19937& rng) {
   LevelGuard guard;
-  const TestWeight W = make_weight(c.fmt, c.rows, c.cols, rng, c.scale_f32, c.br);
   const std::vector<float> x = make_x(c.n_tok * c.cols, rng, c.opts.act_quant_fp8 || c.opts.weight_as_bf16);
   const std::vector<float> want = slow_linear(W, x, c.n_tok, c.opts);
   const int64_t nout = (c.opts.row_end < 0 ? c.rows : c.opts.row_end) - c.opts.row_begin;
@@ -257,6 +256,11 @@ void run_case(const Case& c, std::mt19937& rng) {
                                  c.opts.weight_as_bf16, c.opts.row_begin, c.opts.row_end, simd_level_name(l), th));
     }
   }
+}
+
+void run_case(const Case& c, std::mt19937& rng) {
+  const TestWeight W = make_weight(c.fmt, c.rows, c.cols, rng, c.scale_f32, c.br);
+  run_case_on(c, W, rng);
 }
 
 LinearOpts Q(bool bf16_out = true) {
@@ -329,6 +333,38 @@ TEST(Gemm, DecodeShapes) {
     run_case(c, rng);
 }
 
+TEST(Gemm, Fp8SubnormalCodeMixes) {
+  // E4M3 subnormal codes (exponent field 0: +-m * 2^-9) take a separate exact decode in the SIMD kernels (no fp32
+  // subnormal intermediates), chosen per 64-code word: weights without any, with a few (most words on the plain path,
+  // some on the exact one), and with nothing but subnormal codes and +-0, for the fused GEMV (1 token, full groups),
+  // the panel path (several tokens, a partial group) and every mode.
+  std::mt19937 rng(9);
+  std::uniform_int_distribution<int> byte(0, 255);
+  auto normal_code = [&] {
+    uint8_t b;
+    do b = static_cast<uint8_t>(byte(rng));
+    while ((b & 0x78) == 0 || (b & 0x7F) == 0x7F);
+    return b;
+  };
+  auto sub_code = [&] { return static_cast<uint8_t>(byte(rng) & 0x87); };  // e = 0 (incl. +-0)
+  for (int mix = 0; mix < 3; ++mix) {
+    for (const Case& c : {Case{GemmFormat::fp8, 128, 512, 1, Q()}, Case{GemmFormat::fp8, 100, 384, 3, Q(false)},
+                          Case{GemmFormat::fp8, 64, 256, 1, D()}, Case{GemmFormat::fp8, 128, 256, 1, D(true, true)},
+                          Case{GemmFormat::fp8, 80, 640, 5, D(false, true)}}) {
+      TestWeight W = make_weight(c.fmt, c.rows, c.cols, rng, c.scale_f32, c.br);
+      int64_t n_sub = 0;
+      for (auto& b : W.w) {
+        const bool sub = mix == 2 ? byte(rng) < 240 : mix == 1 && byte(rng) == 0 && byte(rng) < 64;
+        b = sub ? sub_code() : normal_code();
+        n_sub += (b & 0x78) == 0 && (b & 0x07) != 0;
+      }
+      if (mix > 0) ASSERT_GT(n_sub, 0) << mix;
+      SCOPED_TRACE(fmt::format("mix {} ({} subnormal codes of {})", mix, n_sub, W.w.size()));
+      run_case_on(c, W, rng);
+    }
+  }
+}
+
 TEST(Gemm, SmallBatchShapes) {
   // 2-8 tokens against full 64-row groups: the fused multi-token GEMV (AVX-512, BF16 dense: the lm head and the
   // compressor projections of a batch of decodes), plus partial groups and K not a multiple of 32 (panel path).
@@ -336,6 +372,17 @@ TEST(Gemm, SmallBatchShapes) {
   for (int64_t n : {2, 3, 4, 5, 7, 8, 9})
     for (const Case& c : {Case{GemmFormat::bf16, 192, 96, n, D()}, Case{GemmFormat::bf16, 128, 512, n, D(true)},
                           Case{GemmFormat::bf16, 100, 64, n, D()}, Case{GemmFormat::bf16, 64, 80, n, D(true, true)}})
+      run_case(c, rng);
+}
+
+TEST(Gemm, SmallBatchQuantizedShapes) {
+  // 2-8 tokens, reference (Q) numerics: the fused multi-token FP4 / FP8 GEMV (AVX-512) on full groups — FP8 with
+  // row blocks of 128 / 24 (scales per row inside a panel) and F32 scales — and the panel path for a partial group.
+  std::mt19937 rng(10);
+  for (int64_t n : {2, 3, 5, 8})
+    for (const Case& c : {Case{GemmFormat::fp4, 128, 512, n, Q()}, Case{GemmFormat::fp4, 100, 256, n, Q(false)},
+                          Case{GemmFormat::fp8, 192, 384, n, Q(false)}, Case{GemmFormat::fp8, 128, 256, n, Q(), false, 24},
+                          Case{GemmFormat::fp8, 64, 512, n, Q(), true}, Case{GemmFormat::fp8, 64, 256, n, D()}})
       run_case(c, rng);
 }
 
