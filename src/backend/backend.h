@@ -121,6 +121,12 @@ class Backend {
   virtual WeightView upload(const WeightView& host, std::vector<Buffer>& storage) = 0;
   // The same, with the storage kept by the backend until it is destroyed (tests, tools).
   WeightView upload(const WeightView& host) { return upload(host, kept_); }
+  // A weight already in this backend's memory (dummy weights generated there): only the backend-private data that
+  // upload() would add (WeightView::aux, e.g. CUDA's fp32 scale grid for cuBLASLt), kept in `storage`.
+  virtual WeightView adopt(const WeightView& resident, std::vector<Buffer>& storage) {
+    (void)storage;
+    return resident;
+  }
   // Bytes of device memory upload() takes for `host` (0 when the backend reads the mapped checkpoint).
   virtual size_t resident_bytes(const WeightView& host) const { return 0; }
 

@@ -52,7 +52,7 @@ void Model::bind_layer(const LayerWeights& lw, int l, LayerResident& p) {
   const int64_t D = c.hidden_size, HC = c.hc_mult;
   auto res = [&](const WeightRef& r) -> WeightView {
     if (!r.bound()) return {};
-    if (dummy_ && dummy_->on_device.count(r.w)) return gemm_weight(r);  // generated on the device already
+    if (dummy_ && dummy_->on_device.count(r.w)) return be_->adopt(gemm_weight(r), params_);  // generated there
     const WeightView h = gemm_weight(r);
     resident_bytes_ += be_->resident_bytes(h);
     return be_->upload(h, params_);
@@ -212,7 +212,7 @@ void Model::make_resident() {
   }
   auto res = [&](const WeightRef& r) -> WeightView {
     if (!r.bound()) return {};
-    if (dummy_ && dummy_->on_device.count(r.w)) return gemm_weight(r);  // generated on the device already
+    if (dummy_ && dummy_->on_device.count(r.w)) return be_->adopt(gemm_weight(r), params_);  // generated there
     const WeightView h = gemm_weight(r);
     resident_bytes_ += be_->resident_bytes(h);
     return be_->upload(h, params_);

@@ -187,9 +187,16 @@ WeightView CudaBackend::upload(const WeightView& h, std::vector<Buffer>& weights
     weights_.push_back(upload_bytes(h.scale, sb, "weight scales"));
     d.scale = weights_.back().as<uint8_t>();
   }
+  return adopt(d, weights_);
+}
+
+WeightView CudaBackend::adopt(const WeightView& resident, std::vector<Buffer>& weights_) {
+  WeightView d = resident;
   d.aux = nullptr;
+  if (!d.w) return d;
   const size_t ab = weight_aux_bytes(d);
   if (ab) {
+    activate();
     weights_.emplace_back(*this, ab, "weight scales");
     build_weight_aux(d, weights_.back().data(), stream_);
     check(cudaGetLastError(), "build weight data");

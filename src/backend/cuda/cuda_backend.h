@@ -34,6 +34,7 @@ class CudaBackend final : public Backend {
   void wait_copies_to_host() override;
   void fill_random(void* p, size_t bytes, RandomFill kind, float param, uint64_t seed) override;
   WeightView upload(const WeightView& host, std::vector<Buffer>& storage) override;
+  WeightView adopt(const WeightView& resident, std::vector<Buffer>& storage) override;
   using Backend::upload;
   size_t resident_bytes(const WeightView& host) const override;
 
