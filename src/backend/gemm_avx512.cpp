@@ -409,31 +409,10 @@ void act_quant_row(const float* x, int64_t n, float* q, float* s_out) {
 // four independent accumulation chains (one per panel), exactly the order of mk_q / mk_d.
 constexpr int kG = kGroupPanels;
 
-
-// Rows' 64 bytes at byte_off -> T[c] lane i = 32-bit word c of row i (16 rows, stride row_bytes). The two cross-lane
-// stages of a 16x16 transpose are done by the loads: vector (j, u) gathers the 16-byte block j of rows u, 4+u, 8+u,
-// 12+u (one load + 3 inserts), then a 4x4 in-lane transpose per j gives words 4j..4j+3 (half the shuffles of
-// transpose16_regs; pure data movement).
 inline void load_transposed(const uint8_t* base, int64_t row_bytes, int64_t byte_off, __m512 T[16]) {
   prefetch_rows(base + byte_off, row_bytes, gemv_prefetch_bytes(row_bytes));
-  const uint8_t* p = base + byte_off;
-  for (int j = 0; j < 4; ++j) {
-    __m512 z[4];
-    for (int u = 0; u < 4; ++u) {
-      const float* q = reinterpret_cast<const float*>(p + u * row_bytes + 16 * j);
-      __m512 v = _mm512_castps128_ps512(_mm_loadu_ps(q));
-      v = _mm512_insertf32x4(v, _mm_loadu_ps(q + 4 * row_bytes / 4), 1);
-      v = _mm512_insertf32x4(v, _mm_loadu_ps(q + 8 * row_bytes / 4), 2);
-      v = _mm512_insertf32x4(v, _mm_loadu_ps(q + 12 * row_bytes / 4), 3);
-      z[u] = v;
-    }
-    const __m512 t0 = _mm512_unpacklo_ps(z[0], z[1]), t1 = _mm512_unpackhi_ps(z[0], z[1]);
-    const __m512 t2 = _mm512_unpacklo_ps(z[2], z[3]), t3 = _mm512_unpackhi_ps(z[2], z[3]);
-    T[4 * j + 0] = _mm512_shuffle_ps(t0, t2, 0x44);
-    T[4 * j + 1] = _mm512_shuffle_ps(t0, t2, 0xEE);
-    T[4 * j + 2] = _mm512_shuffle_ps(t1, t3, 0x44);
-    T[4 * j + 3] = _mm512_shuffle_ps(t1, t3, 0xEE);
-  }
+  for (int i = 0; i < 16; ++i) T[i] = _mm512_loadu_ps(reinterpret_cast<const float*>(base + i * row_bytes + byte_off));
+  transpose16_regs(T);
 }
 
 // FP8 block scales of 16 rows (r0..r0+15) at scale column c: per-row, or one broadcast when the panel lies in one
