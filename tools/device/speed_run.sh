@@ -6,6 +6,7 @@
 #   bench    dsv4 bench model, 24 dummy V4-Flash layers, batch-1 decode at ctx 4096: fast (default: CUDA graphs)
 #            and the same with --no-cuda-graph (every kernel launched); with `det` also --deterministic (the
 #            CPU-order kernels: the baseline)
+#   bench1   only the first of those (CUDA graphs)
 #   prefill  the same, prefill of 8192 tokens (fast)
 #   dense    batch-1 decode at ctx 4096 with --numerics dense (fast)
 #   batch    --batch 128, 8, 32 at ctx 4096 (batched decode over one state pool)
@@ -70,7 +71,7 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
     tail -2 /tmp/build.log
   fi
   if [ -x "$B/dsv4" ]; then
-    has bench && bench b1-ctx4096 --ctx 4096 --prefill 0 --steps 32
+    (has bench || has bench1) && bench b1-ctx4096 --ctx 4096 --prefill 0 --steps 32
     has bench && bench b1-ctx4096-nograph --ctx 4096 --prefill 0 --steps 32 --no-cuda-graph --no-profile
     has bench && has det && bench b1-ctx4096-deterministic --ctx 4096 --prefill 0 --steps 16 --deterministic
   fi
