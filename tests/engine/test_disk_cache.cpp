@@ -400,7 +400,7 @@ TEST(DiskCache, FlippedByteIsDetectedAndRecomputed) {
 
 TEST(DiskCache, WrongVersionIsDetectedAndRecomputed) {
   damaged_file_is_recomputed(".snap", 1, [](auto& b) { put_u32(b, 8, DiskCache::kFormatVersion + 1); }, 128,
-                             "format version 2");
+                             "format version " + std::to_string(DiskCache::kFormatVersion + 1));
 }
 
 TEST(DiskCache, FileOfAnotherModelIsDetectedAndRecomputed) {
@@ -420,7 +420,8 @@ TEST(DiskCache, FileOfAnotherModelIsDetectedAndRecomputed) {
 TEST(DiskCache, DirectoryStaysUnderItsSizeLimit) {
   auto m = load("demo");
   TempDir dir;
-  const StateLayout L = StateLayout::of(m->config());
+  const StateLayout L = m->state_layout();  // the engine's pool: compact rows on the CPU in reference numerics
+  ASSERT_EQ(L.row_format, RowFormat::compact);
   const uint64_t page_file = DiskCache::kHeaderBytes + 128 * 4 + L.page_bytes + 8;
   const uint64_t snap_file = DiskCache::kHeaderBytes + L.snapshot_bytes + 8;
   EngineLoopOptions o = on_disk(dir.path, 1);

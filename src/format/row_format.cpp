@@ -1,0 +1,185 @@
+// Compact state row encode / decode (row_format.h).
+#include "format/row_format.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "format/numeric.h"
+
+namespace dsv4 {
+
+namespace {
+
+constexpr int64_t kKvBlock = 64;   // nope columns per ue8m0 scale (kv_fp8)
+constexpr int64_t kKeyBlock = 32;  // columns per ue8m0 scale (key_fp4)
+
+int64_t round4(int64_t b) { return (b + 3) / 4 * 4; }
+
+bool same_bits(float a, float b) { return float_to_bits(a) == float_to_bits(b); }
+
+// The ue8m0 byte of the smallest 2^k with amax <= max_code * 2^k, k in [-127, 127] (amax == 0: k = 0; inf: k = 0,
+// the block cannot be exact anyway).
+uint8_t block_scale(float amax, float max_code) {
+  if (!(amax > 0.0f) || !std::isfinite(amax)) return 127;
+  int k = std::ilogb(amax) - std::ilogb(max_code) - 1;  // max_code * 2^k < amax: a lower bound
+  while (k < 127 && std::ldexp(double(max_code), k) < double(amax)) ++k;
+  if (k < -127) k = -127;
+  return uint8_t(k + 127);
+}
+
+float block_amax(const float* x, int64_t n) {
+  float a = 0.0f;
+  for (int64_t i = 0; i < n; ++i) a = std::fmax(a, std::fabs(x[i]));  // NaN ignored (never exact below)
+  return a;
+}
+
+bool encode_kv(const RowCodec& c, const float* x, uint8_t* out) {
+  const int64_t nope = c.dim - c.rope_dim, nb = nope / kKvBlock;
+  uint8_t* codes = out;
+  uint8_t* rope = out + nope;
+  uint8_t* scales = rope + 2 * c.rope_dim;
+  const float* lut = e4m3fn_lut();
+  bool exact = true;
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* xb = x + b * kKvBlock;
+    const uint8_t e = block_scale(block_amax(xb, kKvBlock), 448.0f);
+    scales[b] = e;
+    const int k = int(e) - 127;
+    const float s = e8m0_to_float(e);
+    for (int64_t i = 0; i < kKvBlock; ++i) {
+      const uint8_t q = float_to_e4m3fn_rne_satfinite(std::ldexp(xb[i], -k));
+      codes[b * kKvBlock + i] = q;
+      exact = exact && same_bits(lut[q] * s, xb[i]);
+    }
+  }
+  for (int64_t i = 0; i < c.rope_dim; ++i) {
+    const float v = x[nope + i];
+    const uint16_t h = float_to_bf16_rne(v);
+    rope[2 * i] = uint8_t(h & 0xFF);
+    rope[2 * i + 1] = uint8_t(h >> 8);
+    exact = exact && same_bits(bf16_to_float(h), v);
+  }
+  return exact;
+}
+
+void decode_kv(const RowCodec& c, const uint8_t* in, float* out) {
+  const int64_t nope = c.dim - c.rope_dim, nb = nope / kKvBlock;
+  const uint8_t* rope = in + nope;
+  const uint8_t* scales = rope + 2 * c.rope_dim;
+  const float* lut = e4m3fn_lut();
+  for (int64_t b = 0; b < nb; ++b) {
+    const float s = e8m0_to_float(scales[b]);
+    const uint8_t* q = in + b * kKvBlock;
+    float* o = out + b * kKvBlock;
+    for (int64_t i = 0; i < kKvBlock; ++i) o[i] = lut[q[i]] * s;
+  }
+  for (int64_t i = 0; i < c.rope_dim; ++i)
+    out[nope + i] = bf16_to_float(uint16_t(rope[2 * i] | (uint16_t(rope[2 * i + 1]) << 8)));
+}
+
+bool encode_key(const RowCodec& c, const float* x, uint8_t* out) {
+  const int64_t nb = c.dim / kKeyBlock;
+  uint8_t* scales = out + c.dim / 2;
+  const float* lut = e2m1_lut();
+  bool exact = true;
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* xb = x + b * kKeyBlock;
+    const uint8_t e = block_scale(block_amax(xb, kKeyBlock), 6.0f);
+    scales[b] = e;
+    const int k = int(e) - 127;
+    const float s = e8m0_to_float(e);
+    uint8_t* ob = out + b * kKeyBlock / 2;
+    for (int64_t i = 0; i < kKeyBlock; i += 2) {
+      const uint8_t lo = float_to_e2m1_rne(std::ldexp(xb[i], -k)), hi = float_to_e2m1_rne(std::ldexp(xb[i + 1], -k));
+      ob[i / 2] = uint8_t(lo | (hi << 4));
+      exact = exact && same_bits(lut[lo] * s, xb[i]) && same_bits(lut[hi] * s, xb[i + 1]);
+    }
+  }
+  return exact;
+}
+
+void decode_key(const RowCodec& c, const uint8_t* in, float* out) {
+  const int64_t nb = c.dim / kKeyBlock;
+  const uint8_t* scales = in + c.dim / 2;
+  const float(*pairs)[2] = e2m1_pair_lut();
+  for (int64_t b = 0; b < nb; ++b) {
+    const float s = e8m0_to_float(scales[b]);
+    const uint8_t* q = in + b * kKeyBlock / 2;
+    float* o = out + b * kKeyBlock;
+    for (int64_t i = 0; i < kKeyBlock / 2; ++i) {
+      o[2 * i] = pairs[q[i]][0] * s;
+      o[2 * i + 1] = pairs[q[i]][1] * s;
+    }
+  }
+}
+
+}  // namespace
+
+RowCodec RowCodec::f32(int64_t dim) {
+  if (dim < 0) fail("row format f32: negative row width {}", dim);
+  return RowCodec{RowKind::f32, dim, 0};
+}
+
+RowCodec RowCodec::kv_fp8(int64_t dim, int64_t rope_dim) {
+  if (rope_dim < 0 || rope_dim >= dim || (dim - rope_dim) % kKvBlock != 0)
+    fail("row format kv_fp8: row width {} with {} rope columns leaves a nope part that is not a positive multiple of "
+         "{}", dim, rope_dim, kKvBlock);
+  return RowCodec{RowKind::kv_fp8, dim, rope_dim};
+}
+
+RowCodec RowCodec::key_fp4(int64_t dim) {
+  if (dim <= 0 || dim % kKeyBlock != 0)
+    fail("row format key_fp4: row width {} is not a positive multiple of {}", dim, kKeyBlock);
+  return RowCodec{RowKind::key_fp4, dim, 0};
+}
+
+int64_t RowCodec::bytes() const {
+  switch (kind) {
+    case RowKind::f32: return dim * 4;
+    case RowKind::kv_fp8: {
+      const int64_t nope = dim - rope_dim;
+      return round4(nope + 2 * rope_dim + nope / kKvBlock);
+    }
+    case RowKind::key_fp4: return round4(dim / 2 + dim / kKeyBlock);
+  }
+  return 0;
+}
+
+const char* row_kind_name(RowKind k) {
+  switch (k) {
+    case RowKind::f32: return "f32";
+    case RowKind::kv_fp8: return "e4m3+ue8m0/64+bf16 rope";
+    case RowKind::key_fp4: return "e2m1+ue8m0/32";
+  }
+  return "?";
+}
+
+bool encode_row(const RowCodec& c, const float* x, void* out) {
+  uint8_t* o = static_cast<uint8_t*>(out);
+  switch (c.kind) {
+    case RowKind::f32: std::memcpy(o, x, size_t(c.dim) * 4); return true;
+    case RowKind::kv_fp8: {
+      const int64_t used = c.dim - c.rope_dim + 2 * c.rope_dim + (c.dim - c.rope_dim) / kKvBlock;
+      std::memset(o + used, 0, size_t(c.bytes() - used));
+      return encode_kv(c, x, o);
+    }
+    case RowKind::key_fp4: {
+      const int64_t used = c.dim / 2 + c.dim / kKeyBlock;
+      std::memset(o + used, 0, size_t(c.bytes() - used));
+      return encode_key(c, x, o);
+    }
+  }
+  return false;
+}
+
+void decode_row(const RowCodec& c, const void* in, float* out) {
+  const uint8_t* p = static_cast<const uint8_t*>(in);
+  switch (c.kind) {
+    case RowKind::f32: std::memcpy(out, p, size_t(c.dim) * 4); return;
+    case RowKind::kv_fp8: decode_kv(c, p, out); return;
+    case RowKind::key_fp4: decode_key(c, p, out); return;
+  }
+}
+
+}  // namespace dsv4
