@@ -18,6 +18,32 @@ int64_t round4(int64_t b) { return (b + 3) / 4 * 4; }
 
 bool same_bits(float a, float b) { return float_to_bits(a) == float_to_bits(b); }
 
+// The decode loops are compiled twice (AVX2 and the baseline ISA, chosen at load time); both are exact, so the
+// results do not depend on the choice.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DSV4_ROW_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define DSV4_ROW_CLONES
+#endif
+
+// e4m3fn code -> float, branch-free: the code's exponent and mantissa bits placed in the low exponent bits of a
+// binary32 give value * 2^-120 (normal codes as normals, subnormal codes as binary32 subnormals), so one exact
+// multiply by 2^120 restores the value; then the block scale (exact: every e4m3 value times 2^k, k >= -127, is a
+// binary32 value unless it overflows). Codes 0x7F / 0xFF (NaN) decode to +-480 * s: the encoder never writes them
+// in an exact row. Needs no flush-to-zero / denormals-are-zero mode (the engine never sets it).
+DSV4_ROW_CLONES void decode_e4m3_block(const uint8_t* q, int64_t n, float s, float* o) {
+  const float k2p120 = bits_to_float(uint32_t(127 + 120) << 23);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t b = q[i];
+    const float f = bits_to_float(((b & 0x7Fu) << 20) | ((b & 0x80u) << 24));
+    o[i] = (f * k2p120) * s;
+  }
+}
+
+DSV4_ROW_CLONES void decode_bf16_le(const uint8_t* in, int64_t n, float* o) {
+  for (int64_t i = 0; i < n; ++i) o[i] = bits_to_float((uint32_t(in[2 * i]) | (uint32_t(in[2 * i + 1]) << 8)) << 16);
+}
+
 // The ue8m0 byte of the smallest 2^k with amax <= max_code * 2^k, k in [-127, 127] (amax == 0: k = 0; inf: k = 0,
 // the block cannot be exact anyway).
 uint8_t block_scale(float amax, float max_code) {
@@ -39,19 +65,16 @@ bool encode_kv(const RowCodec& c, const float* x, uint8_t* out) {
   uint8_t* codes = out;
   uint8_t* rope = out + nope;
   uint8_t* scales = rope + 2 * c.rope_dim;
-  const float* lut = e4m3fn_lut();
   bool exact = true;
+  float back[kKvBlock];
   for (int64_t b = 0; b < nb; ++b) {
     const float* xb = x + b * kKvBlock;
     const uint8_t e = block_scale(block_amax(xb, kKvBlock), 448.0f);
     scales[b] = e;
-    const int k = int(e) - 127;
-    const float s = e8m0_to_float(e);
-    for (int64_t i = 0; i < kKvBlock; ++i) {
-      const uint8_t q = float_to_e4m3fn_rne_satfinite(std::ldexp(xb[i], -k));
-      codes[b * kKvBlock + i] = q;
-      exact = exact && same_bits(lut[q] * s, xb[i]);
-    }
+    const float inv = float(std::ldexp(1.0, 127 - int(e)));  // 2^-k, a binary32 value for k in [-127, 127]
+    for (int64_t i = 0; i < kKvBlock; ++i) codes[b * kKvBlock + i] = float_to_e4m3fn_rne_satfinite(xb[i] * inv);
+    decode_e4m3_block(codes + b * kKvBlock, kKvBlock, e8m0_to_float(e), back);
+    for (int64_t i = 0; i < kKvBlock; ++i) exact = exact && same_bits(back[i], xb[i]);
   }
   for (int64_t i = 0; i < c.rope_dim; ++i) {
     const float v = x[nope + i];
@@ -67,15 +90,9 @@ void decode_kv(const RowCodec& c, const uint8_t* in, float* out) {
   const int64_t nope = c.dim - c.rope_dim, nb = nope / kKvBlock;
   const uint8_t* rope = in + nope;
   const uint8_t* scales = rope + 2 * c.rope_dim;
-  const float* lut = e4m3fn_lut();
-  for (int64_t b = 0; b < nb; ++b) {
-    const float s = e8m0_to_float(scales[b]);
-    const uint8_t* q = in + b * kKvBlock;
-    float* o = out + b * kKvBlock;
-    for (int64_t i = 0; i < kKvBlock; ++i) o[i] = lut[q[i]] * s;
-  }
-  for (int64_t i = 0; i < c.rope_dim; ++i)
-    out[nope + i] = bf16_to_float(uint16_t(rope[2 * i] | (uint16_t(rope[2 * i + 1]) << 8)));
+  for (int64_t b = 0; b < nb; ++b)
+    decode_e4m3_block(in + b * kKvBlock, kKvBlock, e8m0_to_float(scales[b]), out + b * kKvBlock);
+  decode_bf16_le(rope, c.rope_dim, out + nope);
 }
 
 bool encode_key(const RowCodec& c, const float* x, uint8_t* out) {
@@ -87,11 +104,10 @@ bool encode_key(const RowCodec& c, const float* x, uint8_t* out) {
     const float* xb = x + b * kKeyBlock;
     const uint8_t e = block_scale(block_amax(xb, kKeyBlock), 6.0f);
     scales[b] = e;
-    const int k = int(e) - 127;
-    const float s = e8m0_to_float(e);
+    const float s = e8m0_to_float(e), inv = float(std::ldexp(1.0, 127 - int(e)));  // 2^k, 2^-k
     uint8_t* ob = out + b * kKeyBlock / 2;
     for (int64_t i = 0; i < kKeyBlock; i += 2) {
-      const uint8_t lo = float_to_e2m1_rne(std::ldexp(xb[i], -k)), hi = float_to_e2m1_rne(std::ldexp(xb[i + 1], -k));
+      const uint8_t lo = float_to_e2m1_rne(xb[i] * inv), hi = float_to_e2m1_rne(xb[i + 1] * inv);
       ob[i / 2] = uint8_t(lo | (hi << 4));
       exact = exact && same_bits(lut[lo] * s, xb[i]) && same_bits(lut[hi] * s, xb[i + 1]);
     }
