@@ -40,6 +40,35 @@ DSV4_ROW_CLONES void decode_e4m3_block(const uint8_t* q, int64_t n, float s, flo
   }
 }
 
+// Fast e4m3 codes of x * inv from the binary32 bits (branch-free): exact codes wherever x * inv is an e4m3 value
+// (normals: exponent rebias + the top 3 mantissa bits; subnormals: |y| * 2^9), something else otherwise — callers
+// check through decode and re-encode such a block with rounding.
+DSV4_ROW_CLONES void e4m3_codes_fast(const float* x, int64_t n, float inv, uint8_t* q) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = float_to_bits(x[i] * inv), a = u & 0x7FFFFFFFu;
+    const uint32_t normal = (a >> 20) - (120u << 3);
+    const uint32_t sub = uint32_t(std::fmin(bits_to_float(a), 0.015625f) * 512.0f);
+    q[i] = uint8_t(((u >> 24) & 0x80u) | ((a >= 0x3C800000u ? normal : sub) & 0x7Fu));
+  }
+}
+
+// The same for e2m1 nibbles (normals |y| >= 1: exponent and the top mantissa bit; 0.5 and 0: |y| * 2).
+DSV4_ROW_CLONES void e2m1_nibbles_fast(const float* x, int64_t n, float inv, uint8_t* q) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = float_to_bits(x[i] * inv), a = u & 0x7FFFFFFFu;
+    const uint32_t normal = (a >> 22) - (126u << 1);
+    const uint32_t sub = uint32_t(std::fmin(bits_to_float(a), 1.0f) * 2.0f);
+    q[i] = uint8_t(((u >> 28) & 0x8u) | ((a >= 0x3F800000u ? normal : sub) & 0x7u));
+  }
+}
+
+// Whether a[i] and b[i] have the same bits for every i < n.
+DSV4_ROW_CLONES bool all_same_bits(const float* a, const float* b, int64_t n) {
+  uint32_t diff = 0;
+  for (int64_t i = 0; i < n; ++i) diff |= float_to_bits(a[i]) ^ float_to_bits(b[i]);
+  return diff == 0;
+}
+
 DSV4_ROW_CLONES void decode_bf16_le(const uint8_t* in, int64_t n, float* o) {
   for (int64_t i = 0; i < n; ++i) o[i] = bits_to_float((uint32_t(in[2 * i]) | (uint32_t(in[2 * i + 1]) << 8)) << 16);
 }
@@ -72,9 +101,12 @@ bool encode_kv(const RowCodec& c, const float* x, uint8_t* out) {
     const uint8_t e = block_scale(block_amax(xb, kKvBlock), 448.0f);
     scales[b] = e;
     const float inv = float(std::ldexp(1.0, 127 - int(e)));  // 2^-k, a binary32 value for k in [-127, 127]
-    for (int64_t i = 0; i < kKvBlock; ++i) codes[b * kKvBlock + i] = float_to_e4m3fn_rne_satfinite(xb[i] * inv);
-    decode_e4m3_block(codes + b * kKvBlock, kKvBlock, e8m0_to_float(e), back);
-    for (int64_t i = 0; i < kKvBlock; ++i) exact = exact && same_bits(back[i], xb[i]);
+    uint8_t* qb = codes + b * kKvBlock;
+    e4m3_codes_fast(xb, kKvBlock, inv, qb);
+    decode_e4m3_block(qb, kKvBlock, e8m0_to_float(e), back);
+    if (all_same_bits(back, xb, kKvBlock)) continue;
+    exact = false;  // not e4m3 * 2^k: written rounded
+    for (int64_t i = 0; i < kKvBlock; ++i) qb[i] = float_to_e4m3fn_rne_satfinite(xb[i] * inv);
   }
   for (int64_t i = 0; i < c.rope_dim; ++i) {
     const float v = x[nope + i];
@@ -100,17 +132,21 @@ bool encode_key(const RowCodec& c, const float* x, uint8_t* out) {
   uint8_t* scales = out + c.dim / 2;
   const float* lut = e2m1_lut();
   bool exact = true;
+  uint8_t nib[kKeyBlock];
+  float back[kKeyBlock];
   for (int64_t b = 0; b < nb; ++b) {
     const float* xb = x + b * kKeyBlock;
     const uint8_t e = block_scale(block_amax(xb, kKeyBlock), 6.0f);
     scales[b] = e;
     const float s = e8m0_to_float(e), inv = float(std::ldexp(1.0, 127 - int(e)));  // 2^k, 2^-k
-    uint8_t* ob = out + b * kKeyBlock / 2;
-    for (int64_t i = 0; i < kKeyBlock; i += 2) {
-      const uint8_t lo = float_to_e2m1_rne(xb[i] * inv), hi = float_to_e2m1_rne(xb[i + 1] * inv);
-      ob[i / 2] = uint8_t(lo | (hi << 4));
-      exact = exact && same_bits(lut[lo] * s, xb[i]) && same_bits(lut[hi] * s, xb[i + 1]);
+    e2m1_nibbles_fast(xb, kKeyBlock, inv, nib);
+    for (int64_t i = 0; i < kKeyBlock; ++i) back[i] = lut[nib[i]] * s;
+    if (!all_same_bits(back, xb, kKeyBlock)) {
+      exact = false;  // not e2m1 * 2^k: written rounded
+      for (int64_t i = 0; i < kKeyBlock; ++i) nib[i] = float_to_e2m1_rne(xb[i] * inv);
     }
+    uint8_t* ob = out + b * kKeyBlock / 2;
+    for (int64_t i = 0; i < kKeyBlock; i += 2) ob[i / 2] = uint8_t(nib[i] | (nib[i + 1] << 4));
   }
   return exact;
 }
