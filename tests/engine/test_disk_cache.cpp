@@ -440,6 +440,19 @@ TEST(DiskCache, DirectoryStaysUnderItsSizeLimit) {
   }
   EXPECT_LE(dir_bytes(dir.path), o.cache_size);
   EXPECT_GE(dir_bytes(dir.path), page_file);
+  // the files carry the pool's compact rows: exactly the compact sizes, below the fp32 layout's
+  const StateLayout F = StateLayout::of(m->config());
+  int n_files = 0;
+  for (const auto& e : fs::directory_iterator(dir.path)) {
+    const std::string ext = e.path().extension().string();
+    if (ext == ".page") EXPECT_EQ(e.file_size(), page_file);
+    else if (ext == ".snap") EXPECT_EQ(e.file_size(), snap_file);
+    else continue;
+    ++n_files;
+  }
+  EXPECT_GT(n_files, 0);
+  EXPECT_LT(L.page_bytes, F.page_bytes);
+  EXPECT_LT(L.snapshot_bytes, F.snapshot_bytes);
   // the newest blocks are the ones kept: the last prompt hits, the first does not
   const Outcome last = run_once(m, o, prompts.back(), 2);
   EXPECT_EQ(last.cached, 256);
