@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "backend/cpu_backend.h"
+#include "backend/ops.h"
 #include "backend/step_graphs.h"
 #include "core/error.h"
 #ifdef DSV4_WITH_CUDA
@@ -116,6 +117,10 @@ size_t Workspace::capacity() const {
 // ---- Backend -----------------------------------------------------------------------------------------------------
 
 Backend::~Backend() = default;
+
+void Ops::encode_rows(const float*, int64_t, const RowCodec& c, float*) const {
+  fail("internal: this backend does not store compact state rows ({})", row_kind_name(c.kind));
+}
 
 Buffer Backend::upload_bytes(const void* src, size_t bytes, const char* what) {
   Buffer b(*this, bytes, what);

@@ -95,6 +95,9 @@ class Backend {
   virtual std::string description() const = 0;
   virtual const Ops& ops() const = 0;
   virtual MemoryInfo memory() const = 0;
+  // Whether this backend's ops read the compact state row formats (format/row_format.h, model/state_layout.h) in
+  // reference numerics: then the model's state pools store rows compactly. Default: fp32 rows.
+  virtual bool compact_state_rows() const { return false; }
 
   // Device memory. alloc throws dsv4::Error naming `what`, the bytes asked for and the bytes free.
   virtual void* alloc(size_t bytes, const char* what) = 0;

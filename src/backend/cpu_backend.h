@@ -15,6 +15,7 @@ class CpuBackend : public Backend {
   std::string description() const override;
   const Ops& ops() const override { return ops_; }
   MemoryInfo memory() const override;
+  bool compact_state_rows() const override { return true; }
   void* alloc(size_t bytes, const char* what) override;
   void free(void* p) noexcept override;
   void copy_to_device(void* dst, const void* src, size_t bytes) override;

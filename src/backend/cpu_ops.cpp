@@ -13,6 +13,7 @@
 #include "backend/parallel.h"
 #include "core/error.h"
 #include "format/numeric.h"
+#include "format/row_format.h"
 
 namespace dsv4 {
 namespace {
@@ -211,6 +212,26 @@ void CpuOps::scatter_rows(const float* src, const int32_t* src_idx, float* dst, 
     std::memcpy(dst + int64_t(dst_idx[i]) * dim, src + int64_t(src_idx[i]) * dim, size_t(dim) * 4);
 }
 
+void CpuOps::encode_rows(const float* x, int64_t n, const RowCodec& c, float* out) const {
+  const int64_t w = c.words();
+  int64_t inexact = -1;
+#pragma omp parallel for schedule(static) if (par(n * c.dim * 8))
+  for (int64_t r = 0; r < n; ++r) {
+    const bool exact = encode_row(c, x + r * c.dim, out + r * w);
+#ifndef NDEBUG
+    if (!exact) {
+#pragma omp critical
+      inexact = r;
+    }
+#else
+    (void)exact;
+#endif
+  }
+  if (inexact >= 0)
+    fail("internal: state row {} is not exactly representable as {} (reference numerics store only simulated rows)",
+         inexact, row_kind_name(c.kind));
+}
+
 void CpuOps::add_rows(float* x, int64_t n, int64_t dim, const float* table, const int32_t* rows) const {
   for (int64_t t = 0; t < n; ++t) {
     const float* r = table + int64_t(rows[t]) * dim;
@@ -319,56 +340,88 @@ void CpuOps::sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, co
                               const float* sink, float scale, bool bf16, float* out) const {
   const int64_t dim = kv.dim, k = k_win + k_comp;
   constexpr int64_t kBlock = 64;
-  // entry j of token t's concatenated candidate list -> its row, or nullptr when unused
-  auto row_of = [&](int64_t t, int64_t j) -> const float* {
+  const bool packed = kv.stored.compact();
+  const int64_t rb = packed ? kv.stored.bytes() : dim * 4;  // bytes per ring / comp row as stored
+  const auto* ring = reinterpret_cast<const unsigned char*>(kv.ring);
+  const auto* comp = reinterpret_cast<const unsigned char*>(kv.comp);
+  // entry j of token t's concatenated candidate list -> its stored row (ring / comp) or fresh fp32 row, or nullptr
+  // when unused; `fresh` tells which
+  auto stored_of = [&](int64_t t, int64_t j, bool& fresh) -> const void* {
+    fresh = false;
     if (j < k_win) {
       const int32_t i = win_idx[t * k_win + j];
       if (i < 0) return nullptr;
-      return i < kv.n_ring ? kv.ring + int64_t(i) * dim : kv.fresh + (int64_t(i) - kv.n_ring) * dim;
+      if (i < kv.n_ring) return ring + int64_t(i) * rb;
+      fresh = true;
+      return kv.fresh + (int64_t(i) - kv.n_ring) * dim;
     }
     const int32_t i = comp_idx[t * k_comp + (j - k_win)];
-    return i < 0 ? nullptr : kv.comp + int64_t(i) * dim;
+    return i < 0 ? nullptr : comp + int64_t(i) * rb;
   };
-#pragma omp parallel for schedule(static) if (par(n_tok * n_heads * k * dim))
-  for (int64_t th = 0; th < n_tok * n_heads; ++th) {
-    const int64_t t = th / n_heads, h = th % n_heads;
-    const float* qv = q + th * dim;
-    static thread_local std::vector<float> acc;
-    acc.assign(static_cast<size_t>(dim), 0.0f);
-    float s_blk[kBlock];
-    const float* r_blk[kBlock];
-    float m = kNegInf, sum = 0.0f;
-    for (int64_t b0 = 0; b0 < k; b0 += kBlock) {
-      const int64_t b1 = std::min(k, b0 + kBlock);
-      float bm = kNegInf;
-      for (int64_t j = b0; j < b1; ++j) {
-        r_blk[j - b0] = row_of(t, j);
-        if (!r_blk[j - b0]) continue;
-        s_blk[j - b0] = dot(qv, r_blk[j - b0], dim) * scale;
-        bm = std::max(bm, s_blk[j - b0]);
+  const bool go_par = par(n_tok * n_heads * k * dim);
+#pragma omp parallel if (go_par)
+  {
+    // compact rows: token t's candidate rows decoded once per thread and token (the heads of a token are
+    // consecutive iterations), into per-thread scratch kept across calls
+    static thread_local std::vector<float> dec;
+    static thread_local std::vector<const float*> rows;
+    int64_t dec_t = -1;
+#pragma omp for schedule(static)
+    for (int64_t th = 0; th < n_tok * n_heads; ++th) {
+      const int64_t t = th / n_heads, h = th % n_heads;
+      if (t != dec_t) {
+        if (dec.size() < size_t(k * dim) && packed) dec.resize(size_t(k * dim));
+        if (rows.size() < size_t(k)) rows.resize(size_t(k));
+        for (int64_t j = 0; j < k; ++j) {
+          bool fresh = false;
+          const void* p = stored_of(t, j, fresh);
+          if (!p || fresh || !packed) {
+            rows[size_t(j)] = static_cast<const float*>(p);
+          } else {
+            decode_row(kv.stored, p, dec.data() + j * dim);
+            rows[size_t(j)] = dec.data() + j * dim;
+          }
+        }
+        dec_t = t;
       }
-      if (bm == kNegInf) continue;
-      const float m_new = std::max(m, bm);
-      const float alpha = m == kNegInf ? 0.0f : std::exp(m - m_new);
-      if (alpha != 1.0f)
-        for (int64_t d = 0; d < dim; ++d) acc[d] *= alpha;
-      sum *= alpha;
-      for (int64_t j = b0; j < b1; ++j) {
-        const float* row = r_blk[j - b0];
-        if (!row) continue;
-        const float p = std::exp(s_blk[j - b0] - m_new);
-        sum += p;
-        add_scaled(acc.data(), maybe_bf(p, bf16), row, dim);
+      const float* qv = q + th * dim;
+      static thread_local std::vector<float> acc;
+      acc.assign(static_cast<size_t>(dim), 0.0f);
+      float s_blk[kBlock];
+      const float* r_blk[kBlock];
+      float m = kNegInf, sum = 0.0f;
+      for (int64_t b0 = 0; b0 < k; b0 += kBlock) {
+        const int64_t b1 = std::min(k, b0 + kBlock);
+        float bm = kNegInf;
+        for (int64_t j = b0; j < b1; ++j) {
+          r_blk[j - b0] = rows[size_t(j)];
+          if (!r_blk[j - b0]) continue;
+          s_blk[j - b0] = dot(qv, r_blk[j - b0], dim) * scale;
+          bm = std::max(bm, s_blk[j - b0]);
+        }
+        if (bm == kNegInf) continue;
+        const float m_new = std::max(m, bm);
+        const float alpha = m == kNegInf ? 0.0f : std::exp(m - m_new);
+        if (alpha != 1.0f)
+          for (int64_t d = 0; d < dim; ++d) acc[d] *= alpha;
+        sum *= alpha;
+        for (int64_t j = b0; j < b1; ++j) {
+          const float* row = r_blk[j - b0];
+          if (!row) continue;
+          const float p = std::exp(s_blk[j - b0] - m_new);
+          sum += p;
+          add_scaled(acc.data(), maybe_bf(p, bf16), row, dim);
+        }
+        m = m_new;
       }
-      m = m_new;
+      float* o = out + th * dim;
+      if (m == kNegInf) {
+        std::fill(o, o + dim, 0.0f);
+        continue;
+      }
+      const float den = sum + std::exp(sink[h] - m);
+      for (int64_t d = 0; d < dim; ++d) o[d] = maybe_bf(acc[d] / den, bf16);
     }
-    float* o = out + th * dim;
-    if (m == kNegInf) {
-      std::fill(o, o + dim, 0.0f);
-      continue;
-    }
-    const float den = sum + std::exp(sink[h] - m);
-    for (int64_t d = 0; d < dim; ++d) o[d] = maybe_bf(acc[d] / den, bf16);
   }
 }
 
@@ -416,6 +469,8 @@ void CpuOps::indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_
     const int64_t pr = keys.page_rows;
     return int64_t(keys.pages[int64_t(keys.table[t]) + j / pr]) * pr + j % pr;
   };
+  const bool packed = keys.stored.compact();
+  const int64_t rb = packed ? keys.stored.bytes() : dim * 4;  // bytes per key row as stored
 #pragma omp parallel for schedule(static) if (par(n_tok * n_heads * dim * 64))
   for (int64_t t = 0; t < n_tok; ++t) {
     const int64_t nv = std::max<int64_t>(n_visible[t], 0);
@@ -424,8 +479,16 @@ void CpuOps::indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_
     score.resize(static_cast<size_t>(nv));
     const float* qt = q + t * n_heads * dim;
     const float* wt = w + t * n_heads;
+    static thread_local std::vector<float> kdec;
+    if (packed && kdec.size() < size_t(dim)) kdec.resize(size_t(dim));
     for (int64_t j = 0; j < nv; ++j) {
-      const float* kj = keys.rows + pool_row(t, j) * dim;
+      const float* kj;
+      if (packed) {  // compact key rows: decoded once per (token, key), exact
+        decode_row(keys.stored, reinterpret_cast<const unsigned char*>(keys.rows) + pool_row(t, j) * rb, kdec.data());
+        kj = kdec.data();
+      } else {
+        kj = keys.rows + pool_row(t, j) * dim;
+      }
       float s = 0;
       for (int64_t h = 0; h < n_heads; ++h) {
         float d = maybe_bf(dot(qt + h * dim, kj, dim), bf16);

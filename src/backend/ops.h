@@ -20,18 +20,23 @@
 #include <cstdint>
 
 #include "backend/weight_view.h"
+#include "format/row_format.h"
 
 namespace dsv4 {
 
 // The K = V rows one sparse_attention call reads, in three segments addressed by two index lists.
 struct KvRows {
-  const float* ring = nullptr;   // window rows kept from earlier steps (the sliding-window ring)
+  const float* ring = nullptr;   // window rows kept from earlier steps (the sliding-window ring), stored as `stored`
   int64_t n_ring = 0;
-  const float* fresh = nullptr;  // window rows computed in this step (one per token)
+  const float* fresh = nullptr;  // window rows computed in this step (one per token), fp32 [n_fresh, dim]
   int64_t n_fresh = 0;
-  const float* comp = nullptr;   // compressed rows
+  const float* comp = nullptr;   // compressed rows, stored as `stored`
   int64_t n_comp = 0;
   int64_t dim = 0;               // row width (elements); rows are contiguous
+  // How ring and comp rows are stored (format/row_format.h): f32 (default; kind f32 with any dim means [*, dim]
+  // floats) or a compact format (rows of stored.bytes() bytes, decoded exactly; only backends whose
+  // Backend::compact_state_rows() is true receive these).
+  RowCodec stored{};
   // win index i: i < n_ring -> ring[i], else fresh[i - n_ring].
 };
 
@@ -46,6 +51,8 @@ struct PagedRows {
   // Host hint, performance only: the longest run of consecutive tokens that share one page table (the tokens of one
   // sequence in a step); <= 0: unknown. Backends may pick tile shapes by it; results never depend on it.
   int64_t max_run = 0;
+  // How the rows are stored (see KvRows::stored): f32 (default) or key_fp4.
+  RowCodec stored{};
 };
 
 // One routed or shared SwiGLU expert: w2( silu(w1 x) * (w3 x) ).
@@ -112,6 +119,11 @@ class Ops {
                             int64_t dim) const = 0;
   // x[t, :] += table[rows[t], :] for t < n (rows of width dim).
   virtual void add_rows(float* x, int64_t n, int64_t dim, const float* table, const int32_t* rows) const = 0;
+  // Encode rows into a compact state row format (format/row_format.h): out row r (c.words() 4-byte words, moved
+  // afterwards with gather_rows / scatter_rows of that width) = encode_row(c, x[r, 0..c.dim)). x: [n, c.dim].
+  // Only backends whose Backend::compact_state_rows() is true implement it (the default throws); debug builds of
+  // the CPU backend fail on a row that is not exactly representable.
+  virtual void encode_rows(const float* x, int64_t n, const RowCodec& c, float* out) const;
 
   // ---- hyper-connections (spec §5.3) -----------------------------------------------------------------------------
   // X: [n_tok, hc, dim] streams. fn: [mix, hc*dim] fp32 with mix = (2+hc)*hc; scale: [3]; base: [mix].

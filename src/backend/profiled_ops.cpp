@@ -74,6 +74,9 @@ void ProfiledOps::scatter_rows(const float* src, const int32_t* src_idx, float* 
 void ProfiledOps::add_rows(float* x, int64_t n, int64_t dim, const float* table, const int32_t* rows) const {
   timed("add_rows", [&] { inner_.add_rows(x, n, dim, table, rows); });
 }
+void ProfiledOps::encode_rows(const float* x, int64_t n, const RowCodec& c, float* out) const {
+  timed("encode_rows", [&] { inner_.encode_rows(x, n, c, out); });
+}
 
 void ProfiledOps::hc_pre(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale, const float* base, int sinkhorn_iters, float hc_eps, float norm_eps, bool bf16, float* u, float* post, float* comb) const {
   timed("hc_pre", [&] { inner_.hc_pre(X, n_tok, hc, dim, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps, bf16, u, post, comb); });

@@ -70,9 +70,27 @@ int run_info(const InfoOpts& o) {
   const SafetensorsSet set = SafetensorsSet::open(dir);
   const ModelWeights w = bind_weights(set, cfg);
   const CheckpointSummary s = summarize(set, cfg, w);
-  const double per_tok = state_bytes_per_token(cfg);
-  const uint64_t fixed = state_bytes_fixed_per_sequence(cfg);
-  const StateLayout paged = StateLayout::of(cfg);  // the engine loop's pool, as stored
+  // Sequence state as stored: the CPU backend in reference numerics (the default numerics) keeps compact rows when
+  // the config's dims fit them (model/state_layout.h); dense numerics and the CUDA backend keep fp32 rows.
+  const bool compact = StateLayout::compact_fits(cfg);
+  const int64_t n_ctx = cfg.max_position_embeddings;
+  struct StateSizes {
+    const char* rows;
+    const char* used_by;
+    uint64_t kv_row, key_row, fixed, per_seq;
+    double per_tok;
+    StateLayout paged;  // the engine loop's pool
+  };
+  auto sizes = [&](bool c, const char* used_by) {
+    return StateSizes{c ? "compact" : "f32", used_by,
+                      state_kv_row_bytes(cfg, c), state_key_row_bytes(cfg, c),
+                      state_bytes_fixed_per_sequence(cfg, false, c), state_bytes_total(cfg, n_ctx, false, c),
+                      state_bytes_per_token(cfg, false, c),
+                      StateLayout::of(cfg, false, c ? RowFormat::compact : RowFormat::f32)};
+  };
+  const StateSizes st = sizes(compact, compact ? "cpu backend, reference numerics" : "every backend and numerics");
+  const StateSizes st32 = sizes(false, compact ? "dense numerics; cuda backend" : "every backend and numerics");
+  const StateLayout& paged = st.paged;
   const int n_swa = cfg.count_layers_with_ratio(0), n_csa = cfg.count_layers_with_ratio(4),
             n_hca = cfg.count_layers_with_ratio(128);
   const std::string dense_fmt = weight_format_name(w.layers.empty() ? WeightFormat::BF16 : w.layers[0].attn.wq_a.fmt);
@@ -123,16 +141,33 @@ int run_info(const InfoOpts& o) {
                          {"dense_linear_format", dense_fmt},
                          {"expert_format", exp_fmt},
                          {"weights_by_format", s.weights_by_format}};
-    j["state_bytes_per_token"] = per_tok;
-    j["state_bytes_fixed_per_sequence"] = fixed;
-    j["state_dtype"] = "f32";
-    j["paged_state"] = {{"layout_version", StateLayout::kVersion},
-                        {"row_format", row_format_name(paged.row_format)},
-                        {"page_tokens", StateLayout::kPageTokens},
-                        {"page_bytes", paged.page_bytes},
-                        {"bytes_per_token", paged.bytes_per_token()},
-                        {"slot_bytes_per_sequence", paged.slot_bytes},
-                        {"snapshot_bytes", paged.snapshot_bytes}};
+    // the first state format (cpu, reference numerics) at the top level; both in "state_formats"
+    j["state_row_format"] = st.rows;
+    j["state_bytes_per_token"] = st.per_tok;
+    j["state_bytes_fixed_per_sequence"] = st.fixed;
+    j["state_bytes_per_sequence"] = st.per_seq;  // at max_position_embeddings tokens
+    auto fmt_json = [](const StateSizes& x) {
+      return nlohmann::json{{"row_format", x.rows},
+                            {"used_by", x.used_by},
+                            {"kv_row_bytes", x.kv_row},
+                            {"key_row_bytes", x.key_row},
+                            {"bytes_per_token", x.per_tok},
+                            {"bytes_fixed_per_sequence", x.fixed},
+                            {"bytes_per_sequence", x.per_seq}};
+    };
+    j["state_formats"] = nlohmann::json::array({fmt_json(st)});
+    if (compact) j["state_formats"].push_back(fmt_json(st32));
+    auto paged_json = [](const StateLayout& p) {
+      return nlohmann::json{{"layout_version", StateLayout::kVersion},
+                            {"row_format", row_format_name(p.row_format)},
+                            {"page_tokens", StateLayout::kPageTokens},
+                            {"page_bytes", p.page_bytes},
+                            {"bytes_per_token", p.bytes_per_token()},
+                            {"slot_bytes_per_sequence", p.slot_bytes},
+                            {"snapshot_bytes", p.snapshot_bytes}};
+    };
+    j["paged_state"] = paged_json(paged);
+    j["paged_state_f32"] = paged_json(st32.paged);
     j["gpu_bytes_weights"] = gpu_weights;
     j["gpu_bytes_needed"] = gpu_needed;
     std::printf("%s\n", j.dump(2).c_str());
@@ -173,10 +208,14 @@ int run_info(const InfoOpts& o) {
   std::printf("gpu memory   %s of weights + ~1 GiB workspace = %s to load on one GPU (--device cuda), plus the state "
               "below per sequence\n",
               gib(double(gpu_weights)).c_str(), gib(double(gpu_needed)).c_str());
-  std::printf("state (f32)  %s B/token + %s B fixed per sequence (%s at %lld tokens)\n",
-              group3(uint64_t(per_tok)).c_str(), group3(fixed).c_str(),
-              gib(double(state_bytes_total(cfg, cfg.max_position_embeddings))).c_str(),
-              (long long)cfg.max_position_embeddings);
+  for (const StateSizes* x : {&st, &st32}) {
+    if (x == &st32 && !compact) break;
+    std::printf("state        %s rows (%s): %s B/token + %s B fixed per sequence = %s per sequence at %lld tokens "
+                "(KV row %s B, indexer key row %s B)\n",
+                x->rows, x->used_by, fmt::format("{:.2f}", x->per_tok).c_str(), group3(x->fixed).c_str(),
+                gib(double(x->per_seq)).c_str(), (long long)n_ctx, group3(x->kv_row).c_str(),
+                group3(x->key_row).c_str());
+  }
   std::printf("paged state  %s rows: %s B per %lld-token page (%s B/token), %s B slot per running sequence, %s B "
               "per prefix-cache snapshot\n",
               row_format_name(paged.row_format), group3(paged.page_bytes).c_str(),

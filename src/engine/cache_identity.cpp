@@ -73,7 +73,7 @@ uint64_t cache_identity(const Model& m) {
   for (int r : cfg.compress_ratios) c.add_value(r);
   add_checkpoint(c, fs::path(cfg.origin));
   c.add_value(int(m.numerics()));
-  const StateLayout L = StateLayout::of(cfg);
+  const StateLayout L = m.state_layout();
   c.add_value(StateLayout::kVersion);
   c.add(row_format_name(L.row_format));
   c.add_value(L.window);

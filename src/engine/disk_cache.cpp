@@ -183,6 +183,7 @@ void DiskCache::scan() {
 std::vector<DiskCache::Segment> DiskCache::segments(Kind kind, int64_t id) {
   const StateLayout& L = pool_.layout();
   std::vector<Segment> out;
+  const int64_t KV = L.kv_row.words(), K = L.key_row.words();  // stored row widths (4-byte words)
   auto add = [&](Buffer& b, int64_t rows, int64_t width) {
     if (b && rows > 0) out.push_back({b.as<float>() + id * rows * width, size_t(rows * width) * 4});
   };
@@ -190,10 +191,10 @@ std::vector<DiskCache::Segment> DiskCache::segments(Kind kind, int64_t id) {
     const StateLayout::Layer& ly = L.layers[l];
     StatePool::LayerBuffers& b = pool_.layer(int(l));
     if (kind == Kind::page) {
-      if (ly.ratio > 0) add(b.comp, ly.rows_per_page, L.head_dim);
-      if (ly.indexer) add(b.keys, ly.rows_per_page, L.index_head_dim);
+      if (ly.ratio > 0) add(b.comp, ly.rows_per_page, KV);
+      if (ly.indexer) add(b.keys, ly.rows_per_page, K);
     } else {
-      add(b.snap_ring, L.window, L.head_dim);
+      add(b.snap_ring, L.window, KV);
       if (ly.coff == 2) {
         add(b.snap_cmp_k, ly.ratio, ly.coff * L.head_dim);
         add(b.snap_cmp_s, ly.ratio, ly.coff * L.head_dim);

@@ -5,7 +5,8 @@
 // a later request's prefix chain (engine/block_hash.h) names them — also by a new process on the same directory.
 //
 // Files: one per page (<hash>.page) and per snapshot (<hash>.snap), <hash> the block's chain hash as 32 hex digits;
-// written to a temporary name and renamed, so a crash leaves no partial file under a final name. Format version 1,
+// written to a temporary name and renamed, so a crash leaves no partial file under a final name. Format version 2
+// (2: rows in the pool's row format, compact in reference numerics on the CPU; version-1 files are foreign),
 // little-endian:
 //     0  magic     8 bytes "DSV4KVC\n"
 //     8  version   u32     kFormatVersion
@@ -17,8 +18,9 @@
 //    60  reserved  u32     0
 //    64  payload   u64     payload bytes (as the state layout says)
 //    72  tokens    n_tokens x i32
-//        payload   fp32 rows as stored in the pool, layer by layer. page: compressed rows [rows_per_page, head_dim],
-//                  then indexer keys [rows_per_page, index_head_dim]; snapshot: the ring [window, head_dim], then
+//        payload   rows as stored in the pool (model/state_layout.h: kv_row / key_row, fp32 or compact; frontiers
+//                  fp32), layer by layer. page: compressed rows [rows_per_page, kv_row], then indexer keys
+//                  [rows_per_page, key_row]; snapshot: the ring [window, kv_row], then
 //                  (ratio-4 layers) compressor frontier k, s [ratio, 2 head_dim] and indexer frontier k, s
 //                  [ratio, 2 index_head_dim]
 //   end-8  checksum u64    XXH64 of every byte before it (core/checksum.h)
@@ -59,7 +61,7 @@ struct DiskCacheOptions {
 
 class DiskCache final : public PrefixCache::Tier {
  public:
-  static constexpr uint32_t kFormatVersion = 1;
+  static constexpr uint32_t kFormatVersion = 2;
   static constexpr size_t kHeaderBytes = 72;
   enum class Kind : uint32_t { page = 1, snapshot = 2 };
 

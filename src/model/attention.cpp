@@ -37,6 +37,14 @@ void Model::attention(int l, StatePool& pool, const StepPlan& plan, const Device
   ops().rmsnorm(kv, n, Dh, lp.kv_norm, eps, bf, kv);
   ops().rope(kv, n, 1, Dh, rd, cs, false, bf);
   if (bf) ops().fp8_sim(kv, n, Dh, Dh - rd, 64);
+  // the same rows as the pool stores them (fp32: kv itself; compact: encoded, exact) [n, KW] words
+  const RowCodec& kc = pool.layout().kv_row;
+  const int64_t KW = kc.words();
+  float* kv_st = kv;
+  if (kc.compact()) {
+    kv_st = ws.alloc<float>(n * KW);
+    ops().encode_rows(kv, n, kc, kv_st);
+  }
 
   // 3. compressed rows (indexer first, as the reference) and the compressed candidate lists
   const int32_t* comp_idx = nullptr;
@@ -55,6 +63,7 @@ void Model::attention(int l, StatePool& pool, const StepPlan& plan, const Device
     cp.k = lb.cmp_k.as<float>();
     cp.s = lb.cmp_s.as<float>();
     cp.rows = lb.comp.as<float>();
+    cp.stored = kc;
     cp.snap_k = lb.snap_cmp_k.as<float>();
     cp.snap_s = lb.snap_cmp_s.as<float>();
     cp.spec_k = lb.spec_cmp_k.as<float>();
@@ -71,7 +80,7 @@ void Model::attention(int l, StatePool& pool, const StepPlan& plan, const Device
 
   // 4-6. sparse attention over [ring | fresh] window rows and the compressed rows; inverse RoPE on the output
   float* ring = lb.ring.as<float>();
-  KvRows rows{ring, plan.n_ring, kv, n, ratio > 0 ? lb.comp.as<float>() : nullptr, n_comp, Dh};
+  KvRows rows{ring, plan.n_ring, kv, n, ratio > 0 ? lb.comp.as<float>() : nullptr, n_comp, Dh, kc};
   float* o = ws.alloc<float>(n * H * Dh);     // [n, H, Dh]
   ops().sparse_attention(q, n, H, rows, dp.win_idx, W, comp_idx, k_comp, lp.attn_sink, float(cfg_.softmax_scale()),
                          bf, o);
@@ -97,12 +106,12 @@ void Model::attention(int l, StatePool& pool, const StepPlan& plan, const Device
   // 8. snapshots of the ring at 128-aligned positions inside the step (old ring rows + this step's rows, before the
   // update), then the window ring update (after every query of the step has read the old rows)
   for (size_t i = 0; i < plan.snap_ids.size(); ++i)
-    ops().gather_rows(ring, plan.n_ring, kv, dp.snap_ring_src + int64_t(i) * W, W, Dh,
-                      lb.snap_ring.as<float>() + plan.snap_ids[i] * W * Dh);
+    ops().gather_rows(ring, plan.n_ring, kv_st, dp.snap_ring_src + int64_t(i) * W, W, KW,
+                      lb.snap_ring.as<float>() + plan.snap_ids[i] * W * KW);
   if (!plan.spec_ring_src.empty())  // verify steps: the ring rows about to be overwritten, for a rollback
     ops().scatter_rows(ring, dp.spec_ring_src, lb.spec_ring.as<float>(), dp.spec_ring_dst,
-                       int64_t(plan.spec_ring_src.size()), Dh);
-  ops().scatter_rows(kv, dp.ring_src, ring, dp.ring_dst, int64_t(plan.ring_src.size()), Dh);
+                       int64_t(plan.spec_ring_src.size()), KW);
+  ops().scatter_rows(kv_st, dp.ring_src, ring, dp.ring_dst, int64_t(plan.ring_src.size()), KW);
 }
 
 }  // namespace dsv4

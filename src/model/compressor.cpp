@@ -38,7 +38,13 @@ void Model::compressor(const CompressorResident& w, const CompressorPools& cp, c
         ops().fp8_sim(e, ne, c, c - rd, 64);
       }
     }
-    ops().scatter_rows(e, dp.iota, cp.rows, drp.emit_dst, ne, c);  // to their page rows
+    if (cp.stored.compact()) {  // stored compactly (exact: the rows are simulated above)
+      float* st = ws.alloc<float>(ne * cp.stored.words());  // [ne, words]
+      ops().encode_rows(e, ne, cp.stored, st);
+      ops().scatter_rows(st, dp.iota, cp.rows, drp.emit_dst, ne, cp.stored.words());  // to their page rows
+    } else {
+      ops().scatter_rows(e, dp.iota, cp.rows, drp.emit_dst, ne, c);  // to their page rows
+    }
   }
   // snapshots: frontier rows [0, m) at each 128-aligned position of the step (ratio 4; read before the update)
   if (rp.coff == 2)

@@ -45,6 +45,8 @@ void Model::validate(const Batch& b, const StatePool& pool) const {
   if (pool.layout().layers.size() != size_t(cfg_.num_hidden_layers + (mtp ? 1 : 0)))
     fail("internal: state pool does not match the model");
   if (mtp && !has_mtp()) fail("internal: a state pool with the MTP layer needs a model loaded with its MTP module");
+  if (pool.layout().row_format == RowFormat::compact && (!bf16() || !be_->compact_state_rows()))
+    fail("internal: a state pool with compact rows needs reference numerics on a backend that reads them");
   std::vector<char> used(size_t(pool.n_slots()), 0);
   for (const BatchSeq& s : b.seqs) {
     const int64_t n = s.n();

@@ -22,6 +22,7 @@ void Model::indexer(int l, StatePool& pool, const StepPlan& plan, const DevicePl
   cp.k = lb.idx_k.as<float>();
   cp.s = lb.idx_s.as<float>();
   cp.rows = lb.keys.as<float>();
+  cp.stored = pool.layout().key_row;
   cp.snap_k = lb.snap_idx_k.as<float>();
   cp.snap_s = lb.snap_idx_s.as<float>();
   cp.spec_k = lb.spec_idx_k.as<float>();
@@ -51,6 +52,7 @@ void Model::indexer(int l, StatePool& pool, const StepPlan& plan, const DevicePl
   keys.table = drp.key_table;
   keys.page_rows = rp.rpp;
   keys.max_run = rp.max_run;
+  keys.stored = pool.layout().key_row;
   // recorded steps pass the bucket of max_visible (StepPlan::shape_key); the selection is the same
   const int64_t mv = graphs_ ? StepPlan::visible_bucket(rp.max_visible) : rp.max_visible;
   ops().indexer_topk(q, n, IH, IDh, keys, drp.n_visible, mv, w, topk, bf, sel);  // pool rows

@@ -31,6 +31,10 @@ uint64_t expert_bytes(const ExpertView& e) { return view_bytes(e.w1) + view_byte
 }  // namespace
 
 
+RowFormat Model::state_rows() const {
+  return bf16() && be_->compact_state_rows() && StateLayout::compact_fits(cfg_) ? RowFormat::compact : RowFormat::f32;
+}
+
 Model::~Model() {
   // Recordings and resident buffers go back to the backend before an owned backend is destroyed.
   graphs_.reset();

@@ -117,10 +117,21 @@ class Model final : public LanguageModel {
   int64_t max_context() const override { return cfg_.max_position_embeddings; }
   std::unique_ptr<LmSequence> new_sequence() const override;
 
-  // A fresh sequence state on this model's backend.
-  SequenceState fresh_state() const { return SequenceState::fresh(cfg_, *be_); }
-  // A state pool for many sequences on this model's backend (model/state_pool.h).
-  StatePool make_pool(const StatePoolOptions& o) const { return StatePool(cfg_, *be_, o); }
+  // How this model's state pools store rows (model/state_layout.h): compact in reference numerics on a backend that
+  // reads compact rows (Backend::compact_state_rows()) when the config's dims fit the formats, else f32 (dense
+  // numerics: rows are not quantization-simulated, so compact storage would be lossy).
+  RowFormat state_rows() const;
+  // The state layout of this model's pools.
+  StateLayout state_layout(bool with_mtp = false) const { return StateLayout::of(cfg_, with_mtp, state_rows()); }
+  // A fresh sequence state on this model's backend (rows as state_rows()).
+  SequenceState fresh_state() const { return SequenceState::fresh(cfg_, *be_, state_rows()); }
+  // A state pool for many sequences on this model's backend (model/state_pool.h), rows as state_rows() (o.rows is
+  // replaced).
+  StatePool make_pool(const StatePoolOptions& o) const {
+    StatePoolOptions p = o;
+    p.rows = state_rows();
+    return StatePool(cfg_, *be_, p);
+  }
 
   // Receives the next-token logits (fp32, n_vocab, host memory) after position `pos`.
   using LogitsSink = std::function<void(int64_t pos, std::span<const float> logits)>;
@@ -187,7 +198,8 @@ class Model final : public LanguageModel {
     int ratio = 0, coff = 1;
     int64_t c = 0;                               // pooled row width
     float *k = nullptr, *s = nullptr;            // frontiers [n_slots * coff*ratio, coff*c]
-    float* rows = nullptr;                       // compressed rows / indexer keys [n_pages * rpp, c]
+    float* rows = nullptr;                       // compressed rows / indexer keys [n_pages * rpp, stored.words()]
+    RowCodec stored;                             // how `rows` are stored (f32 [c] or compact)
     float *snap_k = nullptr, *snap_s = nullptr;  // snapshot frontier rows [n_snapshots * ratio, coff*c] (ratio 4)
     float *spec_k = nullptr, *spec_s = nullptr;  // speculation rows (pools with the MTP layer)
   };

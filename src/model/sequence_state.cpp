@@ -8,10 +8,12 @@
 
 namespace dsv4 {
 
-SequenceState SequenceState::fresh(const ModelConfig& cfg, Backend& be) {
+SequenceState SequenceState::fresh(const ModelConfig& cfg, Backend& be, RowFormat rows) {
   SequenceState st;
   st.backend = &be;
-  st.pool = StatePool(cfg, be, StatePoolOptions{1, 0, 0});
+  StatePoolOptions o{1, 0, 0};
+  o.rows = rows;
+  st.pool = StatePool(cfg, be, o);
   return st;
 }
 
@@ -26,7 +28,9 @@ void SequenceState::reserve(const ModelConfig& cfg, int64_t n_positions) {
 
 size_t SequenceState::bytes() const { return pool.bytes(); }
 
-size_t SequenceState::bytes_used(const ModelConfig& cfg) const { return size_t(state_bytes_total(cfg, n_past)); }
+size_t SequenceState::bytes_used(const ModelConfig& cfg) const {
+  return size_t(state_bytes_total(cfg, n_past, false, pool.layout().row_format == RowFormat::compact));
+}
 
 StateCheckpoint StateCheckpoint::take(const SequenceState& st) {
   StateCheckpoint ck;

@@ -22,8 +22,8 @@ struct SequenceState {
   StatePool pool;               // slot 0; pages [0, pool.n_pages())
   std::vector<int32_t> pages;   // identity page table [0, pool.n_pages())
 
-  // A fresh state for `cfg`'s main layers on `be` (n_past = 0, frontier reset).
-  static SequenceState fresh(const ModelConfig& cfg, Backend& be);
+  // A fresh state for `cfg`'s main layers on `be` (n_past = 0, frontier reset), rows stored as `rows`.
+  static SequenceState fresh(const ModelConfig& cfg, Backend& be, RowFormat rows = RowFormat::f32);
   // Grow the pages (keeping their rows) so that n_positions positions fit.
   void reserve(const ModelConfig& cfg, int64_t n_positions);
   // Bytes held (capacities of every buffer).

@@ -143,7 +143,8 @@ void Model::rollback(std::span<const SpecRollback> seqs, StatePool& pool) const 
     const StateLayout::Layer& ly = L.layers[l];
     StatePool::LayerBuffers& b = pool.layer(int(l));
     if (dl.size(i_rs))
-      ops().scatter_rows(b.spec_ring.as<float>(), dl[i_rs], b.ring.as<float>(), dl[i_rd], dl.size(i_rs), L.head_dim);
+      ops().scatter_rows(b.spec_ring.as<float>(), dl[i_rs], b.ring.as<float>(), dl[i_rd], dl.size(i_rs),
+                         L.kv_row.words());
     if (ly.ratio == 0) continue;
     const RatioLists& r = *std::find_if(rls.begin(), rls.end(), [&](const RatioLists& x) { return x.m == ly.ratio; });
     const int64_t nn = dl.size(r.src);
@@ -215,7 +216,8 @@ void Model::draft(std::span<const DraftSeq> seqs, StatePool& pool, const DraftSi
   dl.upload(*be_, ws);
   const int64_t n_save = dl.size(i_ring);
   if (n_save)
-    ops().scatter_rows(mb.ring.as<float>(), dl[i_ring], mb.spec_ring.as<float>(), dl[i_spec], n_save, L.head_dim);
+    ops().scatter_rows(mb.ring.as<float>(), dl[i_ring], mb.spec_ring.as<float>(), dl[i_spec], n_save,
+                       L.kv_row.words());
 
   float* Y = ws.alloc<float>(ns * HC * D);  // [ns, HC, D] each sequence's last MTP block output
   std::vector<int32_t> tok(static_cast<size_t>(ns));
@@ -259,7 +261,7 @@ void Model::draft(std::span<const DraftSeq> seqs, StatePool& pool, const DraftSi
       ops().scatter_rows(Xm, dl[i_iota], Y, sl[i_y], na, HC * D);
       if (j == 0 && g1 == act.size() && dl.size(i_ssrc))  // every row of pos written: patch the snapshots
         ops().scatter_rows(mb.ring.as<float>(), dl[i_ssrc], mb.snap_ring.as<float>(), dl[i_sdst], dl.size(i_ssrc),
-                           L.head_dim);
+                           L.kv_row.words());
       if (j >= max_k) continue;  // only n_draft == 0 sequences: no logits wanted
       float* logits = ws.alloc<float>(na * V);
       mtp_head(Xm, na, logits);
@@ -288,7 +290,8 @@ void Model::draft(std::span<const DraftSeq> seqs, StatePool& pool, const DraftSi
     }
   }
   if (n_save)
-    ops().scatter_rows(mb.spec_ring.as<float>(), dl[i_spec], mb.ring.as<float>(), dl[i_ring], n_save, L.head_dim);
+    ops().scatter_rows(mb.spec_ring.as<float>(), dl[i_spec], mb.ring.as<float>(), dl[i_ring], n_save,
+                       L.kv_row.words());
 }
 
 }  // namespace dsv4

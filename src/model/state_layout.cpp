@@ -8,16 +8,31 @@ namespace dsv4 {
 const char* row_format_name(RowFormat f) {
   switch (f) {
     case RowFormat::f32: return "f32";
+    case RowFormat::compact: return "compact";
   }
   return "?";
 }
 
-StateLayout StateLayout::of(const ModelConfig& cfg, bool with_mtp) {
+bool StateLayout::compact_fits(const ModelConfig& cfg) {
+  const int64_t nope = int64_t(cfg.head_dim) - cfg.qk_rope_head_dim;
+  return nope > 0 && nope % 64 == 0 && cfg.qk_rope_head_dim >= 0 && cfg.index_head_dim % 32 == 0;
+}
+
+StateLayout StateLayout::of(const ModelConfig& cfg, bool with_mtp, RowFormat rows) {
   StateLayout s;
   s.window = cfg.sliding_window;
   s.head_dim = cfg.head_dim;
   s.index_head_dim = cfg.index_head_dim;
-  const uint64_t row = 4;  // fp32
+  s.row_format = rows;
+  if (rows == RowFormat::compact && !compact_fits(cfg))
+    fail("{}: head_dim {} (rope {}) / index_head_dim {} do not fit the compact state row formats", cfg.origin,
+         cfg.head_dim, cfg.qk_rope_head_dim, cfg.index_head_dim);
+  const bool compact = rows == RowFormat::compact;
+  s.kv_row = compact ? RowCodec::kv_fp8(cfg.head_dim, cfg.qk_rope_head_dim) : RowCodec::f32(cfg.head_dim);
+  s.key_row = compact && cfg.index_head_dim > 0 ? RowCodec::key_fp4(cfg.index_head_dim)
+                                                : RowCodec::f32(cfg.index_head_dim);
+  const uint64_t row = 4;                                   // fp32 elements (frontiers, hidden rows)
+  const uint64_t kv_b = uint64_t(s.kv_row.bytes()), key_b = uint64_t(s.key_row.bytes());  // stored rows
   if (with_mtp) {
     if (cfg.num_mtp_layers() < 1) fail("{}: the model has no MTP layer", cfg.origin);
     if (cfg.compress_ratio(cfg.num_hidden_layers) != 0)
@@ -39,18 +54,18 @@ StateLayout StateLayout::of(const ModelConfig& cfg, bool with_mtp) {
       s.any_compressed = true;
     }
     L.indexer = L.ratio == 4;
-    s.slot_bytes += uint64_t(s.window * s.head_dim) * row;
-    s.snapshot_bytes += uint64_t(s.window * s.head_dim) * row;
+    s.slot_bytes += uint64_t(s.window) * kv_b;
+    s.snapshot_bytes += uint64_t(s.window) * kv_b;
     if (L.ratio > 0) {
       const uint64_t fr = uint64_t(L.frontier_rows()), w = uint64_t(L.coff * s.head_dim);
       s.slot_bytes += 2 * fr * w * row;
-      s.page_bytes += uint64_t(L.rows_per_page * s.head_dim) * row;
+      s.page_bytes += uint64_t(L.rows_per_page) * kv_b;
       if (L.coff == 2) s.snapshot_bytes += 2 * uint64_t(L.ratio) * w * row;
     }
     if (L.indexer) {
       const uint64_t fr = uint64_t(L.frontier_rows()), w = uint64_t(L.coff * s.index_head_dim);
       s.slot_bytes += 2 * fr * w * row;
-      s.page_bytes += uint64_t(L.rows_per_page * s.index_head_dim) * row;
+      s.page_bytes += uint64_t(L.rows_per_page) * key_b;
       s.snapshot_bytes += 2 * uint64_t(L.ratio) * w * row;
     }
     s.layers.push_back(L);
@@ -59,7 +74,7 @@ StateLayout StateLayout::of(const ModelConfig& cfg, bool with_mtp) {
     // hidden rows + per layer: ring backup rows; per compressor: changed frontier rows + the step's projections
     uint64_t b = uint64_t(kSpecRows * s.hidden_width) * row;
     for (const Layer& L : s.layers) {
-      b += uint64_t(kSpecRows * s.head_dim) * row;
+      b += uint64_t(kSpecRows) * kv_b;
       if (L.ratio > 0) b += 2 * uint64_t((L.changed_rows() + kSpecRows) * L.coff * s.head_dim) * row;
       if (L.indexer) b += 2 * uint64_t((L.changed_rows() + kSpecRows) * L.coff * s.index_head_dim) * row;
     }

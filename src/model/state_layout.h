@@ -18,24 +18,28 @@
 //     of k and s (the last complete window, which the next window pools with). Nothing else is needed at B: every
 //     ratio divides 128, so no other compressor holds a partial window there (spec §5.5; serving-and-api §1.1).
 //
-// Row format: fp32 in this layout version (rows are bf16 / FP8 / FP4-representable in reference numerics, so the
-// compact formats of spec §6.1 — 584-byte FP8 + bf16 attention rows, FP4 indexer keys — are a lossless later
-// change of `row_format` and of the ops that read rows; page and snapshot addressing stay as they are).
+// Row format (format/row_format.h): `f32` keeps window ring rows, compressed KV rows and indexer keys as computed
+// (dense numerics, and backends that read fp32 rows only); `compact` stores them in the reference's own formats
+// (spec §6.1: KV rows as kv_fp8 — 584 B for V4-Flash —, indexer keys as key_fp4 — 68 B), lossless for the rows
+// reference numerics produce. The backend decides (Backend::compact_state_rows()); compressor frontiers and the
+// speculation hidden rows stay fp32 in both (softmax inputs). Rows of either format are whole 4-byte words
+// (kv_row.words(), key_row.words()): addressing is by row as before, only the row width changes.
 #pragma once
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
+#include "format/row_format.h"
 #include "loader/config.h"
 
 namespace dsv4 {
 
-enum class RowFormat { f32 };
+enum class RowFormat { f32, compact };
 const char* row_format_name(RowFormat f);
 
 struct StateLayout {
   static constexpr int64_t kPageTokens = 128;  // tokens per page = prefix-cache block = snapshot grid
-  static constexpr int kVersion = 1;           // bumped when anything below changes (disk tier, later)
+  static constexpr int kVersion = 2;           // bumped when anything below changes (2: compact row formats)
 
   static constexpr int64_t kMaxDraft = 4;                 // draft tokens per verify step at most
   static constexpr int64_t kSpecRows = kMaxDraft + 1;     // tokens of a verify step at most
@@ -53,6 +57,8 @@ struct StateLayout {
   };
 
   RowFormat row_format = RowFormat::f32;
+  RowCodec kv_row;                  // window ring rows, compressed KV rows (and their snapshot / speculation copies)
+  RowCodec key_row;                 // indexer key rows
   int64_t window = 0, head_dim = 0, index_head_dim = 0;
   std::vector<Layer> layers;        // main layers, then the MTP block's layer when with_mtp
   int mtp_layer = -1;               // index of the MTP layer in `layers`, -1 without
@@ -68,7 +74,9 @@ struct StateLayout {
 
   // Throws dsv4::Error when a compress ratio does not divide kPageTokens, or with_mtp and the config has no MTP
   // layer or one with a compressor.
-  static StateLayout of(const ModelConfig& cfg, bool with_mtp = false);
+  static StateLayout of(const ModelConfig& cfg, bool with_mtp = false, RowFormat rows = RowFormat::f32);
+  // Whether the config's dims fit the compact formats (nope = head_dim - rope a multiple of 64, index_head_dim of 32).
+  static bool compact_fits(const ModelConfig& cfg);
   bool has_mtp() const { return mtp_layer >= 0; }
   // Pages holding the compressed rows of positions [0, n_positions).
   static int64_t pages_for(int64_t n_positions) { return (n_positions + kPageTokens - 1) / kPageTokens; }

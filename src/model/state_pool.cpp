@@ -30,7 +30,7 @@ void copy_rows(Backend& be, Buffer& dst, int64_t d0, const Buffer& src, int64_t 
 }  // namespace
 
 StatePool::StatePool(const ModelConfig& cfg, Backend& be, const StatePoolOptions& o)
-    : layout_(StateLayout::of(cfg, o.mtp)),
+    : layout_(StateLayout::of(cfg, o.mtp, o.rows)),
       be_(&be),
       n_slots_(o.n_slots),
       n_pages_(o.n_pages),
@@ -44,16 +44,17 @@ StatePool::StatePool(const ModelConfig& cfg, Backend& be, const StatePoolOptions
     fail("state pool: {} slots / {} pages / {} snapshots exceed the int32 row ids of the state layout", n_slots_,
          n_pages_, n_snapshots_);
   layers_.resize(L.layers.size());
+  const int64_t KV = L.kv_row.words(), K = L.key_row.words();  // stored row widths (4-byte words)
   for (size_t l = 0; l < L.layers.size(); ++l) {
     const StateLayout::Layer& ly = L.layers[l];
     LayerBuffers& b = layers_[l];
-    b.ring = rows_buffer(be, n_slots_ * L.window, L.head_dim, "window rings");
-    b.snap_ring = rows_buffer(be, n_snapshots_ * L.window, L.head_dim, "snapshot rings");
+    b.ring = rows_buffer(be, n_slots_ * L.window, KV, "window rings");
+    b.snap_ring = rows_buffer(be, n_snapshots_ * L.window, KV, "snapshot rings");
     if (ly.ratio > 0) {
       const int64_t fr = ly.frontier_rows(), w = ly.coff * L.head_dim;
       b.cmp_k = rows_buffer(be, n_slots_ * fr, w, "compressor frontiers");
       b.cmp_s = rows_buffer(be, n_slots_ * fr, w, "compressor frontiers");
-      b.comp = rows_buffer(be, n_pages_ * ly.rows_per_page, L.head_dim, "compressed KV pages");
+      b.comp = rows_buffer(be, n_pages_ * ly.rows_per_page, KV, "compressed KV pages");
       if (ly.coff == 2) {
         b.snap_cmp_k = rows_buffer(be, n_snapshots_ * ly.ratio, w, "snapshot frontiers");
         b.snap_cmp_s = rows_buffer(be, n_snapshots_ * ly.ratio, w, "snapshot frontiers");
@@ -63,13 +64,13 @@ StatePool::StatePool(const ModelConfig& cfg, Backend& be, const StatePoolOptions
       const int64_t fr = ly.frontier_rows(), w = ly.coff * L.index_head_dim;
       b.idx_k = rows_buffer(be, n_slots_ * fr, w, "indexer frontiers");
       b.idx_s = rows_buffer(be, n_slots_ * fr, w, "indexer frontiers");
-      b.keys = rows_buffer(be, n_pages_ * ly.rows_per_page, L.index_head_dim, "indexer key pages");
+      b.keys = rows_buffer(be, n_pages_ * ly.rows_per_page, K, "indexer key pages");
       b.snap_idx_k = rows_buffer(be, n_snapshots_ * ly.ratio, w, "snapshot frontiers");
       b.snap_idx_s = rows_buffer(be, n_snapshots_ * ly.ratio, w, "snapshot frontiers");
     }
     if (L.has_mtp()) {
       const int64_t R = StateLayout::kSpecRows, sr = n_slots_ * (ly.changed_rows() + R);
-      b.spec_ring = rows_buffer(be, n_slots_ * R, L.head_dim, "speculation rows");
+      b.spec_ring = rows_buffer(be, n_slots_ * R, KV, "speculation rows");
       if (ly.ratio > 0) {
         b.spec_cmp_k = rows_buffer(be, sr, ly.coff * L.head_dim, "speculation rows");
         b.spec_cmp_s = rows_buffer(be, sr, ly.coff * L.head_dim, "speculation rows");
@@ -107,7 +108,7 @@ void StatePool::reset_slot(int64_t slot) {
   for (size_t l = 0; l < layers_.size(); ++l) {
     const StateLayout::Layer& ly = layout_.layers[l];
     LayerBuffers& b = layers_[l];
-    fill_rows(*be_, b.ring, slot * layout_.window, layout_.window, layout_.head_dim, 0.0f);
+    fill_rows(*be_, b.ring, slot * layout_.window, layout_.window, layout_.kv_row.words(), 0.0f);  // zero bits: 0
     if (ly.ratio > 0) {
       const int64_t fr = ly.frontier_rows(), w = ly.coff * layout_.head_dim;
       fill_rows(*be_, b.cmp_k, slot * fr, fr, w, 0.0f);
@@ -128,7 +129,7 @@ void StatePool::restore_snapshot(int64_t snap, int64_t slot) {
     const StateLayout::Layer& ly = layout_.layers[l];
     LayerBuffers& b = layers_[l];
     copy_rows(*be_, b.ring, slot * layout_.window, b.snap_ring, snap * layout_.window, layout_.window,
-              layout_.head_dim);
+              layout_.kv_row.words());
     if (ly.coff == 2) {
       const int64_t fr = ly.frontier_rows(), m = ly.ratio;
       copy_rows(*be_, b.cmp_k, slot * fr, b.snap_cmp_k, snap * m, m, ly.coff * layout_.head_dim);
@@ -146,7 +147,8 @@ void StatePool::copy_slot(int64_t from, int64_t to) {
   for (size_t l = 0; l < layers_.size(); ++l) {
     const StateLayout::Layer& ly = layout_.layers[l];
     LayerBuffers& b = layers_[l];
-    copy_rows(*be_, b.ring, to * layout_.window, b.ring, from * layout_.window, layout_.window, layout_.head_dim);
+    copy_rows(*be_, b.ring, to * layout_.window, b.ring, from * layout_.window, layout_.window,
+              layout_.kv_row.words());
     const int64_t fr = ly.frontier_rows();
     copy_rows(*be_, b.cmp_k, to * fr, b.cmp_k, from * fr, fr, ly.coff * layout_.head_dim);
     copy_rows(*be_, b.cmp_s, to * fr, b.cmp_s, from * fr, fr, ly.coff * layout_.head_dim);
@@ -168,8 +170,8 @@ void StatePool::grow_pages(int64_t n) {
       copy_rows(*be_, nb, 0, buf, 0, n_pages_ * ly.rows_per_page, width);
       buf = std::move(nb);
     };
-    if (ly.ratio > 0) grow(b.comp, layout_.head_dim, "compressed KV pages");
-    if (ly.indexer) grow(b.keys, layout_.index_head_dim, "indexer key pages");
+    if (ly.ratio > 0) grow(b.comp, layout_.kv_row.words(), "compressed KV pages");
+    if (ly.indexer) grow(b.keys, layout_.key_row.words(), "indexer key pages");
   }
   n_pages_ = n;
 }
@@ -192,7 +194,7 @@ StatePool::SlotCopy StatePool::save_slot(int64_t slot) const {
       copy_rows(*be_, d, 0, src, r0, n, width);
       c.buffers.push_back(std::move(d));
     };
-    save(b.ring, slot * layout_.window, layout_.window, layout_.head_dim);
+    save(b.ring, slot * layout_.window, layout_.window, layout_.kv_row.words());
     save(b.cmp_k, slot * fr, fr, ly.coff * layout_.head_dim);
     save(b.cmp_s, slot * fr, fr, ly.coff * layout_.head_dim);
     save(b.idx_k, slot * fr, fr, ly.coff * layout_.index_head_dim);
@@ -209,7 +211,7 @@ void StatePool::load_slot(const SlotCopy& c, int64_t slot) {
     LayerBuffers& b = layers_[l];
     const int64_t fr = ly.frontier_rows();
     const Buffer* s = &c.buffers[5 * l];
-    copy_rows(*be_, b.ring, slot * layout_.window, s[0], 0, layout_.window, layout_.head_dim);
+    copy_rows(*be_, b.ring, slot * layout_.window, s[0], 0, layout_.window, layout_.kv_row.words());
     copy_rows(*be_, b.cmp_k, slot * fr, s[1], 0, fr, ly.coff * layout_.head_dim);
     copy_rows(*be_, b.cmp_s, slot * fr, s[2], 0, fr, ly.coff * layout_.head_dim);
     copy_rows(*be_, b.idx_k, slot * fr, s[3], 0, fr, ly.coff * layout_.index_head_dim);

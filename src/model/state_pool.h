@@ -4,16 +4,17 @@
 // a 128-aligned position, for the prefix cache). Per layer and kind one buffer on the backend's device, so that a
 // forward step addresses every sequence of a batch through index lists into the same buffers (model/step_plan.h):
 //
-//   ring      [n_slots * window, head_dim]               row slot * window + position % window
+// (KV = layout().kv_row, K = layout().key_row: stored rows, fp32 or compact — model/state_layout.h)
+//   ring      [n_slots * window, KV]                     row slot * window + position % window
 //   cmp_k/s   [n_slots * coff*ratio, coff*head_dim]      row slot * coff*ratio + r        (ratio > 0)
 //   idx_k/s   [n_slots * 8, 2*index_head_dim]            row slot * 8 + r                 (ratio 4: indexer compressor)
-//   comp      [n_pages * rows_per_page, head_dim]        row page * rows_per_page + w % rows_per_page   (ratio > 0)
-//   keys      [n_pages * rows_per_page, index_head_dim]  the same rows (ratio 4)
-//   snap_ring [n_snapshots * window, head_dim]           row snapshot * window + ring slot
+//   comp      [n_pages * rows_per_page, KV]              row page * rows_per_page + w % rows_per_page   (ratio > 0)
+//   keys      [n_pages * rows_per_page, K]               the same rows (ratio 4)
+//   snap_ring [n_snapshots * window, KV]                 row snapshot * window + ring slot
 //   snap_cmp_k/s, snap_idx_k/s  [n_snapshots * ratio, coff*c]  frontier rows [0, ratio) (ratio 4)
 // With the MTP layer (StatePoolOptions::mtp; R = StateLayout::kSpecRows, U = Layer::changed_rows()):
 //   hidden    [n_slots * R, hc*D]                        row slot * R + position % R: pre-head streams (MTP input)
-//   spec_ring [n_slots * R, head_dim]                    row slot * R + j: ring row a verify step overwrote at p0 + j
+//   spec_ring [n_slots * R, KV]                          row slot * R + j: ring row a verify step overwrote at p0 + j
 //   spec_cmp_k/s, spec_idx_k/s [n_slots * (U + R), coff*c]  rows [0, U): frontier rows before a verify step (in the
 //             order of the step plan's changed rows), rows [U, U + R): the step's projections of p0 + j
 //
@@ -35,6 +36,7 @@ struct StatePoolOptions {
   int64_t n_pages = 0;
   int64_t n_snapshots = 0;
   bool mtp = false;                  // the MTP layer and the speculation rows (StateLayout::of(cfg, true))
+  RowFormat rows = RowFormat::f32;   // how ring / compressed / key rows are stored (Model::make_pool sets it)
 };
 
 class StatePool {

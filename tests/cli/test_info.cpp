@@ -104,6 +104,63 @@ TEST(CliInfo, ProReplica) {
   check_full_replica("deepseek-v4-pro-config.json", 1572999528803, 864704792696ull, 61, 30, 31);
 }
 
+// Stored state sizes recomputed from the config (spec §6.1 row formats): KV row = nope e4m3 + nope/64 ue8m0 +
+// rope bf16, padded to 4 B; indexer key row = idx/2 (e2m1) + idx/32 (ue8m0), padded to 4 B; the paged layout's
+// page = per compressed layer 128/ratio rows (+ keys on ratio 4), slot = rings + fp32 frontiers.
+void expect_state_sizes(const nlohmann::json& j, const nlohmann::json& cj) {
+  const int64_t hd = cj["head_dim"], rope = cj["qk_rope_head_dim"], idx = cj["index_head_dim"];
+  const int64_t window = cj["sliding_window"], n_layers = cj["num_hidden_layers"], n_ctx = cj["max_position_embeddings"];
+  auto round4 = [](int64_t b) { return (b + 3) / 4 * 4; };
+  const int64_t kv = round4((hd - rope) + (hd - rope) / 64 + 2 * rope), key = round4(idx / 2 + idx / 32);
+  double per_tok = 0;
+  uint64_t fixed = 0, page = 0, growing = 0;
+  for (int64_t l = 0; l < n_layers; ++l) {
+    const int64_t m = cj["compress_ratios"][size_t(l)];
+    fixed += uint64_t(window * kv);
+    if (m == 4) {
+      per_tok += double(kv + key) / 4;
+      fixed += uint64_t(2 * 8 * 2 * hd * 4 + 2 * 8 * 2 * idx * 4);
+      page += uint64_t(32 * (kv + key));
+      growing += uint64_t(n_ctx / 4 * (kv + key));
+    } else if (m > 0) {
+      per_tok += double(kv) / double(m);
+      fixed += uint64_t(2 * m * hd * 4);
+      page += uint64_t(128 / m * kv);
+      growing += uint64_t(n_ctx / m * kv);
+    }
+  }
+  EXPECT_EQ(j["state_formats"][0]["row_format"], "compact");
+  EXPECT_EQ(j["state_formats"][0]["kv_row_bytes"].get<int64_t>(), kv);
+  EXPECT_EQ(j["state_formats"][0]["key_row_bytes"].get<int64_t>(), key);
+  EXPECT_DOUBLE_EQ(j["state_bytes_per_token"].get<double>(), per_tok);
+  EXPECT_EQ(j["state_bytes_fixed_per_sequence"].get<uint64_t>(), fixed);
+  EXPECT_EQ(j["state_bytes_per_sequence"].get<uint64_t>(), fixed + growing);
+  EXPECT_EQ(j["paged_state"]["row_format"], "compact");
+  EXPECT_EQ(j["paged_state"]["page_bytes"].get<uint64_t>(), page);
+  EXPECT_DOUBLE_EQ(j["paged_state"]["bytes_per_token"].get<double>(), per_tok);
+  EXPECT_EQ(j["paged_state"]["slot_bytes_per_sequence"].get<uint64_t>(), fixed);
+  // fp32 rows take more
+  EXPECT_GT(j["state_formats"][1]["bytes_per_token"].get<double>(), 3.5 * per_tok);
+}
+
+TEST(CliInfo, DemoStateSizesAsStored) {
+  TempDir d;
+  const auto demo = std::filesystem::path(DSV4_SOURCE_DIR) / "models/dsv4-demo";
+  const auto cj = read_json_file(demo / "config.json");
+  const RunResult r = run_dsv4({"info", "-m", demo.string(), "--json"}, d.path);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  expect_state_sizes(j, cj);
+  // demo: 2 CSA + 2 HCA layers, head_dim 128 (rope 64), index_head_dim 128: KV row 64 + 1 + 128 + 3 pad = 196 B
+  EXPECT_EQ(j["state_formats"][0]["kv_row_bytes"], 196);
+  EXPECT_EQ(j["state_bytes_per_token"].get<double>(), 2 * (196 + 68) / 4.0 + 2 * 196 / 128.0);
+  EXPECT_EQ(j["state_formats"][1]["bytes_per_token"].get<double>(), 2 * (512 + 512) / 4.0 + 2 * 512 / 128.0);
+  const RunResult h = run_dsv4({"info", "-m", demo.string()}, d.path);
+  ASSERT_EQ(h.exit_code, 0) << h.err;
+  EXPECT_NE(h.out.find("compact rows"), std::string::npos) << h.out;
+  EXPECT_NE(h.out.find("135.06 B/token"), std::string::npos) << h.out;
+}
+
 TEST(CliInfo, FlashJsonDetails) {
   TempDir d;
   const auto cj = read_json_file(configs_dir() / "deepseek-v4-flash-config.json");
@@ -111,11 +168,19 @@ TEST(CliInfo, FlashJsonDetails) {
   const RunResult r = run_dsv4({"info", "-m", (d.path / "m").string(), "--json"}, d.path);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
-  EXPECT_EQ(j["state_bytes_per_token"].get<double>(), 13760.0);
-  EXPECT_EQ(j["state_bytes_fixed_per_sequence"].get<uint64_t>(), 23478272u);
+  // compact rows (the CPU backend in reference numerics): spec §6.1 / §6.2 with the FP4 indexer cache
+  expect_state_sizes(j, cj);
+  EXPECT_EQ(j["state_row_format"], "compact");
+  EXPECT_EQ(j["state_formats"][0]["kv_row_bytes"], 584);
+  EXPECT_EQ(j["state_formats"][0]["key_row_bytes"], 68);
+  EXPECT_EQ(j["state_bytes_per_token"].get<double>(), 3514.25);  // 21 * (584/4 + 68/4) + 20 * 584/128
+  // fp32 rows (dense numerics, the CUDA backend): the first layout's numbers
+  EXPECT_EQ(j["state_formats"][1]["row_format"], "f32");
+  EXPECT_EQ(j["state_formats"][1]["bytes_per_token"].get<double>(), 13760.0);
+  EXPECT_EQ(j["state_formats"][1]["bytes_fixed_per_sequence"].get<uint64_t>(), 23478272u);
   // the engine loop's paged layout (fp32 rows): 21 CSA x 32 x (512 + 128) x 4 + 20 HCA x 512 x 4 per 128 tokens;
   // slot = rings + frontiers (= the fixed state above); snapshot = rings + CSA frontier rows [0, 4)
-  const auto& ps = j["paged_state"];
+  const auto& ps = j["paged_state_f32"];
   EXPECT_EQ(ps["row_format"], "f32");
   EXPECT_EQ(ps["page_tokens"], 128);
   EXPECT_EQ(ps["page_bytes"].get<uint64_t>(), 1761280u);

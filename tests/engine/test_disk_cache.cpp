@@ -400,7 +400,7 @@ TEST(DiskCache, FlippedByteIsDetectedAndRecomputed) {
 
 TEST(DiskCache, WrongVersionIsDetectedAndRecomputed) {
   damaged_file_is_recomputed(".snap", 1, [](auto& b) { put_u32(b, 8, DiskCache::kFormatVersion + 1); }, 128,
-                             "format version 2");
+                             "format version " + std::to_string(DiskCache::kFormatVersion + 1));
 }
 
 TEST(DiskCache, FileOfAnotherModelIsDetectedAndRecomputed) {
@@ -420,7 +420,8 @@ TEST(DiskCache, FileOfAnotherModelIsDetectedAndRecomputed) {
 TEST(DiskCache, DirectoryStaysUnderItsSizeLimit) {
   auto m = load("demo");
   TempDir dir;
-  const StateLayout L = StateLayout::of(m->config());
+  const StateLayout L = m->state_layout();  // the engine's pool: compact rows on the CPU in reference numerics
+  ASSERT_EQ(L.row_format, RowFormat::compact);
   const uint64_t page_file = DiskCache::kHeaderBytes + 128 * 4 + L.page_bytes + 8;
   const uint64_t snap_file = DiskCache::kHeaderBytes + L.snapshot_bytes + 8;
   EngineLoopOptions o = on_disk(dir.path, 1);
@@ -439,6 +440,19 @@ TEST(DiskCache, DirectoryStaysUnderItsSizeLimit) {
   }
   EXPECT_LE(dir_bytes(dir.path), o.cache_size);
   EXPECT_GE(dir_bytes(dir.path), page_file);
+  // the files carry the pool's compact rows: exactly the compact sizes, below the fp32 layout's
+  const StateLayout F = StateLayout::of(m->config());
+  int n_files = 0;
+  for (const auto& e : fs::directory_iterator(dir.path)) {
+    const std::string ext = e.path().extension().string();
+    if (ext == ".page") EXPECT_EQ(e.file_size(), page_file);
+    else if (ext == ".snap") EXPECT_EQ(e.file_size(), snap_file);
+    else continue;
+    ++n_files;
+  }
+  EXPECT_GT(n_files, 0);
+  EXPECT_LT(L.page_bytes, F.page_bytes);
+  EXPECT_LT(L.snapshot_bytes, F.snapshot_bytes);
   // the newest blocks are the ones kept: the last prompt hits, the first does not
   const Outcome last = run_once(m, o, prompts.back(), 2);
   EXPECT_EQ(last.cached, 256);

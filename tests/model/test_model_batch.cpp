@@ -328,6 +328,7 @@ TEST(Batch, InvalidBatchesAreRefused) {
 TEST(StateLayout, SizesAsStored) {
   const Model& m = tiny("tiny-a", Numerics::reference);  // ratios 4, 128 (+ MTP entry): head_dim 128, idx 128
   const StateLayout L = StateLayout::of(m.config());
+  EXPECT_EQ(L.row_format, RowFormat::f32);
   // page: CSA layer 32 rows x (128 + 128) x 4 B + HCA layer 1 row x 128 x 4 B
   EXPECT_EQ(L.page_bytes, uint64_t(32 * 256 * 4 + 128 * 4));
   EXPECT_DOUBLE_EQ(L.bytes_per_token(), double(L.page_bytes) / 128.0);
@@ -335,8 +336,24 @@ TEST(StateLayout, SizesAsStored) {
   EXPECT_EQ(L.slot_bytes, uint64_t(2 * 128 * 128 * 4 + 2 * 8 * 256 * 4 * 2 + 2 * 128 * 128 * 4));
   // snapshot: 2 rings + CSA frontier rows [0, 4) of k and s, main and indexer
   EXPECT_EQ(L.snapshot_bytes, uint64_t(2 * 128 * 128 * 4 + 2 * 4 * 256 * 4 * 2));
-  StatePool pool = m.make_pool({3, 5, 2});
+  StatePool pool(m.config(), m.backend(), {3, 5, 2});
   EXPECT_EQ(pool.bytes(), 3 * L.slot_bytes + 5 * L.page_bytes + 2 * L.snapshot_bytes);
+
+  // compact rows (the model's own pools in reference numerics on the CPU): KV rows of 64 e4m3 + 64 bf16 + 1 scale
+  // + 3 pad = 196 B, indexer keys 64 + 4 = 68 B; frontiers stay fp32
+  const StateLayout C = m.state_layout();
+  ASSERT_EQ(C.row_format, RowFormat::compact);
+  const uint64_t kv = 64 + 64 * 2 + 1 + 3, key = 128 / 2 + 128 / 32;
+  EXPECT_EQ(C.kv_row.bytes(), int64_t(kv));
+  EXPECT_EQ(C.key_row.bytes(), int64_t(key));
+  EXPECT_EQ(C.page_bytes, 32 * (kv + key) + kv);
+  EXPECT_EQ(C.slot_bytes, 2 * 128 * kv + uint64_t(2 * 8 * 256 * 4 * 2 + 2 * 128 * 128 * 4));
+  EXPECT_EQ(C.snapshot_bytes, 2 * 128 * kv + uint64_t(2 * 4 * 256 * 4 * 2));
+  StatePool cpool = m.make_pool({3, 5, 2});
+  EXPECT_EQ(cpool.layout().row_format, RowFormat::compact);
+  EXPECT_EQ(cpool.bytes(), 3 * C.slot_bytes + 5 * C.page_bytes + 2 * C.snapshot_bytes);
+  // dense numerics keep fp32 rows (no simulation there: compact would be lossy)
+  EXPECT_EQ(tiny("tiny-a", Numerics::dense).state_rows(), RowFormat::f32);
 }
 
 }  // namespace

@@ -114,6 +114,18 @@ TEST(ModelMemory, StateBytesMatchTheLoaderFormula) {
     EXPECT_EQ(seq.state().bytes_used(m.config()), state_bytes_total(m.config(), 261)) << name;
     EXPECT_GE(seq.memory_bytes(), seq.state().bytes_used(m.config()));
   }
+  // reference numerics on the CPU: compact rows, the loader formula's compact sizes (smaller)
+  for (const char* name : {"tiny-a", "tiny-b"}) {
+    const Model& m = tiny(name, Numerics::reference);
+    ASSERT_EQ(m.state_rows(), RowFormat::compact);
+    ModelSequence seq(m);
+    std::vector<float> lg(static_cast<size_t>(m.n_vocab()));
+    const auto ids = random_ids(261, m.n_vocab(), 6);
+    seq.append(ids, lg);
+    EXPECT_EQ(seq.state().bytes_used(m.config()), state_bytes_total(m.config(), 261, false, true)) << name;
+    EXPECT_LT(state_bytes_total(m.config(), 261, false, true), state_bytes_total(m.config(), 261)) << name;
+    EXPECT_GE(seq.memory_bytes(), seq.state().bytes_used(m.config()));
+  }
 }
 
 }  // namespace
