@@ -241,7 +241,7 @@ void setup_bench_serve(CLI::App& app, Runner& run) {
   app.add_option("--prompt", o->prompt, "prompt tokens per request (default 64)")->check(CLI::Range(1, 1 << 20));
   app.add_option("--requests", o->requests, "requests per client, one after the other (default 2)")
       ->check(CLI::Range(1, 1 << 20));
-  app.add_option("--threads", o->threads, "CPU compute threads (default 0: all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", o->threads, "CPU compute threads (default 0: all cores)")->check(CLI::Range(0, 4096));
   add_device_option(app, o->device);
   add_placement_options(app, o->placement);
   app.add_option("--numerics", o->numerics, "reference | dense (default reference)");

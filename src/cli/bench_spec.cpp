@@ -212,7 +212,7 @@ void setup_bench_spec(CLI::App& app, Runner& run) {
   app.add_option("--batch", o->batch, "comma-separated batch sizes (default 1,8)");
   app.add_option("--draft", o->draft, "comma-separated draft counts (default 1,2,3,4)");
   app.add_option("-n,--tokens", o->n, "tokens per request (default 128)")->check(CLI::Range(2, 1 << 20));
-  app.add_option("--threads", o->threads, "CPU threads (default 0: all)")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", o->threads, "CPU threads (default 0: all)")->check(CLI::Range(0, 4096));
   app.add_option("--repeat", o->repeat, "runs of each kind; the fastest counts (default 1)")->check(CLI::Range(1, 100));
   app.add_option("--numerics", o->numerics, "reference | dense");
   add_device_option(app, o->device);

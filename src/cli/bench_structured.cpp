@@ -50,7 +50,7 @@ void setup_bench_structured(CLI::App& app, Runner& run) {
   auto o = std::make_shared<Opts>();
   app.add_option("-m,--model", o->model, "model folder (with tokenizer.json)")->required();
   app.add_option("-n,--tokens", o->n, "tokens to decode per run (default 128)")->check(CLI::Range(8, 100000));
-  app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")->check(CLI::Range(0, 4096));
   app.add_option("--repeat", o->repeat, "runs of each kind; the fastest counts (default 3)")->check(CLI::Range(1, 100));
   app.add_option("--numerics", o->numerics, "reference | dense (default reference)");
   add_device_option(app, o->device);

@@ -444,7 +444,7 @@ int run_gemm_bench(const GemmBenchOpts& o) {
 
 void setup_gemm(CLI::App& app, Runner& run) {
   auto o = std::make_shared<GemmBenchOpts>();
-  app.add_option("--threads", o->threads, "OpenMP threads (default 0: all)")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", o->threads, "OpenMP threads (default 0: all)")->check(CLI::Range(0, 4096));
   app.add_option("--seconds", o->seconds, "measuring time per decode figure (s)")->check(CLI::PositiveNumber);
   app.add_option("--prefill-tokens", o->prefill_tokens, "prefill chunk length")->check(CLI::PositiveNumber);
   app.add_option("--experts-alloc", o->experts_alloc, "distinct routed experts allocated (>= 6)");

@@ -45,6 +45,20 @@ TEST(CliUsage, ImpossibleValuesAreRejected) {
   expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--cache-size", "0.5"});
 }
 
+TEST(CliUsage, ThreadCountsOutsideTheirRangeAreOneShortLine) {
+  for (const char* cmd : {"generate", "profile-experts"}) {
+    for (const char* v : {"-1", "abc", "100000"}) {
+      std::vector<std::string> args = {cmd, "-m", kDemo, "--threads", v};
+      if (std::string(cmd) == "generate") args.insert(args.end(), {"-p", "hi", "-n", "1"});
+      else args.insert(args.end(), {"--prompts", kDemo + "/config.json", "-o", "/tmp/dsv4-test-profile.json"});
+      expect_one_line_error(args);
+      const ProcResult r = run_dsv4(args);
+      EXPECT_NE(r.err.find("not in range 0 to 4096"), std::string::npos) << cmd << " --threads " << v << ": " << r.err;
+      EXPECT_LT(r.err.size(), 200u) << r.err;  // (the range of a double used to print 300 digits)
+    }
+  }
+}
+
 TEST(CliUsage, TooLittleStateMemoryIsAClearError) {
   // Known only once the model's state layout is loaded: after the loading lines, one error line and exit 1.
   ProcResult r = run_dsv4({"serve", "-m", kDemo, "--port", "0", "--kv-memory", "1K"});
