@@ -30,6 +30,9 @@ ExpertProfile read_expert_profile(const std::filesystem::path& file) {
          file.string());
   if (!j.contains("counts") || !j["counts"].is_array())
     fail("--hot-experts {}: no \"counts\" array (one row of counts per layer)", file.string());
+  if (j.contains("version") && !(j["version"].is_number_integer() && j["version"].get<int64_t>() == 1))
+    fail("--hot-experts {}: profile version {} (this dsv4 reads version 1; make a new one with dsv4 profile-experts)",
+         file.string(), j["version"].dump());
   ExpertProfile p;
   p.model = j.value("model", "");
   p.prompts = j.value("prompts", int64_t(0));
@@ -139,6 +142,9 @@ ExpertPlacement resolve_placement(const ModelConfig& cfg, const PlacementOptions
     if (int64_t(p.counts.size()) > L)
       fail("--hot-experts {}: the profile has {} layers but the model {} (layer {} does not exist)", o.hot_experts,
            p.counts.size(), L, L);
+    if (int64_t(p.counts.size()) < L)
+      fail("--hot-experts {}: the profile has {} layers but the model {} (a profile of another model? make one with "
+           "dsv4 profile-experts)", o.hot_experts, p.counts.size(), L);
     for (size_t l = 0; l < p.counts.size(); ++l)
       if (int64_t(p.counts[l].size()) != E)
         fail("--hot-experts {}: layer {} of the profile has {} experts but the model {}{}", o.hot_experts, l,

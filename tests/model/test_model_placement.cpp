@@ -279,6 +279,12 @@ TEST(ExpertPlacement, BadOptionsAndProfilesAreOneLineErrors) {
       "not an expert profile");
   add([&](PlacementOptions& p) { p.hot_experts = write("neg", R"({"format":"dsv4-expert-profile","counts":[[1,-2]]})"); },
       1 << 20, "not a count");
+  add([&](PlacementOptions& p) {  // fewer layers than the model: another model's profile
+    p.hot_experts = write("short", R"({"format":"dsv4-expert-profile","version":1,"counts":[[1,2,3,4,5,6,7,8]]})");
+  }, 1 << 20, "the profile has 1 layers but the model 6");
+  add([&](PlacementOptions& p) {
+    p.hot_experts = write("v2", R"({"format":"dsv4-expert-profile","version":2,"counts":[]})");
+  }, 1 << 20, "profile version 2");
   for (const Case& c : cases) {
     const std::string msg = error_of([&] { (void)resolve_placement(cfg, c.p, 100, c.budget); });
     EXPECT_NE(msg.find(c.needle), std::string::npos) << "got: '" << msg << "' want: " << c.needle;
