@@ -90,6 +90,13 @@ DummyCheckpoint make_dummy_checkpoint(const ModelConfig& cfg, Backend& be, uint6
            "keep routed experts on the CPU (--gpu-experts auto, --n-cpu-moe N, --cpu-moe)",
            cfg.origin, cfg.num_hidden_layers, gib(ck.device_bytes + slack), be.device().name(), gib(mi.free));
   }
+  if (be.device().is_cpu()) {  // everything in host memory: refuse up front instead of running into the OOM killer
+    const MemoryInfo hm = be.memory();
+    const uint64_t need = ck.device_bytes + ck.host_bytes + (uint64_t(1) << 30);
+    if (hm.free > 0 && need > hm.free)
+      fail("dummy weights of {} ({} layers) need {:.2f} GiB of host memory but {:.2f} GiB are available; use fewer "
+           "--layers", cfg.origin, cfg.num_hidden_layers, gib(need), gib(hm.free));
+  }
   if (expert_host > 0) {
     const MemoryInfo hm = cpu_backend().memory();
     const uint64_t slack = uint64_t(2) << 30;

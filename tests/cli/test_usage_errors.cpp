@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -57,6 +59,25 @@ TEST(CliUsage, ThreadCountsOutsideTheirRangeAreOneShortLine) {
       EXPECT_LT(r.err.size(), 200u) << r.err;  // (the range of a double used to print 300 digits)
     }
   }
+}
+
+TEST(CliUsage, DummyWeightsBeyondHostMemoryAreRefusedUpFront) {
+  // all 43 V4-Flash layers as dummy weights on the CPU need ~150 GiB: refused before anything is allocated (it used
+  // to fill the host memory until the OOM killer came)
+  uint64_t avail_kb = 0;
+  {
+    std::ifstream f("/proc/meminfo");
+    std::string key, unit;
+    uint64_t kb = 0;
+    while (f >> key >> kb >> unit)
+      if (key == "MemAvailable:") avail_kb = kb;
+  }
+  if (avail_kb == 0 || avail_kb > (uint64_t(140) << 20)) GTEST_SKIP() << "this machine could hold the dummy model";
+  ProcResult r = run_dsv4({"bench", "model", "--config", std::string(DSV4_SOURCE_DIR) +
+                           "/tests/data/configs/deepseek-v4-flash-config.json", "--load-format", "dummy", "--device",
+                           "cpu", "--prefill", "16", "--steps", "1"});
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("GiB of host memory but"), std::string::npos) << r.err;
 }
 
 TEST(CliUsage, TooLittleStateMemoryIsAClearError) {
