@@ -142,14 +142,14 @@ ExpertPlacement resolve_placement(const ModelConfig& cfg, const PlacementOptions
     if (int64_t(p.counts.size()) > L)
       fail("--hot-experts {}: the profile has {} layers but the model {} (layer {} does not exist)", o.hot_experts,
            p.counts.size(), L, L);
-    if (int64_t(p.counts.size()) < L)
-      fail("--hot-experts {}: the profile has {} layers but the model {} (a profile of another model? make one with "
-           "dsv4 profile-experts)", o.hot_experts, p.counts.size(), L);
     for (size_t l = 0; l < p.counts.size(); ++l)
       if (int64_t(p.counts[l].size()) != E)
         fail("--hot-experts {}: layer {} of the profile has {} experts but the model {}{}", o.hot_experts, l,
              p.counts[l].size(), E,
              int64_t(p.counts[l].size()) > E ? fmt::format(" (expert {} does not exist)", E) : std::string());
+    if (int64_t(p.counts.size()) < L)
+      fail("--hot-experts {}: the profile has {} layers but the model {} (a profile of another model? make one with "
+           "dsv4 profile-experts)", o.hot_experts, p.counts.size(), L);
     counts = p.counts;
   }
   counts.resize(size_t(L), std::vector<uint64_t>(size_t(E), 0));
