@@ -7,6 +7,8 @@
 //                       memory (weights decoded once per tile), 4x4 outputs per thread. Kinds: linear, MoE w1+w3
 //                       (both weights, SwiGLU epilogue), MoE w2; the MoE kinds find their (expert, M tile) from the
 //                       tile offsets of the routing plan (binary search) and exit past the total.
+//   tc_kernel           the tiled kernel's MoE schedule on FP8 tensor cores (fast (Q) mode, big expert segments; not
+//                       the CPU's order: see its comment).
 //   small_kernel        "small_m" in (Q): 32 output rows x 4 tokens per block for decode; the 32 lanes of a warp take
 //                       32 consecutive scale blocks of the same row (coalesced 16-byte weight loads), the block
 //                       partial sums go through shared memory and one thread per output adds them in block order.
@@ -395,6 +397,36 @@ __device__ __forceinline__ void store_out(const GArgs& A, int64_t row, int64_t n
   }
 }
 
+// 16 bytes of weights from p (any alignment when !vec).
+__device__ __forceinline__ uint4 gv_load16(const uint8_t* p, bool vec) {
+  if (vec) return __ldg(reinterpret_cast<const uint4*>(p));
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    w[i] = uint32_t(__ldg(p + 4 * i)) | (uint32_t(__ldg(p + 4 * i + 1)) << 8) |
+           (uint32_t(__ldg(p + 4 * i + 2)) << 16) | (uint32_t(__ldg(p + 4 * i + 3)) << 24);
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// The 8 FP4 nibbles of w (low nibble = even column) as e4m3 bytes: nibble s|e1 e0 m -> byte s 0 0 e1 e0 m 0 0 (= the
+// E2M1 value times 2^-6, exact); ev holds columns 0, 2, 4, 6, od columns 1, 3, 5, 7.
+__device__ __forceinline__ void fp4_as_e4m3(uint32_t w, uint32_t& ev, uint32_t& od) {
+  const uint32_t o = w >> 4;
+  ev = ((w << 4) & 0x80808080u) | ((w << 2) & 0x1C1C1C1Cu);
+  od = ((o << 4) & 0x80808080u) | ((o << 2) & 0x1C1C1C1Cu);
+}
+
+// The expert of big-segment tile `slot` of the MoE kinds: the last e with big_tile_start[e] <= slot (binary search;
+// slot < big_tile_start[n_experts]).
+__device__ __forceinline__ int64_t big_tile_expert(const GArgs& A, int64_t slot) {
+  int64_t lo = 0, hi = A.n_experts - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (A.big_tile_start[mid] <= slot) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
 // ---- tiled kernel ("simt") ------------------------------------------------------------------------------------------
 constexpr int TBM = 64, TBN = 64, TBK = 32, TPAD = 4;
 
@@ -417,12 +449,7 @@ __global__ void __launch_bounds__(256) tile_kernel(const GArgs A) {
   } else {
     const int64_t E = A.n_experts;
     if (slot >= A.big_tile_start[E]) return;
-    int64_t lo = 0, hi = E - 1;  // last e with big_tile_start[e] <= slot
-    while (lo < hi) {
-      const int64_t mid = (lo + hi + 1) / 2;
-      if (A.big_tile_start[mid] <= slot) lo = mid; else hi = mid - 1;
-    }
-    e = lo;
+    e = big_tile_expert(A, slot);
     m0 = A.seg_start[e] + (slot - A.big_tile_start[e]) * TBM;
     mcnt = imin(TBM, A.seg_start[e + 1] - m0);
   }
@@ -572,20 +599,9 @@ __device__ __forceinline__ uint32_t tc_e4m3x4(float4 v) {  // 4 exact e4m3 value
 
 // 8 FP4 nibbles (columns 0..7, low nibble first) -> 8 e4m3 bytes (E2M1 value x 2^-6) in column order.
 __device__ __forceinline__ uint2 tc_fp4x8(uint32_t w) {
-  const uint32_t o = w >> 4;
-  const uint32_t ev = ((w << 4) & 0x80808080u) | ((w << 2) & 0x1C1C1C1Cu);  // columns 0, 2, 4, 6
-  const uint32_t od = ((o << 4) & 0x80808080u) | ((o << 2) & 0x1C1C1C1Cu);  // columns 1, 3, 5, 7
+  uint32_t ev, od;
+  fp4_as_e4m3(w, ev, od);
   return make_uint2(__byte_perm(ev, od, 0x5140), __byte_perm(ev, od, 0x7362));
-}
-
-__device__ __forceinline__ uint4 tc_load16(const uint8_t* p, bool vec) {  // 16 bytes, any alignment
-  if (vec) return __ldg(reinterpret_cast<const uint4*>(p));
-  uint32_t w[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    w[i] = uint32_t(__ldg(p + 4 * i)) | (uint32_t(__ldg(p + 4 * i + 1)) << 8) |
-           (uint32_t(__ldg(p + 4 * i + 2)) << 16) | (uint32_t(__ldg(p + 4 * i + 3)) << 24);
-  return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 __device__ __forceinline__ void tc_mma(const uint32_t a[4], uint32_t b0, uint32_t b1, float d[4]) {
@@ -617,12 +633,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_kernel(const GArgs A) {
   const int64_t slot = blockIdx.x % A.n_slots, nt = blockIdx.x / A.n_slots;
   const int64_t E = A.n_experts;
   if (slot >= A.big_tile_start[E]) return;
-  int64_t lo = 0, hi = E - 1;  // last e with big_tile_start[e] <= slot
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    if (A.big_tile_start[mid] <= slot) lo = mid; else hi = mid - 1;
-  }
-  const int64_t e = lo;
+  const int64_t e = big_tile_expert(A, slot);
   const int64_t m0 = A.seg_start[e] + (slot - A.big_tile_start[e]) * TBM;
   const int64_t mcnt = imin(TBM, A.seg_start[e + 1] - m0);
   WDesc wd[NW];
@@ -666,7 +677,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_kernel(const GArgs A) {
           const int r = i / 4, q = i % 4;
           const int64_t n = n0 + r;
           uint4 u = make_uint4(0u, 0u, 0u, 0u);
-          if (n < nout) u = tc_load16(wd[w].w + (wrow0 + n) * wd[w].row_bytes + k0 / 2 + 16 * q, wd[w].vec);
+          if (n < nout) u = gv_load16(wd[w].w + (wrow0 + n) * wd[w].row_bytes + k0 / 2 + 16 * q, wd[w].vec);
           const uint2 a = tc_fp4x8(u.x), b = tc_fp4x8(u.y), c = tc_fp4x8(u.z), d = tc_fp4x8(u.w);
           uint4* dst = reinterpret_cast<uint4*>(Bs[w] + r * TC_LD + 32 * q);
           dst[0] = make_uint4(a.x, a.y, b.x, b.y);
@@ -677,7 +688,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_kernel(const GArgs A) {
           const int r = i / 8, q = i % 8;
           const int64_t n = n0 + r;
           uint4 u = make_uint4(0u, 0u, 0u, 0u);
-          if (n < nout) u = tc_load16(wd[w].w + (wrow0 + n) * wd[w].row_bytes + k0 + 16 * q, wd[w].vec);
+          if (n < nout) u = gv_load16(wd[w].w + (wrow0 + n) * wd[w].row_bytes + k0 + 16 * q, wd[w].vec);
           *reinterpret_cast<uint4*>(Bs[w] + r * TC_LD + 16 * q) = u;
         }
       }
@@ -1180,16 +1191,6 @@ __host__ __device__ constexpr int gv_rows() {  // rows per warp
   return KIND == kW13 ? 2 : 4;
 }
 
-__device__ __forceinline__ uint4 gv_load16(const uint8_t* p, bool vec) {
-  if (vec) return __ldg(reinterpret_cast<const uint4*>(p));
-  uint32_t w[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    w[i] = uint32_t(__ldg(p + 4 * i)) | (uint32_t(__ldg(p + 4 * i + 1)) << 8) |
-           (uint32_t(__ldg(p + 4 * i + 2)) << 16) | (uint32_t(__ldg(p + 4 * i + 3)) << 24);
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
 // Two e4m3 bytes (low 16 bits of b) -> two floats (hardware conversion, exact).
 __device__ __forceinline__ float2 gv_e4m3x2(uint32_t b) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(b & 0xFFFFu), __NV_E4M3);
@@ -1208,10 +1209,8 @@ __device__ __forceinline__ void gv_decode(const uint4& u4, int p, float* v) {
       v[4 * h] = a.x, v[4 * h + 1] = a.y, v[4 * h + 2] = b.x, v[4 * h + 3] = b.y;
     }
   } else if constexpr (FMT == kFmtFp4) {  // 8 columns = word p, nibble j = column j (low nibble = even column)
-    const uint32_t w = u[p], o = w >> 4;
-    // nibble s|e1 e0 m -> e4m3 byte s 0 0 e1 e0 m 0 0 (= the E2M1 value times 2^-6)
-    const uint32_t ev = ((w << 4) & 0x80808080u) | ((w << 2) & 0x1C1C1C1Cu);  // columns 0, 2, 4, 6
-    const uint32_t od = ((o << 4) & 0x80808080u) | ((o << 2) & 0x1C1C1C1Cu);  // columns 1, 3, 5, 7
+    uint32_t ev, od;  // columns 0, 2, 4, 6 and 1, 3, 5, 7 as e4m3 bytes
+    fp4_as_e4m3(u[p], ev, od);
     const float2 e0 = gv_e4m3x2(ev), e1 = gv_e4m3x2(ev >> 16), o0 = gv_e4m3x2(od), o1 = gv_e4m3x2(od >> 16);
     v[0] = e0.x, v[2] = e0.y, v[4] = e1.x, v[6] = e1.y;
     v[1] = o0.x, v[3] = o0.y, v[5] = o1.x, v[7] = o1.y;
@@ -1659,34 +1658,25 @@ void moe_launch_both(int kind, const MoeGemmArgs& g, GArgs A, int64_t nout, cuda
   // no segment can exceed kMoeSmallMax rows when there are no more pairs than that: no tiled-kernel launch
   const bool any_big = P > kMoeSmallMax;
   // big segments on the tensor-core kernel in the fast (Q) mode (tc_kernel), else on the CPU-order tiled kernel
-  if (any_big && tc_ok(g, kind, A)) {
-    if (kind == kW13) {
-      if (gv.ok)
-        launch_gemv<kW13>(fmt, g.quant, gv_mt_moe(g.n_tok), As, gg, stream);
-      else
-        launch_kind<kW13, true>(fmt, g.quant, mt, As, gs, stream);
-      launch_tc<kW13>(fmt, Ab, gb, stream);
-    } else {
-      if (gv.ok)
-        launch_gemv<kW2>(fmt, g.quant, gv_mt_moe(g.n_tok), As, gg, stream);
-      else
-        launch_kind<kW2, true>(fmt, g.quant, mt, As, gs, stream);
-      launch_tc<kW2>(fmt, Ab, gb, stream);
-    }
-    return;
-  }
+  const bool tc = any_big && tc_ok(g, kind, A);
   if (kind == kW13) {
     if (gv.ok)
       launch_gemv<kW13>(fmt, g.quant, gv_mt_moe(g.n_tok), As, gg, stream);
     else
       launch_kind<kW13, true>(fmt, g.quant, mt, As, gs, stream);
-    if (any_big) launch_kind<kW13, false>(fmt, g.quant, mt, Ab, gb, stream);
+    if (tc)
+      launch_tc<kW13>(fmt, Ab, gb, stream);
+    else if (any_big)
+      launch_kind<kW13, false>(fmt, g.quant, mt, Ab, gb, stream);
   } else {
     if (gv.ok)
       launch_gemv<kW2>(fmt, g.quant, gv_mt_moe(g.n_tok), As, gg, stream);
     else
       launch_kind<kW2, true>(fmt, g.quant, mt, As, gs, stream);
-    if (any_big) launch_kind<kW2, false>(fmt, g.quant, mt, Ab, gb, stream);
+    if (tc)
+      launch_tc<kW2>(fmt, Ab, gb, stream);
+    else if (any_big)
+      launch_kind<kW2, false>(fmt, g.quant, mt, Ab, gb, stream);
   }
 }
 }  // namespace
