@@ -147,9 +147,9 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
     echo "hf rc=$?"; tail -25 /tmp/hf.out; cp /tmp/hf.out "$OUT/side-by-side.log"
   fi
   if has ncud && [ -x "$B/dsv4" ] && command -v ncu > /dev/null && [ "$(left)" -gt 70 ]; then
-    log "ncu decode (2 layers, ctx 4096, eager; launches 500.. skip the context prefill and the first warm-up steps)"
+    log "ncu decode (2 layers, ctx 4096, eager; the weight fills are not counted; launches 300.. skip the context prefill and the first warm-up steps)"
     timeout $(($(left) - 15)) ncu --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum,sm__cycles_elapsed.avg \
-      --launch-skip 500 --launch-count 400 "$B/dsv4" bench model --config "$CFG" --load-format dummy --layers 2 \
+      --kernel-name regex:'^(?!.*(fill_random|random_fill))' --launch-skip 300 --launch-count 700 "$B/dsv4" bench model --config "$CFG" --load-format dummy --layers 2 \
       --device cuda --ctx 4096 --prefill 0 --steps 4 --no-cuda-graph --no-profile > "$OUT/ncu-decode.csv" 2> /tmp/ncu.err
     echo "ncu decode rc=$? ($(wc -l < "$OUT/ncu-decode.csv") lines)"
     tail -3 /tmp/ncu.err
