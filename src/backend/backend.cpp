@@ -118,6 +118,19 @@ size_t Workspace::capacity() const {
 
 Backend::~Backend() = default;
 
+void Ops::linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int64_t groups, float* y,
+                         const LinearOpts& o) const {
+  if (groups <= 0 || W.rows % groups != 0 || o.row_begin != 0 || (o.row_end != -1 && o.row_end != W.rows))
+    fail("internal: linear_grouped: {} rows in {} groups (row range {}..{})", W.rows, groups, o.row_begin, o.row_end);
+  const int64_t R = W.rows / groups;
+  LinearOpts og = o;
+  for (int64_t g = 0; g < groups; ++g) {
+    og.row_begin = g * R;
+    og.row_end = (g + 1) * R;
+    linear(W, x + g * n_tok * W.cols, n_tok, y + g * n_tok * R, og);
+  }
+}
+
 void Ops::encode_rows(const float*, int64_t, const RowCodec& c, float*) const {
   fail("internal: this backend does not store compact state rows ({})", row_kind_name(c.kind));
 }

@@ -76,6 +76,11 @@ class Ops {
   // y[n_tok, row_end-row_begin] = x[n_tok, W.cols] · W[row_begin:row_end]ᵀ with the semantics of backend/gemm.h
   // ((Q): FP8 act_quant per 128 + block-scaled product; (D): fp32 x exactly dequantized weight). x, y don't overlap.
   virtual void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o) const = 0;
+  // Grouped linear (the grouped output projection wo_a): for g < groups, y[g] [n_tok, R] = x[g] [n_tok, W.cols] ·
+  // W[g R : (g+1) R]ᵀ with R = W.rows / groups; x [groups, n_tok, W.cols] and y [groups, n_tok, R] group-major. Each
+  // group is exactly linear() with that row range (o's own row range must be the whole of W). Default: that loop.
+  virtual void linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int64_t groups, float* y,
+                              const LinearOpts& o) const;
 
   // ---- elementwise / per-row -----------------------------------------------------------------------------------
   // x <- value.

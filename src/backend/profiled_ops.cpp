@@ -18,6 +18,12 @@ void ProfiledOps::linear(const WeightView& W, const float* x, int64_t n_tok, flo
                      : W.fmt == GemmFormat::bf16 ? "linear bf16" : "linear f32";
   timed(kind, [&] { inner_.linear(W, x, n_tok, y, o); });
 }
+void ProfiledOps::linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int64_t groups, float* y,
+                                 const LinearOpts& o) const {
+  const char* kind = W.fmt == GemmFormat::fp4 ? "linear fp4" : W.fmt == GemmFormat::fp8 ? "linear fp8"
+                     : W.fmt == GemmFormat::bf16 ? "linear bf16" : "linear f32";
+  timed(kind, [&] { inner_.linear_grouped(W, x, n_tok, groups, y, o); });
+}
 
 void ProfiledOps::fill(float* x, int64_t n, float value) const {
   timed("fill", [&] { inner_.fill(x, n, value); });

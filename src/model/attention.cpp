@@ -95,11 +95,7 @@ void Model::attention(int l, StatePool& pool, const StepPlan& plan, const Device
   LinearOpts oa;
   oa.weight_as_bf16 = bf;
   oa.out_bf16 = bf;
-  for (int64_t g = 0; g < G; ++g) {
-    oa.row_begin = g * R;
-    oa.row_end = (g + 1) * R;
-    ops().linear(lp.wo_a, og + g * n * Dg, n, zg + g * n * R, oa);
-  }
+  ops().linear_grouped(lp.wo_a, og, n, G, zg, oa);  // group g: rows [g R, (g+1) R) of wo_a
   ops().gather_rows(zg, n * G, nullptr, dp.group_back, n * G, R, z);
   ops().linear(lp.wo_b, z, n, out, Q);
 

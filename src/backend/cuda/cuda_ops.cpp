@@ -29,6 +29,19 @@ void CudaOps::linear(const WeightView& W, const float* x, int64_t n_tok, float* 
   DSV4_CUDA_OP(linear, W, x, n_tok, y, o, scratch);
 }
 
+// One launch for all groups where the decode kernel runs (the same kernel and per-row operations as one linear()
+// per group), else the group loop.
+void CudaOps::linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int64_t groups, float* y,
+                             const LinearOpts& o) const {
+  if (n_tok <= 0) return;
+  be_.activate();
+  if (cuda::linear_grouped(W, x, n_tok, groups, y, o, be_.stream())) {
+    launched("linear_grouped");
+    return;
+  }
+  Ops::linear_grouped(W, x, n_tok, groups, y, o);
+}
+
 void CudaOps::fill(float* x, int64_t n, float value) const {
   if (n > 0) DSV4_CUDA_OP(fill, x, n, value);
 }

@@ -342,6 +342,8 @@ struct GArgs {
   bool out_bf16 = false, weight_as_bf16 = false;
   int64_t n_slots = 0;  // blockIdx.x = n_tile * n_slots + slot
   int gv_ks = 1;        // gemv_kernel: warps splitting K (1, 2, 4, 8)
+  // gemv_kernel, grouped linear (blockIdx.y = group g): a + g grp_a, y + g grp_y, weight rows r0 + g grp_r
+  int64_t grp_a = 0, grp_y = 0, grp_r = 0;
   // MoE
   const ExpertView* table = nullptr;
   int64_t n_experts = 0, d_model = 0, inter = 0;
@@ -386,14 +388,16 @@ __device__ __forceinline__ int64_t act_row(const GArgs& A, int64_t sorted_row) {
 }
 
 // Output of one element (after the chunk loop).
+// (y0: offset of a grouped linear's group in y.)
 template <int KIND>
-__device__ __forceinline__ void store_out(const GArgs& A, int64_t row, int64_t n, float acc0, float acc1) {
+__device__ __forceinline__ void store_out(const GArgs& A, int64_t row, int64_t n, float acc0, float acc1,
+                                          int64_t y0 = 0) {
   if constexpr (KIND == kW13) {
     const float g = A.out_bf16 ? round_bf16(acc0) : acc0;
     const float u = A.out_bf16 ? round_bf16(acc1) : acc1;
     A.y[row * A.ldy + n] = swiglu_val(g, u, A.limit, true, A.row_w[row], A.bf16);
   } else {
-    A.y[row * A.ldy + n] = A.out_bf16 ? round_bf16(acc0) : acc0;
+    A.y[y0 + row * A.ldy + n] = A.out_bf16 ? round_bf16(acc0) : acc0;
   }
 }
 
@@ -1259,6 +1263,10 @@ __global__ void __launch_bounds__(GV_THREADS) gemv_kernel(const GArgs A) {
   WDesc wd[NW];
   int64_t K = 0, nout = 0, wrow0 = 0;
   block_weights<KIND>(A, e, wd, K, nout, wrow0);
+  const int64_t grp = blockIdx.y;  // grouped linear: group grp (else 0)
+  wrow0 += grp * A.grp_r;
+  const float* a_g = A.a + grp * A.grp_a;
+  const int64_t y_g = grp * A.grp_y;
   const int64_t nb0 = nt * rpb;
   if (cnt <= 0 || nb0 >= nout) return;  // (uniform over the block)
   const int64_t n0 = nb0 + int64_t(wr) * R;
@@ -1272,7 +1280,7 @@ __global__ void __launch_bounds__(GV_THREADS) gemv_kernel(const GArgs A) {
 #pragma unroll
     for (int t = 0; t < MT; ++t) {
       const int64_t ar = act_row<KIND>(A, base + g0 + (t < mc ? t : 0));
-      xr[t] = A.a + ar * A.lda;
+      xr[t] = a_g + ar * A.lda;
       sr[t] = Q ? A.sa + ar * A.ldsa : nullptr;
     }
     float acc[NW][R][MT];
@@ -1420,7 +1428,7 @@ __global__ void __launch_bounds__(GV_THREADS) gemv_kernel(const GArgs A) {
         s[w] = red[owr * KS][(w * R + r) * MT + t];
         for (int q = 1; q < KS; ++q) s[w] = __fadd_rn(s[w], red[owr * KS + q][(w * R + r) * MT + t]);
       }
-      store_out<KIND>(A, base + g0 + t, n, s[0], s[NW - 1]);
+      store_out<KIND>(A, base + g0 + t, n, s[0], s[NW - 1], y_g);
     }
     __syncthreads();  // red is reused by the next group of tokens
   }
@@ -1505,8 +1513,8 @@ int gv_mt_linear(int64_t n_tok) { return n_tok <= 1 ? 1 : n_tok == 2 ? 2 : n_tok
 int gv_mt_moe(int64_t n_tok) { return n_tok <= 1 ? 1 : 4; }
 
 template <int FMT, bool Q, int KIND>
-void launch_gv_mt(int mt, const GArgs& A, int64_t grid, cudaStream_t st) {
-  const dim3 g(static_cast<unsigned>(grid)), b(GV_THREADS);
+void launch_gv_mt(int mt, const GArgs& A, int64_t grid, cudaStream_t st, int64_t groups = 1) {
+  const dim3 g(static_cast<unsigned>(grid), static_cast<unsigned>(groups)), b(GV_THREADS);
   if constexpr (KIND == kLinear) {
     switch (mt) {
       case 1: gemv_kernel<FMT, Q, KIND, 1><<<g, b, 0, st>>>(A); return;
@@ -1535,18 +1543,18 @@ void launch_gemv_fq(int fmt, const GArgs& A, int64_t grid, cudaStream_t st) {
 }
 
 template <int KIND>
-void launch_gemv(int fmt, bool Q, int mt, const GArgs& A, int64_t grid, cudaStream_t st) {
+void launch_gemv(int fmt, bool Q, int mt, const GArgs& A, int64_t grid, cudaStream_t st, int64_t groups = 1) {
   if (grid <= 0) return;
   if (Q) {
-    if (fmt == kFmtFp8) return launch_gv_mt<kFmtFp8, true, KIND>(mt, A, grid, st);
-    if (fmt == kFmtFp4) return launch_gv_mt<kFmtFp4, true, KIND>(mt, A, grid, st);
+    if (fmt == kFmtFp8) return launch_gv_mt<kFmtFp8, true, KIND>(mt, A, grid, st, groups);
+    if (fmt == kFmtFp4) return launch_gv_mt<kFmtFp4, true, KIND>(mt, A, grid, st, groups);
     fail_msg("linear: (Q) needs an FP8 or FP4 weight");
   }
-  if (fmt == kFmtFp8) return launch_gv_mt<kFmtFp8, false, KIND>(mt, A, grid, st);
-  if (fmt == kFmtFp4) return launch_gv_mt<kFmtFp4, false, KIND>(mt, A, grid, st);
+  if (fmt == kFmtFp8) return launch_gv_mt<kFmtFp8, false, KIND>(mt, A, grid, st, groups);
+  if (fmt == kFmtFp4) return launch_gv_mt<kFmtFp4, false, KIND>(mt, A, grid, st, groups);
   if constexpr (KIND == kLinear) {
-    if (fmt == kFmtBf16) return launch_gv_mt<kFmtBf16, false, KIND>(mt, A, grid, st);
-    if (fmt == kFmtF32) return launch_gv_mt<kFmtF32, false, KIND>(mt, A, grid, st);
+    if (fmt == kFmtBf16) return launch_gv_mt<kFmtBf16, false, KIND>(mt, A, grid, st, groups);
+    if (fmt == kFmtF32) return launch_gv_mt<kFmtF32, false, KIND>(mt, A, grid, st, groups);
   }
   fail_msg("gemv: unsupported weight format");
 }
@@ -1845,6 +1853,42 @@ void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const 
     launch_kind<kLinear, false>(fmt, p.Q, 0, A, A.n_slots * cdiv(p.nout, TBN), stream);
   }
   gemm_internal::note_path(path);
+}
+
+bool linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int64_t groups, float* y, const LinearOpts& o,
+                    cudaStream_t stream) {
+  if (n_tok <= 0 || n_tok > 8 || groups <= 1 || o.act_quant_fp8 || deterministic() || gemm_path() != GemmPath::auto_)
+    return false;
+  if (W.rows % groups != 0 || o.row_begin != 0 || (o.row_end != -1 && o.row_end != W.rows)) return false;
+  const int64_t R = W.rows / groups;
+  LinearOpts og = o;
+  og.row_begin = 0;
+  og.row_end = R;
+  const LinearPlan p = validate(W, n_tok, og);
+  // as linear() picks for one group: (D) with n_tok <= 8 runs gemv_kernel when the shape and x allow it
+  const GvPlan gv = gv_plan(W.fmt, kLinear, p.K, p.nout, W.block_cols);
+  if (!gv.ok || !aligned16(x) || (n_tok * p.K) % 4 != 0) return false;
+  GArgs A;
+  A.M = n_tok;
+  A.W = W;
+  A.r0 = 0;
+  A.nout = R;
+  A.y = y;
+  A.ldy = R;
+  A.out_bf16 = o.out_bf16;
+  A.weight_as_bf16 = o.weight_as_bf16;
+  A.lda = p.K;
+  A.a = x;
+  A.a_vec = p.K % 4 == 0;
+  A.grp_a = n_tok * p.K;
+  A.grp_y = n_tok * R;
+  A.grp_r = R;
+  const int mt = gv_mt_linear(n_tok);
+  A.n_slots = cdiv(n_tok, mt);
+  A.gv_ks = gv.ks;
+  launch_gemv<kLinear>(fmt_code(W.fmt), false, mt, A, A.n_slots * cdiv(R, gv.rpb), stream, groups);
+  gemm_internal::note_path(GemmPath::gemv);
+  return true;
 }
 
 }  // namespace dsv4::cuda

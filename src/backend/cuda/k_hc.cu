@@ -253,6 +253,102 @@ __global__ void __launch_bounds__(kThreads) hc_dot_fast_kernel(const float* X, i
   }
 }
 
+// ---- the residual-mixing matrix C of one token (hc_pre): row softmax + hc_eps, then the Sinkhorn normalizations --
+// CpuOps' order for every element: C[j, k] = (mix[2hc + j hc + k] r) scale2 + base[..]; row max (std::max, in k
+// order); exp(C - max); row sum from 0 in k order; C / sum + hc_eps; then one column normalization and
+// (iters - 1) x (row, column) normalizations, each element divided by (its row's / column's sum from 0 in index
+// order + hc_eps), all sums of a normalization taken before any element changes.
+// comb_lanes: hc * hc <= 32, one lane of warp 0 per element e = j hc + k; the sums gather their terms by shuffles
+// (the same fp32 additions in the same order), so the whole chain stays in registers (HC > 0: hc known at compile
+// time). comb_smem: any hc <= kMaxHc, the elements in shared memory C (row softmax by lanes < hc).
+template <int HC>
+__device__ __forceinline__ void comb_lanes(const float* mix_s, float r, float scale2, const float* base, int hc_rt,
+                                           int iters, float hc_eps, int lane, float* comb_t) {
+  const int hc = HC > 0 ? HC : hc_rt, n = hc * hc;
+  const int e = lane < n ? lane : 0;  // lanes past n mirror element 0 (their values are never used or stored)
+  const int j = e / hc, k = e % hc;
+  const int mi = 2 * hc + e;
+  float c = __fadd_rn(__fmul_rn(__fmul_rn(mix_s[mi], r), scale2), base[mi]);
+  float mx = -INFINITY;
+#pragma unroll
+  for (int q = 0; q < (HC > 0 ? HC : kMaxHc); ++q) {
+    if (HC == 0 && q >= hc) break;
+    const float v = __shfl_sync(0xFFFFFFFFu, c, j * hc + q);
+    mx = mx < v ? v : mx;  // std::max(mx, row[q])
+  }
+  c = expf_glibc(__fsub_rn(c, mx));
+  float s = 0.0f;
+#pragma unroll
+  for (int q = 0; q < (HC > 0 ? HC : kMaxHc); ++q) {
+    if (HC == 0 && q >= hc) break;
+    s = __fadd_rn(s, __shfl_sync(0xFFFFFFFFu, c, j * hc + q));
+  }
+  c = __fadd_rn(__fdiv_rn(c, s), hc_eps);
+  auto normalize = [&](bool by_row) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int q = 0; q < (HC > 0 ? HC : kMaxHc); ++q) {
+      if (HC == 0 && q >= hc) break;
+      sum = __fadd_rn(sum, __shfl_sync(0xFFFFFFFFu, c, by_row ? j * hc + q : q * hc + k));
+    }
+    c = __fdiv_rn(c, __fadd_rn(sum, hc_eps));
+  };
+  normalize(false);
+  for (int it = 1; it < iters; ++it) {
+    normalize(true);
+    normalize(false);
+  }
+  if (lane < n) comb_t[lane] = c;
+}
+
+__device__ __forceinline__ void comb_smem(const float* mix_s, float r, float scale2, const float* base, int hc,
+                                          int iters, float hc_eps, int lane, float* C, float* comb_t) {
+  if (lane < hc) {  // softmax of row j = lane, + hc_eps
+    const int j = lane;
+    float* row = C + j * hc;
+    float mx = -INFINITY;
+    for (int k = 0; k < hc; ++k) {
+      const int mi = 2 * hc + j * hc + k;
+      row[k] = __fadd_rn(__fmul_rn(__fmul_rn(mix_s[mi], r), scale2), base[mi]);
+      mx = mx < row[k] ? row[k] : mx;  // std::max(mx, row[k])
+    }
+    float s = 0.0f;
+    for (int k = 0; k < hc; ++k) {
+      row[k] = expf_glibc(__fsub_rn(row[k], mx));
+      s = __fadd_rn(s, row[k]);
+    }
+    for (int k = 0; k < hc; ++k) row[k] = __fadd_rn(__fdiv_rn(row[k], s), hc_eps);
+  }
+  __syncwarp();
+  const int n = hc * hc;
+  auto normalize = [&](bool by_row) {
+    float sums[(kMaxHc * kMaxHc + 31) / 32];
+#pragma unroll
+    for (int i = 0; i < (kMaxHc * kMaxHc + 31) / 32; ++i) {
+      const int e = lane + 32 * i;
+      if (e < n) {
+        const int j = e / hc, k = e % hc;
+        float s = 0.0f;
+        for (int q = 0; q < hc; ++q) s = __fadd_rn(s, by_row ? C[j * hc + q] : C[q * hc + k]);
+        sums[i] = s;
+      }
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < (kMaxHc * kMaxHc + 31) / 32; ++i) {
+      const int e = lane + 32 * i;
+      if (e < n) C[e] = __fdiv_rn(C[e], __fadd_rn(sums[i], hc_eps));
+    }
+    __syncwarp();
+  };
+  normalize(false);
+  for (int it = 1; it < iters; ++it) {
+    normalize(true);
+    normalize(false);
+  }
+  for (int e = lane; e < n; e += 32) comb_t[e] = C[e];
+}
+
 // ---- kernel B: per-token coefficients, Sinkhorn and collapse ---------------------------------------------------
 // HEAD: hc_head (mix = hc rows, pre only). Else hc_pre (mix = (2+hc)*hc; pre, post, comb). have_dots: kernel A left
 // the dot products in u[t, 0..mix).
@@ -332,53 +428,14 @@ __global__ void __launch_bounds__(kThreads) hc_finish_kernel(const float* X, int
       if (!HEAD) {
         const float mp = __fmul_rn(mix_s[hc + lane], r);
         post[t * hc + lane] = __fmul_rn(2.0f, sigmoid_f(__fadd_rn(__fmul_rn(mp, scale[1]), base[hc + lane])));
-        // softmax of row j = lane, + hc_eps
-        const int j = lane;
-        float* row = C + j * hc;
-        float mx = -INFINITY;
-        for (int k = 0; k < hc; ++k) {
-          const int mi = 2 * hc + j * hc + k;
-          row[k] = __fadd_rn(__fmul_rn(__fmul_rn(mix_s[mi], r), scale[2]), base[mi]);
-          mx = mx < row[k] ? row[k] : mx;  // std::max(mx, row[k])
-        }
-        float s = 0.0f;
-        for (int k = 0; k < hc; ++k) {
-          row[k] = expf_glibc(__fsub_rn(row[k], mx));
-          s = __fadd_rn(s, row[k]);
-        }
-        for (int k = 0; k < hc; ++k) row[k] = __fadd_rn(__fdiv_rn(row[k], s), hc_eps);
       }
     }
     if (!HEAD) {
-      __syncwarp();
-      const int n = hc * hc;
-      // One normalization: every element divided by (its row's / column's sum + hc_eps), sums in index order.
-      auto normalize = [&](bool by_row) {
-        float sums[(kMaxHc * kMaxHc + 31) / 32];
-#pragma unroll
-        for (int i = 0; i < (kMaxHc * kMaxHc + 31) / 32; ++i) {
-          const int e = lane + 32 * i;
-          if (e < n) {
-            const int j = e / hc, k = e % hc;
-            float s = 0.0f;
-            for (int q = 0; q < hc; ++q) s = __fadd_rn(s, by_row ? C[j * hc + q] : C[q * hc + k]);
-            sums[i] = s;
-          }
-        }
-        __syncwarp();
-#pragma unroll
-        for (int i = 0; i < (kMaxHc * kMaxHc + 31) / 32; ++i) {
-          const int e = lane + 32 * i;
-          if (e < n) C[e] = __fdiv_rn(C[e], __fadd_rn(sums[i], hc_eps));
-        }
-        __syncwarp();
-      };
-      normalize(false);
-      for (int it = 1; it < sinkhorn_iters; ++it) {
-        normalize(true);
-        normalize(false);
-      }
-      for (int e = lane; e < n; e += 32) comb[t * n + e] = C[e];
+      if (hc == 4) comb_lanes<4>(mix_s, r, scale[2], base, hc, sinkhorn_iters, hc_eps, lane, comb + t * 16);
+      else if (hc * hc <= 32)
+        comb_lanes<0>(mix_s, r, scale[2], base, hc, sinkhorn_iters, hc_eps, lane, comb + t * hc * hc);
+      else
+        comb_smem(mix_s, r, scale[2], base, hc, sinkhorn_iters, hc_eps, lane, C, comb + t * hc * hc);
     }
   }
   __syncthreads();  // pre_s ready; every read of the dots in u[t] is done

@@ -23,6 +23,10 @@ namespace dsv4::cuda {
 size_t weight_aux_bytes(const WeightView& W);
 void build_weight_aux(const WeightView& W, void* aux, cudaStream_t stream);
 size_t linear_scratch_bytes(const WeightView& W, int64_t n_tok, const LinearOpts& o);
+// Grouped linear (Ops::linear_grouped) in one gemv launch: fast mode, (D) options, n_tok <= 8 and a gemv shape;
+// returns false (nothing launched) otherwise.
+bool linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int64_t groups, float* y, const LinearOpts& o,
+                    cudaStream_t stream);
 void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o, void* scratch,
             cudaStream_t stream);
 
