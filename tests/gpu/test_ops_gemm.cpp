@@ -636,7 +636,8 @@ TEST(CudaGemm, BatchInvariance) {
                      {"expert.w1", kFp4, 2048, 4096, kQ, true, 0, -1},
                      {"expert.w1", kFp4, 2048, 4096, kD, false, 0, -1},
                      {"gate", kBf16, 256, 4096, kD, false, 0, -1},
-                     {"wo_a.g1", kFp8, 8192, 4096, kDw, true, 1024, 2048}};
+                     {"wo_a.g1", kFp8, 8192, 4096, kDw, true, 1024, 2048},
+                     {"wo_b", kFp8, 4096, 8192, kQ, true, 0, -1}};
   const int64_t N = 300, rows_checked[] = {0, 137, 299};
   uint64_t seed = 900;
   for (const C& c : cases) {
@@ -679,6 +680,24 @@ TEST(CudaGemm, BatchInvariance) {
                             fmt_name(c.fmt).c_str(), c.mode.name, (long long)m - 1, (long long)m),
                        rows_of(y8, 0, m, nout), ym);
       }
+    }
+    if (c.mode.Q && c.fmt.f == GemmFormat::fp8) {
+      // the automatic path of 1..8 tokens (the tensor-core decode kernel): row t of an 8-token call == alone
+      const auto y8 = run_gpu(d->v, xd.as<float>(), 8, nout, o, GemmPath::auto_, nullptr);
+      for (const int64_t t : {int64_t(0), int64_t(5), int64_t(7)}) {
+        GemmPath tk;
+        const auto y1 = run_gpu(d->v, xd.as<float>() + t * c.cols, 1, nout, o, GemmPath::auto_, &tk);
+        EXPECT_EQ(tk, GemmPath::gemv) << c.name;
+        expect_bitwise("linear batch invariance",
+                       strf("%s %s %s path=auto: row %lld of 8 tokens vs alone", c.name, fmt_name(c.fmt).c_str(),
+                            c.mode.name, (long long)t),
+                       rows_of(y8, t, 1, nout), y1);
+      }
+      const auto y3 = run_gpu(d->v, xd.as<float>(), 3, nout, o, GemmPath::auto_, nullptr);
+      expect_bitwise("linear batch invariance",
+                     strf("%s %s %s path=auto: rows 0..2 of 3 tokens vs of 8", c.name, fmt_name(c.fmt).c_str(),
+                          c.mode.name),
+                     rows_of(y8, 0, 3, nout), y3);
     }
     if (c.mode.Q && c.fmt.f == GemmFormat::fp8) {
       // cuBLASLt: deterministic for one shape (checked in LinearCublasLtSmallShapes); across n_tok only reported.

@@ -1263,10 +1263,14 @@ __global__ void __launch_bounds__(GV_THREADS) gemv_kernel(const GArgs A) {
   WDesc wd[NW];
   int64_t K = 0, nout = 0, wrow0 = 0;
   block_weights<KIND>(A, e, wd, K, nout, wrow0);
-  const int64_t grp = blockIdx.y;  // grouped linear: group grp (else 0)
-  wrow0 += grp * A.grp_r;
-  const float* a_g = A.a + grp * A.grp_a;
-  const int64_t y_g = grp * A.grp_y;
+  const int64_t grp = KIND == kLinear ? int64_t(blockIdx.y) : 0;  // grouped linear: group grp (else 0)
+  const float* a_g = A.a;
+  int64_t y_g = 0;
+  if constexpr (KIND == kLinear) {
+    wrow0 += grp * A.grp_r;
+    a_g += grp * A.grp_a;
+    y_g = grp * A.grp_y;
+  }
   const int64_t nb0 = nt * rpb;
   if (cnt <= 0 || nb0 >= nout) return;  // (uniform over the block)
   const int64_t n0 = nb0 + int64_t(wr) * R;
@@ -1432,6 +1436,261 @@ __global__ void __launch_bounds__(GV_THREADS) gemv_kernel(const GArgs A) {
     }
     __syncthreads();  // red is reused by the next group of tokens
   }
+}
+
+// ---- gemv_tc_kernel: (Q) FP8 linear of 1..8 tokens on tensor cores (fast mode) -------------------------------------
+// y[m, n] = sum over 128-column blocks kb of (sum_k xcode[m, k] wcode[n, k]) * sa[m, kb] * sw[n / 128, kb], the
+// products by mma.sync m16n8k32 e4m3 (exact; the tensor core's fp32 sums inside one mma, each mma's result added in
+// fp32 as tc_kernel does) instead of decoding every weight to fp32 (the decode and FMA instructions, not the bytes,
+// bound gemv_kernel). The block quantizes x itself into shared memory (act_quant_kernel's codes and scales).
+// Block: one 16-row tile, the 8 warps splitting K (K / 8 a multiple of 128). Lane (g, t) loads 16 bytes at 16 t and
+// 64 + 16 t of each 128-column block of the tile's rows g and g + 8, and token g's codes at the same columns: the
+// four mma of a block see the columns permuted alike in A and B (the same products). Column m of D is token m (an
+// output never depends on another column), so a token's result is the same alone or with up to 7 others. The 8
+// warps' partial sums are added in warp order (deterministic).
+constexpr int GT_THREADS = 256, GT_WARPS = 8, GT_ROWS = 16, GT_MAXK = 8192, GT_PF = 4, GT_MAXTOK = 8;
+
+__device__ __forceinline__ void tc_mma4(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1,
+                                        float d[4]) {
+  const uint32_t a[4] = {a0, a1, a2, a3};
+  tc_mma(a, b0, b1, d);
+}
+
+size_t gemv_tc_smem(int64_t n_tok, int64_t K) { return size_t(n_tok * K) + size_t(n_tok * (K / 128)) * 4; }
+
+__global__ void __launch_bounds__(GT_THREADS) gemv_tc_kernel(const GArgs A) {
+  extern __shared__ __align__(16) uint8_t gt_smem[];
+  __shared__ float red[GT_WARPS][GT_MAXTOK][GT_ROWS];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int64_t M = A.M, K = A.W.cols, nkb = K / 128, kbw = nkb / GT_WARPS;
+  uint8_t* xq = gt_smem;                                     // activation codes (e4m3 bytes) [M, K]
+  float* xs = reinterpret_cast<float*>(gt_smem + M * K);     // their scales [M, K / 128]
+  const WDesc wd = make_wdesc(A.W);
+  const int64_t n0 = int64_t(blockIdx.x) * GT_ROWS, wr0 = A.r0 + n0;  // tile's first output / weight row
+  const uint8_t* wg = wd.w + (wr0 + g) * wd.row_bytes + 16 * t;
+  const uint8_t* wg8 = wg + 8 * wd.row_bytes;
+  const int64_t kb0 = int64_t(warp) * kbw;
+  uint4 wv[GT_PF][4];
+  auto load = [&](int64_t b) {  // the warp's k-blocks b .. b + GT_PF - 1 (relative to kb0)
+#pragma unroll
+    for (int i = 0; i < GT_PF; ++i) {
+      if (b + i < kbw) {
+        const int64_t o = (kb0 + b + i) * 128;
+        wv[i][0] = __ldg(reinterpret_cast<const uint4*>(wg + o));
+        wv[i][1] = __ldg(reinterpret_cast<const uint4*>(wg + o + 64));
+        wv[i][2] = __ldg(reinterpret_cast<const uint4*>(wg8 + o));
+        wv[i][3] = __ldg(reinterpret_cast<const uint4*>(wg8 + o + 64));
+      }
+    }
+  };
+  load(0);  // in flight while the block quantizes x
+  for (int64_t q = warp; q < M * nkb; q += GT_WARPS) {  // act_quant_kernel's codes and scale of (token, block)
+    const int64_t m = q / nkb, b = q % nkb;
+    const float* xr = A.a + m * A.lda + b * 128;
+    float v[4];
+    float mx = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      v[j] = xr[j * 32 + lane];
+      const float a = fabsf(v[j]);
+      mx = a > mx ? a : mx;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float u = __shfl_xor_sync(0xFFFFFFFFu, mx, o);
+      mx = u > mx ? u : mx;
+    }
+    const float sc = fp8_act_scale(mx), inv = __fdiv_rn(1.0f, sc);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      xq[m * K + b * 128 + j * 32 + lane] = static_cast<uint8_t>(enc_e4m3(fp8_quant(v[j], inv)));
+    if (lane == 0) xs[m * nkb + b] = sc;
+  }
+  __syncthreads();
+  const bool has_tok = g < M;  // lane (g, t) supplies token g's codes (column g of B)
+  const int m0 = 2 * t, m1 = 2 * t + 1;  // D columns of this lane
+  float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // (row g, m0), (row g, m1), (row g + 8, m0), (row g + 8, m1)
+  for (int64_t b = 0; b < kbw; b += GT_PF) {
+    if (b > 0) load(b);
+#pragma unroll
+    for (int i = 0; i < GT_PF; ++i) {
+      if (b + i < kbw) {
+        const int64_t kb = kb0 + b + i;
+        uint4 x0 = make_uint4(0u, 0u, 0u, 0u), x1 = x0;
+        if (has_tok) {
+          x0 = *reinterpret_cast<const uint4*>(xq + g * K + kb * 128 + 16 * t);
+          x1 = *reinterpret_cast<const uint4*>(xq + g * K + kb * 128 + 64 + 16 * t);
+        }
+        const uint4 &r0 = wv[i][0], &r1 = wv[i][1], &s0 = wv[i][2], &s1 = wv[i][3];
+        float blk[4], d[4];
+        tc_mma4(r0.x, s0.x, r0.y, s0.y, x0.x, x0.y, blk);
+        tc_mma4(r0.z, s0.z, r0.w, s0.w, x0.z, x0.w, d);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) blk[j] = __fadd_rn(blk[j], d[j]);
+        tc_mma4(r1.x, s1.x, r1.y, s1.y, x1.x, x1.y, d);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) blk[j] = __fadd_rn(blk[j], d[j]);
+        tc_mma4(r1.z, s1.z, r1.w, s1.w, x1.z, x1.w, d);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) blk[j] = __fadd_rn(blk[j], d[j]);
+        const float sw = wscale(wd, wr0, kb * 128);
+        const float s0m = m0 < M ? __fmul_rn(xs[m0 * nkb + kb], sw) : 0.0f;
+        const float s1m = m1 < M ? __fmul_rn(xs[m1 * nkb + kb], sw) : 0.0f;
+        tot[0] = __fmaf_rn(blk[0], s0m, tot[0]);
+        tot[1] = __fmaf_rn(blk[1], s1m, tot[1]);
+        tot[2] = __fmaf_rn(blk[2], s0m, tot[2]);
+        tot[3] = __fmaf_rn(blk[3], s1m, tot[3]);
+      }
+    }
+  }
+  if (m0 < M) red[warp][m0][g] = tot[0], red[warp][m0][g + 8] = tot[2];
+  if (m1 < M) red[warp][m1][g] = tot[1], red[warp][m1][g + 8] = tot[3];
+  __syncthreads();
+  if (tid < M * GT_ROWS) {
+    const int m = tid / GT_ROWS, r = tid % GT_ROWS;
+    float s = red[0][m][r];
+#pragma unroll
+    for (int w = 1; w < GT_WARPS; ++w) s = __fadd_rn(s, red[w][m][r]);
+    A.y[m * A.ldy + n0 + r] = A.out_bf16 ? round_bf16(s) : s;
+  }
+}
+
+// ---- moe_tc_small_kernel: the small segments (1..16 rows) of FP4 (Q) experts on tensor cores (fast mode) ----------
+// gemv_kernel's products for the MoE kinds (kW13: w1 and w3 of the expert, then SwiGLU; kW2) as mma.sync m16n8k32
+// e4m3: the FP4 weights' per-32 scales differ by row, so every mma covers one 32-column scale group and its result
+// is scaled in fp32 (as tc_kernel does). Lane (g, t) loads the 4-byte word 16 s + 4 t of the tile's rows g, g + 8 in
+// each 64-byte (128-column) block, i.e. columns 32 s + 8 t .. + 7 of group s; fp4_as_e4m3 puts its even columns in
+// a0 / a1 and its odd ones in a2 / a3, and the activation codes are staged in shared memory in the same order (per
+// 8 columns: the 4 even ones, then the 4 odd ones). Rows of the segment are taken 8 at a time (the 8 columns of B;
+// a row's result does not depend on the others). Block: one 16-row output tile of one expert, 8 warps splitting K.
+constexpr int MT_THREADS = 256, MT_WARPS = 8, MT_ROWS = 16, MT_COLS = 8;
+
+// 4 bytes from p (any alignment when !aligned4).
+__device__ __forceinline__ uint32_t ld_u32(const uint8_t* p, bool aligned4) {
+  if (aligned4) return __ldg(reinterpret_cast<const uint32_t*>(p));
+  return uint32_t(__ldg(p)) | (uint32_t(__ldg(p + 1)) << 8) | (uint32_t(__ldg(p + 2)) << 16) |
+         (uint32_t(__ldg(p + 3)) << 24);
+}
+
+size_t moe_tc_smem(int64_t K) { return size_t(MT_COLS * K) + size_t(MT_COLS * (K / 128)) * 4; }
+
+template <int KIND>
+__global__ void __launch_bounds__(MT_THREADS) moe_tc_small_kernel(const GArgs A) {
+  constexpr int NW = KIND == kW13 ? 2 : 1;
+  extern __shared__ __align__(16) uint8_t mt_smem[];
+  __shared__ float red[MT_WARPS][NW][MT_COLS][MT_ROWS];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int64_t slot = blockIdx.x % A.n_slots, nt = blockIdx.x / A.n_slots;
+  if (slot >= *A.n_small) return;
+  const int64_t e = A.small_list[slot], base = A.seg_start[e], cnt = A.seg_start[e + 1] - base;
+  WDesc wd[NW];
+  int64_t K = 0, nout = 0, wrow0 = 0;
+  block_weights<KIND>(A, e, wd, K, nout, wrow0);
+  const int64_t n0 = nt * MT_ROWS;
+  if (cnt <= 0 || n0 >= nout) return;  // (uniform over the block)
+  const int64_t nkb = K / 128, kbw = nkb / MT_WARPS, kb0 = int64_t(warp) * kbw;
+  uint8_t* xq = mt_smem;                                          // [8, K] codes, permuted per 8 columns
+  float* xs = reinterpret_cast<float*>(mt_smem + MT_COLS * K);    // [8, K / 128] scales
+  for (int64_t g0 = 0; g0 < cnt; g0 += MT_COLS) {
+    const int mc = static_cast<int>(imin(MT_COLS, cnt - g0));
+    for (int64_t q = tid; q < mc * K / 4; q += MT_THREADS) {  // 4 consecutive columns per thread
+      const int64_t m = q / (K / 4), c = 4 * (q % (K / 4));
+      const int64_t ar = act_row<KIND>(A, base + g0 + m);
+      const float4 v = __ldg(reinterpret_cast<const float4*>(A.a + ar * A.lda + c));
+      const float vv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t cc = c + i, o8 = cc & ~int64_t(7);
+        const int j = static_cast<int>(cc & 7);
+        xq[m * K + o8 + ((j & 1) ? 4 + (j >> 1) : (j >> 1))] = static_cast<uint8_t>(enc_e4m3(vv[i]));
+      }
+      if (c % 128 == 0) xs[m * nkb + c / 128] = __ldg(A.sa + ar * A.ldsa + c / 128);
+    }
+    __syncthreads();
+    const int m0 = 2 * t, m1 = 2 * t + 1;
+    float tot[NW][4];
+#pragma unroll
+    for (int w = 0; w < NW; ++w) tot[w][0] = tot[w][1] = tot[w][2] = tot[w][3] = 0.0f;
+    for (int64_t kb = kb0; kb < kb0 + kbw; ++kb) {
+      uint32_t wr[NW][2][4], sc[NW][2];
+#pragma unroll
+      for (int w = 0; w < NW; ++w)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t row = wrow0 + n0 + g + 8 * h;
+          const uint8_t* rp = wd[w].w + row * wd[w].row_bytes + kb * 64 + 4 * t;
+          const uint8_t* sp = wd[w].scale + row * wd[w].scols + kb * 4;
+#pragma unroll
+          for (int s = 0; s < 4; ++s) wr[w][h][s] = ld_u32(rp + 16 * s, wd[w].vec);
+          sc[w][h] = ld_u32(sp, (reinterpret_cast<uintptr_t>(sp) & 3) == 0);
+        }
+      const float sa0 = m0 < mc ? xs[m0 * nkb + kb] : 0.0f, sa1 = m1 < mc ? xs[m1 * nkb + kb] : 0.0f;
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        uint32_t b0 = 0u, b1 = 0u;
+        if (g < mc) {
+          const uint8_t* xp = xq + g * K + kb * 128 + 32 * s + 8 * t;
+          b0 = *reinterpret_cast<const uint32_t*>(xp);
+          b1 = *reinterpret_cast<const uint32_t*>(xp + 4);
+        }
+#pragma unroll
+        for (int w = 0; w < NW; ++w) {
+          uint32_t ev0, od0, ev8, od8;
+          fp4_as_e4m3(wr[w][0][s], ev0, od0);
+          fp4_as_e4m3(wr[w][1][s], ev8, od8);
+          const uint32_t a[4] = {ev0, ev8, od0, od8};
+          float d[4];
+          tc_mma(a, b0, b1, d);
+          const float sg = __fmul_rn(e8m0_to_float((sc[w][0] >> (8 * s)) & 0xFFu), 64.0f);
+          const float s8 = __fmul_rn(e8m0_to_float((sc[w][1] >> (8 * s)) & 0xFFu), 64.0f);
+          tot[w][0] = __fmaf_rn(d[0], __fmul_rn(sa0, sg), tot[w][0]);
+          tot[w][1] = __fmaf_rn(d[1], __fmul_rn(sa1, sg), tot[w][1]);
+          tot[w][2] = __fmaf_rn(d[2], __fmul_rn(sa0, s8), tot[w][2]);
+          tot[w][3] = __fmaf_rn(d[3], __fmul_rn(sa1, s8), tot[w][3]);
+        }
+      }
+    }
+#pragma unroll
+    for (int w = 0; w < NW; ++w) {
+      if (m0 < mc) red[warp][w][m0][g] = tot[w][0], red[warp][w][m0][g + 8] = tot[w][2];
+      if (m1 < mc) red[warp][w][m1][g] = tot[w][1], red[warp][w][m1][g + 8] = tot[w][3];
+    }
+    __syncthreads();
+    if (tid < mc * MT_ROWS) {
+      const int m = tid / MT_ROWS, r = tid % MT_ROWS;
+      float s[NW];
+#pragma unroll
+      for (int w = 0; w < NW; ++w) {
+        s[w] = red[0][w][m][r];
+#pragma unroll
+        for (int q = 1; q < MT_WARPS; ++q) s[w] = __fadd_rn(s[w], red[q][w][m][r]);
+      }
+      store_out<KIND>(A, base + g0 + m, n0 + r, s[0], s[NW - 1]);
+    }
+    __syncthreads();  // xq, xs and red are reused by the next 8 rows
+  }
+}
+
+// The shapes gemv_tc_kernel takes (and a device and binary with FP8 mma, sm_89+; its shared memory allowed).
+bool gemv_tc_ok(const WeightView& W, int64_t r0, int64_t nout) {
+  if (W.fmt != GemmFormat::fp8 || W.block_cols != 128 || W.block_rows % GT_ROWS != 0) return false;
+  if (W.cols % (128 * GT_WARPS) != 0 || W.cols > GT_MAXK || nout % GT_ROWS != 0 || r0 % GT_ROWS != 0) return false;
+  if ((reinterpret_cast<uintptr_t>(W.w) & 15) != 0) return false;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  static int cached[64] = {};  // per device: 0 unknown, 1 yes, 2 no
+  if (cached[dev] == 0) {
+    cudaFuncAttributes fa{};
+    int major = 0, minor = 0;
+    const bool ok = cudaFuncGetAttributes(&fa, gemv_tc_kernel) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+                    fa.binaryVersion >= 89 && major * 10 + minor >= 89 &&
+                    cudaFuncSetAttribute(gemv_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(gemv_tc_smem(GT_MAXTOK, GT_MAXK))) == cudaSuccess;
+    cached[dev] = ok ? 1 : 2;
+  }
+  return cached[dev] == 1;
 }
 
 // ---- dispatch -------------------------------------------------------------------------------------------------------
@@ -1642,6 +1901,14 @@ void launch_tc(int fmt, const GArgs& A, int64_t grid, cudaStream_t st) {
     tc_kernel<kFmtFp8, KIND><<<gr, b, 0, st>>>(A);
 }
 
+// Whether moe_tc_small_kernel takes the small segments: fast (Q) mode on the auto path, FP4 experts, K of both
+// products a multiple of 1024 and outputs of 16, and what tc_ok asks of the device and build.
+bool moe_tc_small_ok(const MoeGemmArgs& g, int kind, const GArgs& A) {
+  if (g.fmt != GemmFormat::fp4 || g.d_model % (128 * MT_WARPS) != 0 || g.inter % (128 * MT_WARPS) != 0) return false;
+  if (g.d_model % MT_ROWS != 0 || g.inter % MT_ROWS != 0) return false;
+  return tc_ok(g, kind, A);
+}
+
 void moe_launch_both(int kind, const MoeGemmArgs& g, GArgs A, int64_t nout, cudaStream_t stream) {
   const int fmt = fmt_code(g.fmt);
   const int64_t P = g.n_rows_bound, E = g.n_experts;
@@ -1667,6 +1934,19 @@ void moe_launch_both(int kind, const MoeGemmArgs& g, GArgs A, int64_t nout, cuda
   const bool any_big = P > kMoeSmallMax;
   // big segments on the tensor-core kernel in the fast (Q) mode (tc_kernel), else on the CPU-order tiled kernel
   const bool tc = any_big && tc_ok(g, kind, A);
+  if (moe_tc_small_ok(g, kind, A)) {  // small segments on tensor cores
+    const int64_t K2 = kind == kW13 ? g.d_model : g.inter;
+    const int64_t gt = As.n_slots * (nout / MT_ROWS);
+    if (kind == kW13)
+      moe_tc_small_kernel<kW13><<<static_cast<unsigned>(gt), MT_THREADS, moe_tc_smem(K2), stream>>>(As);
+    else
+      moe_tc_small_kernel<kW2><<<static_cast<unsigned>(gt), MT_THREADS, moe_tc_smem(K2), stream>>>(As);
+    if (tc)
+      (kind == kW13 ? launch_tc<kW13> : launch_tc<kW2>)(fmt, Ab, gb, stream);
+    else if (any_big)
+      (kind == kW13 ? launch_kind<kW13, false> : launch_kind<kW2, false>)(fmt, g.quant, mt, Ab, gb, stream);
+    return;
+  }
   if (kind == kW13) {
     if (gv.ok)
       launch_gemv<kW13>(fmt, g.quant, gv_mt_moe(g.n_tok), As, gg, stream);
@@ -1820,6 +2100,14 @@ void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const 
   A.out_bf16 = o.out_bf16;
   A.weight_as_bf16 = o.weight_as_bf16;
   A.lda = p.K;
+  // (Q) FP8 decode (1..8 tokens, automatic path): tensor cores, act_quant inside (raw x)
+  if (path == GemmPath::gemv && p.Q && forced == GemmPath::auto_ && n_tok <= GT_MAXTOK && aligned16(x) &&
+      gemv_tc_ok(W, p.r0, p.nout)) {
+    A.a = x;
+    gemv_tc_kernel<<<static_cast<unsigned>(p.nout / GT_ROWS), GT_THREADS, gemv_tc_smem(n_tok, p.K), stream>>>(A);
+    gemm_internal::note_path(GemmPath::gemv);
+    return;
+  }
   // single-token (Q) decode on gemv: act_quant fused into the kernel
   const bool fq = path == GemmPath::gemv && p.Q && n_tok == 1 && p.K % 128 == 0 && aligned16(x);
   if (fq) {
