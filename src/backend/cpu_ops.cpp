@@ -48,9 +48,66 @@ DSV4_CLONES float dot(const float* a, const float* b, int64_t n) {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-// acc[i] += p * row[i] (one multiply, one add).
-DSV4_CLONES void add_scaled(float* acc, float p, const float* row, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) acc[i] += p * row[i];
+// 8 floats as one value (GCC vector extension): lane-wise multiplies and adds, each the scalar operation of its lane
+// (no contraction: ISO C++), so the vector loops below equal their scalar forms bitwise.
+// (-Wpsabi: these helpers are always inlined into their callers' ISA, so the by-value vector ABI never applies.)
+#pragma GCC diagnostic ignored "-Wpsabi"
+typedef float v8f __attribute__((vector_size(32)));
+inline v8f load8(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof v); }
+inline float reduce8(const float* a) { return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])); }
+
+// out[r] = dot(a, b[r], n) for r < 4: the four rows interleaved (independent accumulators), each in dot()'s order.
+DSV4_CLONES void dot4(const float* a, const float* const* b, int64_t n, float* out) {
+  v8f acc[4] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const v8f va = load8(a + i);
+    for (int r = 0; r < 4; ++r) acc[r] += va * load8(b[r] + i);
+  }
+  for (int r = 0; r < 4; ++r) {
+    float s[8];
+    store8(s, acc[r]);
+    for (int64_t j = i, l = 0; j < n; ++j, ++l) s[l] += a[j] * b[r][j];
+    out[r] = reduce8(s);
+  }
+}
+
+// out[r] = dot(a, b[r], n) for r < n_rows (rows in groups of four).
+void dot_rows(const float* a, const float* const* b, int64_t n_rows, int64_t n, float* out) {
+  int64_t r = 0;
+  for (; r + 4 <= n_rows; r += 4) dot4(a, b + r, n, out + r);
+  for (; r < n_rows; ++r) out[r] = dot(a, b[r], n);
+}
+
+// acc[i] += p[j] * rows[j][i] for j = 0 .. n_rows-1 in turn (one multiply, one add each): the order of n_rows
+// add_scaled calls, with acc kept in registers across the rows (32 columns at a time).
+DSV4_CLONES void add_scaled_rows(float* acc, const float* p, const float* const* rows, int64_t n_rows, int64_t n) {
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    v8f a0 = load8(acc + i), a1 = load8(acc + i + 8), a2 = load8(acc + i + 16), a3 = load8(acc + i + 24);
+    for (int64_t j = 0; j < n_rows; ++j) {
+      const float* r = rows[j] + i;
+      const float pj = p[j];
+      a0 += pj * load8(r);
+      a1 += pj * load8(r + 8);
+      a2 += pj * load8(r + 16);
+      a3 += pj * load8(r + 24);
+    }
+    store8(acc + i, a0);
+    store8(acc + i + 8, a1);
+    store8(acc + i + 16, a2);
+    store8(acc + i + 24, a3);
+  }
+  for (; i < n; ++i) {
+    float s = acc[i];
+    for (int64_t j = 0; j < n_rows; ++j) s += p[j] * rows[j][i];
+    acc[i] = s;
+  }
 }
 
 inline float sum_sq(const float* a, int64_t n) {
@@ -61,10 +118,41 @@ inline float sum_sq(const float* a, int64_t n) {
 
 inline float sigmoidf(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
+// u[d] = sum_j w[j] * x[j * dim + d] (j ascending from 0), bf16-rounded when asked: u [dim], x [hc][dim].
+DSV4_CLONES void hc_weighted_sum(const float* w, const float* x, int hc, int64_t dim, bool bf16, float* u) {
+  for (int64_t d = 0; d < dim; ++d) {
+    float s = 0;
+    for (int j = 0; j < hc; ++j) s += w[j] * x[j * dim + d];
+    u[d] = s;
+  }
+  if (bf16)
+    for (int64_t d = 0; d < dim; ++d) u[d] = round_to_bf16(u[d]);
+}
+
+// One token of hc_post: o[k][d] = post[k] * f[d] + sum_j C[j][k] * x[j][d] (j ascending), bf16-rounded when asked;
+// o, x [hc][dim], C [hc][hc].
+DSV4_CLONES void hc_post_token(const float* f, const float* x, const float* post, const float* C, int hc,
+                               int64_t dim, bool bf16, float* o) {
+  for (int k = 0; k < hc; ++k) {
+    const float pk = post[k];
+    float* ok = o + k * dim;
+    for (int64_t d = 0; d < dim; ++d) {
+      float s = 0;
+      for (int j = 0; j < hc; ++j) s += C[j * hc + k] * x[j * dim + d];
+      ok[d] = pk * f[d] + s;
+    }
+    if (bf16)
+      for (int64_t d = 0; d < dim; ++d) ok[d] = round_to_bf16(ok[d]);
+  }
+}
+
 // Mixing coefficients of one token from the fp32 streams x [hc*dim] (spec §5.3): mix = (fn @ x) * rsqrt(mean(x²)+eps).
 void hc_mix(const float* x, int64_t width, const float* fn, int64_t n_mix, float norm_eps, float* mix) {
   const float r = 1.0f / std::sqrt(sum_sq(x, width) / float(width) + norm_eps);
-  for (int64_t m = 0; m < n_mix; ++m) mix[m] = dot(fn + m * width, x, width) * r;
+  const float* rows[kMaxMix];
+  for (int64_t m = 0; m < n_mix; ++m) rows[m] = fn + m * width;
+  dot_rows(x, rows, n_mix, width, mix);  // dot(x, row) == dot(row, x): the products commute
+  for (int64_t m = 0; m < n_mix; ++m) mix[m] = mix[m] * r;
 }
 
 }  // namespace
@@ -286,12 +374,7 @@ void CpuOps::hc_pre(const float* X, int64_t n_tok, int hc, int64_t dim, const fl
       row_norm();
       col_norm();
     }
-    float* ut = u + t * dim;
-    for (int64_t d = 0; d < dim; ++d) {
-      float s = 0;
-      for (int j = 0; j < hc; ++j) s += pre[j] * x[j * dim + d];
-      ut[d] = maybe_bf(s, bf16);
-    }
+    hc_weighted_sum(pre, x, hc, dim, bf16, u + t * dim);
   }
 }
 
@@ -304,15 +387,7 @@ void CpuOps::hc_post(const float* f, const float* X, const float* post, const fl
     tmp.resize(static_cast<size_t>(width));
     const float* x = X + t * width;
     const float* C = comb + t * hc * hc;
-    const float* ft = f + t * dim;
-    for (int k = 0; k < hc; ++k) {
-      const float pk = post[t * hc + k];
-      for (int64_t d = 0; d < dim; ++d) {
-        float s = 0;
-        for (int j = 0; j < hc; ++j) s += C[j * hc + k] * x[j * dim + d];
-        tmp[k * dim + d] = maybe_bf(pk * ft[d] + s, bf16);
-      }
-    }
+    hc_post_token(f + t * dim, x, post + t * hc, C, hc, dim, bf16, tmp.data());
     std::memcpy(Xout + t * width, tmp.data(), size_t(width) * 4);
   }
 }
@@ -327,11 +402,7 @@ void CpuOps::hc_head(const float* X, int64_t n_tok, int hc, int64_t dim, const f
     float mix[kMaxHc];
     hc_mix(x, width, fn, hc, norm_eps, mix);
     for (int j = 0; j < hc; ++j) mix[j] = sigmoidf(mix[j] * scale[0] + base[j]) + hc_eps;
-    for (int64_t d = 0; d < dim; ++d) {
-      float s = 0;
-      for (int j = 0; j < hc; ++j) s += mix[j] * x[j * dim + d];
-      u[t * dim + d] = maybe_bf(s, bf16);
-    }
+    hc_weighted_sum(mix, x, hc, dim, bf16, u + t * dim);
   }
 }
 
@@ -387,17 +458,20 @@ void CpuOps::sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, co
       const float* qv = q + th * dim;
       static thread_local std::vector<float> acc;
       acc.assign(static_cast<size_t>(dim), 0.0f);
-      float s_blk[kBlock];
+      // per block: the used rows r_blk [nb] in candidate order, their scores s_blk and weights p_blk
+      float s_blk[kBlock], p_blk[kBlock];
       const float* r_blk[kBlock];
       float m = kNegInf, sum = 0.0f;
       for (int64_t b0 = 0; b0 < k; b0 += kBlock) {
         const int64_t b1 = std::min(k, b0 + kBlock);
+        int64_t nb = 0;
+        for (int64_t j = b0; j < b1; ++j)
+          if (rows[size_t(j)]) r_blk[nb++] = rows[size_t(j)];
+        dot_rows(qv, r_blk, nb, dim, s_blk);
         float bm = kNegInf;
-        for (int64_t j = b0; j < b1; ++j) {
-          r_blk[j - b0] = rows[size_t(j)];
-          if (!r_blk[j - b0]) continue;
-          s_blk[j - b0] = dot(qv, r_blk[j - b0], dim) * scale;
-          bm = std::max(bm, s_blk[j - b0]);
+        for (int64_t j = 0; j < nb; ++j) {
+          s_blk[j] = s_blk[j] * scale;
+          bm = std::max(bm, s_blk[j]);
         }
         if (bm == kNegInf) continue;
         const float m_new = std::max(m, bm);
@@ -405,13 +479,12 @@ void CpuOps::sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, co
         if (alpha != 1.0f)
           for (int64_t d = 0; d < dim; ++d) acc[d] *= alpha;
         sum *= alpha;
-        for (int64_t j = b0; j < b1; ++j) {
-          const float* row = r_blk[j - b0];
-          if (!row) continue;
-          const float p = std::exp(s_blk[j - b0] - m_new);
+        for (int64_t j = 0; j < nb; ++j) {
+          const float p = std::exp(s_blk[j] - m_new);
           sum += p;
-          add_scaled(acc.data(), maybe_bf(p, bf16), row, dim);
+          p_blk[j] = maybe_bf(p, bf16);
         }
+        add_scaled_rows(acc.data(), p_blk, r_blk, nb, dim);
         m = m_new;
       }
       float* o = out + th * dim;
@@ -442,20 +515,41 @@ void CpuOps::compress_pool(const float* kv, const float* score, int64_t n_tok, c
       rk[size_t(j)] = (i < n_tok ? kv + i * width : state_kv + (i - n_tok) * width) + col;
       rs[size_t(j)] = (i < n_tok ? score + i * width : state_score + (i - n_tok) * width) + col;
     }
+    // per column d: mx = max_j score, sum = sum_j exp(score - mx), o = sum_j kv * (exp(score - mx) / sum) over the
+    // candidates j in order (a missing candidate scores -inf); the loops run over j outside, d inside, with the
+    // exponentials ex [n_cand][c] computed once
+    static thread_local std::vector<float> mx, sum, ex;
+    mx.assign(static_cast<size_t>(c), kNegInf);
+    sum.assign(static_cast<size_t>(c), 0.0f);
+    ex.resize(static_cast<size_t>(n_cand * c));
     float* o = out + e * c;
-    for (int64_t d = 0; d < c; ++d) {
-      auto sc = [&](int64_t j) { return rs[size_t(j)] ? rs[size_t(j)][d] : kNegInf; };
-      float mx = kNegInf;
-      for (int64_t j = 0; j < n_cand; ++j) mx = std::max(mx, sc(j));
-      float sum = 0;
-      for (int64_t j = 0; j < n_cand; ++j) sum += std::exp(sc(j) - mx);
-      float acc = 0;
-      for (int64_t j = 0; j < n_cand; ++j) {
-        const float v = sc(j);
-        if (v == kNegInf) continue;
-        acc += rk[size_t(j)][d] * (std::exp(v - mx) / sum);
+    std::fill(o, o + c, 0.0f);
+    for (int64_t j = 0; j < n_cand; ++j) {
+      const float* sj = rs[size_t(j)];
+      if (!sj) continue;  // std::max(m, -inf) == m
+      for (int64_t d = 0; d < c; ++d) mx[size_t(d)] = std::max(mx[size_t(d)], sj[d]);
+    }
+    for (int64_t j = 0; j < n_cand; ++j) {
+      const float* sj = rs[size_t(j)];
+      float* xj = ex.data() + j * c;
+      if (!sj) {
+        // exp(-inf - mx) is +0 (sum unchanged: it is never -0) unless mx is -inf or NaN (then NaN)
+        for (int64_t d = 0; d < c; ++d)
+          if (!(mx[size_t(d)] > kNegInf)) sum[size_t(d)] += std::exp(kNegInf - mx[size_t(d)]);
+        continue;
       }
-      o[d] = acc;
+      for (int64_t d = 0; d < c; ++d) {
+        xj[d] = std::exp(sj[d] - mx[size_t(d)]);
+        sum[size_t(d)] += xj[d];
+      }
+    }
+    for (int64_t j = 0; j < n_cand; ++j) {
+      const float* sj = rs[size_t(j)];
+      if (!sj) continue;
+      const float* kj = rk[size_t(j)];
+      const float* xj = ex.data() + j * c;
+      for (int64_t d = 0; d < c; ++d)
+        if (sj[d] != kNegInf) o[d] += kj[d] * (xj[d] / sum[size_t(d)]);
     }
   }
 }
@@ -471,7 +565,15 @@ void CpuOps::indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_
   };
   const bool packed = keys.stored.compact();
   const int64_t rb = packed ? keys.stored.bytes() : dim * 4;  // bytes per key row as stored
-#pragma omp parallel for schedule(static) if (par(n_tok * n_heads * dim * 64))
+#pragma omp parallel if (par(n_tok * n_heads * dim * 64))
+  {
+  // compact key rows: decoded (exactly) into this thread's cache kdec [j][dim], slot j tagged with its pool row
+  // kdec_row; the thread's next token of the same sequence finds its rows there (the tags are reset per call: only
+  // the capacity is kept across calls)
+  static thread_local std::vector<float> kdec;
+  static thread_local std::vector<int64_t> kdec_row;
+  std::fill(kdec_row.begin(), kdec_row.end(), int64_t(-1));
+#pragma omp for schedule(static)
   for (int64_t t = 0; t < n_tok; ++t) {
     const int64_t nv = std::max<int64_t>(n_visible[t], 0);
     static thread_local std::vector<float> score;
@@ -479,19 +581,29 @@ void CpuOps::indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_
     score.resize(static_cast<size_t>(nv));
     const float* qt = q + t * n_heads * dim;
     const float* wt = w + t * n_heads;
-    static thread_local std::vector<float> kdec;
-    if (packed && kdec.size() < size_t(dim)) kdec.resize(size_t(dim));
+    static thread_local std::vector<const float*> qh;
+    static thread_local std::vector<float> dots;
+    if (packed && kdec.size() < size_t(nv * dim)) kdec.resize(size_t(nv * dim));
+    if (packed && kdec_row.size() < size_t(nv)) kdec_row.resize(size_t(nv), -1);
+    qh.resize(size_t(n_heads));
+    dots.resize(size_t(n_heads));
+    for (int64_t h = 0; h < n_heads; ++h) qh[size_t(h)] = qt + h * dim;
     for (int64_t j = 0; j < nv; ++j) {
       const float* kj;
-      if (packed) {  // compact key rows: decoded once per (token, key), exact
-        decode_row(keys.stored, reinterpret_cast<const unsigned char*>(keys.rows) + pool_row(t, j) * rb, kdec.data());
-        kj = kdec.data();
+      const int64_t pr = pool_row(t, j);
+      if (packed) {
+        kj = kdec.data() + j * dim;
+        if (kdec_row[size_t(j)] != pr) {
+          decode_row(keys.stored, reinterpret_cast<const unsigned char*>(keys.rows) + pr * rb, kdec.data() + j * dim);
+          kdec_row[size_t(j)] = pr;
+        }
       } else {
-        kj = keys.rows + pool_row(t, j) * dim;
+        kj = keys.rows + pr * dim;
       }
+      dot_rows(kj, qh.data(), n_heads, dim, dots.data());  // dot(k, q_h) == dot(q_h, k): the products commute
       float s = 0;
       for (int64_t h = 0; h < n_heads; ++h) {
-        float d = maybe_bf(dot(qt + h * dim, kj, dim), bf16);
+        float d = maybe_bf(dots[size_t(h)], bf16);
         d = d > 0.0f ? d : 0.0f;
         s += maybe_bf(d * wt[h], bf16);
       }
@@ -506,6 +618,7 @@ void CpuOps::indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_
     std::partial_sort(order.begin(), order.begin() + kk, order.end(), better);
     int32_t* st = sel + t * topk;
     for (int64_t i = 0; i < topk; ++i) st[i] = i < kk ? int32_t(pool_row(t, order[size_t(i)])) : -1;
+  }
   }
 }
 
