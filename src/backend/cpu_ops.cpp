@@ -146,6 +146,35 @@ DSV4_CLONES void hc_post_token(const float* f, const float* x, const float* post
   }
 }
 
+// Sinkhorn normalization of kSinkLanes comb matrices at once, C [hc*hc][kSinkLanes] (lane l: token l's C[j][k] at
+// (j*hc + k) * kSinkLanes + l): one column normalization, then (iters - 1) times rows then columns, each sum over
+// j (or k) ascending and each element divided by (sum + eps) — per lane the scalar sequence, bitwise.
+constexpr int64_t kSinkLanes = 8;
+DSV4_CLONES void sinkhorn_lanes(float* C, int hc, int iters, float eps) {
+  v8f c[kMaxHc * kMaxHc];
+  for (int e = 0; e < hc * hc; ++e) c[e] = load8(C + e * kSinkLanes);
+  auto col_norm = [&] {
+    for (int k = 0; k < hc; ++k) {
+      v8f s = {};
+      for (int j = 0; j < hc; ++j) s += c[j * hc + k];
+      for (int j = 0; j < hc; ++j) c[j * hc + k] /= (s + eps);
+    }
+  };
+  auto row_norm = [&] {
+    for (int j = 0; j < hc; ++j) {
+      v8f s = {};
+      for (int k = 0; k < hc; ++k) s += c[j * hc + k];
+      for (int k = 0; k < hc; ++k) c[j * hc + k] /= (s + eps);
+    }
+  };
+  col_norm();
+  for (int it = 1; it < iters; ++it) {
+    row_norm();
+    col_norm();
+  }
+  for (int e = 0; e < hc * hc; ++e) store8(C + e * kSinkLanes, c[e]);
+}
+
 // Mixing coefficients of one token from the fp32 streams x [hc*dim] (spec §5.3): mix = (fn @ x) * rsqrt(mean(x²)+eps).
 void hc_mix(const float* x, int64_t width, const float* fn, int64_t n_mix, float norm_eps, float* mix) {
   const float r = 1.0f / std::sqrt(sum_sq(x, width) / float(width) + norm_eps);
@@ -333,48 +362,42 @@ void CpuOps::hc_pre(const float* X, int64_t n_tok, int hc, int64_t dim, const fl
                     float* post, float* comb) const {
   const int64_t width = int64_t(hc) * dim, n_mix = int64_t(2 + hc) * hc;
   if (hc > kMaxHc) fail("hc_pre: hc_mult {} > {}", hc, kMaxHc);
+  // tokens in blocks of kSinkLanes: each token's mix, pre, post, softmax rows and u, then the Sinkhorn iterations of
+  // the block's comb matrices side by side (one vector lane per token)
+  const int64_t n_blk = (n_tok + kSinkLanes - 1) / kSinkLanes;
 #pragma omp parallel for schedule(static) if (par(n_tok * width * 24))
-  for (int64_t t = 0; t < n_tok; ++t) {
-    const float* x = X + t * width;
-    float mix[kMaxMix], pre[kMaxHc];
-    hc_mix(x, width, fn, n_mix, norm_eps, mix);
-    for (int j = 0; j < hc; ++j) pre[j] = sigmoidf(mix[j] * scale[0] + base[j]) + hc_eps;
-    for (int j = 0; j < hc; ++j) post[t * hc + j] = 2.0f * sigmoidf(mix[hc + j] * scale[1] + base[hc + j]);
-    float* C = comb + t * hc * hc;
-    for (int j = 0; j < hc; ++j) {
-      float* row = C + j * hc;
-      float mx = kNegInf;
-      for (int k = 0; k < hc; ++k) {
-        row[k] = mix[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k];
-        mx = std::max(mx, row[k]);
-      }
-      float s = 0;
-      for (int k = 0; k < hc; ++k) {
-        row[k] = std::exp(row[k] - mx);
-        s += row[k];
-      }
-      for (int k = 0; k < hc; ++k) row[k] = row[k] / s + hc_eps;
-    }
-    auto col_norm = [&] {
-      for (int k = 0; k < hc; ++k) {
-        float s = 0;
-        for (int j = 0; j < hc; ++j) s += C[j * hc + k];
-        for (int j = 0; j < hc; ++j) C[j * hc + k] /= (s + hc_eps);
-      }
-    };
-    auto row_norm = [&] {
+  for (int64_t b = 0; b < n_blk; ++b) {
+    const int64_t t0 = b * kSinkLanes, nt = std::min<int64_t>(kSinkLanes, n_tok - t0);
+    for (int64_t t = t0; t < t0 + nt; ++t) {
+      const float* x = X + t * width;
+      float mix[kMaxMix], pre[kMaxHc];
+      hc_mix(x, width, fn, n_mix, norm_eps, mix);
+      for (int j = 0; j < hc; ++j) pre[j] = sigmoidf(mix[j] * scale[0] + base[j]) + hc_eps;
+      for (int j = 0; j < hc; ++j) post[t * hc + j] = 2.0f * sigmoidf(mix[hc + j] * scale[1] + base[hc + j]);
+      float* C = comb + t * hc * hc;
       for (int j = 0; j < hc; ++j) {
+        float* row = C + j * hc;
+        float mx = kNegInf;
+        for (int k = 0; k < hc; ++k) {
+          row[k] = mix[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k];
+          mx = std::max(mx, row[k]);
+        }
         float s = 0;
-        for (int k = 0; k < hc; ++k) s += C[j * hc + k];
-        for (int k = 0; k < hc; ++k) C[j * hc + k] /= (s + hc_eps);
+        for (int k = 0; k < hc; ++k) {
+          row[k] = std::exp(row[k] - mx);
+          s += row[k];
+        }
+        for (int k = 0; k < hc; ++k) row[k] = row[k] / s + hc_eps;
       }
-    };
-    col_norm();
-    for (int it = 1; it < sinkhorn_iters; ++it) {
-      row_norm();
-      col_norm();
+      hc_weighted_sum(pre, x, hc, dim, bf16, u + t * dim);
     }
-    hc_weighted_sum(pre, x, hc, dim, bf16, u + t * dim);
+    // lanes [hc*hc][kSinkLanes]; lanes past the last token repeat token t0 (their results are dropped)
+    float lanes[kMaxHc * kMaxHc * kSinkLanes];
+    for (int e = 0; e < hc * hc; ++e)
+      for (int64_t l = 0; l < kSinkLanes; ++l) lanes[e * kSinkLanes + l] = comb[(t0 + (l < nt ? l : 0)) * hc * hc + e];
+    sinkhorn_lanes(lanes, hc, sinkhorn_iters, hc_eps);
+    for (int e = 0; e < hc * hc; ++e)
+      for (int64_t l = 0; l < nt; ++l) comb[(t0 + l) * hc * hc + e] = lanes[e * kSinkLanes + l];
   }
 }
 
@@ -429,29 +452,54 @@ void CpuOps::sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, co
     const int32_t i = comp_idx[t * k_comp + (j - k_win)];
     return i < 0 ? nullptr : comp + int64_t(i) * rb;
   };
-  const bool go_par = par(n_tok * n_heads * k * dim);
+  // (a decode step's few heads: waking the pool costs more than the rows; 8x par()'s bar)
+  const bool go_par = par(n_tok * n_heads * k * dim / 8);
 #pragma omp parallel if (go_par)
   {
-    // compact rows: token t's candidate rows decoded once per thread and token (the heads of a token are
-    // consecutive iterations), into per-thread scratch kept across calls
+    // compact rows: decoded once per thread and call into a per-thread cache (consecutive tokens share most of
+    // their window and compressed rows; the heads of a token are consecutive iterations). Slot h of dec [cap][dim]
+    // holds the row with key tag[h] (ring row i: 2i, compressed row i: 2i + 1; slot = key mod cap), last used by
+    // token stamp[h]; a row whose slot the same token already uses goes to the overflow rows dec [cap + j]. Tags
+    // are reset per call (the stored rows change between calls); decoding is exact, so results do not depend on it.
     static thread_local std::vector<float> dec;
+    static thread_local std::vector<int64_t> tag, stamp;
     static thread_local std::vector<const float*> rows;
+    int64_t cap = 1;
+    while (cap < 2 * k) cap <<= 1;
+    if (packed) {
+      if (dec.size() < size_t((cap + k) * dim)) dec.resize(size_t((cap + k) * dim));
+      tag.assign(size_t(cap), -1);
+      stamp.assign(size_t(cap), -1);
+    }
+    if (rows.size() < size_t(k)) rows.resize(size_t(k));
     int64_t dec_t = -1;
 #pragma omp for schedule(static)
     for (int64_t th = 0; th < n_tok * n_heads; ++th) {
       const int64_t t = th / n_heads, h = th % n_heads;
       if (t != dec_t) {
-        if (dec.size() < size_t(k * dim) && packed) dec.resize(size_t(k * dim));
-        if (rows.size() < size_t(k)) rows.resize(size_t(k));
         for (int64_t j = 0; j < k; ++j) {
           bool fresh = false;
           const void* p = stored_of(t, j, fresh);
           if (!p || fresh || !packed) {
             rows[size_t(j)] = static_cast<const float*>(p);
-          } else {
-            decode_row(kv.stored, p, dec.data() + j * dim);
-            rows[size_t(j)] = dec.data() + j * dim;
+            continue;
           }
+          const auto* pb = static_cast<const unsigned char*>(p);
+          const int64_t key = j < k_win ? (pb - ring) / rb * 2 : (pb - comp) / rb * 2 + 1;
+          const size_t sl = size_t(key & (cap - 1));
+          float* slot = dec.data() + int64_t(sl) * dim;
+          if (tag[sl] != key) {
+            if (stamp[sl] == t) {
+              slot = dec.data() + (cap + j) * dim;  // the slot holds another row of this token
+            } else {
+              tag[sl] = key;
+              stamp[sl] = t;
+            }
+            decode_row(kv.stored, p, slot);
+          } else {
+            stamp[sl] = t;
+          }
+          rows[size_t(j)] = slot;
         }
         dec_t = t;
       }
@@ -502,7 +550,7 @@ void CpuOps::compress_pool(const float* kv, const float* score, int64_t n_tok, c
                            const float* state_score, const int32_t* cand, int64_t n_emit, int64_t n_cand, int coff,
                            int64_t c, float* out) const {
   const int64_t width = int64_t(coff) * c, half = n_cand / 2;
-#pragma omp parallel for schedule(static) if (par(n_emit * n_cand * c * 4))
+#pragma omp parallel for schedule(static) if (n_emit > 1 && par(n_emit * n_cand * c * 4))
   for (int64_t e = 0; e < n_emit; ++e) {
     const int32_t* ce = cand + e * n_cand;
     static thread_local std::vector<const float*> rk, rs;
@@ -565,7 +613,7 @@ void CpuOps::indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_
   };
   const bool packed = keys.stored.compact();
   const int64_t rb = packed ? keys.stored.bytes() : dim * 4;  // bytes per key row as stored
-#pragma omp parallel if (par(n_tok * n_heads * dim * 64))
+#pragma omp parallel if (n_tok > 1 && par(n_tok * n_heads * dim * 64))
   {
   // compact key rows: decoded (exactly) into this thread's cache kdec [j][dim], slot j tagged with its pool row
   // kdec_row; the thread's next token of the same sequence finds its rows there (the tags are reset per call: only
