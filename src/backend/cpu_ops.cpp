@@ -61,20 +61,30 @@ inline v8f load8(const float* p) {
 inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof v); }
 inline float reduce8(const float* a) { return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])); }
 
+// dot()'s end for an accumulator of columns [0, i): the tail columns [i, n) into lanes 0.., then its reduction.
+inline float dot_finish(v8f acc, const float* a, const float* b, int64_t i, int64_t n) {
+  float s[8];
+  store8(s, acc);
+  for (int64_t l = 0; i < n; ++i, ++l) s[l] += a[i] * b[i];
+  return reduce8(s);
+}
+
 // out[r] = dot(a, b[r], n) for r < 4: the four rows interleaved (independent accumulators), each in dot()'s order.
 DSV4_CLONES void dot4(const float* a, const float* const* b, int64_t n, float* out) {
-  v8f acc[4] = {};
+  const float *b0 = b[0], *b1 = b[1], *b2 = b[2], *b3 = b[3];
+  v8f c0 = {}, c1 = {}, c2 = {}, c3 = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const v8f va = load8(a + i);
-    for (int r = 0; r < 4; ++r) acc[r] += va * load8(b[r] + i);
+    const v8f x = load8(a + i);
+    c0 += x * load8(b0 + i);
+    c1 += x * load8(b1 + i);
+    c2 += x * load8(b2 + i);
+    c3 += x * load8(b3 + i);
   }
-  for (int r = 0; r < 4; ++r) {
-    float s[8];
-    store8(s, acc[r]);
-    for (int64_t j = i, l = 0; j < n; ++j, ++l) s[l] += a[j] * b[r][j];
-    out[r] = reduce8(s);
-  }
+  out[0] = dot_finish(c0, a, b0, i, n);
+  out[1] = dot_finish(c1, a, b1, i, n);
+  out[2] = dot_finish(c2, a, b2, i, n);
+  out[3] = dot_finish(c3, a, b3, i, n);
 }
 
 // out[r] = dot(a, b[r], n) for r < n_rows (rows in groups of four).
@@ -82,6 +92,77 @@ void dot_rows(const float* a, const float* const* b, int64_t n_rows, int64_t n, 
   int64_t r = 0;
   for (; r + 4 <= n_rows; r += 4) dot4(a, b + r, n, out + r);
   for (; r < n_rows; ++r) out[r] = dot(a, b[r], n);
+}
+
+// out0[r] = dot(a0, b[r], n) and out1[r] = dot(a1, b[r], n) for r < 4: each row loaded once for both (two heads of
+// one token), eight independent accumulators, each in dot()'s order.
+DSV4_CLONES void dot2x4(const float* a0, const float* a1, const float* const* b, int64_t n, float* out0,
+                        float* out1) {
+  const float *b0 = b[0], *b1 = b[1], *b2 = b[2], *b3 = b[3];
+  v8f c00 = {}, c01 = {}, c02 = {}, c03 = {}, c10 = {}, c11 = {}, c12 = {}, c13 = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const v8f x0 = load8(a0 + i), x1 = load8(a1 + i);
+    const v8f w0 = load8(b0 + i), w1 = load8(b1 + i), w2 = load8(b2 + i), w3 = load8(b3 + i);
+    c00 += x0 * w0;
+    c10 += x1 * w0;
+    c01 += x0 * w1;
+    c11 += x1 * w1;
+    c02 += x0 * w2;
+    c12 += x1 * w2;
+    c03 += x0 * w3;
+    c13 += x1 * w3;
+  }
+  out0[0] = dot_finish(c00, a0, b0, i, n);
+  out0[1] = dot_finish(c01, a0, b1, i, n);
+  out0[2] = dot_finish(c02, a0, b2, i, n);
+  out0[3] = dot_finish(c03, a0, b3, i, n);
+  out1[0] = dot_finish(c10, a1, b0, i, n);
+  out1[1] = dot_finish(c11, a1, b1, i, n);
+  out1[2] = dot_finish(c12, a1, b2, i, n);
+  out1[3] = dot_finish(c13, a1, b3, i, n);
+}
+
+// dot_rows for two vectors a0, a1 against the same rows.
+void dot_rows2(const float* a0, const float* a1, const float* const* b, int64_t n_rows, int64_t n, float* out0,
+               float* out1) {
+  int64_t r = 0;
+  for (; r + 4 <= n_rows; r += 4) dot2x4(a0, a1, b + r, n, out0 + r, out1 + r);
+  for (; r < n_rows; ++r) {
+    out0[r] = dot(a0, b[r], n);
+    out1[r] = dot(a1, b[r], n);
+  }
+}
+
+// add_scaled_rows into two accumulators (acc0 with weights p0, acc1 with p1) over the same rows, each row loaded once.
+DSV4_CLONES void add_scaled_rows2(float* acc0, float* acc1, const float* p0, const float* p1,
+                                  const float* const* rows, int64_t n_rows, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    v8f a0 = load8(acc0 + i), a1 = load8(acc0 + i + 8), b0 = load8(acc1 + i), b1 = load8(acc1 + i + 8);
+    for (int64_t j = 0; j < n_rows; ++j) {
+      const float* r = rows[j] + i;
+      const v8f w0 = load8(r), w1 = load8(r + 8);
+      const float x = p0[j], y = p1[j];
+      a0 += x * w0;
+      a1 += x * w1;
+      b0 += y * w0;
+      b1 += y * w1;
+    }
+    store8(acc0 + i, a0);
+    store8(acc0 + i + 8, a1);
+    store8(acc1 + i, b0);
+    store8(acc1 + i + 8, b1);
+  }
+  for (; i < n; ++i) {
+    float s0 = acc0[i], s1 = acc1[i];
+    for (int64_t j = 0; j < n_rows; ++j) {
+      s0 += p0[j] * rows[j][i];
+      s1 += p1[j] * rows[j][i];
+    }
+    acc0[i] = s0;
+    acc1[i] = s1;
+  }
 }
 
 // acc[i] += p[j] * rows[j][i] for j = 0 .. n_rows-1 in turn (one multiply, one add each): the order of n_rows
@@ -473,9 +554,11 @@ void CpuOps::sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, co
     }
     if (rows.size() < size_t(k)) rows.resize(size_t(k));
     int64_t dec_t = -1;
+    // items: (token, pair of consecutive heads); the two heads share every row load
+    const int64_t n_pairs = (n_heads + 1) / 2;
 #pragma omp for schedule(static)
-    for (int64_t th = 0; th < n_tok * n_heads; ++th) {
-      const int64_t t = th / n_heads, h = th % n_heads;
+    for (int64_t tp = 0; tp < n_tok * n_pairs; ++tp) {
+      const int64_t t = tp / n_pairs, h0 = (tp % n_pairs) * 2, nh = std::min<int64_t>(2, n_heads - h0);
       if (t != dec_t) {
         for (int64_t j = 0; j < k; ++j) {
           bool fresh = false;
@@ -503,45 +586,62 @@ void CpuOps::sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, co
         }
         dec_t = t;
       }
-      const float* qv = q + th * dim;
       static thread_local std::vector<float> acc;
-      acc.assign(static_cast<size_t>(dim), 0.0f);
-      // per block: the used rows r_blk [nb] in candidate order, their scores s_blk and weights p_blk
-      float s_blk[kBlock], p_blk[kBlock];
+      acc.assign(static_cast<size_t>(2 * dim), 0.0f);  // [nh][dim]
+      const float* qv[2] = {q + (t * n_heads + h0) * dim, q + (t * n_heads + h0 + nh - 1) * dim};
+      float* av[2] = {acc.data(), acc.data() + dim};
+      // per block: the used rows r_blk [nb] in candidate order, per head their scores s_blk and weights p_blk
+      float s_blk[2][kBlock], p_blk[2][kBlock];
       const float* r_blk[kBlock];
-      float m = kNegInf, sum = 0.0f;
+      float m[2] = {kNegInf, kNegInf}, sum[2] = {0.0f, 0.0f};
       for (int64_t b0 = 0; b0 < k; b0 += kBlock) {
         const int64_t b1 = std::min(k, b0 + kBlock);
         int64_t nb = 0;
         for (int64_t j = b0; j < b1; ++j)
           if (rows[size_t(j)]) r_blk[nb++] = rows[size_t(j)];
-        dot_rows(qv, r_blk, nb, dim, s_blk);
-        float bm = kNegInf;
-        for (int64_t j = 0; j < nb; ++j) {
-          s_blk[j] = s_blk[j] * scale;
-          bm = std::max(bm, s_blk[j]);
+        if (nh == 2)
+          dot_rows2(qv[0], qv[1], r_blk, nb, dim, s_blk[0], s_blk[1]);
+        else
+          dot_rows(qv[0], r_blk, nb, dim, s_blk[0]);
+        bool live[2] = {false, false};  // the head has a finite score in the block
+        for (int64_t hh = 0; hh < nh; ++hh) {
+          float* sb = s_blk[hh];
+          float bm = kNegInf;
+          for (int64_t j = 0; j < nb; ++j) {
+            sb[j] = sb[j] * scale;
+            bm = std::max(bm, sb[j]);
+          }
+          if (bm == kNegInf) continue;
+          live[hh] = true;
+          const float m_new = std::max(m[hh], bm);
+          const float alpha = m[hh] == kNegInf ? 0.0f : std::exp(m[hh] - m_new);
+          if (alpha != 1.0f)
+            for (int64_t d = 0; d < dim; ++d) av[hh][d] *= alpha;
+          sum[hh] *= alpha;
+          for (int64_t j = 0; j < nb; ++j) {
+            const float p = std::exp(sb[j] - m_new);
+            sum[hh] += p;
+            p_blk[hh][j] = maybe_bf(p, bf16);
+          }
+          m[hh] = m_new;
         }
-        if (bm == kNegInf) continue;
-        const float m_new = std::max(m, bm);
-        const float alpha = m == kNegInf ? 0.0f : std::exp(m - m_new);
-        if (alpha != 1.0f)
-          for (int64_t d = 0; d < dim; ++d) acc[d] *= alpha;
-        sum *= alpha;
-        for (int64_t j = 0; j < nb; ++j) {
-          const float p = std::exp(s_blk[j] - m_new);
-          sum += p;
-          p_blk[j] = maybe_bf(p, bf16);
+        if (live[0] && live[1]) {
+          add_scaled_rows2(av[0], av[1], p_blk[0], p_blk[1], r_blk, nb, dim);
+        } else {
+          for (int64_t hh = 0; hh < nh; ++hh)
+            if (live[hh]) add_scaled_rows(av[hh], p_blk[hh], r_blk, nb, dim);
         }
-        add_scaled_rows(acc.data(), p_blk, r_blk, nb, dim);
-        m = m_new;
       }
-      float* o = out + th * dim;
-      if (m == kNegInf) {
-        std::fill(o, o + dim, 0.0f);
-        continue;
+      for (int64_t hh = 0; hh < nh; ++hh) {
+        const int64_t h = h0 + hh;
+        float* o = out + (t * n_heads + h) * dim;
+        if (m[hh] == kNegInf) {
+          std::fill(o, o + dim, 0.0f);
+          continue;
+        }
+        const float den = sum[hh] + std::exp(sink[h] - m[hh]);
+        for (int64_t d = 0; d < dim; ++d) o[d] = maybe_bf(av[hh][d] / den, bf16);
       }
-      const float den = sum + std::exp(sink[h] - m);
-      for (int64_t d = 0; d < dim; ++d) o[d] = maybe_bf(acc[d] / den, bf16);
     }
   }
 }
