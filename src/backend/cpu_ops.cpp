@@ -200,30 +200,43 @@ inline float sum_sq(const float* a, int64_t n) {
 inline float sigmoidf(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 // u[d] = sum_j w[j] * x[j * dim + d] (j ascending from 0), bf16-rounded when asked: u [dim], x [hc][dim].
+// (8 columns per vector; per column the scalar sequence.)
 DSV4_CLONES void hc_weighted_sum(const float* w, const float* x, int hc, int64_t dim, bool bf16, float* u) {
-  for (int64_t d = 0; d < dim; ++d) {
+  int64_t d = 0;
+  for (; d + 8 <= dim; d += 8) {
+    v8f s = {};
+    for (int j = 0; j < hc; ++j) s += w[j] * load8(x + j * dim + d);
+    store8(u + d, s);
+  }
+  for (; d < dim; ++d) {
     float s = 0;
     for (int j = 0; j < hc; ++j) s += w[j] * x[j * dim + d];
     u[d] = s;
   }
   if (bf16)
-    for (int64_t d = 0; d < dim; ++d) u[d] = round_to_bf16(u[d]);
+    for (d = 0; d < dim; ++d) u[d] = round_to_bf16(u[d]);
 }
 
 // One token of hc_post: o[k][d] = post[k] * f[d] + sum_j C[j][k] * x[j][d] (j ascending), bf16-rounded when asked;
-// o, x [hc][dim], C [hc][hc].
+// o, x [hc][dim], C [hc][hc]. (8 columns per vector; per column the scalar sequence.)
 DSV4_CLONES void hc_post_token(const float* f, const float* x, const float* post, const float* C, int hc,
                                int64_t dim, bool bf16, float* o) {
   for (int k = 0; k < hc; ++k) {
     const float pk = post[k];
     float* ok = o + k * dim;
-    for (int64_t d = 0; d < dim; ++d) {
+    int64_t d = 0;
+    for (; d + 8 <= dim; d += 8) {
+      v8f s = {};
+      for (int j = 0; j < hc; ++j) s += C[j * hc + k] * load8(x + j * dim + d);
+      store8(ok + d, pk * load8(f + d) + s);
+    }
+    for (; d < dim; ++d) {
       float s = 0;
       for (int j = 0; j < hc; ++j) s += C[j * hc + k] * x[j * dim + d];
       ok[d] = pk * f[d] + s;
     }
     if (bf16)
-      for (int64_t d = 0; d < dim; ++d) ok[d] = round_to_bf16(ok[d]);
+      for (d = 0; d < dim; ++d) ok[d] = round_to_bf16(ok[d]);
   }
 }
 
@@ -254,6 +267,40 @@ DSV4_CLONES void sinkhorn_lanes(float* C, int hc, int iters, float eps) {
     col_norm();
   }
   for (int e = 0; e < hc * hc; ++e) store8(C + e * kSinkLanes, c[e]);
+}
+
+// One row of swiglu: h[i] = w * ((g' / (1 + exp(-g'))) * u') (w only with has_w), bf16-rounded when asked, where
+// g' = min(g, limit), u' = clamp(u, -limit, limit) if limit > 0 (std::min / std::max semantics). The exponentials
+// first (scratch e [dim]), then the rest 8 columns per vector. h may be g (each element read before it is written).
+DSV4_CLONES void swiglu_row(const float* g, const float* up, int64_t dim, float limit, bool has_w, float w, bool bf16,
+                            float* e, float* h) {
+  const bool clamp = limit > 0;
+  for (int64_t i = 0; i < dim; ++i) e[i] = std::exp(-(clamp ? std::min(g[i], limit) : g[i]));
+  int64_t i = 0;
+  const v8f lim = {limit, limit, limit, limit, limit, limit, limit, limit}, nlim = -lim;
+  for (; i + 8 <= dim; i += 8) {
+    v8f gv = load8(g + i), uv = load8(up + i);
+    if (clamp) {
+      uv = uv < nlim ? nlim : uv;  // std::max(uv, -limit)
+      uv = lim < uv ? lim : uv;    // std::min(., limit)
+      gv = lim < gv ? lim : gv;    // std::min(gv, limit)
+    }
+    v8f v = (gv / (1.0f + load8(e + i))) * uv;
+    if (has_w) v = w * v;
+    store8(h + i, v);
+  }
+  for (; i < dim; ++i) {
+    float gv = g[i], uv = up[i];
+    if (clamp) {
+      uv = std::min(std::max(uv, -limit), limit);
+      gv = std::min(gv, limit);
+    }
+    float v = (gv / (1.0f + e[i])) * uv;
+    if (has_w) v = w * v;
+    h[i] = v;
+  }
+  if (bf16)
+    for (i = 0; i < dim; ++i) h[i] = round_to_bf16(h[i]);
 }
 
 // Mixing coefficients of one token from the fp32 streams x [hc*dim] (spec §5.3): mix = (fn @ x) * rsqrt(mean(x²)+eps).
@@ -807,16 +854,10 @@ void CpuOps::swiglu(const float* g, const float* up, int64_t n_rows, int64_t dim
                     bool bf16, float* h) const {
 #pragma omp parallel for schedule(static) if (par(n_rows * dim * 8))
   for (int64_t r = 0; r < n_rows; ++r) {
-    for (int64_t i = 0; i < dim; ++i) {
-      float gv = g[r * dim + i], uv = up[r * dim + i];
-      if (limit > 0) {
-        uv = std::min(std::max(uv, -limit), limit);
-        gv = std::min(gv, limit);
-      }
-      float v = (gv / (1.0f + std::exp(-gv))) * uv;
-      if (row_w) v = row_w[r] * v;
-      h[r * dim + i] = maybe_bf(v, bf16);
-    }
+    static thread_local std::vector<float> e;
+    e.resize(static_cast<size_t>(dim));
+    swiglu_row(g + r * dim, up + r * dim, dim, limit, row_w != nullptr, row_w ? row_w[r] : 0.0f, bf16, e.data(),
+               h + r * dim);
   }
 }
 
