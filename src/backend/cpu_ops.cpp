@@ -191,10 +191,35 @@ DSV4_CLONES void add_scaled_rows(float* acc, const float* p, const float* const*
   }
 }
 
-inline float sum_sq(const float* a, int64_t n) {
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += double(a[i]) * double(a[i]);
-  return float(s);
+// out[r] = sum_i term(x[r * stride + i]) for rows r < m, i ascending in one double chain per row: term(v) =
+// double(v) * double(v) (exact), or with bf_sq double(bf16(v * v)). Four rows' chains interleaved (independent
+// latency chains); per row the sequence of sum_sq.
+template <bool BfSq>
+inline double sq_term(float v) {
+  if constexpr (BfSq)
+    return double(round_to_bf16(v * v));
+  else
+    return double(v) * double(v);
+}
+template <bool BfSq>
+void square_sums(const float* x, int64_t stride, int64_t m, int64_t n, double* out) {
+  int64_t r = 0;
+  for (; r + 4 <= m; r += 4) {
+    const float *x0 = x + r * stride, *x1 = x0 + stride, *x2 = x1 + stride, *x3 = x2 + stride;
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      s0 += sq_term<BfSq>(x0[i]);
+      s1 += sq_term<BfSq>(x1[i]);
+      s2 += sq_term<BfSq>(x2[i]);
+      s3 += sq_term<BfSq>(x3[i]);
+    }
+    out[r] = s0, out[r + 1] = s1, out[r + 2] = s2, out[r + 3] = s3;
+  }
+  for (; r < m; ++r) {
+    double s0 = 0;
+    for (int64_t i = 0; i < n; ++i) s0 += sq_term<BfSq>(x[r * stride + i]);
+    out[r] = s0;
+  }
 }
 
 inline float sigmoidf(float x) { return 1.0f / (1.0f + std::exp(-x)); }
@@ -303,9 +328,14 @@ DSV4_CLONES void swiglu_row(const float* g, const float* up, int64_t dim, float 
     for (i = 0; i < dim; ++i) h[i] = round_to_bf16(h[i]);
 }
 
-// Mixing coefficients of one token from the fp32 streams x [hc*dim] (spec §5.3): mix = (fn @ x) * rsqrt(mean(x²)+eps).
-void hc_mix(const float* x, int64_t width, const float* fn, int64_t n_mix, float norm_eps, float* mix) {
-  const float r = 1.0f / std::sqrt(sum_sq(x, width) / float(width) + norm_eps);
+// rsqrt(mean(x²) + eps) of a token's fp32 streams from its square sum ss (square_sums over width elements).
+inline float hc_rsqrt(double ss, int64_t width, float norm_eps) {
+  return 1.0f / std::sqrt(float(ss) / float(width) + norm_eps);
+}
+
+// Mixing coefficients of one token from the fp32 streams x [hc*dim] (spec §5.3): mix = (fn @ x) * r with
+// r = rsqrt(mean(x²)+eps) (hc_rsqrt).
+void hc_mix(const float* x, int64_t width, const float* fn, int64_t n_mix, float r, float* mix) {
   const float* rows[kMaxMix];
   for (int64_t m = 0; m < n_mix; ++m) rows[m] = fn + m * width;
   dot_rows(x, rows, n_mix, width, mix);  // dot(x, row) == dot(row, x): the products commute
@@ -348,34 +378,48 @@ void CpuOps::embed(const WeightView& table, const int32_t* ids, int64_t n_tok, i
 
 void CpuOps::rmsnorm(const float* x, int64_t n_rows, int64_t dim, const float* w, float eps, bool bf16,
                      float* y) const {
+  const int64_t n_grp = (n_rows + 3) / 4;  // rows in groups of four (square_sums)
 #pragma omp parallel for schedule(static) if (par(n_rows * dim))
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const float* xr = x + r * dim;
-    float* yr = y + r * dim;
-    const float var = sum_sq(xr, dim) / float(dim);
-    const float s = 1.0f / std::sqrt(var + eps);
-    for (int64_t i = 0; i < dim; ++i) {
-      const float t = xr[i] * s;
-      yr[i] = maybe_bf(w ? w[i] * t : t, bf16);
+  for (int64_t g = 0; g < n_grp; ++g) {
+    const int64_t r0 = g * 4, m = std::min<int64_t>(4, n_rows - r0);
+    double ss[4];
+    square_sums<false>(x + r0 * dim, dim, m, dim, ss);
+    for (int64_t r = r0; r < r0 + m; ++r) {
+      const float* xr = x + r * dim;
+      float* yr = y + r * dim;
+      const float var = float(ss[r - r0]) / float(dim);
+      const float s = 1.0f / std::sqrt(var + eps);
+      for (int64_t i = 0; i < dim; ++i) {
+        const float t = xr[i] * s;
+        yr[i] = maybe_bf(w ? w[i] * t : t, bf16);
+      }
     }
   }
 }
 
 void CpuOps::head_rms(float* x, int64_t n_rows, int64_t dim, float eps, bool bf16) const {
+  const int64_t n_grp = (n_rows + 3) / 4;  // rows in groups of four (square_sums)
 #pragma omp parallel for schedule(static) if (par(n_rows * dim))
-  for (int64_t r = 0; r < n_rows; ++r) {
-    float* xr = x + r * dim;
-    if (bf16) {
-      // q.square() -> bf16; .mean() -> fp32 accumulation rounded to bf16; + eps -> bf16; rsqrt -> bf16; q * r -> bf16
-      double s = 0;
-      for (int64_t i = 0; i < dim; ++i) s += double(bf(xr[i] * xr[i]));
-      const float mean = bf(float(s / double(dim)));
-      const float t = bf(mean + eps);
-      const float rs = bf(1.0f / std::sqrt(t));
-      for (int64_t i = 0; i < dim; ++i) xr[i] = bf(xr[i] * rs);
-    } else {
-      const float rs = 1.0f / std::sqrt(sum_sq(xr, dim) / float(dim) + eps);
-      for (int64_t i = 0; i < dim; ++i) xr[i] = xr[i] * rs;
+  for (int64_t g = 0; g < n_grp; ++g) {
+    const int64_t r0 = g * 4, m = std::min<int64_t>(4, n_rows - r0);
+    double ss[4];
+    if (bf16)
+      square_sums<true>(x + r0 * dim, dim, m, dim, ss);
+    else
+      square_sums<false>(x + r0 * dim, dim, m, dim, ss);
+    for (int64_t r = r0; r < r0 + m; ++r) {
+      float* xr = x + r * dim;
+      const double s = ss[r - r0];
+      if (bf16) {
+        // q.square() -> bf16; .mean() -> fp32 accumulation rounded to bf16; + eps -> bf16; rsqrt -> bf16; q * r -> bf16
+        const float mean = bf(float(s / double(dim)));
+        const float t = bf(mean + eps);
+        const float rs = bf(1.0f / std::sqrt(t));
+        for (int64_t i = 0; i < dim; ++i) xr[i] = bf(xr[i] * rs);
+      } else {
+        const float rs = 1.0f / std::sqrt(float(s) / float(dim) + eps);
+        for (int64_t i = 0; i < dim; ++i) xr[i] = xr[i] * rs;
+      }
     }
   }
 }
@@ -496,10 +540,12 @@ void CpuOps::hc_pre(const float* X, int64_t n_tok, int hc, int64_t dim, const fl
 #pragma omp parallel for schedule(static) if (par(n_tok * width * 24))
   for (int64_t b = 0; b < n_blk; ++b) {
     const int64_t t0 = b * kSinkLanes, nt = std::min<int64_t>(kSinkLanes, n_tok - t0);
+    double ss[kSinkLanes];
+    square_sums<false>(X + t0 * width, width, nt, width, ss);
     for (int64_t t = t0; t < t0 + nt; ++t) {
       const float* x = X + t * width;
       float mix[kMaxMix], pre[kMaxHc];
-      hc_mix(x, width, fn, n_mix, norm_eps, mix);
+      hc_mix(x, width, fn, n_mix, hc_rsqrt(ss[t - t0], width, norm_eps), mix);
       for (int j = 0; j < hc; ++j) pre[j] = sigmoidf(mix[j] * scale[0] + base[j]) + hc_eps;
       for (int j = 0; j < hc; ++j) post[t * hc + j] = 2.0f * sigmoidf(mix[hc + j] * scale[1] + base[hc + j]);
       float* C = comb + t * hc * hc;
@@ -551,7 +597,9 @@ void CpuOps::hc_head(const float* X, int64_t n_tok, int hc, int64_t dim, const f
   for (int64_t t = 0; t < n_tok; ++t) {
     const float* x = X + t * width;
     float mix[kMaxHc];
-    hc_mix(x, width, fn, hc, norm_eps, mix);
+    double ss;
+    square_sums<false>(x, width, 1, width, &ss);
+    hc_mix(x, width, fn, hc, hc_rsqrt(ss, width, norm_eps), mix);
     for (int j = 0; j < hc; ++j) mix[j] = sigmoidf(mix[j] * scale[0] + base[j]) + hc_eps;
     hc_weighted_sum(mix, x, hc, dim, bf16, u + t * dim);
   }
