@@ -831,26 +831,40 @@ void CpuOps::indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_
     qh.resize(size_t(n_heads));
     dots.resize(size_t(n_heads));
     for (int64_t h = 0; h < n_heads; ++h) qh[size_t(h)] = qt + h * dim;
-    for (int64_t j = 0; j < nv; ++j) {
-      const float* kj;
+    // key row j (decoded into the cache when compact)
+    auto key_row = [&](int64_t j) -> const float* {
       const int64_t pr = pool_row(t, j);
-      if (packed) {
-        kj = kdec.data() + j * dim;
-        if (kdec_row[size_t(j)] != pr) {
-          decode_row(keys.stored, reinterpret_cast<const unsigned char*>(keys.rows) + pr * rb, kdec.data() + j * dim);
-          kdec_row[size_t(j)] = pr;
-        }
-      } else {
-        kj = keys.rows + pr * dim;
+      if (!packed) return keys.rows + pr * dim;
+      float* kj = kdec.data() + j * dim;
+      if (kdec_row[size_t(j)] != pr) {
+        decode_row(keys.stored, reinterpret_cast<const unsigned char*>(keys.rows) + pr * rb, kj);
+        kdec_row[size_t(j)] = pr;
       }
-      dot_rows(kj, qh.data(), n_heads, dim, dots.data());  // dot(k, q_h) == dot(q_h, k): the products commute
+      return kj;
+    };
+    auto score_of = [&](const float* d_h) {
       float s = 0;
       for (int64_t h = 0; h < n_heads; ++h) {
-        float d = maybe_bf(dots[size_t(h)], bf16);
+        float d = maybe_bf(d_h[h], bf16);
         d = d > 0.0f ? d : 0.0f;
         s += maybe_bf(d * wt[h], bf16);
       }
-      score[size_t(j)] = maybe_bf(s, bf16);
+      return maybe_bf(s, bf16);
+    };
+    // keys in pairs: both against the same heads (each head row loaded once for two keys); dot(k, q_h) ==
+    // dot(q_h, k): the products commute
+    dots.resize(size_t(2 * n_heads));
+    int64_t j = 0;
+    for (; j + 2 <= nv; j += 2) {
+      const float* k0 = key_row(j);
+      const float* k1 = key_row(j + 1);
+      dot_rows2(k0, k1, qh.data(), n_heads, dim, dots.data(), dots.data() + n_heads);
+      score[size_t(j)] = score_of(dots.data());
+      score[size_t(j + 1)] = score_of(dots.data() + n_heads);
+    }
+    for (; j < nv; ++j) {
+      dot_rows(key_row(j), qh.data(), n_heads, dim, dots.data());
+      score[size_t(j)] = score_of(dots.data());
     }
     const int64_t kk = std::min(topk, nv);
     order.resize(static_cast<size_t>(nv));
