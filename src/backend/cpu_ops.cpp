@@ -48,23 +48,298 @@ DSV4_CLONES float dot(const float* a, const float* b, int64_t n) {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-// acc[i] += p * row[i] (one multiply, one add).
-DSV4_CLONES void add_scaled(float* acc, float p, const float* row, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) acc[i] += p * row[i];
+// 8 floats as one value (GCC vector extension): lane-wise multiplies and adds, each the scalar operation of its lane
+// (no contraction: ISO C++), so the vector loops below equal their scalar forms bitwise.
+// (-Wpsabi: these helpers are always inlined into their callers' ISA, so the by-value vector ABI never applies.)
+#pragma GCC diagnostic ignored "-Wpsabi"
+typedef float v8f __attribute__((vector_size(32)));
+inline v8f load8(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof v); }
+inline float reduce8(const float* a) { return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])); }
+
+// dot()'s end for an accumulator of columns [0, i): the tail columns [i, n) into lanes 0.., then its reduction.
+inline float dot_finish(v8f acc, const float* a, const float* b, int64_t i, int64_t n) {
+  float s[8];
+  store8(s, acc);
+  for (int64_t l = 0; i < n; ++i, ++l) s[l] += a[i] * b[i];
+  return reduce8(s);
 }
 
-inline float sum_sq(const float* a, int64_t n) {
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += double(a[i]) * double(a[i]);
-  return float(s);
+// out[r] = dot(a, b[r], n) for r < 4: the four rows interleaved (independent accumulators), each in dot()'s order.
+DSV4_CLONES void dot4(const float* a, const float* const* b, int64_t n, float* out) {
+  const float *b0 = b[0], *b1 = b[1], *b2 = b[2], *b3 = b[3];
+  v8f c0 = {}, c1 = {}, c2 = {}, c3 = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const v8f x = load8(a + i);
+    c0 += x * load8(b0 + i);
+    c1 += x * load8(b1 + i);
+    c2 += x * load8(b2 + i);
+    c3 += x * load8(b3 + i);
+  }
+  out[0] = dot_finish(c0, a, b0, i, n);
+  out[1] = dot_finish(c1, a, b1, i, n);
+  out[2] = dot_finish(c2, a, b2, i, n);
+  out[3] = dot_finish(c3, a, b3, i, n);
+}
+
+// out[r] = dot(a, b[r], n) for r < n_rows (rows in groups of four).
+void dot_rows(const float* a, const float* const* b, int64_t n_rows, int64_t n, float* out) {
+  int64_t r = 0;
+  for (; r + 4 <= n_rows; r += 4) dot4(a, b + r, n, out + r);
+  for (; r < n_rows; ++r) out[r] = dot(a, b[r], n);
+}
+
+// out0[r] = dot(a0, b[r], n) and out1[r] = dot(a1, b[r], n) for r < 4: each row loaded once for both (two heads of
+// one token), eight independent accumulators, each in dot()'s order.
+DSV4_CLONES void dot2x4(const float* a0, const float* a1, const float* const* b, int64_t n, float* out0,
+                        float* out1) {
+  const float *b0 = b[0], *b1 = b[1], *b2 = b[2], *b3 = b[3];
+  v8f c00 = {}, c01 = {}, c02 = {}, c03 = {}, c10 = {}, c11 = {}, c12 = {}, c13 = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const v8f x0 = load8(a0 + i), x1 = load8(a1 + i);
+    const v8f w0 = load8(b0 + i), w1 = load8(b1 + i), w2 = load8(b2 + i), w3 = load8(b3 + i);
+    c00 += x0 * w0;
+    c10 += x1 * w0;
+    c01 += x0 * w1;
+    c11 += x1 * w1;
+    c02 += x0 * w2;
+    c12 += x1 * w2;
+    c03 += x0 * w3;
+    c13 += x1 * w3;
+  }
+  out0[0] = dot_finish(c00, a0, b0, i, n);
+  out0[1] = dot_finish(c01, a0, b1, i, n);
+  out0[2] = dot_finish(c02, a0, b2, i, n);
+  out0[3] = dot_finish(c03, a0, b3, i, n);
+  out1[0] = dot_finish(c10, a1, b0, i, n);
+  out1[1] = dot_finish(c11, a1, b1, i, n);
+  out1[2] = dot_finish(c12, a1, b2, i, n);
+  out1[3] = dot_finish(c13, a1, b3, i, n);
+}
+
+// dot_rows for two vectors a0, a1 against the same rows.
+void dot_rows2(const float* a0, const float* a1, const float* const* b, int64_t n_rows, int64_t n, float* out0,
+               float* out1) {
+  int64_t r = 0;
+  for (; r + 4 <= n_rows; r += 4) dot2x4(a0, a1, b + r, n, out0 + r, out1 + r);
+  for (; r < n_rows; ++r) {
+    out0[r] = dot(a0, b[r], n);
+    out1[r] = dot(a1, b[r], n);
+  }
+}
+
+// add_scaled_rows into two accumulators (acc0 with weights p0, acc1 with p1) over the same rows, each row loaded once.
+DSV4_CLONES void add_scaled_rows2(float* acc0, float* acc1, const float* p0, const float* p1,
+                                  const float* const* rows, int64_t n_rows, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    v8f a0 = load8(acc0 + i), a1 = load8(acc0 + i + 8), b0 = load8(acc1 + i), b1 = load8(acc1 + i + 8);
+    for (int64_t j = 0; j < n_rows; ++j) {
+      const float* r = rows[j] + i;
+      const v8f w0 = load8(r), w1 = load8(r + 8);
+      const float x = p0[j], y = p1[j];
+      a0 += x * w0;
+      a1 += x * w1;
+      b0 += y * w0;
+      b1 += y * w1;
+    }
+    store8(acc0 + i, a0);
+    store8(acc0 + i + 8, a1);
+    store8(acc1 + i, b0);
+    store8(acc1 + i + 8, b1);
+  }
+  for (; i < n; ++i) {
+    float s0 = acc0[i], s1 = acc1[i];
+    for (int64_t j = 0; j < n_rows; ++j) {
+      s0 += p0[j] * rows[j][i];
+      s1 += p1[j] * rows[j][i];
+    }
+    acc0[i] = s0;
+    acc1[i] = s1;
+  }
+}
+
+// acc[i] += p[j] * rows[j][i] for j = 0 .. n_rows-1 in turn (one multiply, one add each): the order of n_rows
+// add_scaled calls, with acc kept in registers across the rows (32 columns at a time).
+DSV4_CLONES void add_scaled_rows(float* acc, const float* p, const float* const* rows, int64_t n_rows, int64_t n) {
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    v8f a0 = load8(acc + i), a1 = load8(acc + i + 8), a2 = load8(acc + i + 16), a3 = load8(acc + i + 24);
+    for (int64_t j = 0; j < n_rows; ++j) {
+      const float* r = rows[j] + i;
+      const float pj = p[j];
+      a0 += pj * load8(r);
+      a1 += pj * load8(r + 8);
+      a2 += pj * load8(r + 16);
+      a3 += pj * load8(r + 24);
+    }
+    store8(acc + i, a0);
+    store8(acc + i + 8, a1);
+    store8(acc + i + 16, a2);
+    store8(acc + i + 24, a3);
+  }
+  for (; i < n; ++i) {
+    float s = acc[i];
+    for (int64_t j = 0; j < n_rows; ++j) s += p[j] * rows[j][i];
+    acc[i] = s;
+  }
+}
+
+// out[r] = sum_i term(x[r * stride + i]) for rows r < m, i ascending in one double chain per row: term(v) =
+// double(v) * double(v) (exact), or with bf_sq double(bf16(v * v)). Four rows' chains interleaved (independent
+// latency chains); per row the sequence of sum_sq.
+template <bool BfSq>
+inline double sq_term(float v) {
+  if constexpr (BfSq)
+    return double(round_to_bf16(v * v));
+  else
+    return double(v) * double(v);
+}
+template <bool BfSq>
+void square_sums(const float* x, int64_t stride, int64_t m, int64_t n, double* out) {
+  int64_t r = 0;
+  for (; r + 4 <= m; r += 4) {
+    const float *x0 = x + r * stride, *x1 = x0 + stride, *x2 = x1 + stride, *x3 = x2 + stride;
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      s0 += sq_term<BfSq>(x0[i]);
+      s1 += sq_term<BfSq>(x1[i]);
+      s2 += sq_term<BfSq>(x2[i]);
+      s3 += sq_term<BfSq>(x3[i]);
+    }
+    out[r] = s0, out[r + 1] = s1, out[r + 2] = s2, out[r + 3] = s3;
+  }
+  for (; r < m; ++r) {
+    double s0 = 0;
+    for (int64_t i = 0; i < n; ++i) s0 += sq_term<BfSq>(x[r * stride + i]);
+    out[r] = s0;
+  }
 }
 
 inline float sigmoidf(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
-// Mixing coefficients of one token from the fp32 streams x [hc*dim] (spec §5.3): mix = (fn @ x) * rsqrt(mean(x²)+eps).
-void hc_mix(const float* x, int64_t width, const float* fn, int64_t n_mix, float norm_eps, float* mix) {
-  const float r = 1.0f / std::sqrt(sum_sq(x, width) / float(width) + norm_eps);
-  for (int64_t m = 0; m < n_mix; ++m) mix[m] = dot(fn + m * width, x, width) * r;
+// u[d] = sum_j w[j] * x[j * dim + d] (j ascending from 0), bf16-rounded when asked: u [dim], x [hc][dim].
+// (8 columns per vector; per column the scalar sequence.)
+DSV4_CLONES void hc_weighted_sum(const float* w, const float* x, int hc, int64_t dim, bool bf16, float* u) {
+  int64_t d = 0;
+  for (; d + 8 <= dim; d += 8) {
+    v8f s = {};
+    for (int j = 0; j < hc; ++j) s += w[j] * load8(x + j * dim + d);
+    store8(u + d, s);
+  }
+  for (; d < dim; ++d) {
+    float s = 0;
+    for (int j = 0; j < hc; ++j) s += w[j] * x[j * dim + d];
+    u[d] = s;
+  }
+  if (bf16)
+    for (d = 0; d < dim; ++d) u[d] = round_to_bf16(u[d]);
+}
+
+// One token of hc_post: o[k][d] = post[k] * f[d] + sum_j C[j][k] * x[j][d] (j ascending), bf16-rounded when asked;
+// o, x [hc][dim], C [hc][hc]. (8 columns per vector; per column the scalar sequence.)
+DSV4_CLONES void hc_post_token(const float* f, const float* x, const float* post, const float* C, int hc,
+                               int64_t dim, bool bf16, float* o) {
+  for (int k = 0; k < hc; ++k) {
+    const float pk = post[k];
+    float* ok = o + k * dim;
+    int64_t d = 0;
+    for (; d + 8 <= dim; d += 8) {
+      v8f s = {};
+      for (int j = 0; j < hc; ++j) s += C[j * hc + k] * load8(x + j * dim + d);
+      store8(ok + d, pk * load8(f + d) + s);
+    }
+    for (; d < dim; ++d) {
+      float s = 0;
+      for (int j = 0; j < hc; ++j) s += C[j * hc + k] * x[j * dim + d];
+      ok[d] = pk * f[d] + s;
+    }
+    if (bf16)
+      for (d = 0; d < dim; ++d) ok[d] = round_to_bf16(ok[d]);
+  }
+}
+
+// Sinkhorn normalization of kSinkLanes comb matrices at once, C [hc*hc][kSinkLanes] (lane l: token l's C[j][k] at
+// (j*hc + k) * kSinkLanes + l): one column normalization, then (iters - 1) times rows then columns, each sum over
+// j (or k) ascending and each element divided by (sum + eps) — per lane the scalar sequence, bitwise.
+constexpr int64_t kSinkLanes = 8;
+DSV4_CLONES void sinkhorn_lanes(float* C, int hc, int iters, float eps) {
+  v8f c[kMaxHc * kMaxHc];
+  for (int e = 0; e < hc * hc; ++e) c[e] = load8(C + e * kSinkLanes);
+  auto col_norm = [&] {
+    for (int k = 0; k < hc; ++k) {
+      v8f s = {};
+      for (int j = 0; j < hc; ++j) s += c[j * hc + k];
+      for (int j = 0; j < hc; ++j) c[j * hc + k] /= (s + eps);
+    }
+  };
+  auto row_norm = [&] {
+    for (int j = 0; j < hc; ++j) {
+      v8f s = {};
+      for (int k = 0; k < hc; ++k) s += c[j * hc + k];
+      for (int k = 0; k < hc; ++k) c[j * hc + k] /= (s + eps);
+    }
+  };
+  col_norm();
+  for (int it = 1; it < iters; ++it) {
+    row_norm();
+    col_norm();
+  }
+  for (int e = 0; e < hc * hc; ++e) store8(C + e * kSinkLanes, c[e]);
+}
+
+// One row of swiglu: h[i] = w * ((g' / (1 + exp(-g'))) * u') (w only with has_w), bf16-rounded when asked, where
+// g' = min(g, limit), u' = clamp(u, -limit, limit) if limit > 0 (std::min / std::max semantics). The exponentials
+// first (scratch e [dim]), then the rest 8 columns per vector. h may be g (each element read before it is written).
+DSV4_CLONES void swiglu_row(const float* g, const float* up, int64_t dim, float limit, bool has_w, float w, bool bf16,
+                            float* e, float* h) {
+  const bool clamp = limit > 0;
+  for (int64_t i = 0; i < dim; ++i) e[i] = std::exp(-(clamp ? std::min(g[i], limit) : g[i]));
+  int64_t i = 0;
+  const v8f lim = {limit, limit, limit, limit, limit, limit, limit, limit}, nlim = -lim;
+  for (; i + 8 <= dim; i += 8) {
+    v8f gv = load8(g + i), uv = load8(up + i);
+    if (clamp) {
+      uv = uv < nlim ? nlim : uv;  // std::max(uv, -limit)
+      uv = lim < uv ? lim : uv;    // std::min(., limit)
+      gv = lim < gv ? lim : gv;    // std::min(gv, limit)
+    }
+    v8f v = (gv / (1.0f + load8(e + i))) * uv;
+    if (has_w) v = w * v;
+    store8(h + i, v);
+  }
+  for (; i < dim; ++i) {
+    float gv = g[i], uv = up[i];
+    if (clamp) {
+      uv = std::min(std::max(uv, -limit), limit);
+      gv = std::min(gv, limit);
+    }
+    float v = (gv / (1.0f + e[i])) * uv;
+    if (has_w) v = w * v;
+    h[i] = v;
+  }
+  if (bf16)
+    for (i = 0; i < dim; ++i) h[i] = round_to_bf16(h[i]);
+}
+
+// rsqrt(mean(x²) + eps) of a token's fp32 streams from its square sum ss (square_sums over width elements).
+inline float hc_rsqrt(double ss, int64_t width, float norm_eps) {
+  return 1.0f / std::sqrt(float(ss) / float(width) + norm_eps);
+}
+
+// Mixing coefficients of one token from the fp32 streams x [hc*dim] (spec §5.3): mix = (fn @ x) * r with
+// r = rsqrt(mean(x²)+eps) (hc_rsqrt).
+void hc_mix(const float* x, int64_t width, const float* fn, int64_t n_mix, float r, float* mix) {
+  const float* rows[kMaxMix];
+  for (int64_t m = 0; m < n_mix; ++m) rows[m] = fn + m * width;
+  dot_rows(x, rows, n_mix, width, mix);  // dot(x, row) == dot(row, x): the products commute
+  for (int64_t m = 0; m < n_mix; ++m) mix[m] = mix[m] * r;
 }
 
 }  // namespace
@@ -103,34 +378,48 @@ void CpuOps::embed(const WeightView& table, const int32_t* ids, int64_t n_tok, i
 
 void CpuOps::rmsnorm(const float* x, int64_t n_rows, int64_t dim, const float* w, float eps, bool bf16,
                      float* y) const {
+  const int64_t n_grp = (n_rows + 3) / 4;  // rows in groups of four (square_sums)
 #pragma omp parallel for schedule(static) if (par(n_rows * dim))
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const float* xr = x + r * dim;
-    float* yr = y + r * dim;
-    const float var = sum_sq(xr, dim) / float(dim);
-    const float s = 1.0f / std::sqrt(var + eps);
-    for (int64_t i = 0; i < dim; ++i) {
-      const float t = xr[i] * s;
-      yr[i] = maybe_bf(w ? w[i] * t : t, bf16);
+  for (int64_t g = 0; g < n_grp; ++g) {
+    const int64_t r0 = g * 4, m = std::min<int64_t>(4, n_rows - r0);
+    double ss[4];
+    square_sums<false>(x + r0 * dim, dim, m, dim, ss);
+    for (int64_t r = r0; r < r0 + m; ++r) {
+      const float* xr = x + r * dim;
+      float* yr = y + r * dim;
+      const float var = float(ss[r - r0]) / float(dim);
+      const float s = 1.0f / std::sqrt(var + eps);
+      for (int64_t i = 0; i < dim; ++i) {
+        const float t = xr[i] * s;
+        yr[i] = maybe_bf(w ? w[i] * t : t, bf16);
+      }
     }
   }
 }
 
 void CpuOps::head_rms(float* x, int64_t n_rows, int64_t dim, float eps, bool bf16) const {
+  const int64_t n_grp = (n_rows + 3) / 4;  // rows in groups of four (square_sums)
 #pragma omp parallel for schedule(static) if (par(n_rows * dim))
-  for (int64_t r = 0; r < n_rows; ++r) {
-    float* xr = x + r * dim;
-    if (bf16) {
-      // q.square() -> bf16; .mean() -> fp32 accumulation rounded to bf16; + eps -> bf16; rsqrt -> bf16; q * r -> bf16
-      double s = 0;
-      for (int64_t i = 0; i < dim; ++i) s += double(bf(xr[i] * xr[i]));
-      const float mean = bf(float(s / double(dim)));
-      const float t = bf(mean + eps);
-      const float rs = bf(1.0f / std::sqrt(t));
-      for (int64_t i = 0; i < dim; ++i) xr[i] = bf(xr[i] * rs);
-    } else {
-      const float rs = 1.0f / std::sqrt(sum_sq(xr, dim) / float(dim) + eps);
-      for (int64_t i = 0; i < dim; ++i) xr[i] = xr[i] * rs;
+  for (int64_t g = 0; g < n_grp; ++g) {
+    const int64_t r0 = g * 4, m = std::min<int64_t>(4, n_rows - r0);
+    double ss[4];
+    if (bf16)
+      square_sums<true>(x + r0 * dim, dim, m, dim, ss);
+    else
+      square_sums<false>(x + r0 * dim, dim, m, dim, ss);
+    for (int64_t r = r0; r < r0 + m; ++r) {
+      float* xr = x + r * dim;
+      const double s = ss[r - r0];
+      if (bf16) {
+        // q.square() -> bf16; .mean() -> fp32 accumulation rounded to bf16; + eps -> bf16; rsqrt -> bf16; q * r -> bf16
+        const float mean = bf(float(s / double(dim)));
+        const float t = bf(mean + eps);
+        const float rs = bf(1.0f / std::sqrt(t));
+        for (int64_t i = 0; i < dim; ++i) xr[i] = bf(xr[i] * rs);
+      } else {
+        const float rs = 1.0f / std::sqrt(float(s) / float(dim) + eps);
+        for (int64_t i = 0; i < dim; ++i) xr[i] = xr[i] * rs;
+      }
     }
   }
 }
@@ -245,53 +534,44 @@ void CpuOps::hc_pre(const float* X, int64_t n_tok, int hc, int64_t dim, const fl
                     float* post, float* comb) const {
   const int64_t width = int64_t(hc) * dim, n_mix = int64_t(2 + hc) * hc;
   if (hc > kMaxHc) fail("hc_pre: hc_mult {} > {}", hc, kMaxHc);
+  // tokens in blocks of kSinkLanes: each token's mix, pre, post, softmax rows and u, then the Sinkhorn iterations of
+  // the block's comb matrices side by side (one vector lane per token)
+  const int64_t n_blk = (n_tok + kSinkLanes - 1) / kSinkLanes;
 #pragma omp parallel for schedule(static) if (par(n_tok * width * 24))
-  for (int64_t t = 0; t < n_tok; ++t) {
-    const float* x = X + t * width;
-    float mix[kMaxMix], pre[kMaxHc];
-    hc_mix(x, width, fn, n_mix, norm_eps, mix);
-    for (int j = 0; j < hc; ++j) pre[j] = sigmoidf(mix[j] * scale[0] + base[j]) + hc_eps;
-    for (int j = 0; j < hc; ++j) post[t * hc + j] = 2.0f * sigmoidf(mix[hc + j] * scale[1] + base[hc + j]);
-    float* C = comb + t * hc * hc;
-    for (int j = 0; j < hc; ++j) {
-      float* row = C + j * hc;
-      float mx = kNegInf;
-      for (int k = 0; k < hc; ++k) {
-        row[k] = mix[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k];
-        mx = std::max(mx, row[k]);
-      }
-      float s = 0;
-      for (int k = 0; k < hc; ++k) {
-        row[k] = std::exp(row[k] - mx);
-        s += row[k];
-      }
-      for (int k = 0; k < hc; ++k) row[k] = row[k] / s + hc_eps;
-    }
-    auto col_norm = [&] {
-      for (int k = 0; k < hc; ++k) {
-        float s = 0;
-        for (int j = 0; j < hc; ++j) s += C[j * hc + k];
-        for (int j = 0; j < hc; ++j) C[j * hc + k] /= (s + hc_eps);
-      }
-    };
-    auto row_norm = [&] {
+  for (int64_t b = 0; b < n_blk; ++b) {
+    const int64_t t0 = b * kSinkLanes, nt = std::min<int64_t>(kSinkLanes, n_tok - t0);
+    double ss[kSinkLanes];
+    square_sums<false>(X + t0 * width, width, nt, width, ss);
+    for (int64_t t = t0; t < t0 + nt; ++t) {
+      const float* x = X + t * width;
+      float mix[kMaxMix], pre[kMaxHc];
+      hc_mix(x, width, fn, n_mix, hc_rsqrt(ss[t - t0], width, norm_eps), mix);
+      for (int j = 0; j < hc; ++j) pre[j] = sigmoidf(mix[j] * scale[0] + base[j]) + hc_eps;
+      for (int j = 0; j < hc; ++j) post[t * hc + j] = 2.0f * sigmoidf(mix[hc + j] * scale[1] + base[hc + j]);
+      float* C = comb + t * hc * hc;
       for (int j = 0; j < hc; ++j) {
+        float* row = C + j * hc;
+        float mx = kNegInf;
+        for (int k = 0; k < hc; ++k) {
+          row[k] = mix[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k];
+          mx = std::max(mx, row[k]);
+        }
         float s = 0;
-        for (int k = 0; k < hc; ++k) s += C[j * hc + k];
-        for (int k = 0; k < hc; ++k) C[j * hc + k] /= (s + hc_eps);
+        for (int k = 0; k < hc; ++k) {
+          row[k] = std::exp(row[k] - mx);
+          s += row[k];
+        }
+        for (int k = 0; k < hc; ++k) row[k] = row[k] / s + hc_eps;
       }
-    };
-    col_norm();
-    for (int it = 1; it < sinkhorn_iters; ++it) {
-      row_norm();
-      col_norm();
+      hc_weighted_sum(pre, x, hc, dim, bf16, u + t * dim);
     }
-    float* ut = u + t * dim;
-    for (int64_t d = 0; d < dim; ++d) {
-      float s = 0;
-      for (int j = 0; j < hc; ++j) s += pre[j] * x[j * dim + d];
-      ut[d] = maybe_bf(s, bf16);
-    }
+    // lanes [hc*hc][kSinkLanes]; lanes past the last token repeat token t0 (their results are dropped)
+    float lanes[kMaxHc * kMaxHc * kSinkLanes];
+    for (int e = 0; e < hc * hc; ++e)
+      for (int64_t l = 0; l < kSinkLanes; ++l) lanes[e * kSinkLanes + l] = comb[(t0 + (l < nt ? l : 0)) * hc * hc + e];
+    sinkhorn_lanes(lanes, hc, sinkhorn_iters, hc_eps);
+    for (int e = 0; e < hc * hc; ++e)
+      for (int64_t l = 0; l < nt; ++l) comb[(t0 + l) * hc * hc + e] = lanes[e * kSinkLanes + l];
   }
 }
 
@@ -304,15 +584,7 @@ void CpuOps::hc_post(const float* f, const float* X, const float* post, const fl
     tmp.resize(static_cast<size_t>(width));
     const float* x = X + t * width;
     const float* C = comb + t * hc * hc;
-    const float* ft = f + t * dim;
-    for (int k = 0; k < hc; ++k) {
-      const float pk = post[t * hc + k];
-      for (int64_t d = 0; d < dim; ++d) {
-        float s = 0;
-        for (int j = 0; j < hc; ++j) s += C[j * hc + k] * x[j * dim + d];
-        tmp[k * dim + d] = maybe_bf(pk * ft[d] + s, bf16);
-      }
-    }
+    hc_post_token(f + t * dim, x, post + t * hc, C, hc, dim, bf16, tmp.data());
     std::memcpy(Xout + t * width, tmp.data(), size_t(width) * 4);
   }
 }
@@ -325,13 +597,11 @@ void CpuOps::hc_head(const float* X, int64_t n_tok, int hc, int64_t dim, const f
   for (int64_t t = 0; t < n_tok; ++t) {
     const float* x = X + t * width;
     float mix[kMaxHc];
-    hc_mix(x, width, fn, hc, norm_eps, mix);
+    double ss;
+    square_sums<false>(x, width, 1, width, &ss);
+    hc_mix(x, width, fn, hc, hc_rsqrt(ss, width, norm_eps), mix);
     for (int j = 0; j < hc; ++j) mix[j] = sigmoidf(mix[j] * scale[0] + base[j]) + hc_eps;
-    for (int64_t d = 0; d < dim; ++d) {
-      float s = 0;
-      for (int j = 0; j < hc; ++j) s += mix[j] * x[j * dim + d];
-      u[t * dim + d] = maybe_bf(s, bf16);
-    }
+    hc_weighted_sum(mix, x, hc, dim, bf16, u + t * dim);
   }
 }
 
@@ -358,69 +628,115 @@ void CpuOps::sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, co
     const int32_t i = comp_idx[t * k_comp + (j - k_win)];
     return i < 0 ? nullptr : comp + int64_t(i) * rb;
   };
-  const bool go_par = par(n_tok * n_heads * k * dim);
+  // (a decode step's few heads: waking the pool costs more than the rows; 8x par()'s bar)
+  const bool go_par = par(n_tok * n_heads * k * dim / 8);
 #pragma omp parallel if (go_par)
   {
-    // compact rows: token t's candidate rows decoded once per thread and token (the heads of a token are
-    // consecutive iterations), into per-thread scratch kept across calls
+    // compact rows: decoded once per thread and call into a per-thread cache (consecutive tokens share most of
+    // their window and compressed rows; the heads of a token are consecutive iterations). Slot h of dec [cap][dim]
+    // holds the row with key tag[h] (ring row i: 2i, compressed row i: 2i + 1; slot = key mod cap), last used by
+    // token stamp[h]; a row whose slot the same token already uses goes to the overflow rows dec [cap + j]. Tags
+    // are reset per call (the stored rows change between calls); decoding is exact, so results do not depend on it.
     static thread_local std::vector<float> dec;
+    static thread_local std::vector<int64_t> tag, stamp;
     static thread_local std::vector<const float*> rows;
+    int64_t cap = 1;
+    while (cap < 2 * k) cap <<= 1;
+    if (packed) {
+      if (dec.size() < size_t((cap + k) * dim)) dec.resize(size_t((cap + k) * dim));
+      tag.assign(size_t(cap), -1);
+      stamp.assign(size_t(cap), -1);
+    }
+    if (rows.size() < size_t(k)) rows.resize(size_t(k));
     int64_t dec_t = -1;
+    // items: (token, pair of consecutive heads); the two heads share every row load
+    const int64_t n_pairs = (n_heads + 1) / 2;
 #pragma omp for schedule(static)
-    for (int64_t th = 0; th < n_tok * n_heads; ++th) {
-      const int64_t t = th / n_heads, h = th % n_heads;
+    for (int64_t tp = 0; tp < n_tok * n_pairs; ++tp) {
+      const int64_t t = tp / n_pairs, h0 = (tp % n_pairs) * 2, nh = std::min<int64_t>(2, n_heads - h0);
       if (t != dec_t) {
-        if (dec.size() < size_t(k * dim) && packed) dec.resize(size_t(k * dim));
-        if (rows.size() < size_t(k)) rows.resize(size_t(k));
         for (int64_t j = 0; j < k; ++j) {
           bool fresh = false;
           const void* p = stored_of(t, j, fresh);
           if (!p || fresh || !packed) {
             rows[size_t(j)] = static_cast<const float*>(p);
-          } else {
-            decode_row(kv.stored, p, dec.data() + j * dim);
-            rows[size_t(j)] = dec.data() + j * dim;
+            continue;
           }
+          const auto* pb = static_cast<const unsigned char*>(p);
+          const int64_t key = j < k_win ? (pb - ring) / rb * 2 : (pb - comp) / rb * 2 + 1;
+          const size_t sl = size_t(key & (cap - 1));
+          float* slot = dec.data() + int64_t(sl) * dim;
+          if (tag[sl] != key) {
+            if (stamp[sl] == t) {
+              slot = dec.data() + (cap + j) * dim;  // the slot holds another row of this token
+            } else {
+              tag[sl] = key;
+              stamp[sl] = t;
+            }
+            decode_row(kv.stored, p, slot);
+          } else {
+            stamp[sl] = t;
+          }
+          rows[size_t(j)] = slot;
         }
         dec_t = t;
       }
-      const float* qv = q + th * dim;
       static thread_local std::vector<float> acc;
-      acc.assign(static_cast<size_t>(dim), 0.0f);
-      float s_blk[kBlock];
+      acc.assign(static_cast<size_t>(2 * dim), 0.0f);  // [nh][dim]
+      const float* qv[2] = {q + (t * n_heads + h0) * dim, q + (t * n_heads + h0 + nh - 1) * dim};
+      float* av[2] = {acc.data(), acc.data() + dim};
+      // per block: the used rows r_blk [nb] in candidate order, per head their scores s_blk and weights p_blk
+      float s_blk[2][kBlock], p_blk[2][kBlock];
       const float* r_blk[kBlock];
-      float m = kNegInf, sum = 0.0f;
+      float m[2] = {kNegInf, kNegInf}, sum[2] = {0.0f, 0.0f};
       for (int64_t b0 = 0; b0 < k; b0 += kBlock) {
         const int64_t b1 = std::min(k, b0 + kBlock);
-        float bm = kNegInf;
-        for (int64_t j = b0; j < b1; ++j) {
-          r_blk[j - b0] = rows[size_t(j)];
-          if (!r_blk[j - b0]) continue;
-          s_blk[j - b0] = dot(qv, r_blk[j - b0], dim) * scale;
-          bm = std::max(bm, s_blk[j - b0]);
+        int64_t nb = 0;
+        for (int64_t j = b0; j < b1; ++j)
+          if (rows[size_t(j)]) r_blk[nb++] = rows[size_t(j)];
+        if (nh == 2)
+          dot_rows2(qv[0], qv[1], r_blk, nb, dim, s_blk[0], s_blk[1]);
+        else
+          dot_rows(qv[0], r_blk, nb, dim, s_blk[0]);
+        bool live[2] = {false, false};  // the head has a finite score in the block
+        for (int64_t hh = 0; hh < nh; ++hh) {
+          float* sb = s_blk[hh];
+          float bm = kNegInf;
+          for (int64_t j = 0; j < nb; ++j) {
+            sb[j] = sb[j] * scale;
+            bm = std::max(bm, sb[j]);
+          }
+          if (bm == kNegInf) continue;
+          live[hh] = true;
+          const float m_new = std::max(m[hh], bm);
+          const float alpha = m[hh] == kNegInf ? 0.0f : std::exp(m[hh] - m_new);
+          if (alpha != 1.0f)
+            for (int64_t d = 0; d < dim; ++d) av[hh][d] *= alpha;
+          sum[hh] *= alpha;
+          for (int64_t j = 0; j < nb; ++j) {
+            const float p = std::exp(sb[j] - m_new);
+            sum[hh] += p;
+            p_blk[hh][j] = maybe_bf(p, bf16);
+          }
+          m[hh] = m_new;
         }
-        if (bm == kNegInf) continue;
-        const float m_new = std::max(m, bm);
-        const float alpha = m == kNegInf ? 0.0f : std::exp(m - m_new);
-        if (alpha != 1.0f)
-          for (int64_t d = 0; d < dim; ++d) acc[d] *= alpha;
-        sum *= alpha;
-        for (int64_t j = b0; j < b1; ++j) {
-          const float* row = r_blk[j - b0];
-          if (!row) continue;
-          const float p = std::exp(s_blk[j - b0] - m_new);
-          sum += p;
-          add_scaled(acc.data(), maybe_bf(p, bf16), row, dim);
+        if (live[0] && live[1]) {
+          add_scaled_rows2(av[0], av[1], p_blk[0], p_blk[1], r_blk, nb, dim);
+        } else {
+          for (int64_t hh = 0; hh < nh; ++hh)
+            if (live[hh]) add_scaled_rows(av[hh], p_blk[hh], r_blk, nb, dim);
         }
-        m = m_new;
       }
-      float* o = out + th * dim;
-      if (m == kNegInf) {
-        std::fill(o, o + dim, 0.0f);
-        continue;
+      for (int64_t hh = 0; hh < nh; ++hh) {
+        const int64_t h = h0 + hh;
+        float* o = out + (t * n_heads + h) * dim;
+        if (m[hh] == kNegInf) {
+          std::fill(o, o + dim, 0.0f);
+          continue;
+        }
+        const float den = sum[hh] + std::exp(sink[h] - m[hh]);
+        for (int64_t d = 0; d < dim; ++d) o[d] = maybe_bf(av[hh][d] / den, bf16);
       }
-      const float den = sum + std::exp(sink[h] - m);
-      for (int64_t d = 0; d < dim; ++d) o[d] = maybe_bf(acc[d] / den, bf16);
     }
   }
 }
@@ -429,7 +745,7 @@ void CpuOps::compress_pool(const float* kv, const float* score, int64_t n_tok, c
                            const float* state_score, const int32_t* cand, int64_t n_emit, int64_t n_cand, int coff,
                            int64_t c, float* out) const {
   const int64_t width = int64_t(coff) * c, half = n_cand / 2;
-#pragma omp parallel for schedule(static) if (par(n_emit * n_cand * c * 4))
+#pragma omp parallel for schedule(static) if (n_emit > 1 && par(n_emit * n_cand * c * 4))
   for (int64_t e = 0; e < n_emit; ++e) {
     const int32_t* ce = cand + e * n_cand;
     static thread_local std::vector<const float*> rk, rs;
@@ -442,20 +758,41 @@ void CpuOps::compress_pool(const float* kv, const float* score, int64_t n_tok, c
       rk[size_t(j)] = (i < n_tok ? kv + i * width : state_kv + (i - n_tok) * width) + col;
       rs[size_t(j)] = (i < n_tok ? score + i * width : state_score + (i - n_tok) * width) + col;
     }
+    // per column d: mx = max_j score, sum = sum_j exp(score - mx), o = sum_j kv * (exp(score - mx) / sum) over the
+    // candidates j in order (a missing candidate scores -inf); the loops run over j outside, d inside, with the
+    // exponentials ex [n_cand][c] computed once
+    static thread_local std::vector<float> mx, sum, ex;
+    mx.assign(static_cast<size_t>(c), kNegInf);
+    sum.assign(static_cast<size_t>(c), 0.0f);
+    ex.resize(static_cast<size_t>(n_cand * c));
     float* o = out + e * c;
-    for (int64_t d = 0; d < c; ++d) {
-      auto sc = [&](int64_t j) { return rs[size_t(j)] ? rs[size_t(j)][d] : kNegInf; };
-      float mx = kNegInf;
-      for (int64_t j = 0; j < n_cand; ++j) mx = std::max(mx, sc(j));
-      float sum = 0;
-      for (int64_t j = 0; j < n_cand; ++j) sum += std::exp(sc(j) - mx);
-      float acc = 0;
-      for (int64_t j = 0; j < n_cand; ++j) {
-        const float v = sc(j);
-        if (v == kNegInf) continue;
-        acc += rk[size_t(j)][d] * (std::exp(v - mx) / sum);
+    std::fill(o, o + c, 0.0f);
+    for (int64_t j = 0; j < n_cand; ++j) {
+      const float* sj = rs[size_t(j)];
+      if (!sj) continue;  // std::max(m, -inf) == m
+      for (int64_t d = 0; d < c; ++d) mx[size_t(d)] = std::max(mx[size_t(d)], sj[d]);
+    }
+    for (int64_t j = 0; j < n_cand; ++j) {
+      const float* sj = rs[size_t(j)];
+      float* xj = ex.data() + j * c;
+      if (!sj) {
+        // exp(-inf - mx) is +0 (sum unchanged: it is never -0) unless mx is -inf or NaN (then NaN)
+        for (int64_t d = 0; d < c; ++d)
+          if (!(mx[size_t(d)] > kNegInf)) sum[size_t(d)] += std::exp(kNegInf - mx[size_t(d)]);
+        continue;
       }
-      o[d] = acc;
+      for (int64_t d = 0; d < c; ++d) {
+        xj[d] = std::exp(sj[d] - mx[size_t(d)]);
+        sum[size_t(d)] += xj[d];
+      }
+    }
+    for (int64_t j = 0; j < n_cand; ++j) {
+      const float* sj = rs[size_t(j)];
+      if (!sj) continue;
+      const float* kj = rk[size_t(j)];
+      const float* xj = ex.data() + j * c;
+      for (int64_t d = 0; d < c; ++d)
+        if (sj[d] != kNegInf) o[d] += kj[d] * (xj[d] / sum[size_t(d)]);
     }
   }
 }
@@ -471,7 +808,15 @@ void CpuOps::indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_
   };
   const bool packed = keys.stored.compact();
   const int64_t rb = packed ? keys.stored.bytes() : dim * 4;  // bytes per key row as stored
-#pragma omp parallel for schedule(static) if (par(n_tok * n_heads * dim * 64))
+#pragma omp parallel if (n_tok > 1 && par(n_tok * n_heads * dim * 64))
+  {
+  // compact key rows: decoded (exactly) into this thread's cache kdec [j][dim], slot j tagged with its pool row
+  // kdec_row; the thread's next token of the same sequence finds its rows there (the tags are reset per call: only
+  // the capacity is kept across calls)
+  static thread_local std::vector<float> kdec;
+  static thread_local std::vector<int64_t> kdec_row;
+  std::fill(kdec_row.begin(), kdec_row.end(), int64_t(-1));
+#pragma omp for schedule(static)
   for (int64_t t = 0; t < n_tok; ++t) {
     const int64_t nv = std::max<int64_t>(n_visible[t], 0);
     static thread_local std::vector<float> score;
@@ -479,23 +824,47 @@ void CpuOps::indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_
     score.resize(static_cast<size_t>(nv));
     const float* qt = q + t * n_heads * dim;
     const float* wt = w + t * n_heads;
-    static thread_local std::vector<float> kdec;
-    if (packed && kdec.size() < size_t(dim)) kdec.resize(size_t(dim));
-    for (int64_t j = 0; j < nv; ++j) {
-      const float* kj;
-      if (packed) {  // compact key rows: decoded once per (token, key), exact
-        decode_row(keys.stored, reinterpret_cast<const unsigned char*>(keys.rows) + pool_row(t, j) * rb, kdec.data());
-        kj = kdec.data();
-      } else {
-        kj = keys.rows + pool_row(t, j) * dim;
+    static thread_local std::vector<const float*> qh;
+    static thread_local std::vector<float> dots;
+    if (packed && kdec.size() < size_t(nv * dim)) kdec.resize(size_t(nv * dim));
+    if (packed && kdec_row.size() < size_t(nv)) kdec_row.resize(size_t(nv), -1);
+    qh.resize(size_t(n_heads));
+    dots.resize(size_t(n_heads));
+    for (int64_t h = 0; h < n_heads; ++h) qh[size_t(h)] = qt + h * dim;
+    // key row j (decoded into the cache when compact)
+    auto key_row = [&](int64_t j) -> const float* {
+      const int64_t pr = pool_row(t, j);
+      if (!packed) return keys.rows + pr * dim;
+      float* kj = kdec.data() + j * dim;
+      if (kdec_row[size_t(j)] != pr) {
+        decode_row(keys.stored, reinterpret_cast<const unsigned char*>(keys.rows) + pr * rb, kj);
+        kdec_row[size_t(j)] = pr;
       }
+      return kj;
+    };
+    auto score_of = [&](const float* d_h) {
       float s = 0;
       for (int64_t h = 0; h < n_heads; ++h) {
-        float d = maybe_bf(dot(qt + h * dim, kj, dim), bf16);
+        float d = maybe_bf(d_h[h], bf16);
         d = d > 0.0f ? d : 0.0f;
         s += maybe_bf(d * wt[h], bf16);
       }
-      score[size_t(j)] = maybe_bf(s, bf16);
+      return maybe_bf(s, bf16);
+    };
+    // keys in pairs: both against the same heads (each head row loaded once for two keys); dot(k, q_h) ==
+    // dot(q_h, k): the products commute
+    dots.resize(size_t(2 * n_heads));
+    int64_t j = 0;
+    for (; j + 2 <= nv; j += 2) {
+      const float* k0 = key_row(j);
+      const float* k1 = key_row(j + 1);
+      dot_rows2(k0, k1, qh.data(), n_heads, dim, dots.data(), dots.data() + n_heads);
+      score[size_t(j)] = score_of(dots.data());
+      score[size_t(j + 1)] = score_of(dots.data() + n_heads);
+    }
+    for (; j < nv; ++j) {
+      dot_rows(key_row(j), qh.data(), n_heads, dim, dots.data());
+      score[size_t(j)] = score_of(dots.data());
     }
     const int64_t kk = std::min(topk, nv);
     order.resize(static_cast<size_t>(nv));
@@ -506,6 +875,7 @@ void CpuOps::indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_
     std::partial_sort(order.begin(), order.begin() + kk, order.end(), better);
     int32_t* st = sel + t * topk;
     for (int64_t i = 0; i < topk; ++i) st[i] = i < kk ? int32_t(pool_row(t, order[size_t(i)])) : -1;
+  }
   }
 }
 
@@ -546,16 +916,10 @@ void CpuOps::swiglu(const float* g, const float* up, int64_t n_rows, int64_t dim
                     bool bf16, float* h) const {
 #pragma omp parallel for schedule(static) if (par(n_rows * dim * 8))
   for (int64_t r = 0; r < n_rows; ++r) {
-    for (int64_t i = 0; i < dim; ++i) {
-      float gv = g[r * dim + i], uv = up[r * dim + i];
-      if (limit > 0) {
-        uv = std::min(std::max(uv, -limit), limit);
-        gv = std::min(gv, limit);
-      }
-      float v = (gv / (1.0f + std::exp(-gv))) * uv;
-      if (row_w) v = row_w[r] * v;
-      h[r * dim + i] = maybe_bf(v, bf16);
-    }
+    static thread_local std::vector<float> e;
+    e.resize(static_cast<size_t>(dim));
+    swiglu_row(g + r * dim, up + r * dim, dim, limit, row_w != nullptr, row_w ? row_w[r] : 0.0f, bf16, e.data(),
+               h + r * dim);
   }
 }
 

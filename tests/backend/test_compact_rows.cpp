@@ -83,8 +83,10 @@ TEST(CompactRows, UnsimulatedRowsAreNotExact) {
   EXPECT_FALSE(encode_row(c, x.data(), st.data()));
 }
 
-TEST(CompactRows, SparseAttentionReadsCompactRowsBitwise) {
-  const int64_t dim = 512, rope = 64, H = 8, n = 5, n_ring = 40, n_comp = 70, KW = 48, KC = 64;
+// sparse_attention over compact rows equals it over the fp32 rows, bitwise, for 1-3 threads. `local`: each token's
+// candidates drawn from a window that slides with the token (rows shared by consecutive tokens, as in a prefill).
+void check_sparse_attention_compact(int64_t dim, int64_t rope, int64_t H, int64_t n, int64_t n_ring, int64_t n_comp,
+                                    int64_t KW, int64_t KC, bool local) {
   const RowCodec c = RowCodec::kv_fp8(dim, rope);
   const std::vector<float> ring = simulated_kv(n_ring, dim, rope, 11), comp = simulated_kv(n_comp, dim, rope, 12),
                            fresh = simulated_kv(n, dim, rope, 13);
@@ -96,8 +98,16 @@ TEST(CompactRows, SparseAttentionReadsCompactRowsBitwise) {
   std::normal_distribution<float> d(0.0f, 0.05f);
   for (float& v : q) v = round_to_bf16(d(rng));
   std::vector<int32_t> widx(size_t(n * KW)), cidx(size_t(n * KC));
-  for (auto& i : widx) i = rng() % 7 == 0 ? -1 : int32_t(rng() % (n_ring + n));
-  for (auto& i : cidx) i = rng() % 5 == 0 ? -1 : int32_t(rng() % n_comp);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = 0; j < KW; ++j)
+      widx[size_t(t * KW + j)] = rng() % 7 == 0 ? -1
+                                 : local         ? int32_t((t * 3 + rng() % KW) % (n_ring + n))
+                                                 : int32_t(rng() % (n_ring + n));
+    for (int64_t j = 0; j < KC; ++j)
+      cidx[size_t(t * KC + j)] = rng() % 5 == 0 ? -1
+                                 : local         ? int32_t((t * 2 + rng() % KC) % n_comp)
+                                                 : int32_t(rng() % n_comp);
+  }
   std::vector<float> sink(size_t(H), 0.25f);
   const KvRows f32{ring.data(), n_ring, fresh.data(), n, comp.data(), n_comp, dim};
   const KvRows packed{ring_c.data(), n_ring, fresh.data(), n, comp_c.data(), n_comp, dim, c};
@@ -117,6 +127,17 @@ TEST(CompactRows, SparseAttentionReadsCompactRowsBitwise) {
     for (float v : a) amax = std::max(amax, std::fabs(v));
     EXPECT_GT(amax, 0.0f);  // the comparison is not between two zero outputs
   }
+}
+
+TEST(CompactRows, SparseAttentionReadsCompactRowsBitwise) {
+  check_sparse_attention_compact(512, 64, 8, 5, 40, 70, 48, 64, false);
+}
+
+// Row ids far above the candidate count (the decoded-row cache's slots collide within a token) and rows shared
+// between consecutive tokens (cache hits), with duplicates.
+TEST(CompactRows, SparseAttentionCompactRowCacheCollisions) {
+  check_sparse_attention_compact(128, 64, 4, 40, 500, 300, 16, 16, false);
+  check_sparse_attention_compact(128, 64, 4, 40, 500, 300, 16, 16, true);
 }
 
 TEST(CompactRows, IndexerReadsCompactKeysBitwise) {
