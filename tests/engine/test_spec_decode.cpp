@@ -450,10 +450,11 @@ struct LpRun {
   EngineLoop::Stats stats;
 };
 
-// Requests i = 0.. with top_logprobs 3, seed 2000 + i and max_tokens 24 + 5 i (drafts capped at different steps),
+// Requests i = 0.. with top_logprobs 3, seed seed0 + i and max_tokens 24 + 5 i (drafts capped at different steps),
 // all in one loop of `parallel` slots; forced[i] non-empty: that request runs under ForceTokens(forced[i]).
 LpRun run_logprobs(std::shared_ptr<const Model> m, const std::vector<std::vector<int32_t>>& prompts, int k,
-                   int64_t parallel, const SamplingParams& sp, const std::vector<std::vector<int32_t>>& forced = {}) {
+                   int64_t parallel, const SamplingParams& sp, const std::vector<std::vector<int32_t>>& forced = {},
+                   uint64_t seed0 = 2000) {
   EngineLoopOptions o;
   o.max_running = parallel;
   o.start_thread = false;
@@ -466,7 +467,7 @@ LpRun run_logprobs(std::shared_ptr<const Model> m, const std::vector<std::vector
     EngineRequest r;
     r.prompt = prompts[i];
     r.sampling = sp;
-    r.sampling.seed = 2000 + i;
+    r.sampling.seed = seed0 + i;
     r.max_tokens = 24 + 5 * int64_t(i);
     r.ignore_eos = true;
     r.top_logprobs = 3;
@@ -504,7 +505,8 @@ void expect_same_logprobs(const RequestStream::Result& got, const RequestStream:
 // Logprobs requests speculate (drafts verified) and report, per token, the log-probabilities of the target's raw
 // logits at its position: bitwise those of decoding without speculation. Greedy: the plain run's tokens and
 // logprobs. Seeded sampled: speculation draws differently, so the reference is a plain run forced (ForceTokens) to
-// the speculative run's tokens; the same forcing under speculation (a constraint that rejects most drafts) too.
+// the speculative run's tokens; the same forcing under speculation with other seeds (other drafts: the constraint
+// rejects those that differ) too.
 // Six requests of different lengths share the loop's steps, one slot each or two slots for all.
 TEST(SpecLoop, LogprobsRequestsSpeculateWithIdenticalLogprobs) {
   auto m = load_mtp("demo");
@@ -533,7 +535,7 @@ TEST(SpecLoop, LogprobsRequestsSpeculateWithIdenticalLogprobs) {
     std::vector<std::vector<int32_t>> forced;
     for (const auto& r : s.results) forced.push_back(r.tokens);
     const LpRun ref = run_logprobs(m, prompts, 0, 6, sampled, forced);
-    const LpRun ref_spec = run_logprobs(m, prompts, k, parallel, sampled, forced);
+    const LpRun ref_spec = run_logprobs(m, prompts, k, parallel, sampled, forced, 3000);
     EXPECT_EQ(ref.stats.drafted_tokens, 0);
     EXPECT_GT(s.stats.drafted_tokens, 0);
     EXPECT_GT(s.stats.accepted_tokens, 0);
