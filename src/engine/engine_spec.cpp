@@ -126,10 +126,16 @@ GenerationResult Engine::generate_spec(const GenerationRequest& req, TextOutput&
     k = std::min<int64_t>(k, n_ctx_ - (P + 1) - 1);
     k = std::max<int64_t>(k, 0);
     DraftTokens dt;
+    if (req.constraint && k > 0) dt.constraint = req.constraint->clone();  // drafts follow the constraint too
     const DraftSeq ds{0, P - 1, x, int(k)};
     m.draft(std::span<const DraftSeq>(&ds, 1), pool, [&](size_t, int, std::span<const float> lg, bool ok) -> int32_t {
       if (!ok) return -1;
-      const int32_t t = next_draft(sampler, lg, dt);
+      int32_t t;
+      try {
+        t = next_draft(sampler, lg, dt);
+      } catch (const Error&) {  // the constraint's copy refused it: no more drafts
+        return -1;
+      }
       return t == m.eos_id() && !req.ignore_eos ? -1 : t;
     });
     finish_drafts(sampler, dt);

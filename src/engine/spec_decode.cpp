@@ -54,18 +54,24 @@ int32_t verify_draft(std::span<const float> p, std::span<const float> q, int32_t
 
 int32_t next_draft(Sampler& smp, std::span<const float> logits, DraftTokens& d) {
   const SamplingParams& sp = smp.params();
+  std::vector<float> scratch;
+  if (d.constraint || !plain_greedy(sp)) {
+    scratch.assign(logits.begin(), logits.end());
+    if (d.constraint) d.constraint->apply(scratch);
+  }
   int32_t t;
+  std::vector<float> q;
   if (plain_greedy(sp)) {
-    t = argmax_of(logits);
+    t = argmax_of(d.constraint ? std::span<const float>(scratch) : logits);
+  } else if (sp.greedy()) {
+    t = smp.sample(scratch);
   } else {
-    std::vector<float> scratch(logits.begin(), logits.end());
-    if (sp.greedy()) {
-      t = smp.sample(scratch);
-    } else {
-      std::vector<float>& q = d.q.emplace_back();
-      smp.distribution(scratch, q);
-      t = draw_token(q, smp.uniform());
-    }
+    smp.distribution(scratch, q);
+    t = draw_token(q, smp.uniform());
+  }
+  if (d.constraint) d.constraint->accept(t);  // throws for a token it forbids: nothing recorded
+  if (!plain_greedy(sp)) {
+    if (!sp.greedy()) d.q.push_back(std::move(q));
     smp.accept(t);
     d.tentative.push_back(t);
   }
@@ -239,10 +245,17 @@ void SpecDecoder::draft(std::span<const Want> wants, Scheduler& sched, const Spe
   }
   if (ds.empty()) return;
   std::vector<DraftTokens> dt(ds.size());
+  for (size_t i = 0; i < ds.size(); ++i)
+    if (TokenConstraint* c = request_of(ids[i]).constraint) dt[i].constraint = c->clone();
   model_.draft(ds, pool_, [&](size_t i, int, std::span<const float> lg, bool finite) -> int32_t {
     if (!finite) return -1;
     const SpecRequest r = request_of(ids[i]);
-    const int32_t t = next_draft(r.sampler, lg, dt[i]);
+    int32_t t;
+    try {
+      t = next_draft(r.sampler, lg, dt[i]);
+    } catch (const Error&) {  // the constraint's copy refused the draft: no more drafts for this one
+      return -1;
+    }
     if (t == eos_id && !r.ignore_eos) return -1;  // nothing to draft past the end
     return t;
   });

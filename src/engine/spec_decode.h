@@ -12,6 +12,10 @@
 //     min(1, p_j(d) / q_j(d)); the first rejection emits a token of the normalized residual max(0, p_j - q_j); if all
 //     are accepted, a token of p_k. The output distribution equals sampling without speculation; the request's seed
 //     makes it reproducible (its draws: one per draft, one per checked draft, one per emitted correction).
+// Requests with a TokenConstraint or log-probabilities speculate too (VerifyHooks): each verified row is masked by
+// the constraint in the state after the accepted drafts before it (a forbidden draft is never accepted), and each
+// emitted token's log-probabilities come from its own row's raw logits: the tokens, constraint states and
+// log-probabilities of decoding without speculation. The drafts follow a copy of the constraint (clone()).
 // Rejected positions are rolled back exactly (Model::rollback); the scheduler commits only the kept positions, so
 // prefix-cache blocks and snapshots never see a rejected token. Drafted / accepted counts go to the request's
 // stream and the loop's stats. A verify step takes its pages when it is built (fewer drafts when the pool has no
@@ -21,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -46,10 +51,13 @@ struct DraftTokens {
   std::vector<int32_t> tokens;           // d_1, d_2, ...
   std::vector<std::vector<float>> q;     // their draft distributions (sampled requests)
   std::vector<int32_t> tentative;        // tokens the sampler holds tentatively (penalties of later drafts)
+  // A copy of the request's TokenConstraint (TokenConstraint::clone), advanced by each draft: masks the MTP logits
+  // so that the drafts follow the constraint too (more of them accepted). Null: unmasked (the verify still masks).
+  std::unique_ptr<TokenConstraint> constraint;
 };
-// The next draft from MTP logits: greedy requests the argmax after penalties, sampled ones a draw from q (the MTP
-// distribution under the request's sampling transforms, kept in d.q). The sampler accepts it tentatively until
-// finish_drafts(). Drafts ignore the request's constraint (the verify masks: a forbidden draft is rejected).
+// The next draft from MTP logits (masked by d.constraint): greedy requests the argmax after penalties, sampled ones
+// a draw from q (the MTP distribution under the request's sampling transforms, kept in d.q). The sampler accepts it
+// tentatively until finish_drafts(). Throws dsv4::Error when d.constraint refuses it (nothing recorded then).
 int32_t next_draft(Sampler& smp, std::span<const float> logits, DraftTokens& d);
 void finish_drafts(Sampler& smp, DraftTokens& d);
 // Per-request work of a verify besides the sampler's (both optional), what a plain decode step does per token:
@@ -75,7 +83,7 @@ VerifyOutcome verify_drafts(Sampler& smp, std::span<const int32_t> drafts, const
 // What the SpecDecoder needs of one request (loop thread).
 struct SpecRequest {
   Sampler& sampler;
-  TokenConstraint* constraint = nullptr;  // VerifyHooks::constraint
+  TokenConstraint* constraint = nullptr;  // VerifyHooks::constraint; a clone() of it masks the drafts
   int top_logprobs = -1;                  // VerifyHooks::top_logprobs
   bool ignore_eos = false;                // drafts go on past EOS
 };
