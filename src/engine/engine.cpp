@@ -55,7 +55,7 @@ GenerationResult Engine::generate(const GenerationRequest& req, const Tokenizer*
   if (static_cast<int64_t>(prompt.size()) >= n_ctx_)
     fail("the prompt has {} tokens: the context size {} leaves no room to generate", prompt.size(), n_ctx_);
   TextOutput text(tok, req.stop);
-  if (spec_k_ > 0 && !req.constraint) return generate_spec(req, text, cb);
+  if (spec_k_ > 0) return generate_spec(req, text, cb);
   Sampler sampler(req.sampling, n_vocab);
   sampler.set_prompt(prompt);
   auto cancelled = [&] { return cb.should_cancel && cb.should_cancel(); };

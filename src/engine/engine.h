@@ -16,7 +16,7 @@
 //
 // Speculative decoding: a dsv4::Model loaded with ModelOptions::spec_draft > 0 drafts that many tokens per step
 // with its MTP module and verifies them in one step (engine/spec_decode.h; same tokens for greedy requests, the
-// same distribution for sampled ones); requests with a TokenConstraint decode without it. The speculative path
+// same distribution for sampled ones; log-probabilities and constraints as without it). The speculative path
 // keeps no sequence between requests (no prefix reuse).
 //
 // Not thread-safe: one generate() at a time.

@@ -351,17 +351,17 @@ void EngineLoop::run_step() {
     publish_stats();
     return;
   }
-  auto sampler_of = [&](uint64_t id) -> Sampler& { return *live_.at(id).sampler; };
   int64_t drafted = 0, accepted = 0;
   if (spec_)
-    for (auto& [id, so] : spec_->resolve(st, *sched_, sampler_of)) {
+    for (auto& [id, so] : spec_->resolve(st, *sched_, [&](uint64_t id) { return spec_request(id); })) {
       live_.at(id).stream->add_spec(so.n_draft, so.n_accepted);
       drafted += so.n_draft;
       accepted += so.n_accepted;
-      if (so.bad) {
+      if (so.bad || !so.error.empty()) {
         Out o;
         o.id = id;
-        o.bad = true;
+        o.bad = so.bad;
+        o.error = so.error;
         outs.push_back(o);
       }
       for (size_t j = 0; j < so.tokens.size(); ++j) {  // accepted drafts (in the scheduler already), then the target's
@@ -369,6 +369,8 @@ void EngineLoop::run_step() {
         o.id = id;
         o.token = so.tokens[j];
         o.scheduled = j + 1 < so.tokens.size();
+        if (j < so.logprobs.size() && (o.token != model_->eos_id() || live_.at(id).req.ignore_eos))
+          o.lp = std::move(so.logprobs[j]);
         outs.push_back(o);
       }
     }
@@ -396,7 +398,7 @@ void EngineLoop::run_step() {
       end(o.id, StreamEnd::error, o.error);
       continue;
     }
-    if (lv.req.constraint) {
+    if (lv.req.constraint && !o.scheduled) {  // an accepted draft: the verify told the constraint (spec_decode.h)
       try {
         lv.req.constraint->accept(o.token);
       } catch (const Error& e) {
@@ -442,8 +444,6 @@ void EngineLoop::draft_next(const std::vector<uint64_t>& ids, const std::map<uin
     if (it == live_.end() || !s) continue;  // ended with its last token
     // a verify step emits up to k + 1 tokens: no drafts past max_tokens or the context
     int64_t k = spec_->k();
-    // a constraint or logprobs need their per-token hook on every position: such requests decode without drafts
-    if (it->second.req.constraint || it->second.req.top_logprobs >= 0) k = 0;
     if (it->second.req.max_tokens > 0) k = std::min(k, it->second.req.max_tokens - it->second.generated - 1);
     k = std::min(k, n_ctx_ - int64_t(s->tokens.size()) - 1);
     const auto sn = snapshots.find(id);
@@ -451,8 +451,7 @@ void EngineLoop::draft_next(const std::vector<uint64_t>& ids, const std::map<uin
   }
   const auto t0 = std::chrono::steady_clock::now();
   try {
-    spec_->draft(wants, *sched_, [&](uint64_t id) -> Sampler& { return *live_.at(id).sampler; }, model_->eos_id(),
-                 [&](uint64_t id) { return live_.at(id).req.ignore_eos; });
+    spec_->draft(wants, *sched_, [&](uint64_t id) { return spec_request(id); }, model_->eos_id());
   } catch (const Error& e) {  // the MTP state of these sequences is unknown: end them
     log::warn("draft step failed: {}", e.what());
     for (const auto& w : wants) end(w.id, StreamEnd::error, std::string("draft step failed: ") + e.what());
@@ -462,6 +461,11 @@ void EngineLoop::draft_next(const std::vector<uint64_t>& ids, const std::map<uin
   std::lock_guard<std::mutex> lock(mu_);
   stats_.forward_seconds += secs;
   stats_.draft_seconds += secs;
+}
+
+SpecRequest EngineLoop::spec_request(uint64_t id) {
+  Live& lv = live_.at(id);
+  return {*lv.sampler, lv.req.constraint.get(), lv.req.top_logprobs, lv.req.ignore_eos};
 }
 
 void EngineLoop::publish_stats() {

@@ -175,6 +175,7 @@ class EngineLoop {
   void publish_stats();  // scheduler / cache counters into stats_ (loop thread)
   // speculative decoding: drafts after a step's tokens (snapshots: those taken after each one's last position)
   void draft_next(const std::vector<uint64_t>& ids, const std::map<uint64_t, int64_t>& snapshots);
+  struct SpecRequest spec_request(uint64_t id);  // what the SpecDecoder needs of a live request
 
   std::shared_ptr<const BatchModel> model_;
   EngineLoopOptions opts_;

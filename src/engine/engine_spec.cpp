@@ -83,14 +83,16 @@ GenerationResult Engine::generate_spec(const GenerationRequest& req, TextOutput&
   t0 = Clock::now();
   const int64_t max_tokens = req.max_tokens < 0 ? n_ctx_ : req.max_tokens;
   res.finish = FinishReason::length;
-  // One generated token through the plain path's bookkeeping; false: generation is over (res.finish set).
-  auto emit = [&](int32_t id, std::span<const float> raw) -> bool {
+  // One generated token through the plain path's bookkeeping (lp: its log-probabilities when asked; told: the
+  // verify told the constraint already, an accepted draft); false: generation is over (res.finish set).
+  auto emit = [&](int32_t id, const TokenLogprobs* lp, bool told) -> bool {
     sampler.accept(id);
+    if (req.constraint && !told) req.constraint->accept(id);
     if (id == m.eos_id() && !req.ignore_eos) {
       res.finish = FinishReason::stop;
       return false;
     }
-    if (req.top_logprobs >= 0 && cb.on_logprobs) cb.on_logprobs(token_logprobs(raw, id, req.top_logprobs));
+    if (lp && cb.on_logprobs) cb.on_logprobs(*lp);
     if (const auto end = text.push(id, res, cb)) {
       res.finish = *end;
       return false;
@@ -101,13 +103,16 @@ GenerationResult Engine::generate_spec(const GenerationRequest& req, TextOutput&
 
   std::vector<float> raw;
   if (req.top_logprobs >= 0) raw = logits;
+  if (req.constraint) req.constraint->apply(logits);
   int32_t x = sampler.sample(logits);  // the first token: from the prefill's logits, as without speculation
   bool go = true;
   if (cancelled()) {
     res.finish = FinishReason::cancelled;
     go = false;
   } else {
-    go = emit(x, raw);
+    std::optional<TokenLogprobs> lp;
+    if (req.top_logprobs >= 0) lp = token_logprobs(raw, x, req.top_logprobs);
+    go = emit(x, lp ? &*lp : nullptr, false);
   }
   int64_t P = n_prompt;  // positions computed; x is at P
   while (go) {
@@ -121,10 +126,16 @@ GenerationResult Engine::generate_spec(const GenerationRequest& req, TextOutput&
     k = std::min<int64_t>(k, n_ctx_ - (P + 1) - 1);
     k = std::max<int64_t>(k, 0);
     DraftTokens dt;
+    if (req.constraint && k > 0) dt.constraint = req.constraint->clone();  // drafts follow the constraint too
     const DraftSeq ds{0, P - 1, x, int(k)};
     m.draft(std::span<const DraftSeq>(&ds, 1), pool, [&](size_t, int, std::span<const float> lg, bool ok) -> int32_t {
       if (!ok) return -1;
-      const int32_t t = next_draft(sampler, lg, dt);
+      int32_t t;
+      try {
+        t = next_draft(sampler, lg, dt);
+      } catch (const Error&) {  // the constraint's copy refused it: no more drafts
+        return -1;
+      }
       return t == m.eos_id() && !req.ignore_eos ? -1 : t;
     });
     finish_drafts(sampler, dt);
@@ -140,9 +151,8 @@ GenerationResult Engine::generate_spec(const GenerationRequest& req, TextOutput&
     bs.logits = BatchSeq::Logits::all;
     bs.spec = true;
     step(std::move(bs), &rows, &finite);
-    std::vector<std::vector<float>> raws;
-    if (req.top_logprobs >= 0) raws = rows;
-    const VerifyOutcome v = verify_drafts(sampler, std::span<const int32_t>(dt.tokens), dt.q, rows, finite);
+    const VerifyOutcome v = verify_drafts(sampler, std::span<const int32_t>(dt.tokens), dt.q, rows, finite,
+                                          {req.constraint.get(), req.top_logprobs});
     if (v.bad) fail("non-finite logits at position {}", P);
     const int64_t keep = int64_t(v.accepted.size()) + 1;
     if (keep < n) {
@@ -155,7 +165,7 @@ GenerationResult Engine::generate_spec(const GenerationRequest& req, TextOutput&
     P += keep;
     for (int64_t j = 0; j < keep && go; ++j) {
       const int32_t t = j + 1 < keep ? v.accepted[size_t(j)] : v.emit;
-      go = emit(t, raws.empty() ? std::span<const float>() : std::span<const float>(raws[size_t(j)]));
+      go = emit(t, j < int64_t(v.logprobs.size()) ? &v.logprobs[size_t(j)] : nullptr, j + 1 < keep);
       x = t;
     }
   }

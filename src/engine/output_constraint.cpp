@@ -28,12 +28,18 @@ OutputConstraint::OutputConstraint(std::shared_ptr<const ConstraintVocab> vocab,
     fail("output constraint: the tokenizer has no </think> token");
 }
 
-// The grammar state, taken from the automaton when the answer starts (not before: a shared automaton may renumber its
-// states while another generation runs; the running generation follows step_token()'s results).
+// The grammar state, taken from the automaton when the answer starts, and again from the answer's bytes after the
+// shared automaton renumbered its states (another generation's step_token() dropped its caches).
 int32_t OutputConstraint::state() {
-  if (state_ == kNoState) state_ = opts_.grammar->start();
+  const int64_t resets = opts_.grammar->stats().resets;
+  if (state_ == kNoState || resets != state_resets_) {
+    state_ = opts_.grammar->step_bytes(opts_.grammar->start(), answer_);
+    state_resets_ = opts_.grammar->stats().resets;
+  }
   return state_;
 }
+
+std::unique_ptr<TokenConstraint> OutputConstraint::clone() const { return std::make_unique<OutputConstraint>(*this); }
 
 bool OutputConstraint::answer_complete() {
   if (reasoning_) return false;
@@ -107,8 +113,10 @@ void OutputConstraint::accept(int32_t token) {
     return;
   }
   if (!opts_.grammar || token == vocab_->eos) return;
-  state_ = opts_.grammar->step_token(state(), token);
+  state_ = opts_.grammar->step_token(state(), token);  // may drop the caches: its result is in the new numbering
+  state_resets_ = opts_.grammar->stats().resets;
   if (state_ < 0) fail("output constraint: token {} does not continue the grammar", token);
+  answer_ += vocab_->trie->token_bytes(token);
 }
 
 }  // namespace dsv4

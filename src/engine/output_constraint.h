@@ -43,6 +43,8 @@ class OutputConstraint : public TokenConstraint {
 
   void apply(std::span<float> logits) override;
   void accept(int32_t token) override;
+  // A copy that shares the vocabulary and the grammar automaton (drafts of speculative decoding).
+  std::unique_ptr<TokenConstraint> clone() const override;
 
   bool in_reasoning() const { return reasoning_; }
   int64_t reasoning_tokens() const { return reasoning_tokens_; }
@@ -58,7 +60,12 @@ class OutputConstraint : public TokenConstraint {
   int64_t reasoning_tokens_ = 0;
   int think_k_ = 0;     // KMP state of "</think>" over the reasoning text
   static constexpr int32_t kNoState = -2;
-  int32_t state_ = kNoState;  // grammar state (answer phase), taken at the answer's first step
+  // Grammar state (answer phase), taken at the answer's first step. The automaton is shared (other requests, copies
+  // of this one) and renumbers its states when it drops its caches (GrammarAutomaton::Limits): a state taken before
+  // its last reset is found again from the answer's bytes.
+  int32_t state_ = kNoState;
+  int64_t state_resets_ = 0;  // the automaton's reset count when state_ was taken
+  std::string answer_;        // the answer's bytes so far (grammar phase)
   int32_t state();
   TokenMask mask_;
   int64_t generated_ = 0;  // tokens accepted so far

@@ -54,18 +54,24 @@ int32_t verify_draft(std::span<const float> p, std::span<const float> q, int32_t
 
 int32_t next_draft(Sampler& smp, std::span<const float> logits, DraftTokens& d) {
   const SamplingParams& sp = smp.params();
+  std::vector<float> scratch;
+  if (d.constraint || !plain_greedy(sp)) {
+    scratch.assign(logits.begin(), logits.end());
+    if (d.constraint) d.constraint->apply(scratch);
+  }
   int32_t t;
+  std::vector<float> q;
   if (plain_greedy(sp)) {
-    t = argmax_of(logits);
+    t = argmax_of(d.constraint ? std::span<const float>(scratch) : logits);
+  } else if (sp.greedy()) {
+    t = smp.sample(scratch);
   } else {
-    std::vector<float> scratch(logits.begin(), logits.end());
-    if (sp.greedy()) {
-      t = smp.sample(scratch);
-    } else {
-      std::vector<float>& q = d.q.emplace_back();
-      smp.distribution(scratch, q);
-      t = draw_token(q, smp.uniform());
-    }
+    smp.distribution(scratch, q);
+    t = draw_token(q, smp.uniform());
+  }
+  if (d.constraint) d.constraint->accept(t);  // throws for a token it forbids: nothing recorded
+  if (!plain_greedy(sp)) {
+    if (!sp.greedy()) d.q.push_back(std::move(q));
     smp.accept(t);
     d.tentative.push_back(t);
   }
@@ -79,49 +85,61 @@ void finish_drafts(Sampler& smp, DraftTokens& d) {
 }
 
 VerifyOutcome verify_drafts(Sampler& smp, std::span<const int32_t> drafts, const std::vector<std::vector<float>>& q,
-                            std::vector<std::vector<float>>& rows, const std::vector<char>& finite) {
+                            std::vector<std::vector<float>>& rows, const std::vector<char>& finite,
+                            const VerifyHooks& hooks) {
   const SamplingParams& sp = smp.params();
   const bool fast = plain_greedy(sp);
   const int64_t k = int64_t(drafts.size());
   if (int64_t(rows.size()) != k + 1 || int64_t(finite.size()) != k + 1 || (!sp.greedy() && int64_t(q.size()) < k))
     fail("internal: verify of {} drafts with {} target rows and {} draft distributions", k, rows.size(), q.size());
   VerifyOutcome v;
-  std::vector<float> dist;
+  std::vector<float> dist, raw;
   for (int64_t j = 0; j <= k; ++j) {
     if (!finite[size_t(j)]) {
       v.bad = true;
       break;
     }
     std::vector<float>& lg = rows[size_t(j)];
+    if (hooks.top_logprobs >= 0) raw = lg;                 // the row before the mask and the penalties
+    if (hooks.constraint) hooks.constraint->apply(lg);     // as a plain step: mask, then the sampler
+    auto note = [&](int32_t t) {
+      if (hooks.top_logprobs >= 0) v.logprobs.push_back(token_logprobs(raw, t, hooks.top_logprobs));
+    };
     const bool last = j == k;
     const int32_t dj = last ? -1 : drafts[size_t(j)];
     if (sp.greedy()) {
       const int32_t t = fast ? argmax_of(lg) : smp.sample(lg);  // greedy sample(): penalties + argmax, no draw
       if (last || t != dj) {
         v.emit = t;
+        note(t);
         break;
       }
     } else {
       smp.distribution(lg, dist);
       if (last) {
         v.emit = draw_token(dist, smp.uniform());
+        note(v.emit);
         break;
       }
       bool ok = false;
       const int32_t t = verify_draft(dist, q[size_t(j)], dj, smp, ok);
       if (!ok) {
         v.emit = t;
+        note(t);
         break;
       }
     }
     v.accepted.push_back(dj);
+    note(dj);
     if (!fast) smp.accept(dj);
+    if (hooks.constraint) hooks.constraint->accept(dj);  // the state of row j + 1
   }
   if (!fast)
     for (auto t = v.accepted.rbegin(); t != v.accepted.rend(); ++t) smp.unaccept(*t);
   if (v.bad) {
     v.accepted.clear();
     v.emit = -1;
+    v.logprobs.clear();
   }
   return v;
 }
@@ -172,24 +190,32 @@ bool SpecDecoder::collect(uint64_t id, int64_t pos, std::span<const float> logit
 }
 
 std::map<uint64_t, SpecDecoder::Outcome> SpecDecoder::resolve(Scheduler::Step& step, Scheduler& sched,
-                                                             const std::function<Sampler&(uint64_t)>& sampler_of) {
+                                                             const SpecRequestOf& request_of) {
   std::map<uint64_t, Outcome> out;
   std::vector<SpecRollback> rb;
   for (Scheduler::Item& item : step.items) {
     auto it = drafts_.find(item.id);
     if (it == drafts_.end() || !it->second.verifying) continue;
     Drafts& d = it->second;
-    Sampler& smp = sampler_of(item.id);
+    const SpecRequest r = request_of(item.id);
     const int64_t k = int64_t(d.tokens.size()) - 1;
     Outcome o;
     o.n_draft = k;
-    VerifyOutcome v = verify_drafts(smp, std::span<const int32_t>(d.tokens).subspan(1), d.q, d.p, d.finite);
+    VerifyOutcome v;
+    try {
+      v = verify_drafts(r.sampler, std::span<const int32_t>(d.tokens).subspan(1), d.q, d.p, d.finite,
+                        {r.constraint, r.top_logprobs});
+    } catch (const Error& e) {  // the request's sampling or constraint failed: nothing kept past x_P
+      o.error = e.what();
+      v = VerifyOutcome{};
+    }
     o.bad = v.bad;
     const std::vector<int32_t>& accepted = v.accepted;
     const int32_t emit = v.emit;
     o.n_accepted = int64_t(accepted.size());
     o.tokens = accepted;
     if (emit >= 0) o.tokens.push_back(emit);
+    o.logprobs = std::move(v.logprobs);
     const int64_t keep = int64_t(accepted.size()) + 1;
     if (keep < k + 1) rb.push_back({item.slot, item.p0, k + 1, keep});
     for (int32_t t : accepted) sched.append(item.id, t);  // positions p0 + 1 .. p0 + a, committed with the item
@@ -201,9 +227,8 @@ std::map<uint64_t, SpecDecoder::Outcome> SpecDecoder::resolve(Scheduler::Step& s
   return out;
 }
 
-void SpecDecoder::draft(std::span<const Want> wants, Scheduler& sched,
-                        const std::function<Sampler&(uint64_t)>& sampler_of, int32_t eos_id,
-                        const std::function<bool(uint64_t)>& ignore_eos) {
+void SpecDecoder::draft(std::span<const Want> wants, Scheduler& sched, const SpecRequestOf& request_of,
+                        int32_t eos_id) {
   std::vector<DraftSeq> ds;
   std::vector<uint64_t> ids;
   for (const Want& w : wants) {
@@ -220,14 +245,22 @@ void SpecDecoder::draft(std::span<const Want> wants, Scheduler& sched,
   }
   if (ds.empty()) return;
   std::vector<DraftTokens> dt(ds.size());
+  for (size_t i = 0; i < ds.size(); ++i)
+    if (TokenConstraint* c = request_of(ids[i]).constraint) dt[i].constraint = c->clone();
   model_.draft(ds, pool_, [&](size_t i, int, std::span<const float> lg, bool finite) -> int32_t {
     if (!finite) return -1;
-    const int32_t t = next_draft(sampler_of(ids[i]), lg, dt[i]);
-    if (t == eos_id && !ignore_eos(ids[i])) return -1;  // nothing to draft past the end
+    const SpecRequest r = request_of(ids[i]);
+    int32_t t;
+    try {
+      t = next_draft(r.sampler, lg, dt[i]);
+    } catch (const Error&) {  // the constraint's copy refused the draft: no more drafts for this one
+      return -1;
+    }
+    if (t == eos_id && !r.ignore_eos) return -1;  // nothing to draft past the end
     return t;
   });
   for (size_t i = 0; i < ds.size(); ++i) {
-    finish_drafts(sampler_of(ids[i]), dt[i]);
+    finish_drafts(request_of(ids[i]).sampler, dt[i]);
     Drafts& d = drafts_.at(ids[i]);
     d.tokens.insert(d.tokens.end(), dt[i].tokens.begin(), dt[i].tokens.end());
     d.q = std::move(dt[i].q);

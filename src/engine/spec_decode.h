@@ -12,6 +12,10 @@
 //     min(1, p_j(d) / q_j(d)); the first rejection emits a token of the normalized residual max(0, p_j - q_j); if all
 //     are accepted, a token of p_k. The output distribution equals sampling without speculation; the request's seed
 //     makes it reproducible (its draws: one per draft, one per checked draft, one per emitted correction).
+// Requests with a TokenConstraint or log-probabilities speculate too (VerifyHooks): each verified row is masked by
+// the constraint in the state after the accepted drafts before it (a forbidden draft is never accepted), and each
+// emitted token's log-probabilities come from its own row's raw logits: the tokens, constraint states and
+// log-probabilities of decoding without speculation. The drafts follow a copy of the constraint (clone()).
 // Rejected positions are rolled back exactly (Model::rollback); the scheduler commits only the kept positions, so
 // prefix-cache blocks and snapshots never see a rejected token. Drafted / accepted counts go to the request's
 // stream and the loop's stats. A verify step takes its pages when it is built (fewer drafts when the pool has no
@@ -21,12 +25,16 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "engine/scheduler.h"
 #include "model/model.h"
+#include "sampling/logprobs.h"
 #include "sampling/sampler.h"
+#include "sampling/token_constraint.h"
 
 namespace dsv4 {
 
@@ -43,20 +51,43 @@ struct DraftTokens {
   std::vector<int32_t> tokens;           // d_1, d_2, ...
   std::vector<std::vector<float>> q;     // their draft distributions (sampled requests)
   std::vector<int32_t> tentative;        // tokens the sampler holds tentatively (penalties of later drafts)
+  // A copy of the request's TokenConstraint (TokenConstraint::clone), advanced by each draft: masks the MTP logits
+  // so that the drafts follow the constraint too (more of them accepted). Null: unmasked (the verify still masks).
+  std::unique_ptr<TokenConstraint> constraint;
 };
-// The next draft from MTP logits: greedy requests the argmax after penalties, sampled ones a draw from q (the MTP
-// distribution under the request's sampling transforms, kept in d.q). The sampler accepts it tentatively until
-// finish_drafts().
+// The next draft from MTP logits (masked by d.constraint): greedy requests the argmax after penalties, sampled ones
+// a draw from q (the MTP distribution under the request's sampling transforms, kept in d.q). The sampler accepts it
+// tentatively until finish_drafts(). Throws dsv4::Error when d.constraint refuses it (nothing recorded then).
 int32_t next_draft(Sampler& smp, std::span<const float> logits, DraftTokens& d);
 void finish_drafts(Sampler& smp, DraftTokens& d);
+// Per-request work of a verify besides the sampler's (both optional), what a plain decode step does per token:
+//   constraint: masks row j before the decision (its state: after x_P and the accepted d_1..d_j) and is told each
+//     accepted draft, so that it ends in the state after the accepted prefix; the emitted token is the caller's to
+//     tell it (as after a plain step). A draft it forbids has p(d) = 0 / is never the argmax: rejected.
+//   top_logprobs >= 0: the log-probabilities of every emitted token from its row's raw logits (sampling/logprobs.h).
+struct VerifyHooks {
+  TokenConstraint* constraint = nullptr;
+  int top_logprobs = -1;
+};
 struct VerifyOutcome {
   std::vector<int32_t> accepted;         // the accepted prefix of the drafts
   int32_t emit = -1;                     // the target's token after it (-1 with bad)
   bool bad = false;                      // non-finite target logits
+  std::vector<TokenLogprobs> logprobs;   // VerifyHooks::top_logprobs >= 0: accepted..., emit (one per token)
 };
 // The target's decision over drafts d_1..d_k given its k + 1 logits rows (modified in place) of the verify step.
 VerifyOutcome verify_drafts(Sampler& smp, std::span<const int32_t> drafts, const std::vector<std::vector<float>>& q,
-                            std::vector<std::vector<float>>& rows, const std::vector<char>& finite);
+                            std::vector<std::vector<float>>& rows, const std::vector<char>& finite,
+                            const VerifyHooks& hooks = {});
+
+// What the SpecDecoder needs of one request (loop thread).
+struct SpecRequest {
+  Sampler& sampler;
+  TokenConstraint* constraint = nullptr;  // VerifyHooks::constraint; a clone() of it masks the drafts
+  int top_logprobs = -1;                  // VerifyHooks::top_logprobs
+  bool ignore_eos = false;                // drafts go on past EOS
+};
+using SpecRequestOf = std::function<SpecRequest(uint64_t)>;
 
 class SpecDecoder {
  public:
@@ -72,14 +103,16 @@ class SpecDecoder {
 
   struct Outcome {
     std::vector<int32_t> tokens;   // emitted: accepted drafts, then the target's token
+    std::vector<TokenLogprobs> logprobs;  // top_logprobs >= 0: one per token
     int64_t n_draft = 0, n_accepted = 0;
     bool bad = false;              // non-finite logits
+    std::string error;             // the constraint failed (nothing emitted)
   };
   // After the forward step: the outcome of every verify step, its rejected positions rolled back in the pool, the
   // items' token counts cut to the kept positions and the accepted drafts appended to the scheduler (call before
-  // Scheduler::commit; the emitted target token is appended by the caller as a sampled token).
-  std::map<uint64_t, Outcome> resolve(Scheduler::Step& step, Scheduler& sched,
-                                      const std::function<Sampler&(uint64_t)>& sampler_of);
+  // Scheduler::commit; the emitted target token is appended by the caller as a sampled token). The requests'
+  // constraints were told the accepted drafts (VerifyHooks), not the emitted token.
+  std::map<uint64_t, Outcome> resolve(Scheduler::Step& step, Scheduler& sched, const SpecRequestOf& request_of);
 
   struct Want {
     uint64_t id = 0;
@@ -87,8 +120,7 @@ class SpecDecoder {
     int64_t snapshot = -1;         // a snapshot the step took after the last computed position (DraftSeq)
   };
   // Drafts for sequences that just got a token (their last token not computed yet), in one batched draft() call.
-  void draft(std::span<const Want> wants, Scheduler& sched, const std::function<Sampler&(uint64_t)>& sampler_of,
-             int32_t eos_id, const std::function<bool(uint64_t)>& ignore_eos);
+  void draft(std::span<const Want> wants, Scheduler& sched, const SpecRequestOf& request_of, int32_t eos_id);
   // Forget the drafts of sequences not in `live` (ended, cancelled).
   void retain(const std::function<bool(uint64_t)>& live);
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <span>
 
 #include "sampling/vocab_trie.h"
@@ -19,6 +20,9 @@ class TokenConstraint {
   virtual ~TokenConstraint() = default;
   virtual void apply(std::span<float> logits) = 0;
   virtual void accept(int32_t token) = 0;
+  // An independent copy of the current state (speculative decoding masks its drafts with one, engine/spec_decode.h);
+  // null: cannot be copied (drafts are then not masked; the verified tokens still are).
+  virtual std::unique_ptr<TokenConstraint> clone() const { return nullptr; }
 };
 
 // logits[t] = -infinity for every t not in `allowed` (ids past the mask are forbidden too).

@@ -237,7 +237,9 @@ ojson anthropic_usage_json(const GenerationResult& r) {
   return {{"input_tokens", t.prompt_tokens - t.cached_tokens},
           {"cache_creation_input_tokens", 0},
           {"cache_read_input_tokens", t.cached_tokens},
-          {"output_tokens", static_cast<int64_t>(r.ids.size())}};
+          {"output_tokens", static_cast<int64_t>(r.ids.size())},
+          {"draft_n", t.drafted_tokens},             // speculative decoding (--spec-draft): drafts verified
+          {"draft_n_accepted", t.accepted_tokens}};  // ... and accepted (the names of the OpenAI path's timings)
 }
 
 namespace {

@@ -17,10 +17,12 @@
 //   [text {text}] [tool_use {id, name, input}...] (blocks with something in them; one empty text block when there is
 //   nothing at all, streamed or not), stop_reason end_turn | max_tokens | stop_sequence | tool_use,
 //   stop_sequence, usage {input_tokens (not cached), cache_read_input_tokens, cache_creation_input_tokens 0,
-//   output_tokens}}. Thinking blocks carry an empty signature (there is nothing to sign).
+//   output_tokens, draft_n, draft_n_accepted (speculative decoding: drafts verified / accepted, as the OpenAI path's
+//   timings)}}. Thinking blocks carry an empty signature (there is nothing to sign).
 // Stream: SSE `event: <type>` + `data: {…}`: message_start (content [], usage), then per block content_block_start
 //   / content_block_delta (thinking_delta + a final signature_delta, text_delta, input_json_delta with the whole
-//   arguments) / content_block_stop, then message_delta {stop_reason, stop_sequence} + usage, then message_stop.
+//   arguments) / content_block_stop, then message_delta {stop_reason, stop_sequence} + usage (the whole message's,
+//   draft counts included), then message_stop.
 //   Errors after the start: `event: error` with {"type": "error", "error": {…}}.
 #pragma once
 #include <cstdint>

@@ -2,6 +2,7 @@
 // masks, the answer grammar and EOS.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -193,4 +194,50 @@ TEST(OutputConstraint, RejectsForeignGrammars) {
   o.grammar =
       std::make_shared<GrammarAutomaton>(b.build(root), std::make_shared<VocabTrie>(std::vector<std::string>{"x"}));
   EXPECT_THROW(OutputConstraint(t.vocab, o), Error);
+}
+
+// A copy (clone(), the drafts of speculative decoding) steps the shared automaton ahead of the original; with caches
+// small enough that every step drops them (GrammarAutomaton::Limits), the states are renumbered all the time, yet
+// the original and each copy give at every position the masks of a constraint over an automaton of its own.
+TEST(OutputConstraint, ClonesOverASharedAutomatonThatResetsKeepTheirStates) {
+  Tiny t;
+  auto grammar = [] {
+    GrammarBuilder b;
+    const int32_t root = b.rule("root");
+    b.add(root, GrammarBuilder::cat(b.lit("ab"), b.repeat({b.bytes(ByteSet::range('0', '9'))}, 1, 8), b.lit(";")));
+    return b.build(root);
+  };
+  GrammarAutomaton::Limits tiny;
+  tiny.max_masks = 0;  // any cached mask: the next step_token drops the caches
+  auto shared = std::make_shared<GrammarAutomaton>(grammar(), t.vocab->trie, tiny);
+  OutputConstraintOptions o;
+  o.grammar = shared;
+  OutputConstraint c(t.vocab, o);
+  o.grammar = std::make_shared<GrammarAutomaton>(grammar(), t.vocab->trie);
+  OutputConstraint ref(t.vocab, o);
+  const std::string text = "ab12345;";
+  auto mask_of = [&](TokenConstraint& x) {
+    std::vector<float> l = flat(t.vocab->n_vocab());
+    x.apply(l);
+    std::vector<int32_t> ok;
+    for (int32_t k = 0; k < t.vocab->n_vocab(); ++k)
+      if (allowed(l, k)) ok.push_back(k);
+    return ok;
+  };
+  for (size_t i = 0; i < text.size(); ++i) {
+    std::unique_ptr<TokenConstraint> d = c.clone();
+    ASSERT_TRUE(d);
+    for (size_t j = i; j < text.size(); ++j) {  // the copy runs ahead to the end
+      (void)mask_of(*d);
+      d->accept(t.byte(text[j]));
+    }
+    EXPECT_TRUE(static_cast<OutputConstraint&>(*d).answer_complete());
+    const auto want = mask_of(ref);
+    EXPECT_EQ(mask_of(c), want) << "position " << i;
+    EXPECT_NE(std::find(want.begin(), want.end(), t.byte(text[i])), want.end());
+    c.accept(t.byte(text[i]));
+    ref.accept(t.byte(text[i]));
+  }
+  EXPECT_TRUE(c.answer_complete());
+  EXPECT_GT(shared->stats().resets, int64_t(text.size())) << "the caches were never dropped: the test checks nothing";
 }

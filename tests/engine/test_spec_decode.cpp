@@ -7,12 +7,16 @@
 //   decoding with speculation is reproducible (same seed, alone or in a batch of 8: same tokens);
 // * the single-request Engine (generate / chat / serve) with a speculating model: the same ids, text, stop strings
 //   and log-probabilities as without, seeded sampling reproducible;
+// * requests with log-probabilities or a token constraint speculate too: the same tokens and, bitwise, the same
+//   log-probabilities as decoding without speculation (sampled: as a plain run forced to the same tokens);
 // * bad options are refused.
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <bit>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -415,6 +419,134 @@ TEST(SpecLoop, HitsOnGeneratedBlocksGiveTheColdRunsDrafts) {
   EXPECT_EQ(hit.drafted_tokens, cold.drafted_tokens);
   EXPECT_EQ(hit.accepted_tokens, cold.accepted_tokens);
   EXPECT_GT(hit.accepted_tokens, 0);
+}
+
+}  // namespace
+
+namespace {
+
+// Allows exactly the given tokens in order (then anything): a plain run under it recomputes the log-probabilities of
+// another run's tokens position by position, without speculation.
+class ForceTokens : public TokenConstraint {
+ public:
+  explicit ForceTokens(std::vector<int32_t> seq) : seq_(std::move(seq)) {}
+  void apply(std::span<float> logits) override {
+    if (i_ >= seq_.size()) return;
+    for (size_t t = 0; t < logits.size(); ++t)
+      if (int32_t(t) != seq_[i_]) logits[t] = -std::numeric_limits<float>::infinity();
+  }
+  void accept(int32_t token) override {
+    if (i_ < seq_.size() && token != seq_[i_]) fail("forced token {} expected, got {}", seq_[i_], token);
+    ++i_;
+  }
+
+ private:
+  std::vector<int32_t> seq_;
+  size_t i_ = 0;
+};
+
+struct LpRun {
+  std::vector<RequestStream::Result> results;
+  EngineLoop::Stats stats;
+};
+
+// Requests i = 0.. with top_logprobs 3, seed seed0 + i and max_tokens 24 + 5 i (drafts capped at different steps),
+// all in one loop of `parallel` slots; forced[i] non-empty: that request runs under ForceTokens(forced[i]).
+LpRun run_logprobs(std::shared_ptr<const Model> m, const std::vector<std::vector<int32_t>>& prompts, int k,
+                   int64_t parallel, const SamplingParams& sp, const std::vector<std::vector<int32_t>>& forced = {},
+                   uint64_t seed0 = 2000) {
+  EngineLoopOptions o;
+  o.max_running = parallel;
+  o.start_thread = false;
+  o.spec_draft = k;
+  o.n_pages = 8 * parallel;
+  o.n_snapshots = 4;
+  EngineLoop loop(m, o);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EngineRequest r;
+    r.prompt = prompts[i];
+    r.sampling = sp;
+    r.sampling.seed = seed0 + i;
+    r.max_tokens = 24 + 5 * int64_t(i);
+    r.ignore_eos = true;
+    r.top_logprobs = 3;
+    if (i < forced.size() && !forced[i].empty()) r.constraint = std::make_shared<ForceTokens>(forced[i]);
+    streams.push_back(loop.submit(std::move(r)));
+  }
+  loop.run_until_idle();
+  LpRun out;
+  for (auto& s : streams) out.results.push_back(s->wait());
+  out.stats = loop.stats();
+  return out;
+}
+
+// Bitwise: ids, log-probabilities and alternatives.
+void expect_same_logprobs(const RequestStream::Result& got, const RequestStream::Result& want, const std::string& what) {
+  EXPECT_EQ(got.end, StreamEnd::length) << what << ": " << got.error;
+  EXPECT_EQ(got.tokens, want.tokens) << what;
+  ASSERT_EQ(got.logprobs.size(), got.tokens.size()) << what;
+  ASSERT_EQ(got.logprobs.size(), want.logprobs.size()) << what;
+  for (size_t j = 0; j < got.logprobs.size(); ++j) {
+    const TokenLogprobs &a = got.logprobs[j], &b = want.logprobs[j];
+    ASSERT_EQ(a.id, got.tokens[j]) << what << " token " << j;
+    EXPECT_EQ(a.id, b.id) << what << " token " << j;
+    EXPECT_EQ(std::bit_cast<uint32_t>(a.logprob), std::bit_cast<uint32_t>(b.logprob)) << what << " token " << j;
+    ASSERT_EQ(a.top.size(), 3u);
+    ASSERT_EQ(a.top.size(), b.top.size());
+    for (size_t t = 0; t < a.top.size(); ++t) {
+      EXPECT_EQ(a.top[t].id, b.top[t].id) << what << " token " << j;
+      EXPECT_EQ(std::bit_cast<uint32_t>(a.top[t].logprob), std::bit_cast<uint32_t>(b.top[t].logprob))
+          << what << " token " << j;
+    }
+  }
+}
+
+// Logprobs requests speculate (drafts verified) and report, per token, the log-probabilities of the target's raw
+// logits at its position: bitwise those of decoding without speculation. Greedy: the plain run's tokens and
+// logprobs. Seeded sampled: speculation draws differently, so the reference is a plain run forced (ForceTokens) to
+// the speculative run's tokens; the same forcing under speculation with other seeds (other drafts: the constraint
+// rejects those that differ) too.
+// Six requests of different lengths share the loop's steps, one slot each or two slots for all.
+TEST(SpecLoop, LogprobsRequestsSpeculateWithIdenticalLogprobs) {
+  auto m = load_mtp("demo");
+  auto prompts = prompts_for("demo", m->n_vocab());
+  prompts.resize(6);
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  SamplingParams sampled;
+  sampled.temperature = 0.8f;
+  sampled.top_k = 40;
+  const LpRun plain = run_logprobs(m, prompts, 0, 6, greedy);
+  EXPECT_EQ(plain.stats.drafted_tokens, 0);
+  for (int k = 1; k <= 4; ++k) {
+    const int64_t parallel = k % 2 ? 6 : 2;
+    const LpRun g = run_logprobs(m, prompts, k, parallel, greedy);
+    int64_t drafted = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      expect_same_logprobs(g.results[i], plain.results[i], "greedy k=" + std::to_string(k) + " #" + std::to_string(i));
+      drafted += g.results[i].drafted_tokens;
+      EXPECT_LE(g.results[i].accepted_tokens, g.results[i].drafted_tokens);
+    }
+    EXPECT_GT(drafted, 0) << "k=" << k << ": logprobs requests decoded without drafts";
+    EXPECT_GT(g.stats.accepted_tokens, 0);
+
+    const LpRun s = run_logprobs(m, prompts, k, parallel, sampled);
+    std::vector<std::vector<int32_t>> forced;
+    for (const auto& r : s.results) forced.push_back(r.tokens);
+    const LpRun ref = run_logprobs(m, prompts, 0, 6, sampled, forced);
+    const LpRun ref_spec = run_logprobs(m, prompts, k, parallel, sampled, forced, 3000);
+    EXPECT_EQ(ref.stats.drafted_tokens, 0);
+    EXPECT_GT(s.stats.drafted_tokens, 0);
+    EXPECT_GT(s.stats.accepted_tokens, 0);
+    EXPECT_GT(ref_spec.stats.drafted_tokens, 0);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const std::string what = "sampled k=" + std::to_string(k) + " #" + std::to_string(i);
+      ASSERT_EQ(s.results[i].tokens.size(), size_t(24 + 5 * i)) << what;
+      expect_same_logprobs(s.results[i], ref.results[i], what);
+      expect_same_logprobs(ref_spec.results[i], ref.results[i], what + " forced");
+    }
+  }
 }
 
 }  // namespace

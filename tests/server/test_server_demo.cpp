@@ -196,3 +196,113 @@ TEST(ServerDemo, SpeculativeDecodingKeepsTheTextAndReportsDrafts) {
   EXPECT_NE(metrics.find("dsv4_spec_accepted_tokens_total " + std::to_string(accepted)), std::string::npos)
       << metrics;
 }
+
+namespace {
+// Anthropic SSE: (event, data) pairs.
+std::vector<std::pair<std::string, json>> sse_events(const std::string& body) {
+  std::vector<std::pair<std::string, json>> out;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    size_t end = body.find("\n\n", pos);
+    if (end == std::string::npos) end = body.size();
+    const std::string ev = body.substr(pos, end - pos);
+    pos = end + 2;
+    if (ev.rfind("event: ", 0) != 0) continue;
+    const size_t nl = ev.find('\n');
+    out.emplace_back(ev.substr(7, nl - 7), json::parse(ev.substr(nl + 7)));
+  }
+  return out;
+}
+}  // namespace
+
+// --spec-draft through the Anthropic API (/v1/messages): usage reports the drafts and the accepted drafts (draft_n,
+// draft_n_accepted: the names of the OpenAI path's timings), streamed (message_delta) and not, with the text of a
+// server without speculation (which reports 0 drafts). And an OpenAI chat request with a JSON-schema response
+// format and log-probabilities speculates too: the same content and log-probabilities as without, drafts reported.
+TEST(ServerDemo, SpeculativeDecodingReportsDraftsThroughAnthropicAndConstrainedRequests) {
+  ASSERT_TRUE(std::filesystem::exists(kDir / "config.json")) << "demo model missing: " << kDir;
+  auto tok = std::make_shared<Tokenizer>(Tokenizer::from_file(kDir / "tokenizer.json"));
+  ModelOptions mo;
+  mo.spec_draft = 3;
+  std::shared_ptr<const Model> spec_model = Model::load(kDir, mo);
+  const json msg = {{"model", "x"}, {"max_tokens", 32}, {"temperature", 0},
+                    {"messages", {{{"role", "user"}, {"content", "Tell me about the river and the hills."}}}}};
+  json stream_msg = msg;
+  stream_msg["stream"] = true;
+  const json schema = json::parse(R"({"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+      "age": {"type": "integer"}}, "required": ["name", "age"]})");
+  const json chat = {{"model", "x"}, {"max_tokens", 40}, {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 2},
+                     {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "p"}, {"schema", schema}}}}},
+                     {"messages", {{{"role", "user"}, {"content", "A person as JSON."}}}}};
+  struct Answers {
+    json message, events, chat;
+  };
+  auto run = [&](std::shared_ptr<const Model> m, int spec_draft) {
+    ServerOptions so;
+    so.port = 0;
+    so.n_ctx = 512;
+    so.engine.max_running = 4;
+    so.engine.state_bytes = uint64_t(64) << 20;
+    so.engine.spec_draft = spec_draft;
+    Server server(so, batch_model_of(std::move(m)), tok);
+    const int port = server.bind();
+    std::thread th([&] { server.serve(); });
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(120, 0);
+    auto post = [&](const std::string& path, const json& body) -> std::string {
+      auto r = c.Post(path, body.dump(), "application/json");
+      return r && r->status == 200 ? r->body : "";
+    };
+    Answers a;
+    const std::string m1 = post("/v1/messages", msg);
+    a.message = m1.empty() ? json() : json::parse(m1);
+    a.events = json::array();
+    for (const auto& [t, d] : sse_events(post("/v1/messages", stream_msg))) a.events.push_back({t, d});
+    const std::string c1 = post("/v1/chat/completions", chat);
+    a.chat = c1.empty() ? json() : json::parse(c1);
+    server.stop();
+    th.join();
+    return a;
+  };
+  const Answers plain = run(demo_model(), 0);
+  const Answers spec = run(spec_model, 3);
+  for (const Answers* a : {&plain, &spec}) {
+    ASSERT_TRUE(a->message.contains("usage")) << a->message.dump();
+    ASSERT_GE(a->events.size(), 3u);
+    ASSERT_TRUE(a->chat.contains("choices")) << a->chat.dump();
+  }
+  EXPECT_EQ(spec.message["content"], plain.message["content"]);
+  EXPECT_EQ(plain.message["usage"]["draft_n"], 0);
+  EXPECT_EQ(plain.message["usage"]["draft_n_accepted"], 0);
+  const int64_t drafted = spec.message["usage"]["draft_n"], accepted = spec.message["usage"]["draft_n_accepted"];
+  EXPECT_GT(drafted, 0);
+  EXPECT_GT(accepted, 0);
+  EXPECT_LE(accepted, drafted);
+  EXPECT_EQ(spec.message["usage"]["output_tokens"], plain.message["usage"]["output_tokens"]);
+  // streamed: message_delta's usage, the same text
+  auto streamed = [](const json& events, json& usage) {
+    std::string text;
+    for (const auto& e : events) {
+      if (e[0] == "message_delta") usage = e[1]["usage"];
+      if (e[0] == "content_block_delta" && e[1]["delta"]["type"] == "text_delta")
+        text += e[1]["delta"]["text"].get<std::string>();
+    }
+    return text;
+  };
+  json su, pu;
+  const std::string stext = streamed(spec.events, su), ptext = streamed(plain.events, pu);
+  EXPECT_EQ(stext, ptext);
+  EXPECT_EQ(stext, spec.message["content"][0].value("text", std::string()));
+  EXPECT_EQ(pu["draft_n"], 0);
+  EXPECT_EQ(su["draft_n"], drafted) << "the same request drafts the same";
+  EXPECT_EQ(su["draft_n_accepted"], accepted);
+  // constrained + logprobs chat
+  const json &sc = spec.chat["choices"][0], &pc = plain.chat["choices"][0];
+  EXPECT_EQ(sc["message"]["content"], pc["message"]["content"]);
+  EXPECT_TRUE(json::parse(pc["message"]["content"].get<std::string>(), nullptr, false).is_object())
+      << pc["message"]["content"];
+  EXPECT_EQ(sc["logprobs"], pc["logprobs"]);
+  EXPECT_FALSE(pc["logprobs"]["content"].empty());
+  EXPECT_EQ(plain.chat["timings"]["draft_n"], 0);
+  EXPECT_GT(spec.chat["timings"]["draft_n"].get<int64_t>(), 0) << "the constrained request decoded without drafts";
+}
