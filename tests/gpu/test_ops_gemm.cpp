@@ -592,6 +592,10 @@ TEST(CudaGemm, RealAttentionProjections) {
   run_real({"wkv", kFp8, 512, 4096, kQ, true, 0, -1, {1, 5, 64, 300}, true}, 15);
   run_real({"wo_b", kFp8, 4096, 8192, kQ, true, 0, -1, {1, 5, 64, 300}, true}, 16);
   run_real({"wo_b", kFp8, 4096, 8192, kD, false, 0, -1, {1, 64}, false}, 17);
+  // the tensor-core decode kernel's persistent loop: more 16-row tiles than the GPU holds blocks at once (each block
+  // takes several groups), and a tile count that leaves the last group of 2-slice tiles partial
+  run_real({"wide", kFp8, 65536, 1024, kQ, true, 0, -1, {1, 5, 8}, true}, 18);
+  run_real({"odd_tiles", kFp8, 16480, 2048, kQ, true, 0, -1, {1, 3, 8}, true}, 19);
 }
 
 TEST(CudaGemm, RealWoAGroupsWeightAsBf16) {
@@ -637,7 +641,8 @@ TEST(CudaGemm, BatchInvariance) {
                      {"expert.w1", kFp4, 2048, 4096, kD, false, 0, -1},
                      {"gate", kBf16, 256, 4096, kD, false, 0, -1},
                      {"wo_a.g1", kFp8, 8192, 4096, kDw, true, 1024, 2048},
-                     {"wo_b", kFp8, 4096, 8192, kQ, true, 0, -1}};
+                     {"wo_b", kFp8, 4096, 8192, kQ, true, 0, -1},
+                     {"odd_tiles", kFp8, 16480, 2048, kQ, true, 0, -1}};
   const int64_t N = 300, rows_checked[] = {0, 137, 299};
   uint64_t seed = 900;
   for (const C& c : cases) {

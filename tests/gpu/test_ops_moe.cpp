@@ -669,5 +669,32 @@ TEST(CudaMoe, MoeBatchInvariance) {
   }
 }
 
+TEST(CudaMoe, MoeDecodeBatchInvarianceFast) {
+  DSV4_REQUIRE_GPU();
+  // the default (fast) path of decode batches: the small-segment tensor-core kernel's grid follows the number of
+  // expert slots, its sums do not: row t of an 8-token call == the token alone, == the first rows of a 3-token call
+  const int64_t n = 8;
+  std::vector<int32_t> ids;
+  std::vector<float> wts;
+  make_routing(kRandom, n, 311, ids, wts);
+  const std::vector<float> x = make_x(n, MoeModel::D, 312, true);
+  const MoeRun all = moe_gpu(x, n, ids, wts, true, true, 10.0f, GemmPath::auto_);
+  for (const int64_t t : {int64_t(0), int64_t(4), int64_t(7)}) {
+    const std::vector<float> xt(x.begin() + t * MoeModel::D, x.begin() + (t + 1) * MoeModel::D);
+    const std::vector<int32_t> it(ids.begin() + t * kK, ids.begin() + (t + 1) * kK);
+    const std::vector<float> wt(wts.begin() + t * kK, wts.begin() + (t + 1) * kK);
+    const MoeRun one = moe_gpu(xt, 1, it, wt, true, true, 10.0f, GemmPath::auto_);
+    const std::vector<float> row(all.y.begin() + t * MoeModel::D, all.y.begin() + (t + 1) * MoeModel::D);
+    expect_bitwise("moe batch invariance", strf("(Q) path=auto: row %lld of 8 tokens vs alone", (long long)t), row,
+                   one.y);
+  }
+  const std::vector<float> x3(x.begin(), x.begin() + 3 * MoeModel::D);
+  const std::vector<int32_t> i3(ids.begin(), ids.begin() + 3 * kK);
+  const std::vector<float> w3(wts.begin(), wts.begin() + 3 * kK);
+  const MoeRun three = moe_gpu(x3, 3, i3, w3, true, true, 10.0f, GemmPath::auto_);
+  expect_bitwise("moe batch invariance", "(Q) path=auto: rows 0..2 of 3 tokens vs of 8",
+                 std::vector<float>(all.y.begin(), all.y.begin() + 3 * MoeModel::D), three.y);
+}
+
 }  // namespace
 }  // namespace dsv4::test::gpu

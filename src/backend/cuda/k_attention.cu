@@ -585,6 +585,9 @@ __global__ void __launch_bounds__(kThreads) attn_combine_kernel(const float* par
   }
 }
 
+}  // namespace
+
+// (kernels.h)
 int sm_count() {
   static std::atomic<int> cached[64] = {};
   int dev = 0;
@@ -596,6 +599,8 @@ int sm_count() {
   }
   return n;
 }
+
+namespace {
 
 template <int G, int NCH>
 void launch(const AttnArgs& a, int64_t n_tok, cudaStream_t stream) {

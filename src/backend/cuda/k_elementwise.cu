@@ -255,11 +255,13 @@ __global__ void hadamard_kernel(float* x, int64_t n_rows, int dim, int tpr, floa
     for (int i = lane; i < dim; i += tpr) xr[i] = maybe_bf16(__fmul_rn(v[i], scale), bf16);
 }
 
-// ---- check_finite: one block per row -----------------------------------------------------------------------------
-__global__ void check_finite_kernel(const float* x, int64_t dim, int32_t* bad) {
+// ---- check_finite: one block per row, 8 loads in flight per thread (a 129,280-float logits row was ~100 us as a
+// serial chain of loads) ------------------------------------------------------------------------------------------
+__global__ void __launch_bounds__(1024) check_finite_kernel(const float* x, int64_t dim, int32_t* bad) {
   const float* xr = x + int64_t(blockIdx.x) * dim;
   int b = 0;
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) b |= (f_bits(xr[i]) & 0x7F800000u) == 0x7F800000u;
+#pragma unroll 8
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) b |= (f_bits(__ldg(xr + i)) & 0x7F800000u) == 0x7F800000u;
   b = __syncthreads_or(b);
   if (threadIdx.x == 0) bad[blockIdx.x] = b ? 1 : 0;
 }
@@ -408,7 +410,7 @@ void hadamard(float* x, int64_t n_rows, int64_t dim, bool bf16, cudaStream_t str
 
 void check_finite(const float* x, int64_t n_rows, int64_t dim, int32_t* bad, cudaStream_t stream) {
   if (n_rows <= 0) return;
-  check_finite_kernel<<<unsigned(n_rows), 512, 0, stream>>>(x, dim, bad);
+  check_finite_kernel<<<unsigned(n_rows), 1024, 0, stream>>>(x, dim, bad);
 }
 
 void gather_rows(const float* a, int64_t n_a, const float* b, const int32_t* idx, int64_t n, int64_t dim, float* out,

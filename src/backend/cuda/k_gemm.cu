@@ -244,6 +244,28 @@ __device__ __forceinline__ uint32_t enc_e4m3(float v) {  // v an exact e4m3 valu
   return sign | ((((ab >> 23) - 120u) & 0xFu) << 3) | ((ab >> 20) & 7u);
 }
 
+// act_quant of one 128-column block by a warp (act_quant_kernel's arithmetic): lane holds columns j * 32 + lane
+// (j < 4; 0 at or beyond len) of the block starting at xr; c[j] gets their codes, the block scale is returned.
+__device__ __forceinline__ float warp_act_quant128(const float* xr, int len, int lane, float c[4]) {
+  float m = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int i = j * 32 + lane;
+    c[j] = i < len ? xr[i] : 0.0f;
+    const float a = fabsf(c[j]);
+    m = a > m ? a : m;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float u = __shfl_xor_sync(0xFFFFFFFFu, m, o);
+    m = u > m ? u : m;
+  }
+  const float sc = fp8_act_scale(m), inv = __fdiv_rn(1.0f, sc);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) c[j] = fp8_quant(c[j], inv);
+  return sc;
+}
+
 // One warp per (row, 128-column block). E4M3: q8/s_t (cuBLASLt layout), rows >= rows_real are padding.
 template <bool E4M3>
 __global__ void __launch_bounds__(256) act_quant_kernel(const float* x, int64_t rows_real, int64_t rows, int64_t K,
@@ -259,31 +281,16 @@ __global__ void __launch_bounds__(256) act_quant_kernel(const float* x, int64_t 
     if (lane == 0) s_t[b * rows + row] = 1.0f;
     return;
   }
-  const float* xr = x + row * K + k0;
-  float v[4];
-  float m = 0.0f;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int i = j * 32 + lane;
-    v[j] = i < len ? xr[i] : 0.0f;
-    const float a = fabsf(v[j]);
-    m = a > m ? a : m;
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float t = __shfl_xor_sync(0xFFFFFFFFu, m, o);
-    m = t > m ? t : m;
-  }
-  const float sc = fp8_act_scale(m), inv = __fdiv_rn(1.0f, sc);
+  float c[4];
+  const float sc = warp_act_quant128(x + row * K + k0, len, lane, c);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int i = j * 32 + lane;
     if (i < len) {
-      const float c = fp8_quant(v[j], inv);
       if (E4M3)
-        q8[row * K + k0 + i] = static_cast<uint8_t>(enc_e4m3(c));
+        q8[row * K + k0 + i] = static_cast<uint8_t>(enc_e4m3(c[j]));
       else
-        q[row * K + k0 + i] = c;
+        q[row * K + k0 + i] = c[j];
     }
   }
   if (lane == 0) {
@@ -1441,117 +1448,146 @@ __global__ void __launch_bounds__(GV_THREADS) gemv_kernel(const GArgs A) {
 // ---- gemv_tc_kernel: (Q) FP8 linear of 1..8 tokens on tensor cores (fast mode) -------------------------------------
 // y[m, n] = sum over 128-column blocks kb of (sum_k xcode[m, k] wcode[n, k]) * sa[m, kb] * sw[n / 128, kb], the
 // products by mma.sync m16n8k32 e4m3 (exact; the tensor core's fp32 sums inside one mma, each mma's result added in
-// fp32 as tc_kernel does) instead of decoding every weight to fp32 (the decode and FMA instructions, not the bytes,
-// bound gemv_kernel). The block quantizes x itself into shared memory (act_quant_kernel's codes and scales).
-// Block: one 16-row tile, the 8 warps splitting K (K / 8 a multiple of 128). Lane (g, t) loads 16 bytes at 16 t and
-// 64 + 16 t of each 128-column block of the tile's rows g and g + 8, and token g's codes at the same columns: the
-// four mma of a block see the columns permuted alike in A and B (the same products). Column m of D is token m (an
-// output never depends on another column), so a token's result is the same alone or with up to 7 others. The 8
-// warps' partial sums are added in warp order (deterministic).
+// fp32 as tc_kernel does) instead of decoding every weight to fp32. The block quantizes x itself into shared memory
+// (act_quant_kernel's codes and scales, warp_act_quant128).
+// Work: 16-row tiles; KS warps (1, 2, 4 or 8, from the shape: gemv_tc_ks) split a tile's K, so a block of 8 warps
+// covers 8 / KS tiles at a time (a "group"). The grid is persistent (at most the blocks that fit the GPU at once):
+// block b takes groups b, b + gridDim.x, ... and each warp streams its (tile, 128-column block) items through a ring
+// of GT_PF items in registers, the next items' loads (weights and their scale) in flight while it runs the mma of
+// the current one, across tile boundaries too: one prologue per block, no waves of short blocks.
+// Lane (g, t) loads 16 bytes at 16 t and 64 + 16 t of each 128-column block of the tile's rows g and g + 8, and
+// token g's codes at the same columns: the four mma of a block see the columns permuted alike in A and B (the same
+// products). Column m of D is token m (an output never depends on another column), so a token's result is the same
+// alone or with up to 7 others. A warp adds its items in ascending kb, the KS slices are added in slice order
+// (deterministic; the order depends on the shape only).
 constexpr int GT_THREADS = 256, GT_WARPS = 8, GT_ROWS = 16, GT_MAXK = 8192, GT_PF = 4, GT_MAXTOK = 8;
+constexpr int GT_XPAD = 64;               // shared-memory row padding of the codes (conflict-free 16-byte reads)
+constexpr int64_t kGtWarpTarget = 2048;   // (tile, slice) warp tasks a matrix should give before K is split further
 
-__device__ __forceinline__ void tc_mma4(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1,
-                                        float d[4]) {
-  const uint32_t a[4] = {a0, a1, a2, a3};
-  tc_mma(a, b0, b1, d);
+// Warps per tile (K slices) of an nout-row matrix: the fewest (1, 2, 4, 8) that give kGtWarpTarget warp tasks.
+int gemv_tc_ks(int64_t nout) {
+  const int64_t tiles = nout / GT_ROWS;
+  int ks = 1;
+  while (ks < GT_WARPS && tiles * ks < kGtWarpTarget) ks *= 2;
+  return ks;
 }
 
-size_t gemv_tc_smem(int64_t n_tok, int64_t K) { return size_t(n_tok * K) + size_t(n_tok * (K / 128)) * 4; }
+size_t gemv_tc_smem(int64_t n_tok, int64_t K) {
+  return size_t(n_tok * (K + GT_XPAD)) + size_t(n_tok * (K / 128)) * 4;
+}
 
-__global__ void __launch_bounds__(GT_THREADS) gemv_tc_kernel(const GArgs A) {
+__global__ void __launch_bounds__(GT_THREADS, 2) gemv_tc_kernel(const GArgs A) {
   extern __shared__ __align__(16) uint8_t gt_smem[];
   __shared__ float red[GT_WARPS][GT_MAXTOK][GT_ROWS];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int64_t M = A.M, K = A.W.cols, nkb = K / 128, kbw = nkb / GT_WARPS;
-  uint8_t* xq = gt_smem;                                     // activation codes (e4m3 bytes) [M, K]
-  float* xs = reinterpret_cast<float*>(gt_smem + M * K);     // their scales [M, K / 128]
+  const int64_t M = A.M, K = A.W.cols, nkb = K / 128, Kp = K + GT_XPAD;
+  const int KS = A.gv_ks, tpb = GT_WARPS / KS, wt = warp / KS, ks = warp % KS;
+  const int64_t kbw = nkb / KS;                               // items of a warp per tile
+  const int64_t n_tiles = A.nout / GT_ROWS, n_groups = cdiv(n_tiles, tpb);
+  const int64_t n_mine = int64_t(blockIdx.x) < n_groups ? cdiv(n_groups - blockIdx.x, gridDim.x) : 0;
+  const int64_t n_items = n_mine * kbw, tile_step = int64_t(gridDim.x) * tpb;
+  uint8_t* xq = gt_smem;                                      // activation codes (e4m3 bytes) [M, Kp]
+  float* xs = reinterpret_cast<float*>(gt_smem + M * Kp);     // their scales [M, K / 128]
   const WDesc wd = make_wdesc(A.W);
-  const int64_t n0 = int64_t(blockIdx.x) * GT_ROWS, wr0 = A.r0 + n0;  // tile's first output / weight row
-  const uint8_t* wg = wd.w + (wr0 + g) * wd.row_bytes + 16 * t;
-  const uint8_t* wg8 = wg + 8 * wd.row_bytes;
-  const int64_t kb0 = int64_t(warp) * kbw;
+  const int64_t kbs = int64_t(ks) * kbw;                      // the warp's first 128-column block
+
+  // the ring: weights of items i .. i + GT_PF - 1 and the raw bits of their weight scales
   uint4 wv[GT_PF][4];
-  auto load = [&](int64_t b) {  // the warp's k-blocks b .. b + GT_PF - 1 (relative to kb0)
-#pragma unroll
-    for (int i = 0; i < GT_PF; ++i) {
-      if (b + i < kbw) {
-        const int64_t o = (kb0 + b + i) * 128;
-        wv[i][0] = __ldg(reinterpret_cast<const uint4*>(wg + o));
-        wv[i][1] = __ldg(reinterpret_cast<const uint4*>(wg + o + 64));
-        wv[i][2] = __ldg(reinterpret_cast<const uint4*>(wg8 + o));
-        wv[i][3] = __ldg(reinterpret_cast<const uint4*>(wg8 + o + 64));
-      }
+  uint32_t sv[GT_PF];
+  int64_t l_tile = int64_t(blockIdx.x) * tpb + wt, l_kb = 0;  // next item to load
+  auto load = [&](uint4 (&w)[4], uint32_t& s) {
+    if (l_tile < n_tiles) {  // (past the block's last item: l_tile >= n_tiles)
+      const int64_t row = A.r0 + l_tile * GT_ROWS, kb = kbs + l_kb;
+      const uint8_t* p = wd.w + (row + g) * wd.row_bytes + kb * 128 + 16 * t;
+      w[0] = __ldg(reinterpret_cast<const uint4*>(p));
+      w[1] = __ldg(reinterpret_cast<const uint4*>(p + 64));
+      w[2] = __ldg(reinterpret_cast<const uint4*>(p + 8 * wd.row_bytes));
+      w[3] = __ldg(reinterpret_cast<const uint4*>(p + 8 * wd.row_bytes + 64));
+      const int64_t si = (wd.br_sh >= 0 ? row >> wd.br_sh : row / wd.br) * wd.scols + kb;  // (br % 16 == 0)
+      s = wd.sf32 ? __float_as_uint(__ldg(reinterpret_cast<const float*>(wd.scale) + si)) : uint32_t(__ldg(wd.scale + si));
     }
+    if (++l_kb == kbw) l_kb = 0, l_tile += tile_step;
   };
-  load(0);  // in flight while the block quantizes x
+#pragma unroll
+  for (int s = 0; s < GT_PF; ++s) load(wv[s], sv[s]);  // in flight while the block quantizes x
+
   for (int64_t q = warp; q < M * nkb; q += GT_WARPS) {  // act_quant_kernel's codes and scale of (token, block)
     const int64_t m = q / nkb, b = q % nkb;
-    const float* xr = A.a + m * A.lda + b * 128;
-    float v[4];
-    float mx = 0.0f;
+    float c[4];
+    const float sc = warp_act_quant128(A.a + m * A.lda + b * 128, 128, lane, c);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      v[j] = xr[j * 32 + lane];
-      const float a = fabsf(v[j]);
-      mx = a > mx ? a : mx;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float u = __shfl_xor_sync(0xFFFFFFFFu, mx, o);
-      mx = u > mx ? u : mx;
-    }
-    const float sc = fp8_act_scale(mx), inv = __fdiv_rn(1.0f, sc);
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      xq[m * K + b * 128 + j * 32 + lane] = static_cast<uint8_t>(enc_e4m3(fp8_quant(v[j], inv)));
+    for (int j = 0; j < 4; ++j) xq[m * Kp + b * 128 + j * 32 + lane] = static_cast<uint8_t>(enc_e4m3(c[j]));
     if (lane == 0) xs[m * nkb + b] = sc;
   }
   __syncthreads();
-  const bool has_tok = g < M;  // lane (g, t) supplies token g's codes (column g of B)
+
+  const bool has_tok = g < M;            // lane (g, t) supplies token g's codes (column g of B)
   const int m0 = 2 * t, m1 = 2 * t + 1;  // D columns of this lane
   float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // (row g, m0), (row g, m1), (row g + 8, m0), (row g + 8, m1)
-  for (int64_t b = 0; b < kbw; b += GT_PF) {
-    if (b > 0) load(b);
+  int64_t c_tile = int64_t(blockIdx.x) * tpb + wt, c_kb = 0;  // item being consumed
+  for (int64_t i0 = 0; i0 < n_items; i0 += GT_PF) {
 #pragma unroll
-    for (int i = 0; i < GT_PF; ++i) {
-      if (b + i < kbw) {
-        const int64_t kb = kb0 + b + i;
+    for (int s = 0; s < GT_PF; ++s) {
+      if (i0 + s < n_items) {  // (uniform over the block: every warp has n_items items)
+        const int64_t kb = kbs + c_kb;
         uint4 x0 = make_uint4(0u, 0u, 0u, 0u), x1 = x0;
         if (has_tok) {
-          x0 = *reinterpret_cast<const uint4*>(xq + g * K + kb * 128 + 16 * t);
-          x1 = *reinterpret_cast<const uint4*>(xq + g * K + kb * 128 + 64 + 16 * t);
+          x0 = *reinterpret_cast<const uint4*>(xq + g * Kp + kb * 128 + 16 * t);
+          x1 = *reinterpret_cast<const uint4*>(xq + g * Kp + kb * 128 + 64 + 16 * t);
         }
-        const uint4 &r0 = wv[i][0], &r1 = wv[i][1], &s0 = wv[i][2], &s1 = wv[i][3];
+        const uint4 &r0 = wv[s][0], &r1 = wv[s][1], &q0 = wv[s][2], &q1 = wv[s][3];
+        const uint32_t a0[4] = {r0.x, q0.x, r0.y, q0.y}, a1[4] = {r0.z, q0.z, r0.w, q0.w};
+        const uint32_t a2[4] = {r1.x, q1.x, r1.y, q1.y}, a3[4] = {r1.z, q1.z, r1.w, q1.w};
         float blk[4], d[4];
-        tc_mma4(r0.x, s0.x, r0.y, s0.y, x0.x, x0.y, blk);
-        tc_mma4(r0.z, s0.z, r0.w, s0.w, x0.z, x0.w, d);
+        tc_mma(a0, x0.x, x0.y, blk);
+        tc_mma(a1, x0.z, x0.w, d);
 #pragma unroll
         for (int j = 0; j < 4; ++j) blk[j] = __fadd_rn(blk[j], d[j]);
-        tc_mma4(r1.x, s1.x, r1.y, s1.y, x1.x, x1.y, d);
+        tc_mma(a2, x1.x, x1.y, d);
 #pragma unroll
         for (int j = 0; j < 4; ++j) blk[j] = __fadd_rn(blk[j], d[j]);
-        tc_mma4(r1.z, s1.z, r1.w, s1.w, x1.z, x1.w, d);
+        tc_mma(a3, x1.z, x1.w, d);
 #pragma unroll
         for (int j = 0; j < 4; ++j) blk[j] = __fadd_rn(blk[j], d[j]);
-        const float sw = wscale(wd, wr0, kb * 128);
+        const float sw = wd.sf32 ? __uint_as_float(sv[s]) : e8m0_to_float(sv[s]);
+        load(wv[s], sv[s]);  // the item GT_PF ahead into the slot just used
         const float s0m = m0 < M ? __fmul_rn(xs[m0 * nkb + kb], sw) : 0.0f;
         const float s1m = m1 < M ? __fmul_rn(xs[m1 * nkb + kb], sw) : 0.0f;
         tot[0] = __fmaf_rn(blk[0], s0m, tot[0]);
         tot[1] = __fmaf_rn(blk[1], s1m, tot[1]);
         tot[2] = __fmaf_rn(blk[2], s0m, tot[2]);
         tot[3] = __fmaf_rn(blk[3], s1m, tot[3]);
+        if (++c_kb == kbw) {  // the tile's slice is done (uniform: every warp ends a slice on the same item)
+          const int64_t n0 = c_tile * GT_ROWS;
+          const bool tile_ok = c_tile < n_tiles;
+          if (KS == 1) {
+            if (tile_ok) {
+              float* y = A.y + n0 + g;
+              if (m0 < M) y[m0 * A.ldy] = A.out_bf16 ? round_bf16(tot[0]) : tot[0];
+              if (m1 < M) y[m1 * A.ldy] = A.out_bf16 ? round_bf16(tot[1]) : tot[1];
+              if (m0 < M) y[m0 * A.ldy + 8] = A.out_bf16 ? round_bf16(tot[2]) : tot[2];
+              if (m1 < M) y[m1 * A.ldy + 8] = A.out_bf16 ? round_bf16(tot[3]) : tot[3];
+            }
+          } else {
+            if (m0 < M) red[warp][m0][g] = tot[0], red[warp][m0][g + 8] = tot[2];
+            if (m1 < M) red[warp][m1][g] = tot[1], red[warp][m1][g + 8] = tot[3];
+            __syncthreads();
+            const int64_t tile0 = c_tile - wt;  // the group's first tile
+            for (int o = tid; o < tpb * M * GT_ROWS; o += GT_THREADS) {
+              const int tw = o / int(M * GT_ROWS), m = (o / GT_ROWS) % int(M), r = o % GT_ROWS;
+              if (tile0 + tw >= n_tiles) continue;
+              float v = red[tw * KS][m][r];
+              for (int q = 1; q < KS; ++q) v = __fadd_rn(v, red[tw * KS + q][m][r]);
+              A.y[m * A.ldy + (tile0 + tw) * GT_ROWS + r] = A.out_bf16 ? round_bf16(v) : v;
+            }
+            __syncthreads();  // red is reused by the next group
+          }
+          tot[0] = tot[1] = tot[2] = tot[3] = 0.0f;
+          c_kb = 0;
+          c_tile += tile_step;
+        }
       }
     }
-  }
-  if (m0 < M) red[warp][m0][g] = tot[0], red[warp][m0][g + 8] = tot[2];
-  if (m1 < M) red[warp][m1][g] = tot[1], red[warp][m1][g + 8] = tot[3];
-  __syncthreads();
-  if (tid < M * GT_ROWS) {
-    const int m = tid / GT_ROWS, r = tid % GT_ROWS;
-    float s = red[0][m][r];
-#pragma unroll
-    for (int w = 1; w < GT_WARPS; ++w) s = __fadd_rn(s, red[w][m][r]);
-    A.y[m * A.ldy + n0 + r] = A.out_bf16 ? round_bf16(s) : s;
   }
 }
 
@@ -1562,8 +1598,14 @@ __global__ void __launch_bounds__(GT_THREADS) gemv_tc_kernel(const GArgs A) {
 // each 64-byte (128-column) block, i.e. columns 32 s + 8 t .. + 7 of group s; fp4_as_e4m3 puts its even columns in
 // a0 / a1 and its odd ones in a2 / a3, and the activation codes are staged in shared memory in the same order (per
 // 8 columns: the 4 even ones, then the 4 odd ones). Rows of the segment are taken 8 at a time (the 8 columns of B;
-// a row's result does not depend on the others). Block: one 16-row output tile of one expert, 8 warps splitting K.
-constexpr int MT_THREADS = 256, MT_WARPS = 8, MT_ROWS = 16, MT_COLS = 8;
+// a row's result does not depend on the others).
+// Work: blockIdx.x = bt * n_slots + slot: the block takes expert slot's 16-row output tiles bt, bt + n_bt, ...
+// (n_bt = gridDim.x / n_slots: the launcher sizes the grid to what the GPU holds at once), its 8 warps splitting K;
+// every warp streams its (tile, 128-column block) items through a ring of MT_PF items in registers (the next
+// items' weights and scales in flight while it runs the current mma), so the expert's pointers and the staged
+// activations are paid once per block. The 8 warps' sums are added in warp order (the order depends on the shape
+// only, not on the grid).
+constexpr int MT_THREADS = 256, MT_WARPS = 8, MT_ROWS = 16, MT_COLS = 8, MT_MAXK = 8192;
 
 // 4 bytes from p (any alignment when !aligned4).
 __device__ __forceinline__ uint32_t ld_u32(const uint8_t* p, bool aligned4) {
@@ -1575,24 +1617,45 @@ __device__ __forceinline__ uint32_t ld_u32(const uint8_t* p, bool aligned4) {
 size_t moe_tc_smem(int64_t K) { return size_t(MT_COLS * K) + size_t(MT_COLS * (K / 128)) * 4; }
 
 template <int KIND>
-__global__ void __launch_bounds__(MT_THREADS) moe_tc_small_kernel(const GArgs A) {
+__global__ void __launch_bounds__(MT_THREADS, 2) moe_tc_small_kernel(const GArgs A) {
   constexpr int NW = KIND == kW13 ? 2 : 1;
+  constexpr int PF = KIND == kW13 ? 2 : 4;  // ring depth (registers: 20 / 10 per item)
   extern __shared__ __align__(16) uint8_t mt_smem[];
   __shared__ float red[MT_WARPS][NW][MT_COLS][MT_ROWS];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int64_t slot = blockIdx.x % A.n_slots, nt = blockIdx.x / A.n_slots;
+  const int64_t slot = blockIdx.x % A.n_slots, bt = blockIdx.x / A.n_slots, n_bt = gridDim.x / A.n_slots;
   if (slot >= *A.n_small) return;
   const int64_t e = A.small_list[slot], base = A.seg_start[e], cnt = A.seg_start[e + 1] - base;
   WDesc wd[NW];
   int64_t K = 0, nout = 0, wrow0 = 0;
   block_weights<KIND>(A, e, wd, K, nout, wrow0);
-  const int64_t n0 = nt * MT_ROWS;
-  if (cnt <= 0 || n0 >= nout) return;  // (uniform over the block)
-  const int64_t nkb = K / 128, kbw = nkb / MT_WARPS, kb0 = int64_t(warp) * kbw;
+  const int64_t n_tiles = nout / MT_ROWS, n_mine = bt < n_tiles ? cdiv(n_tiles - bt, n_bt) : 0;
+  if (cnt <= 0 || n_mine == 0) return;  // (uniform over the block)
+  const int64_t nkb = K / 128, kbw = nkb / MT_WARPS, kbs = int64_t(warp) * kbw, n_items = n_mine * kbw;
   uint8_t* xq = mt_smem;                                          // [8, K] codes, permuted per 8 columns
   float* xs = reinterpret_cast<float*>(mt_smem + MT_COLS * K);    // [8, K / 128] scales
   for (int64_t g0 = 0; g0 < cnt; g0 += MT_COLS) {
     const int mc = static_cast<int>(imin(MT_COLS, cnt - g0));
+    uint32_t wr[PF][NW][2][4], sc[PF][NW][2];  // the ring: weight words and the 4 scales of rows g, g + 8
+    int64_t l_tile = bt, l_kb = 0;             // next item to load
+    auto load = [&](uint32_t (&w)[NW][2][4], uint32_t (&s)[NW][2]) {
+      if (l_tile < n_tiles) {
+#pragma unroll
+        for (int q = 0; q < NW; ++q)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int64_t row = wrow0 + l_tile * MT_ROWS + g + 8 * h, kb = kbs + l_kb;
+            const uint8_t* rp = wd[q].w + row * wd[q].row_bytes + kb * 64 + 4 * t;
+            const uint8_t* sp = wd[q].scale + row * wd[q].scols + kb * 4;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) w[q][h][j] = ld_u32(rp + 16 * j, wd[q].vec);
+            s[q][h] = ld_u32(sp, (reinterpret_cast<uintptr_t>(sp) & 3) == 0);
+          }
+      }
+      if (++l_kb == kbw) l_kb = 0, l_tile += n_bt;
+    };
+#pragma unroll
+    for (int i = 0; i < PF; ++i) load(wr[i], sc[i]);  // in flight while the block stages the activations
     for (int64_t q = tid; q < mc * K / 4; q += MT_THREADS) {  // 4 consecutive columns per thread
       const int64_t m = q / (K / 4), c = 4 * (q % (K / 4));
       const int64_t ar = act_row<KIND>(A, base + g0 + m);
@@ -1611,86 +1674,112 @@ __global__ void __launch_bounds__(MT_THREADS) moe_tc_small_kernel(const GArgs A)
     float tot[NW][4];
 #pragma unroll
     for (int w = 0; w < NW; ++w) tot[w][0] = tot[w][1] = tot[w][2] = tot[w][3] = 0.0f;
-    for (int64_t kb = kb0; kb < kb0 + kbw; ++kb) {
-      uint32_t wr[NW][2][4], sc[NW][2];
+    int64_t c_tile = bt, c_kb = 0;  // item being consumed
+    for (int64_t i0 = 0; i0 < n_items; i0 += PF) {
 #pragma unroll
-      for (int w = 0; w < NW; ++w)
+      for (int i = 0; i < PF; ++i) {
+        if (i0 + i < n_items) {  // (uniform over the block)
+          const int64_t kb = kbs + c_kb;
+          const float sa0 = m0 < mc ? xs[m0 * nkb + kb] : 0.0f, sa1 = m1 < mc ? xs[m1 * nkb + kb] : 0.0f;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int64_t row = wrow0 + n0 + g + 8 * h;
-          const uint8_t* rp = wd[w].w + row * wd[w].row_bytes + kb * 64 + 4 * t;
-          const uint8_t* sp = wd[w].scale + row * wd[w].scols + kb * 4;
+          for (int s = 0; s < 4; ++s) {
+            uint32_t b0 = 0u, b1 = 0u;
+            if (g < mc) {
+              const uint8_t* xp = xq + g * K + kb * 128 + 32 * s + 8 * t;
+              b0 = *reinterpret_cast<const uint32_t*>(xp);
+              b1 = *reinterpret_cast<const uint32_t*>(xp + 4);
+            }
 #pragma unroll
-          for (int s = 0; s < 4; ++s) wr[w][h][s] = ld_u32(rp + 16 * s, wd[w].vec);
-          sc[w][h] = ld_u32(sp, (reinterpret_cast<uintptr_t>(sp) & 3) == 0);
-        }
-      const float sa0 = m0 < mc ? xs[m0 * nkb + kb] : 0.0f, sa1 = m1 < mc ? xs[m1 * nkb + kb] : 0.0f;
+            for (int w = 0; w < NW; ++w) {
+              uint32_t ev0, od0, ev8, od8;
+              fp4_as_e4m3(wr[i][w][0][s], ev0, od0);
+              fp4_as_e4m3(wr[i][w][1][s], ev8, od8);
+              const uint32_t a[4] = {ev0, ev8, od0, od8};
+              float d[4];
+              tc_mma(a, b0, b1, d);
+              const float sg = __fmul_rn(e8m0_to_float((sc[i][w][0] >> (8 * s)) & 0xFFu), 64.0f);
+              const float s8 = __fmul_rn(e8m0_to_float((sc[i][w][1] >> (8 * s)) & 0xFFu), 64.0f);
+              tot[w][0] = __fmaf_rn(d[0], __fmul_rn(sa0, sg), tot[w][0]);
+              tot[w][1] = __fmaf_rn(d[1], __fmul_rn(sa1, sg), tot[w][1]);
+              tot[w][2] = __fmaf_rn(d[2], __fmul_rn(sa0, s8), tot[w][2]);
+              tot[w][3] = __fmaf_rn(d[3], __fmul_rn(sa1, s8), tot[w][3]);
+            }
+          }
+          load(wr[i], sc[i]);  // the item PF ahead into the slot just used
+          if (++c_kb == kbw) {  // the tile is done (uniform: every warp ends its slice on the same item)
 #pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        uint32_t b0 = 0u, b1 = 0u;
-        if (g < mc) {
-          const uint8_t* xp = xq + g * K + kb * 128 + 32 * s + 8 * t;
-          b0 = *reinterpret_cast<const uint32_t*>(xp);
-          b1 = *reinterpret_cast<const uint32_t*>(xp + 4);
-        }
+            for (int w = 0; w < NW; ++w) {
+              if (m0 < mc) red[warp][w][m0][g] = tot[w][0], red[warp][w][m0][g + 8] = tot[w][2];
+              if (m1 < mc) red[warp][w][m1][g] = tot[w][1], red[warp][w][m1][g + 8] = tot[w][3];
+              tot[w][0] = tot[w][1] = tot[w][2] = tot[w][3] = 0.0f;
+            }
+            __syncthreads();
+            if (tid < mc * MT_ROWS) {
+              const int m = tid / MT_ROWS, r = tid % MT_ROWS;
+              float s[NW];
 #pragma unroll
-        for (int w = 0; w < NW; ++w) {
-          uint32_t ev0, od0, ev8, od8;
-          fp4_as_e4m3(wr[w][0][s], ev0, od0);
-          fp4_as_e4m3(wr[w][1][s], ev8, od8);
-          const uint32_t a[4] = {ev0, ev8, od0, od8};
-          float d[4];
-          tc_mma(a, b0, b1, d);
-          const float sg = __fmul_rn(e8m0_to_float((sc[w][0] >> (8 * s)) & 0xFFu), 64.0f);
-          const float s8 = __fmul_rn(e8m0_to_float((sc[w][1] >> (8 * s)) & 0xFFu), 64.0f);
-          tot[w][0] = __fmaf_rn(d[0], __fmul_rn(sa0, sg), tot[w][0]);
-          tot[w][1] = __fmaf_rn(d[1], __fmul_rn(sa1, sg), tot[w][1]);
-          tot[w][2] = __fmaf_rn(d[2], __fmul_rn(sa0, s8), tot[w][2]);
-          tot[w][3] = __fmaf_rn(d[3], __fmul_rn(sa1, s8), tot[w][3]);
+              for (int w = 0; w < NW; ++w) {
+                s[w] = red[0][w][m][r];
+#pragma unroll
+                for (int q = 1; q < MT_WARPS; ++q) s[w] = __fadd_rn(s[w], red[q][w][m][r]);
+              }
+              store_out<KIND>(A, base + g0 + m, c_tile * MT_ROWS + r, s[0], s[NW - 1]);
+            }
+            __syncthreads();  // red (and, after the last tile, xq / xs) are reused
+            c_kb = 0;
+            c_tile += n_bt;
+          }
         }
       }
     }
-#pragma unroll
-    for (int w = 0; w < NW; ++w) {
-      if (m0 < mc) red[warp][w][m0][g] = tot[w][0], red[warp][w][m0][g + 8] = tot[w][2];
-      if (m1 < mc) red[warp][w][m1][g] = tot[w][1], red[warp][w][m1][g + 8] = tot[w][3];
-    }
-    __syncthreads();
-    if (tid < mc * MT_ROWS) {
-      const int m = tid / MT_ROWS, r = tid % MT_ROWS;
-      float s[NW];
-#pragma unroll
-      for (int w = 0; w < NW; ++w) {
-        s[w] = red[0][w][m][r];
-#pragma unroll
-        for (int q = 1; q < MT_WARPS; ++q) s[w] = __fadd_rn(s[w], red[q][w][m][r]);
-      }
-      store_out<KIND>(A, base + g0 + m, n0 + r, s[0], s[NW - 1]);
-    }
-    __syncthreads();  // xq, xs and red are reused by the next 8 rows
   }
 }
 
+// Blocks of moe_tc_small_kernel<KIND> one SM holds (its largest shared memory allowed), 0 if it cannot run.
+template <int KIND>
+int moe_tc_small_occ() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
+  static int cached[64] = {};  // per device: 0 unknown, -1 no, else blocks per SM
+  if (cached[dev] == 0) {
+    const int smem = int(moe_tc_smem(MT_MAXK));
+    int occ = 0;
+    const bool ok = cudaFuncSetAttribute(moe_tc_small_kernel<KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         smem) == cudaSuccess &&
+                    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, moe_tc_small_kernel<KIND>, MT_THREADS,
+                                                                  smem) == cudaSuccess &&
+                    occ > 0;
+    cached[dev] = ok ? occ : -1;
+  }
+  return cached[dev] > 0 ? cached[dev] : 0;
+}
+
 // The shapes gemv_tc_kernel takes (and a device and binary with FP8 mma, sm_89+; its shared memory allowed).
-bool gemv_tc_ok(const WeightView& W, int64_t r0, int64_t nout) {
+// blocks_per_sm: how many of its blocks one SM holds at the largest shared memory (the persistent grid's bound).
+bool gemv_tc_ok(const WeightView& W, int64_t r0, int64_t nout, int* blocks_per_sm = nullptr) {
   if (W.fmt != GemmFormat::fp8 || W.block_cols != 128 || W.block_rows % GT_ROWS != 0) return false;
   if (W.cols % (128 * GT_WARPS) != 0 || W.cols > GT_MAXK || nout % GT_ROWS != 0 || r0 % GT_ROWS != 0) return false;
   if ((reinterpret_cast<uintptr_t>(W.w) & 15) != 0) return false;
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-  static int cached[64] = {};  // per device: 0 unknown, 1 yes, 2 no
+  static int cached[64] = {};  // per device: 0 unknown, -1 no, else blocks per SM
   if (cached[dev] == 0) {
     cudaFuncAttributes fa{};
-    int major = 0, minor = 0;
+    int major = 0, minor = 0, occ = 0;
+    const int smem = int(gemv_tc_smem(GT_MAXTOK, GT_MAXK));
     const bool ok = cudaFuncGetAttributes(&fa, gemv_tc_kernel) == cudaSuccess &&
                     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
                     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
                     fa.binaryVersion >= 89 && major * 10 + minor >= 89 &&
-                    cudaFuncSetAttribute(gemv_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         int(gemv_tc_smem(GT_MAXTOK, GT_MAXK))) == cudaSuccess;
-    cached[dev] = ok ? 1 : 2;
+                    cudaFuncSetAttribute(gemv_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) ==
+                        cudaSuccess &&
+                    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv_tc_kernel, GT_THREADS, smem) ==
+                        cudaSuccess &&
+                    occ > 0;
+    cached[dev] = ok ? occ : -1;
   }
-  return cached[dev] == 1;
+  if (blocks_per_sm != nullptr) *blocks_per_sm = cached[dev];
+  return cached[dev] > 0;
 }
 
 // ---- dispatch -------------------------------------------------------------------------------------------------------
@@ -1905,7 +1994,8 @@ void launch_tc(int fmt, const GArgs& A, int64_t grid, cudaStream_t st) {
 // products a multiple of 1024 and outputs of 16, and what tc_ok asks of the device and build.
 bool moe_tc_small_ok(const MoeGemmArgs& g, int kind, const GArgs& A) {
   if (g.fmt != GemmFormat::fp4 || g.d_model % (128 * MT_WARPS) != 0 || g.inter % (128 * MT_WARPS) != 0) return false;
-  if (g.d_model % MT_ROWS != 0 || g.inter % MT_ROWS != 0) return false;
+  if (g.d_model % MT_ROWS != 0 || g.inter % MT_ROWS != 0 || g.d_model > MT_MAXK || g.inter > MT_MAXK) return false;
+  if ((kind == kW13 ? moe_tc_small_occ<kW13>() : moe_tc_small_occ<kW2>()) <= 0) return false;
   return tc_ok(g, kind, A);
 }
 
@@ -1936,7 +2026,9 @@ void moe_launch_both(int kind, const MoeGemmArgs& g, GArgs A, int64_t nout, cuda
   const bool tc = any_big && tc_ok(g, kind, A);
   if (moe_tc_small_ok(g, kind, A)) {  // small segments on tensor cores
     const int64_t K2 = kind == kW13 ? g.d_model : g.inter;
-    const int64_t gt = As.n_slots * (nout / MT_ROWS);
+    // the expert slots x tile strides of a persistent grid: about the blocks the GPU holds at once
+    const int64_t resident = int64_t(sm_count()) * (kind == kW13 ? moe_tc_small_occ<kW13>() : moe_tc_small_occ<kW2>());
+    const int64_t gt = As.n_slots * std::max<int64_t>(1, imin(nout / MT_ROWS, resident / As.n_slots));
     if (kind == kW13)
       moe_tc_small_kernel<kW13><<<static_cast<unsigned>(gt), MT_THREADS, moe_tc_smem(K2), stream>>>(As);
     else
@@ -2101,10 +2193,15 @@ void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const 
   A.weight_as_bf16 = o.weight_as_bf16;
   A.lda = p.K;
   // (Q) FP8 decode (1..8 tokens, automatic path): tensor cores, act_quant inside (raw x)
+  int tc_occ = 0;
   if (path == GemmPath::gemv && p.Q && forced == GemmPath::auto_ && n_tok <= GT_MAXTOK && aligned16(x) &&
-      gemv_tc_ok(W, p.r0, p.nout)) {
+      gemv_tc_ok(W, p.r0, p.nout, &tc_occ)) {
     A.a = x;
-    gemv_tc_kernel<<<static_cast<unsigned>(p.nout / GT_ROWS), GT_THREADS, gemv_tc_smem(n_tok, p.K), stream>>>(A);
+    A.gv_ks = gemv_tc_ks(p.nout);
+    // persistent grid: every group of 8 / KS tiles, at most the blocks the GPU holds at once (shape only)
+    const int64_t groups = cdiv(p.nout / GT_ROWS, GT_WARPS / A.gv_ks);
+    const int64_t grid = imin(groups, int64_t(sm_count()) * tc_occ);
+    gemv_tc_kernel<<<static_cast<unsigned>(grid), GT_THREADS, gemv_tc_smem(n_tok, p.K), stream>>>(A);
     gemm_internal::note_path(GemmPath::gemv);
     return;
   }

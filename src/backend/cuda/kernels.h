@@ -16,6 +16,9 @@
 
 namespace dsv4::cuda {
 
+// Streaming multiprocessors of the current device (cached per device; k_attention.cu).
+int sm_count();
+
 // ---- GEMM (k_gemm.cu) --------------------------------------------------------------------------------------------
 // Semantics: backend/gemm.h (Q) and (D). W.aux may hold fp32-widened scales (see gemm_cublaslt.cpp); kernels that do
 // not need them ignore it.
