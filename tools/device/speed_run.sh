@@ -23,7 +23,7 @@
 #   gemm     dsv4 bench gemm on the machine's CPU (all threads), JSON into $OUT/bench-gemm.json
 #   pprof    prefill of 2048 and 8192 tokens at 4 layers with the per-op breakdown
 #   ncuk     Nsight Compute sections (speed of light, warp stalls, occupancy, launch, memory) of the gemv and
-#            hc_finish kernels of eager decode steps (2 layers, ctx 4096), CSV into $OUT/ncu-kernels.csv
+#            gemv_tc, moe_tc_small and hc_finish kernels of eager decode steps (2 layers, ctx 4096), CSV into $OUT/ncu-kernels.csv
 #   ncud     Nsight Compute per-kernel durations, cycles and DRAM bytes of eager decode steps (2 layers, ctx 4096;
 #            ncu's locked base clocks: an unlocked idle GPU between serialized kernels runs latency-bound ones slowly)
 #   prof     Nsight Systems trace of batch-1 decode (24 layers, ctx 4096, CUDA graphs traced per node): the kernel
@@ -157,10 +157,10 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
     tail -3 /tmp/ncu.err
   fi
   if has ncuk && [ -x "$B/dsv4" ] && command -v ncu > /dev/null && [ "$(left)" -gt 70 ]; then
-    log "ncu kernel details (gemv, hc_finish; 2 layers, ctx 4096, eager decode)"
+    log "ncu kernel details (gemv, gemv_tc, moe_tc_small, hc_finish; 2 layers, ctx 4096, eager decode)"
     timeout $(($(left) - 15)) ncu --csv --page details --section SpeedOfLight --section WarpStateStats \
       --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
-      --kernel-name regex:'gemv_kernel|hc_finish' --launch-skip 150 --launch-count 40 "$B/dsv4" bench model \
+      --kernel-name regex:'gemv_kernel|gemv_tc|moe_tc_small|hc_finish' --launch-skip 110 --launch-count 40 "$B/dsv4" bench model \
       --config "$CFG" --load-format dummy --layers 2 --device cuda --ctx 4096 --prefill 0 --steps 4 --no-cuda-graph \
       --no-profile > "$OUT/ncu-kernels.csv" 2> /tmp/ncu.err
     echo "ncu kernels rc=$? ($(wc -l < "$OUT/ncu-kernels.csv") lines)"

@@ -1606,6 +1606,7 @@ __global__ void __launch_bounds__(GT_THREADS, 2) gemv_tc_kernel(const GArgs A) {
 // activations are paid once per block. The 8 warps' sums are added in warp order (the order depends on the shape
 // only, not on the grid).
 constexpr int MT_THREADS = 256, MT_WARPS = 8, MT_ROWS = 16, MT_COLS = 8, MT_MAXK = 8192;
+constexpr int64_t kMtMaxTiles = 8;  // output tiles one block of moe_tc_small_kernel takes at most
 
 // 4 bytes from p (any alignment when !aligned4).
 __device__ __forceinline__ uint32_t ld_u32(const uint8_t* p, bool aligned4) {
@@ -2026,9 +2027,12 @@ void moe_launch_both(int kind, const MoeGemmArgs& g, GArgs A, int64_t nout, cuda
   const bool tc = any_big && tc_ok(g, kind, A);
   if (moe_tc_small_ok(g, kind, A)) {  // small segments on tensor cores
     const int64_t K2 = kind == kW13 ? g.d_model : g.inter;
-    // the expert slots x tile strides of a persistent grid: about the blocks the GPU holds at once
+    // the expert slots x tile strides: about the blocks the GPU holds at once, but at most kMtMaxTiles tiles per
+    // block (with many slots, e.g. 192 at batch 32, one block per slot would stream a whole expert serially)
     const int64_t resident = int64_t(sm_count()) * (kind == kW13 ? moe_tc_small_occ<kW13>() : moe_tc_small_occ<kW2>());
-    const int64_t gt = As.n_slots * std::max<int64_t>(1, imin(nout / MT_ROWS, resident / As.n_slots));
+    const int64_t tiles = nout / MT_ROWS;
+    const int64_t n_bt = std::clamp<int64_t>(std::max(resident / As.n_slots, cdiv(tiles, kMtMaxTiles)), 1, tiles);
+    const int64_t gt = As.n_slots * n_bt;
     if (kind == kW13)
       moe_tc_small_kernel<kW13><<<static_cast<unsigned>(gt), MT_THREADS, moe_tc_smem(K2), stream>>>(As);
     else
