@@ -17,6 +17,10 @@
 //   out_bf16), B as below: each side's fp32 sum of the same products is within (K-1) 2^-24 sum|x_k w_k| of the exact
 //   one. Also run-to-run determinism and batch invariance (row t of an 8-token call == alone; 2- and 5-token calls),
 //   bitwise.
+// * wo_a's grouped linear in the fast mode on f16 tensor cores (linear_grouped, 1..8 tokens, (D) + weight_as_bf16,
+//   bf16 activations): the products are exact there too (e4m3 codes and bf16 x as f16 after a power-of-two
+//   scaling), the 128-column partial sums are tensor-core fp32 sums: the cuBLASLt tolerance below. Also run-to-run
+//   determinism and batch invariance (token t of an 8-token call == alone), bitwise.
 // * cuBLASLt vs CPU: atol = max(2^-11, K * 2^-24) * B (+ rtol 2^-7 with out_bf16), B = max_m |x_m|_2 * max_n |Wd_n|_2
 //   (Cauchy-Schwarz bound of sum_k |x_k * w_k|): the 128-column partial sums are tensor-core FP8 accumulations
 //   (Hopper keeps ~14 bits inside one MMA chain, hence 2^-11 with margin) instead of the CPU's fma chain, and an fp32
@@ -29,6 +33,8 @@
 #include <functional>
 
 #include "backend/cuda/gemm_path.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kernels.h"
 #include "backend/gemm.h"
 #include "gpu_test_util.h"
 
@@ -622,6 +628,98 @@ TEST(CudaGemm, RealBf16HeadCompressorGate) {
   run_real({"gate", kBf16, 256, 4096, kD, false, 0, -1, {1, 2, 5, 8, 64, 300}, true}, 41);
   run_real({"compressor", kBf16, 1024, 4096, kD, false, 0, -1, {1, 5, 64, 300}, true}, 42);
   run_real({"head", kBf16, 129280, 4096, kD, false, 0, -1, {1, 5}, true}, 43);  // 1 GB weight, 64-bit offsets
+}
+
+// wo_a in the fast mode: 8 groups of [1024, 4096] FP8 (E8M0 scales) on linear_grouped's f16 tensor-core kernel.
+TEST(CudaGemm, GroupedWoATensorCores) {
+  DSV4_REQUIRE_GPU();
+  const int64_t G = 8, R = 1024, K = 4096;
+  const HostWeight h = make_weight(kFp8, G * R, K, 31);
+  const auto d = upload(h);
+  LinearOpts o;
+  o.weight_as_bf16 = true;
+  o.out_bf16 = true;
+  PathScope ps(GemmPath::auto_);
+  const double Bw = max_row_norm_w(h.view, 0, G * R), u = std::ldexp(1.0, -24);
+  auto run = [&](const std::vector<float>& x, int64_t n) {
+    const Buffer xd = to_device(*cuda(), x);
+    EXPECT_TRUE(cuda::linear_grouped_tc(d->v, n, G, xd.as<float>(), o)) << "n_tok " << n;
+    Buffer yd = out_buffer<float>(*cuda(), size_t(G * n * R));
+    gops().linear_grouped(d->v, xd.as<float>(), n, G, yd.as<float>(), o);
+    return to_host<float>(*cuda(), yd, size_t(G * n * R));
+  };
+  std::vector<float> x8;
+  for (const int64_t n : {1, 3, 8}) {
+    const std::vector<float> x = make_x(G * n, K, 500 + n, true);  // [G, n, K]
+    std::vector<float> ref(size_t(G * n * R));
+    cops().linear_grouped(h.view, x.data(), n, G, ref.data(), o);
+    const std::string base = strf("wo_a 8 x [1024, 4096] fp8/e8m0 n_tok=%lld D+weight_as_bf16 out_bf16", (long long)n);
+    const auto y = run(x, n);
+    expect_close("linear_grouped", base + " (f16 tensor cores)", ref, y,
+                 std::max(std::ldexp(1.0, -11), double(K) * u) * max_row_norm_x(x, G * n, K) * Bw, std::ldexp(1.0, -7));
+    expect_bitwise("linear_grouped determinism", base, y, run(x, n));
+    if (n == 8) {  // token t of the 8-token call == alone
+      const auto y8 = y;
+      for (const int64_t t : {int64_t(0), int64_t(6)}) {
+        std::vector<float> xt, y8t;
+        for (int64_t g = 0; g < G; ++g) {
+          xt.insert(xt.end(), x.begin() + (g * n + t) * K, x.begin() + (g * n + t + 1) * K);
+          y8t.insert(y8t.end(), y8.begin() + (g * n + t) * R, y8.begin() + (g * n + t + 1) * R);
+        }
+        expect_bitwise("linear_grouped batch invariance", strf("wo_a token %lld of 8 vs alone", (long long)t), y8t,
+                       run(xt, 1));
+      }
+    }
+  }
+  // not taken: dense numerics (no weight_as_bf16: fp32 activations), 9 tokens
+  const Buffer xd = to_device(*cuda(), make_x(G * 9, K, 77, true));
+  LinearOpts od;
+  EXPECT_FALSE(cuda::linear_grouped_tc(d->v, 1, G, xd.as<float>(), od));
+  EXPECT_FALSE(cuda::linear_grouped_tc(d->v, 9, G, xd.as<float>(), o));
+}
+
+// The shared expert's w1 and w3 in one tensor-core launch (cuda::linear_pair, (Q), 1..8 tokens) vs the CPU's two
+// linears: the gemv tolerance; token t of an 8-token call == alone, bitwise.
+TEST(CudaGemm, LinearPairSharedExpert) {
+  DSV4_REQUIRE_GPU();
+  const int64_t N = 2048, K = 4096;
+  const HostWeight h1 = make_weight(kFp8, N, K, 41), h3 = make_weight(kFp8, N, K, 42);
+  const auto d1 = upload(h1), d3 = upload(h3);
+  LinearOpts o;
+  o.act_quant_fp8 = true;
+  o.out_bf16 = true;
+  PathScope ps(GemmPath::auto_);
+  const double B1 = max_row_norm_w(h1.view, 0, N), B3 = max_row_norm_w(h3.view, 0, N), u = std::ldexp(1.0, -24);
+  auto run = [&](const std::vector<float>& x, int64_t n) {
+    const Buffer xd = to_device(*cuda(), x);
+    Buffer y1 = out_buffer<float>(*cuda(), size_t(n * N)), y3 = out_buffer<float>(*cuda(), size_t(n * N));
+    Buffer scratch(*cuda(), cuda::linear_scratch_bytes(d1->v, n, o) + 256, "scratch");
+    cuda::linear_pair(d1->v, d3->v, xd.as<float>(), n, y1.as<float>(), y3.as<float>(), o, scratch.data(),
+                      static_cast<cuda::CudaBackend*>(cuda())->stream());
+    EXPECT_EQ(cuda::last_gemm_path(), GemmPath::gemv);
+    return std::make_pair(to_host<float>(*cuda(), y1, size_t(n * N)), to_host<float>(*cuda(), y3, size_t(n * N)));
+  };
+  std::vector<float> x8;
+  for (const int64_t n : {1, 3, 8}) {
+    const std::vector<float> x = make_x(n, K, 600 + n, true);
+    const double Bx = max_row_norm_x(x, n, K) * 1.1;
+    const auto [y1, y3] = run(x, n);
+    const std::string base = strf("shared w1|w3 2048x4096 fp8/e8m0 n_tok=%lld Q out_bf16 (linear_pair)", (long long)n);
+    expect_close("linear_pair", base + " w1", run_cpu(h1, x, n, N, o), y1, 2.0 * double(K) * u * Bx * B1,
+                 std::ldexp(1.0, -7));
+    expect_close("linear_pair", base + " w3", run_cpu(h3, x, n, N, o), y3, 2.0 * double(K) * u * Bx * B3,
+                 std::ldexp(1.0, -7));
+    if (n == 8) {
+      for (const int64_t t : {int64_t(0), int64_t(5)}) {
+        const std::vector<float> xt(x.begin() + t * K, x.begin() + (t + 1) * K);
+        const auto [a1, a3] = run(xt, 1);
+        expect_bitwise("linear_pair batch invariance", strf("w1 token %lld of 8 vs alone", (long long)t),
+                       rows_of(y1, t, 1, N), a1);
+        expect_bitwise("linear_pair batch invariance", strf("w3 token %lld of 8 vs alone", (long long)t),
+                       rows_of(y3, t, 1, N), a3);
+      }
+    }
+  }
 }
 
 // ---- batch invariance ----------------------------------------------------------------------------------------------

@@ -101,6 +101,7 @@ struct MoeGemmArgs {
   bool out_bf16 = false;   // LinearOpts::out_bf16 of the expert linears
   bool weight_as_bf16 = false;
   int64_t block_cols = 128;  // FP8 experts: scale block columns (gemv_kernel needs a multiple of 16)
+  bool words_ok = false;     // every expert's weight and scale rows are 4-byte aligned (moe_tc_small_kernel)
 };
 // h[r, :] = swiglu(w1 x, w3 x, limit, row_w[r], bf16) for every sorted row r, x = a[row_tok[r]] (a: [*, d_model],
 // codes in (Q) with scales sa [*, ceil(d_model/128)]).

@@ -343,6 +343,9 @@ struct GArgs {
   int64_t M = 0;
   WeightView W;
   int64_t r0 = 0, nout = 0;
+  // gemv_tc_kernel pair (y2 != nullptr): a second matrix of W's shape and format on the same x, into y2 [M, ldy]
+  WeightView W2;
+  float* y2 = nullptr;
   // output (linear: y [M, ldy]; MoE: h or o [rows, ldy])
   float* y = nullptr;
   int64_t ldy = 0;
@@ -1460,6 +1463,8 @@ __global__ void __launch_bounds__(GV_THREADS) gemv_kernel(const GArgs A) {
 // products). Column m of D is token m (an output never depends on another column), so a token's result is the same
 // alone or with up to 7 others. A warp adds its items in ascending kb, the KS slices are added in slice order
 // (deterministic; the order depends on the shape only).
+// A pair (linear_pair: the shared expert's w1 and w3, one shape, the same x) runs as one matrix of twice the tiles:
+// tiles [n, 2 n) are W2's and go to y2; x is quantized once.
 constexpr int GT_THREADS = 256, GT_WARPS = 8, GT_ROWS = 16, GT_MAXK = 8192, GT_PF = 4, GT_MAXTOK = 8;
 constexpr int GT_XPAD = 64;               // shared-memory row padding of the codes (conflict-free 16-byte reads)
 constexpr int64_t kGtWarpTarget = 2048;   // (tile, slice) warp tasks a matrix should give before K is split further
@@ -1483,12 +1488,13 @@ __global__ void __launch_bounds__(GT_THREADS, 2) gemv_tc_kernel(const GArgs A) {
   const int64_t M = A.M, K = A.W.cols, nkb = K / 128, Kp = K + GT_XPAD;
   const int KS = A.gv_ks, tpb = GT_WARPS / KS, wt = warp / KS, ks = warp % KS;
   const int64_t kbw = nkb / KS;                               // items of a warp per tile
-  const int64_t n_tiles = A.nout / GT_ROWS, n_groups = cdiv(n_tiles, tpb);
+  const bool pair = A.y2 != nullptr;                          // tiles [n_mat, 2 n_mat) are W2's
+  const int64_t n_mat = A.nout / GT_ROWS, n_tiles = pair ? 2 * n_mat : n_mat, n_groups = cdiv(n_tiles, tpb);
   const int64_t n_mine = int64_t(blockIdx.x) < n_groups ? cdiv(n_groups - blockIdx.x, gridDim.x) : 0;
   const int64_t n_items = n_mine * kbw, tile_step = int64_t(gridDim.x) * tpb;
   uint8_t* xq = gt_smem;                                      // activation codes (e4m3 bytes) [M, Kp]
   float* xs = reinterpret_cast<float*>(gt_smem + M * Kp);     // their scales [M, K / 128]
-  const WDesc wd = make_wdesc(A.W);
+  const WDesc wd = make_wdesc(A.W), wd2 = pair ? make_wdesc(A.W2) : wd;
   const int64_t kbs = int64_t(ks) * kbw;                      // the warp's first 128-column block
 
   // the ring: weights of items i .. i + GT_PF - 1 and the raw bits of their weight scales
@@ -1497,14 +1503,16 @@ __global__ void __launch_bounds__(GT_THREADS, 2) gemv_tc_kernel(const GArgs A) {
   int64_t l_tile = int64_t(blockIdx.x) * tpb + wt, l_kb = 0;  // next item to load
   auto load = [&](uint4 (&w)[4], uint32_t& s) {
     if (l_tile < n_tiles) {  // (past the block's last item: l_tile >= n_tiles)
-      const int64_t row = A.r0 + l_tile * GT_ROWS, kb = kbs + l_kb;
-      const uint8_t* p = wd.w + (row + g) * wd.row_bytes + kb * 128 + 16 * t;
+      const bool second = l_tile >= n_mat;
+      const int64_t row = A.r0 + (second ? l_tile - n_mat : l_tile) * GT_ROWS, kb = kbs + l_kb;
+      const uint8_t* scale = second ? wd2.scale : wd.scale;
+      const uint8_t* p = (second ? wd2.w : wd.w) + (row + g) * wd.row_bytes + kb * 128 + 16 * t;
       w[0] = __ldg(reinterpret_cast<const uint4*>(p));
       w[1] = __ldg(reinterpret_cast<const uint4*>(p + 64));
       w[2] = __ldg(reinterpret_cast<const uint4*>(p + 8 * wd.row_bytes));
       w[3] = __ldg(reinterpret_cast<const uint4*>(p + 8 * wd.row_bytes + 64));
       const int64_t si = (wd.br_sh >= 0 ? row >> wd.br_sh : row / wd.br) * wd.scols + kb;  // (br % 16 == 0)
-      s = wd.sf32 ? __float_as_uint(__ldg(reinterpret_cast<const float*>(wd.scale) + si)) : uint32_t(__ldg(wd.scale + si));
+      s = wd.sf32 ? __float_as_uint(__ldg(reinterpret_cast<const float*>(scale) + si)) : uint32_t(__ldg(scale + si));
     }
     if (++l_kb == kbw) l_kb = 0, l_tile += tile_step;
   };
@@ -1558,11 +1566,11 @@ __global__ void __launch_bounds__(GT_THREADS, 2) gemv_tc_kernel(const GArgs A) {
         tot[2] = __fmaf_rn(blk[2], s0m, tot[2]);
         tot[3] = __fmaf_rn(blk[3], s1m, tot[3]);
         if (++c_kb == kbw) {  // the tile's slice is done (uniform: every warp ends a slice on the same item)
-          const int64_t n0 = c_tile * GT_ROWS;
+          const int64_t n0 = (c_tile >= n_mat ? c_tile - n_mat : c_tile) * GT_ROWS;
           const bool tile_ok = c_tile < n_tiles;
           if (KS == 1) {
             if (tile_ok) {
-              float* y = A.y + n0 + g;
+              float* y = (c_tile >= n_mat ? A.y2 : A.y) + n0 + g;
               if (m0 < M) y[m0 * A.ldy] = A.out_bf16 ? round_bf16(tot[0]) : tot[0];
               if (m1 < M) y[m1 * A.ldy] = A.out_bf16 ? round_bf16(tot[1]) : tot[1];
               if (m0 < M) y[m0 * A.ldy + 8] = A.out_bf16 ? round_bf16(tot[2]) : tot[2];
@@ -1575,10 +1583,12 @@ __global__ void __launch_bounds__(GT_THREADS, 2) gemv_tc_kernel(const GArgs A) {
             const int64_t tile0 = c_tile - wt;  // the group's first tile
             for (int o = tid; o < tpb * M * GT_ROWS; o += GT_THREADS) {
               const int tw = o / int(M * GT_ROWS), m = (o / GT_ROWS) % int(M), r = o % GT_ROWS;
-              if (tile0 + tw >= n_tiles) continue;
+              const int64_t tl = tile0 + tw;
+              if (tl >= n_tiles) continue;
               float v = red[tw * KS][m][r];
               for (int q = 1; q < KS; ++q) v = __fadd_rn(v, red[tw * KS + q][m][r]);
-              A.y[m * A.ldy + (tile0 + tw) * GT_ROWS + r] = A.out_bf16 ? round_bf16(v) : v;
+              (tl >= n_mat ? A.y2 : A.y)[m * A.ldy + (tl >= n_mat ? tl - n_mat : tl) * GT_ROWS + r] =
+                  A.out_bf16 ? round_bf16(v) : v;
             }
             __syncthreads();  // red is reused by the next group
           }
@@ -1608,30 +1618,28 @@ __global__ void __launch_bounds__(GT_THREADS, 2) gemv_tc_kernel(const GArgs A) {
 constexpr int MT_THREADS = 256, MT_WARPS = 8, MT_ROWS = 16, MT_COLS = 8, MT_MAXK = 8192;
 constexpr int64_t kMtMaxTiles = 8;  // output tiles one block of moe_tc_small_kernel takes at most
 
-// 4 bytes from p (any alignment when !aligned4).
-__device__ __forceinline__ uint32_t ld_u32(const uint8_t* p, bool aligned4) {
-  if (aligned4) return __ldg(reinterpret_cast<const uint32_t*>(p));
-  return uint32_t(__ldg(p)) | (uint32_t(__ldg(p + 1)) << 8) | (uint32_t(__ldg(p + 2)) << 16) |
-         (uint32_t(__ldg(p + 3)) << 24);
-}
-
 size_t moe_tc_smem(int64_t K) { return size_t(MT_COLS * K) + size_t(MT_COLS * (K / 128)) * 4; }
 
+// Byte s of four E8M0 scales (w) as a float, e8m0_to_float's special codes (0: 2^-127, 0xFF: NaN) from sp (bytes
+// 0xFF where w's byte is 0 or 0xFF: __vcmpeq4, once per word).
+template <int S>
+__device__ __forceinline__ float e8m0_byte(uint32_t w, uint32_t sp) {
+  const uint32_t e = S <= 2 ? w << (23 - 8 * S) : w >> (8 * S - 23);    // byte S at the exponent field
+  const uint32_t q = S <= 2 ? sp << (22 - 8 * S) : sp >> (8 * S - 22);  // its special flag at bit 22
+  return __uint_as_float((e & 0x7F800000u) | (q & 0x00400000u));
+}
+
+// The block's work on expert slot `slot` (see moe_tc_small_kernel); every weight row and scale row is 4-byte
+// aligned (MoeGemmArgs::words_ok).
 template <int KIND>
-__global__ void __launch_bounds__(MT_THREADS, 2) moe_tc_small_kernel(const GArgs A) {
+__device__ __forceinline__ void moe_tc_small_run(const GArgs& A, const WDesc (&wd)[KIND == kW13 ? 2 : 1], int64_t K,
+                                                 int64_t n_tiles, int64_t wrow0, int64_t base, int64_t cnt,
+                                                 int64_t bt, int64_t n_bt, int64_t n_mine,
+                                                 float (&red)[MT_WARPS][KIND == kW13 ? 2 : 1][MT_COLS][MT_ROWS]) {
   constexpr int NW = KIND == kW13 ? 2 : 1;
   constexpr int PF = KIND == kW13 ? 2 : 4;  // ring depth (registers: 20 / 10 per item)
   extern __shared__ __align__(16) uint8_t mt_smem[];
-  __shared__ float red[MT_WARPS][NW][MT_COLS][MT_ROWS];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int64_t slot = blockIdx.x % A.n_slots, bt = blockIdx.x / A.n_slots, n_bt = gridDim.x / A.n_slots;
-  if (slot >= *A.n_small) return;
-  const int64_t e = A.small_list[slot], base = A.seg_start[e], cnt = A.seg_start[e + 1] - base;
-  WDesc wd[NW];
-  int64_t K = 0, nout = 0, wrow0 = 0;
-  block_weights<KIND>(A, e, wd, K, nout, wrow0);
-  const int64_t n_tiles = nout / MT_ROWS, n_mine = bt < n_tiles ? cdiv(n_tiles - bt, n_bt) : 0;
-  if (cnt <= 0 || n_mine == 0) return;  // (uniform over the block)
   const int64_t nkb = K / 128, kbw = nkb / MT_WARPS, kbs = int64_t(warp) * kbw, n_items = n_mine * kbw;
   uint8_t* xq = mt_smem;                                          // [8, K] codes, permuted per 8 columns
   float* xs = reinterpret_cast<float*>(mt_smem + MT_COLS * K);    // [8, K / 128] scales
@@ -1649,8 +1657,8 @@ __global__ void __launch_bounds__(MT_THREADS, 2) moe_tc_small_kernel(const GArgs
             const uint8_t* rp = wd[q].w + row * wd[q].row_bytes + kb * 64 + 4 * t;
             const uint8_t* sp = wd[q].scale + row * wd[q].scols + kb * 4;
 #pragma unroll
-            for (int j = 0; j < 4; ++j) w[q][h][j] = ld_u32(rp + 16 * j, wd[q].vec);
-            s[q][h] = ld_u32(sp, (reinterpret_cast<uintptr_t>(sp) & 3) == 0);
+            for (int j = 0; j < 4; ++j) w[q][h][j] = __ldg(reinterpret_cast<const uint32_t*>(rp + 16 * j));
+            s[q][h] = __ldg(reinterpret_cast<const uint32_t*>(sp));
           }
       }
       if (++l_kb == kbw) l_kb = 0, l_tile += n_bt;
@@ -1681,7 +1689,17 @@ __global__ void __launch_bounds__(MT_THREADS, 2) moe_tc_small_kernel(const GArgs
       for (int i = 0; i < PF; ++i) {
         if (i0 + i < n_items) {  // (uniform over the block)
           const int64_t kb = kbs + c_kb;
-          const float sa0 = m0 < mc ? xs[m0 * nkb + kb] : 0.0f, sa1 = m1 < mc ? xs[m1 * nkb + kb] : 0.0f;
+          // activation scales x 64 (the fp4 codes as e4m3 are the values / 64)
+          const float sa0 = m0 < mc ? __fmul_rn(xs[m0 * nkb + kb], 64.0f) : 0.0f;
+          const float sa1 = m1 < mc ? __fmul_rn(xs[m1 * nkb + kb], 64.0f) : 0.0f;
+          uint32_t spc[NW][2];  // the scale words' special bytes
+#pragma unroll
+          for (int w = 0; w < NW; ++w)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) spc[w][h] = __vcmpeq4(sc[i][w][h], 0u) | __vcmpeq4(sc[i][w][h], 0xFFFFFFFFu);
+          // the item's sum over its 4 groups of each mma's result times its weight scale (a power of two: exact
+          // products), then one multiply by the activation scale
+          float p[NW][4];
 #pragma unroll
           for (int s = 0; s < 4; ++s) {
             uint32_t b0 = 0u, b1 = 0u;
@@ -1698,13 +1716,27 @@ __global__ void __launch_bounds__(MT_THREADS, 2) moe_tc_small_kernel(const GArgs
               const uint32_t a[4] = {ev0, ev8, od0, od8};
               float d[4];
               tc_mma(a, b0, b1, d);
-              const float sg = __fmul_rn(e8m0_to_float((sc[i][w][0] >> (8 * s)) & 0xFFu), 64.0f);
-              const float s8 = __fmul_rn(e8m0_to_float((sc[i][w][1] >> (8 * s)) & 0xFFu), 64.0f);
-              tot[w][0] = __fmaf_rn(d[0], __fmul_rn(sa0, sg), tot[w][0]);
-              tot[w][1] = __fmaf_rn(d[1], __fmul_rn(sa1, sg), tot[w][1]);
-              tot[w][2] = __fmaf_rn(d[2], __fmul_rn(sa0, s8), tot[w][2]);
-              tot[w][3] = __fmaf_rn(d[3], __fmul_rn(sa1, s8), tot[w][3]);
+              const float sg = s == 0 ? e8m0_byte<0>(sc[i][w][0], spc[w][0])
+                             : s == 1 ? e8m0_byte<1>(sc[i][w][0], spc[w][0])
+                             : s == 2 ? e8m0_byte<2>(sc[i][w][0], spc[w][0])
+                                      : e8m0_byte<3>(sc[i][w][0], spc[w][0]);
+              const float s8 = s == 0 ? e8m0_byte<0>(sc[i][w][1], spc[w][1])
+                             : s == 1 ? e8m0_byte<1>(sc[i][w][1], spc[w][1])
+                             : s == 2 ? e8m0_byte<2>(sc[i][w][1], spc[w][1])
+                                      : e8m0_byte<3>(sc[i][w][1], spc[w][1]);
+              if (s == 0) {
+                p[w][0] = __fmul_rn(d[0], sg), p[w][1] = __fmul_rn(d[1], sg);
+                p[w][2] = __fmul_rn(d[2], s8), p[w][3] = __fmul_rn(d[3], s8);
+              } else {
+                p[w][0] = __fmaf_rn(d[0], sg, p[w][0]), p[w][1] = __fmaf_rn(d[1], sg, p[w][1]);
+                p[w][2] = __fmaf_rn(d[2], s8, p[w][2]), p[w][3] = __fmaf_rn(d[3], s8, p[w][3]);
+              }
             }
+          }
+#pragma unroll
+          for (int w = 0; w < NW; ++w) {
+            tot[w][0] = __fmaf_rn(p[w][0], sa0, tot[w][0]), tot[w][1] = __fmaf_rn(p[w][1], sa1, tot[w][1]);
+            tot[w][2] = __fmaf_rn(p[w][2], sa0, tot[w][2]), tot[w][3] = __fmaf_rn(p[w][3], sa1, tot[w][3]);
           }
           load(wr[i], sc[i]);  // the item PF ahead into the slot just used
           if (++c_kb == kbw) {  // the tile is done (uniform: every warp ends its slice on the same item)
@@ -1734,6 +1766,21 @@ __global__ void __launch_bounds__(MT_THREADS, 2) moe_tc_small_kernel(const GArgs
       }
     }
   }
+}
+
+template <int KIND>
+__global__ void __launch_bounds__(MT_THREADS, 2) moe_tc_small_kernel(const GArgs A) {
+  constexpr int NW = KIND == kW13 ? 2 : 1;
+  __shared__ float red[MT_WARPS][NW][MT_COLS][MT_ROWS];
+  const int64_t slot = blockIdx.x % A.n_slots, bt = blockIdx.x / A.n_slots, n_bt = gridDim.x / A.n_slots;
+  if (slot >= *A.n_small) return;
+  const int64_t e = A.small_list[slot], base = A.seg_start[e], cnt = A.seg_start[e + 1] - base;
+  WDesc wd[NW];
+  int64_t K = 0, nout = 0, wrow0 = 0;
+  block_weights<KIND>(A, e, wd, K, nout, wrow0);
+  const int64_t n_tiles = nout / MT_ROWS, n_mine = bt < n_tiles ? cdiv(n_tiles - bt, n_bt) : 0;
+  if (cnt <= 0 || n_mine == 0) return;  // (uniform over the block)
+  moe_tc_small_run<KIND>(A, wd, K, n_tiles, wrow0, base, cnt, bt, n_bt, n_mine, red);
 }
 
 // Blocks of moe_tc_small_kernel<KIND> one SM holds (its largest shared memory allowed), 0 if it cannot run.
@@ -1780,6 +1827,198 @@ bool gemv_tc_ok(const WeightView& W, int64_t r0, int64_t nout, int* blocks_per_s
     cached[dev] = ok ? occ : -1;
   }
   if (blocks_per_sm != nullptr) *blocks_per_sm = cached[dev];
+  return cached[dev] > 0;
+}
+
+// ---- gemv_tc16_kernel: (D) FP8 grouped linear of 1..8 tokens on f16 tensor cores (fast mode; wo_a) --------------
+// The reference runs wo_a as a BF16 product of the dequantized weight and bf16 activations (no activation quant).
+// Here y[g, m, n] = 2^-k_m * sum over 128-column blocks kb of sw[n / 128, kb] * (sum_k w[n, k] x16[m, k]) with the
+// weight codes as f16 (cvt e4m3x2 -> f16x2: exact) and x16 = f16(x * 2^k_m), k_m the power of two that puts the
+// token's max |x| in [2^14, 2^15): exact for bf16-valued x down to 2^-28 of that max (below: f16 subnormals), so
+// the products are the reference's up to the tensor core's fp32 sums. Taken with weight_as_bf16 and E8M0 scales
+// only (reference numerics, where x is bf16): a power-of-two scale makes bf16(code * sw) the exact dequantized
+// weight, applied to the item's sum. (Dense numerics keep the fp32 activations on gemv_kernel.)
+// Work: blockIdx.y = group; a block of 8 warps takes 8 / KS 16-row tiles (KS warps split K), every warp its slice
+// of kbw 128-column items through a ring of G16_PF items in registers. Lane (g, t) loads 16 bytes at 16 t and
+// 64 + 16 t of each item's rows g and g + 8 (as gemv_tc_kernel); word j of them (columns c .. c + 3) feeds mma j
+// (m16n8k16): its bytes c, c + 1 as a0 / a1 and c + 2, c + 3 as a2 / a3, and token g's x16 at the same columns as
+// b0 / b1 (the same products, columns permuted alike). The 8 mma of an item chain their fp32 accumulator; items
+// are added in ascending kb, the KS slices in slice order: the order depends on the shape only, and column m of D
+// is token m, so a token's result is the same alone or with up to 7 others.
+constexpr int G16_THREADS = 256, G16_WARPS = 8, G16_ROWS = 16, G16_MAXK = 8192, G16_PF = 4, G16_MAXTOK = 8;
+constexpr int G16_XPAD = 8;  // halves of row padding of the staged x16 (conflict-free 16-byte reads)
+
+size_t gemv_tc16_smem(int64_t n_tok, int64_t K) { return size_t(n_tok * (K + G16_XPAD)) * 2; }
+
+// Two e4m3 codes (bits 0..15 of w) -> f16x2 and bits 16..31 -> f16x2 (exact).
+__device__ __forceinline__ void e4m3x4_to_f16x4(uint32_t w, uint32_t& lo, uint32_t& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(w));
+#else
+  lo = hi = 0u;
+  __trap();  // gemv_tc16_ok() keeps the launchers off this path
+#endif
+}
+
+// d = a * b + d, m16n8k16 f16 x f16 -> f32.
+__device__ __forceinline__ void tc16_mma(const uint32_t a[4], uint32_t b0, uint32_t b1, float d[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();
+#endif
+}
+
+__global__ void __launch_bounds__(G16_THREADS, 2) gemv_tc16_kernel(const GArgs A) {
+  extern __shared__ __align__(16) uint8_t g16_smem[];
+  __shared__ float red[G16_WARPS][G16_MAXTOK][G16_ROWS];
+  __shared__ float inv[G16_MAXTOK];  // 2^-k_m
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int64_t M = A.M, K = A.W.cols, nkb = K / 128, Kp = K + G16_XPAD, grp = blockIdx.y;
+  const int KS = A.gv_ks, tpb = G16_WARPS / KS, wt = warp / KS, ks = warp % KS;
+  const int64_t kbw = nkb / KS, kbs = int64_t(ks) * kbw;
+  const int64_t tile = int64_t(blockIdx.x) * tpb + wt, n_tiles = A.nout / G16_ROWS;
+  const bool tile_ok = tile < n_tiles;
+  __half* xh = reinterpret_cast<__half*>(g16_smem);  // x16 [M, Kp]
+  const WDesc wd = make_wdesc(A.W);
+  const int64_t row = A.r0 + int64_t(grp) * A.grp_r + tile * G16_ROWS;  // the tile's first weight row
+  const uint8_t* wp = wd.w + (row + g) * wd.row_bytes + kbs * 128 + 16 * t;
+  const int64_t si0 = (wd.br_sh >= 0 ? row >> wd.br_sh : row / wd.br) * wd.scols + kbs;  // (br % 16 == 0)
+
+  uint4 wv[G16_PF][4];
+  uint32_t sv[G16_PF];
+  int64_t l_kb = 0;  // next item to load
+  auto load = [&](uint4 (&w)[4], uint32_t& s) {
+    if (tile_ok && l_kb < kbw) {
+      const uint8_t* p = wp + l_kb * 128;
+      w[0] = __ldg(reinterpret_cast<const uint4*>(p));
+      w[1] = __ldg(reinterpret_cast<const uint4*>(p + 64));
+      w[2] = __ldg(reinterpret_cast<const uint4*>(p + 8 * wd.row_bytes));
+      w[3] = __ldg(reinterpret_cast<const uint4*>(p + 8 * wd.row_bytes + 64));
+      s = wd.sf32 ? __float_as_uint(__ldg(reinterpret_cast<const float*>(wd.scale) + si0 + l_kb))
+                  : uint32_t(__ldg(wd.scale + si0 + l_kb));
+    }
+    ++l_kb;
+  };
+#pragma unroll
+  for (int s = 0; s < G16_PF; ++s) load(wv[s], sv[s]);  // in flight while the block stages x
+
+  // x16 of the group's tokens: warp m takes token m (max |x|, the power of two, the f16 codes)
+  const float* xg = A.a + int64_t(grp) * A.grp_a;
+  for (int64_t m = warp; m < M; m += G16_WARPS) {
+    const float4* xr = reinterpret_cast<const float4*>(xg + m * A.lda);
+    float amax = 0.0f;
+    for (int64_t c = lane; c < K / 4; c += 32) {
+      const float4 v = __ldg(xr + c);
+      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    int e = 0;  // amax = f 2^e, f in [0.5, 1): amax 2^(15 - e) in [2^14, 2^15)
+    if (amax > 0.0f && amax <= 3.4e38f) (void)frexpf(amax, &e);
+    const int k = (amax > 0.0f && amax <= 3.4e38f) ? min(max(15 - e, -126), 127) : 0;
+    const float up = ldexpf(1.0f, k);
+    if (lane == 0) inv[m] = ldexpf(1.0f, -k);
+    for (int64_t c = lane; c < K / 4; c += 32) {
+      const float4 v = __ldg(xr + c);
+      __half2* d = reinterpret_cast<__half2*>(xh + m * Kp + 4 * c);
+      d[0] = __floats2half2_rn(__fmul_rn(v.x, up), __fmul_rn(v.y, up));
+      d[1] = __floats2half2_rn(__fmul_rn(v.z, up), __fmul_rn(v.w, up));
+    }
+  }
+  __syncthreads();
+
+  const bool has_tok = g < M;            // lane (g, t) supplies token g's x16 (column g of B)
+  const int m0 = 2 * t, m1 = 2 * t + 1;  // D columns of this lane
+  const float i0 = m0 < M ? inv[m0] : 0.0f, i1 = m1 < M ? inv[m1] : 0.0f;
+  float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // (row g, m0), (row g, m1), (row g + 8, m0), (row g + 8, m1)
+  for (int64_t c0 = 0; c0 < kbw; c0 += G16_PF) {
+#pragma unroll
+    for (int s = 0; s < G16_PF; ++s) {
+      if (c0 + s < kbw) {  // (uniform over the block)
+        const int64_t kb = kbs + c0 + s;
+        uint4 x[4] = {};
+        if (has_tok) {
+          const __half* xr = xh + g * Kp + kb * 128;
+          x[0] = *reinterpret_cast<const uint4*>(xr + 16 * t);        // columns 16 t .. + 7
+          x[1] = *reinterpret_cast<const uint4*>(xr + 16 * t + 8);    // 16 t + 8 .. + 15
+          x[2] = *reinterpret_cast<const uint4*>(xr + 64 + 16 * t);
+          x[3] = *reinterpret_cast<const uint4*>(xr + 64 + 16 * t + 8);
+        }
+        const uint32_t rg[8] = {wv[s][0].x, wv[s][0].y, wv[s][0].z, wv[s][0].w,
+                                wv[s][1].x, wv[s][1].y, wv[s][1].z, wv[s][1].w};
+        const uint32_t r8[8] = {wv[s][2].x, wv[s][2].y, wv[s][2].z, wv[s][2].w,
+                                wv[s][3].x, wv[s][3].y, wv[s][3].z, wv[s][3].w};
+        float blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          uint32_t a[4];
+          e4m3x4_to_f16x4(rg[j], a[0], a[2]);
+          e4m3x4_to_f16x4(r8[j], a[1], a[3]);
+          const uint4& xv = x[j >> 1];
+          tc16_mma(a, (j & 1) ? xv.z : xv.x, (j & 1) ? xv.w : xv.y, blk);
+        }
+        const float sw = wd.sf32 ? __uint_as_float(sv[s]) : e8m0_to_float(sv[s]);
+        load(wv[s], sv[s]);  // the item G16_PF ahead into the slot just used
+        const float s0 = __fmul_rn(sw, i0), s1 = __fmul_rn(sw, i1);
+        tot[0] = __fmaf_rn(blk[0], s0, tot[0]);
+        tot[1] = __fmaf_rn(blk[1], s1, tot[1]);
+        tot[2] = __fmaf_rn(blk[2], s0, tot[2]);
+        tot[3] = __fmaf_rn(blk[3], s1, tot[3]);
+      }
+    }
+  }
+  // the KS slices of a tile, added in slice order
+  if (m0 < M) red[warp][m0][g] = tot[0], red[warp][m0][g + 8] = tot[2];
+  if (m1 < M) red[warp][m1][g] = tot[1], red[warp][m1][g + 8] = tot[3];
+  __syncthreads();
+  float* yg = A.y + int64_t(grp) * A.grp_y;
+  for (int o = tid; o < tpb * M * G16_ROWS; o += G16_THREADS) {
+    const int tw = o / int(M * G16_ROWS), m = (o / G16_ROWS) % int(M), r = o % G16_ROWS;
+    const int64_t tl = int64_t(blockIdx.x) * tpb + tw;
+    if (tl >= n_tiles) continue;
+    float v = red[tw * KS][m][r];
+    for (int q = 1; q < KS; ++q) v = __fadd_rn(v, red[tw * KS + q][m][r]);
+    yg[m * A.ldy + tl * G16_ROWS + r] = A.out_bf16 ? round_bf16(v) : v;
+  }
+}
+
+// Warps per tile (K slices) of gemv_tc16_kernel: the fewest (1, 2, 4, 8) giving kGtWarpTarget warp tasks over all
+// groups, and dividing K's 128-column blocks.
+int gemv_tc16_ks(int64_t tiles, int64_t nkb) {
+  int ks = 1;
+  while (ks < G16_WARPS && tiles * ks < kGtWarpTarget && nkb % (2 * ks) == 0) ks *= 2;
+  return ks;
+}
+
+// The grouped shapes gemv_tc16_kernel takes (FP8 128-column blocks, 16-row aligned groups, E8M0 scales,
+// weight_as_bf16, 16-byte aligned x and weights) and a device and binary with FP8 conversions (sm_89+).
+bool gemv_tc16_ok(const WeightView& W, int64_t R, int64_t n_tok, const LinearOpts& o, const float* x) {
+  if (W.fmt != GemmFormat::fp8 || W.block_cols != 128 || W.block_rows % G16_ROWS != 0) return false;
+  if (o.act_quant_fp8 || !o.weight_as_bf16 || W.scale_f32 || n_tok < 1 || n_tok > G16_MAXTOK) return false;
+  if (W.cols % 128 != 0 || W.cols > G16_MAXK || R % G16_ROWS != 0) return false;
+  if (((reinterpret_cast<uintptr_t>(W.w) | reinterpret_cast<uintptr_t>(x)) & 15) != 0) return false;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  static int cached[64] = {};  // per device: 0 unknown, -1 no, 1 yes
+  if (cached[dev] == 0) {
+    cudaFuncAttributes fa{};
+    int major = 0, minor = 0;
+    const int smem = int(gemv_tc16_smem(G16_MAXTOK, G16_MAXK));
+    const bool ok = cudaFuncGetAttributes(&fa, gemv_tc16_kernel) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+                    fa.binaryVersion >= 89 && major * 10 + minor >= 89 &&
+                    cudaFuncSetAttribute(gemv_tc16_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) ==
+                        cudaSuccess;
+    cached[dev] = ok ? 1 : -1;
+  }
   return cached[dev] > 0;
 }
 
@@ -1996,7 +2235,7 @@ void launch_tc(int fmt, const GArgs& A, int64_t grid, cudaStream_t st) {
 bool moe_tc_small_ok(const MoeGemmArgs& g, int kind, const GArgs& A) {
   if (g.fmt != GemmFormat::fp4 || g.d_model % (128 * MT_WARPS) != 0 || g.inter % (128 * MT_WARPS) != 0) return false;
   if (g.d_model % MT_ROWS != 0 || g.inter % MT_ROWS != 0 || g.d_model > MT_MAXK || g.inter > MT_MAXK) return false;
-  if ((kind == kW13 ? moe_tc_small_occ<kW13>() : moe_tc_small_occ<kW2>()) <= 0) return false;
+  if (!g.words_ok || (kind == kW13 ? moe_tc_small_occ<kW13>() : moe_tc_small_occ<kW2>()) <= 0) return false;
   return tc_ok(g, kind, A);
 }
 
@@ -2244,6 +2483,39 @@ void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const 
   gemm_internal::note_path(path);
 }
 
+void linear_pair(const WeightView& W1, const WeightView& W3, const float* x, int64_t n_tok, float* y1, float* y3,
+                 const LinearOpts& o, void* scratch, cudaStream_t stream) {
+  const bool same = W1.fmt == W3.fmt && W1.rows == W3.rows && W1.cols == W3.cols &&
+                    W1.block_rows == W3.block_rows && W1.block_cols == W3.block_cols && W1.scale_f32 == W3.scale_f32;
+  if (same && n_tok > 0 && n_tok <= GT_MAXTOK && o.act_quant_fp8 && !deterministic() &&
+      gemm_path() == GemmPath::auto_ && aligned16(x)) {
+    const LinearPlan p = validate(W1, n_tok, o);
+    int occ = 0;
+    if (gemv_tc_ok(W1, p.r0, p.nout, &occ) && gemv_tc_ok(W3, p.r0, p.nout)) {
+      GArgs A;
+      A.M = n_tok;
+      A.W = W1;
+      A.W2 = W3;
+      A.r0 = p.r0;
+      A.nout = p.nout;
+      A.y = y1;
+      A.y2 = y3;
+      A.ldy = p.nout;
+      A.out_bf16 = o.out_bf16;
+      A.lda = p.K;
+      A.a = x;
+      A.gv_ks = gemv_tc_ks(2 * p.nout);
+      const int64_t groups = cdiv(2 * p.nout / GT_ROWS, GT_WARPS / A.gv_ks);
+      const int64_t grid = imin(groups, int64_t(sm_count()) * occ);
+      gemv_tc_kernel<<<static_cast<unsigned>(grid), GT_THREADS, gemv_tc_smem(n_tok, p.K), stream>>>(A);
+      gemm_internal::note_path(GemmPath::gemv);
+      return;
+    }
+  }
+  linear(W1, x, n_tok, y1, o, scratch, stream);
+  linear(W3, x, n_tok, y3, o, scratch, stream);
+}
+
 bool linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int64_t groups, float* y, const LinearOpts& o,
                     cudaStream_t stream) {
   if (n_tok <= 0 || n_tok > 8 || groups <= 1 || o.act_quant_fp8 || deterministic() || gemm_path() != GemmPath::auto_)
@@ -2254,6 +2526,27 @@ bool linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int64_t 
   og.row_begin = 0;
   og.row_end = R;
   const LinearPlan p = validate(W, n_tok, og);
+  if (gemv_tc16_ok(W, R, n_tok, o, x)) {  // FP8 (wo_a): f16 tensor cores
+    GArgs A;
+    A.M = n_tok;
+    A.W = W;
+    A.nout = R;
+    A.y = y;
+    A.ldy = R;
+    A.out_bf16 = o.out_bf16;
+    A.weight_as_bf16 = o.weight_as_bf16;
+    A.lda = p.K;
+    A.a = x;
+    A.grp_a = n_tok * p.K;
+    A.grp_y = n_tok * R;
+    A.grp_r = R;
+    const int64_t tiles = R / G16_ROWS;
+    A.gv_ks = gemv_tc16_ks(tiles * groups, p.K / 128);
+    const dim3 grid(static_cast<unsigned>(cdiv(tiles, G16_WARPS / A.gv_ks)), static_cast<unsigned>(groups));
+    gemv_tc16_kernel<<<grid, G16_THREADS, gemv_tc16_smem(n_tok, p.K), stream>>>(A);
+    gemm_internal::note_path(GemmPath::gemv);
+    return true;
+  }
   // as linear() picks for one group: (D) with n_tok <= 8 runs gemv_kernel when the shape and x allow it
   const GvPlan gv = gv_plan(W.fmt, kLinear, p.K, p.nout, W.block_cols);
   if (!gv.ok || !aligned16(x) || (n_tok * p.K) % 4 != 0) return false;
@@ -2278,6 +2571,11 @@ bool linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int64_t 
   launch_gemv<kLinear>(fmt_code(W.fmt), false, mt, A, A.n_slots * cdiv(R, gv.rpb), stream, groups);
   gemm_internal::note_path(GemmPath::gemv);
   return true;
+}
+
+bool linear_grouped_tc(const WeightView& W, int64_t n_tok, int64_t groups, const float* x, const LinearOpts& o) {
+  if (groups <= 1 || W.rows % groups != 0 || deterministic() || gemm_path() != GemmPath::auto_) return false;
+  return gemv_tc16_ok(W, W.rows / groups, n_tok, o, x);
 }
 
 }  // namespace dsv4::cuda

@@ -10,7 +10,7 @@
 //      order (gemm.h), so a row never depends on its segment and (Q) and (D) both equal the CPU bitwise.
 //   4. (Q) act_quant of h in place; moe_w2 -> o [sorted rows, d_model] (bf16-rounded when q.out_bf16, as the CPU's
 //      linear rounds its output).
-//   5. shared expert through linear() (w1, w3, SwiGLU without weight, w2).
+//   5. shared expert through linear_pair() (w1 and w3) and linear() (w2), SwiGLU without weight between.
 //   6. moe_combine_kernel: y[t] = sum of o over t's slots in ascending (expert id, slot) order (fp32, from 0),
 //      + the shared expert's output, then bf16(y) when bf16 — the CPU's accumulation order.
 // moe_resident (a layer split with the host, model/split_moe.h) runs 1-5 on the resident experts' pairs only (the
@@ -289,6 +289,11 @@ void moe_run(const MoeWeights& w, const uint8_t* resident, const float* x, int64
   g.out_bf16 = q.out_bf16;
   g.weight_as_bf16 = q.weight_as_bf16;
   g.block_cols = fmt == GemmFormat::fp8 ? std::min(e0.w1.block_cols, e0.w2.block_cols) : 32;
+  g.words_ok = true;
+  for (int64_t e = 0; e < w.n_experts && g.words_ok; ++e)
+    for (const WeightView* v : {&w.experts[e].w1, &w.experts[e].w3, &w.experts[e].w2})
+      g.words_ok = g.words_ok && ((reinterpret_cast<uintptr_t>(v->w) | reinterpret_cast<uintptr_t>(v->scale) |
+                                   uintptr_t(v->row_bytes()) | uintptr_t((v->cols + 31) / 32)) & 3) == 0;
 
   float* h = F32(L.h);
   if (L.Q) {
@@ -306,8 +311,7 @@ void moe_run(const MoeWeights& w, const uint8_t* resident, const float* x, int64
     float* osd = y != nullptr ? F32(L.os) : o_shared;
     const ExpertView& s = *w.shared;
     void* ls = base + L.lin;
-    linear(s.w1, x, n_tok, F32(L.gs), q, ls, stream);
-    linear(s.w3, x, n_tok, F32(L.us), q, ls, stream);
+    linear_pair(s.w1, s.w3, x, n_tok, F32(L.gs), F32(L.us), q, ls, stream);
     gemm_internal::swiglu_rows(F32(L.gs), F32(L.us), n_tok, L.Is, swiglu_limit, bf16, F32(L.gs), stream);
     linear(s.w2, F32(L.gs), n_tok, osd, q, ls, stream);
     os = osd;

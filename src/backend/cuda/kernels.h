@@ -30,8 +30,14 @@ size_t linear_scratch_bytes(const WeightView& W, int64_t n_tok, const LinearOpts
 // returns false (nothing launched) otherwise.
 bool linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int64_t groups, float* y, const LinearOpts& o,
                     cudaStream_t stream);
+// Whether linear_grouped runs its f16 tensor-core kernel (FP8 weights, (D), 1..8 tokens: wo_a) for this call.
+bool linear_grouped_tc(const WeightView& W, int64_t n_tok, int64_t groups, const float* x, const LinearOpts& o);
 void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o, void* scratch,
             cudaStream_t stream);
+// y1 = linear(W1, x), y3 = linear(W3, x) (the same o; W1 and W3 of one shape and format): one tensor-core launch
+// where linear() would run gemv_tc_kernel for each, else the two calls. (Each output as a linear of twice the rows.)
+void linear_pair(const WeightView& W1, const WeightView& W3, const float* x, int64_t n_tok, float* y1, float* y3,
+                 const LinearOpts& o, void* scratch, cudaStream_t stream);
 
 // ---- elementwise / rows (k_elementwise.cu) -----------------------------------------------------------------------
 void fill(float* x, int64_t n, float value, cudaStream_t stream);
