@@ -246,11 +246,12 @@ __device__ __forceinline__ uint32_t enc_e4m3(float v) {  // v an exact e4m3 valu
 
 // act_quant of one 128-column block by a warp (act_quant_kernel's arithmetic): lane holds columns j * 32 + lane
 // (j < 4; 0 at or beyond len) of the block starting at xr; c[j] gets their codes, the block scale is returned.
-// (c: the lane's 4 values, already loaded.)
-__device__ __forceinline__ float warp_act_quant128_vals(float c[4]) {
+__device__ __forceinline__ float warp_act_quant128(const float* xr, int len, int lane, float c[4]) {
   float m = 0.0f;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
+    const int i = j * 32 + lane;
+    c[j] = i < len ? xr[i] : 0.0f;
     const float a = fabsf(c[j]);
     m = a > m ? a : m;
   }
@@ -263,14 +264,6 @@ __device__ __forceinline__ float warp_act_quant128_vals(float c[4]) {
 #pragma unroll
   for (int j = 0; j < 4; ++j) c[j] = fp8_quant(c[j], inv);
   return sc;
-}
-__device__ __forceinline__ float warp_act_quant128(const float* xr, int len, int lane, float c[4]) {
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int i = j * 32 + lane;
-    c[j] = i < len ? xr[i] : 0.0f;
-  }
-  return warp_act_quant128_vals(c);
 }
 
 // One warp per (row, 128-column block). E4M3: q8/s_t (cuBLASLt layout), rows >= rows_real are padding.
@@ -373,45 +366,6 @@ struct GArgs {
   float limit = 0.0f;
   bool bf16 = false;
 };
-
-// ---- programmatic dependent launch (sm_90+) ----------------------------------------------------------------------
-// The tensor-core decode kernels are launched with programmatic stream serialization: a block may start while the
-// previous kernel of the stream is still finishing, issues its weight loads (weights never depend on that kernel)
-// and then waits in pdl_wait() for the previous kernel's results to be complete and visible before it reads any
-// activation or routing data. Without the launch attribute (older GPUs) pdl_wait() returns at once.
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-bool pdl_supported() {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-  static int cached[64] = {};  // per device: 0 unknown, 1 yes, 2 no
-  if (cached[dev] == 0) {
-    int major = 0;
-    cached[dev] = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9
-                      ? 1 : 2;
-  }
-  return cached[dev] == 1;
-}
-
-// kernel<<<grid, block, smem, stream>>>(A), with programmatic stream serialization where the GPU has it.
-void launch_pdl(void (*kernel)(GArgs), dim3 grid, int block, size_t smem, cudaStream_t stream, const GArgs& A) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(static_cast<unsigned>(block));
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = at;
-  cfg.numAttrs = pdl_supported() ? 1 : 0;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, A);
-  if (e != cudaSuccess) fail_msg(std::string("kernel launch: ") + cudaGetErrorString(e));
-}
 
 // Weights, K and the output width of a block of kind KIND (expert e for the MoE kinds).
 template <int KIND>
@@ -1564,28 +1518,14 @@ __global__ void __launch_bounds__(GT_THREADS, 2) gemv_tc_kernel(const GArgs A) {
   };
 #pragma unroll
   for (int s = 0; s < GT_PF; ++s) load(wv[s], sv[s]);  // in flight while the block quantizes x
-  pdl_wait();  // x is the previous kernel's output
 
-  // act_quant_kernel's codes and scale of (token, block) q, two blocks per warp at a time (both loads in flight)
-  for (int64_t q = warp; q < M * nkb; q += 2 * GT_WARPS) {
-    const int64_t q1 = q + GT_WARPS;
-    const bool two = q1 < M * nkb;  // (uniform over the warp)
-    float c[2][4];
+  for (int64_t q = warp; q < M * nkb; q += GT_WARPS) {  // act_quant_kernel's codes and scale of (token, block)
+    const int64_t m = q / nkb, b = q % nkb;
+    float c[4];
+    const float sc = warp_act_quant128(A.a + m * A.lda + b * 128, 128, lane, c);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) c[0][j] = A.a[(q / nkb) * A.lda + (q % nkb) * 128 + j * 32 + lane];
-    if (two) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) c[1][j] = A.a[(q1 / nkb) * A.lda + (q1 % nkb) * 128 + j * 32 + lane];
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (h == 1 && !two) break;
-      const int64_t qq = h == 0 ? q : q1, m = qq / nkb, b = qq % nkb;
-      const float sc = warp_act_quant128_vals(c[h]);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) xq[m * Kp + b * 128 + j * 32 + lane] = static_cast<uint8_t>(enc_e4m3(c[h][j]));
-      if (lane == 0) xs[m * nkb + b] = sc;
-    }
+    for (int j = 0; j < 4; ++j) xq[m * Kp + b * 128 + j * 32 + lane] = static_cast<uint8_t>(enc_e4m3(c[j]));
+    if (lane == 0) xs[m * nkb + b] = sc;
   }
   __syncthreads();
 
@@ -1833,7 +1773,6 @@ __global__ void __launch_bounds__(MT_THREADS, 2) moe_tc_small_kernel(const GArgs
   constexpr int NW = KIND == kW13 ? 2 : 1;
   __shared__ float red[MT_WARPS][NW][MT_COLS][MT_ROWS];
   const int64_t slot = blockIdx.x % A.n_slots, bt = blockIdx.x / A.n_slots, n_bt = gridDim.x / A.n_slots;
-  pdl_wait();  // the plan (n_small, small_list, seg_start) and the activations are earlier kernels' outputs
   if (slot >= *A.n_small) return;
   const int64_t e = A.small_list[slot], base = A.seg_start[e], cnt = A.seg_start[e + 1] - base;
   WDesc wd[NW];
@@ -1969,7 +1908,6 @@ __global__ void __launch_bounds__(G16_THREADS, 2) gemv_tc16_kernel(const GArgs A
   };
 #pragma unroll
   for (int s = 0; s < G16_PF; ++s) load(wv[s], sv[s]);  // in flight while the block stages x
-  pdl_wait();  // x is the previous kernel's output
 
   // x16 of the group's tokens: warp m takes token m (max |x|, the power of two, the f16 codes)
   const float* xg = A.a + int64_t(grp) * A.grp_a;
@@ -1977,7 +1915,7 @@ __global__ void __launch_bounds__(G16_THREADS, 2) gemv_tc16_kernel(const GArgs A
     const float4* xr = reinterpret_cast<const float4*>(xg + m * A.lda);
     float amax = 0.0f;
     for (int64_t c = lane; c < K / 4; c += 32) {
-      const float4 v = xr[c];
+      const float4 v = __ldg(xr + c);
       amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
     }
 #pragma unroll
@@ -1988,7 +1926,7 @@ __global__ void __launch_bounds__(G16_THREADS, 2) gemv_tc16_kernel(const GArgs A
     const float up = ldexpf(1.0f, k);
     if (lane == 0) inv[m] = ldexpf(1.0f, -k);
     for (int64_t c = lane; c < K / 4; c += 32) {
-      const float4 v = xr[c];
+      const float4 v = __ldg(xr + c);
       __half2* d = reinterpret_cast<__half2*>(xh + m * Kp + 4 * c);
       d[0] = __floats2half2_rn(__fmul_rn(v.x, up), __fmul_rn(v.y, up));
       d[1] = __floats2half2_rn(__fmul_rn(v.z, up), __fmul_rn(v.w, up));
@@ -2335,9 +2273,9 @@ void moe_launch_both(int kind, const MoeGemmArgs& g, GArgs A, int64_t nout, cuda
     const int64_t n_bt = std::clamp<int64_t>(std::max(resident / As.n_slots, cdiv(tiles, kMtMaxTiles)), 1, tiles);
     const int64_t gt = As.n_slots * n_bt;
     if (kind == kW13)
-      launch_pdl(moe_tc_small_kernel<kW13>, dim3(static_cast<unsigned>(gt)), MT_THREADS, moe_tc_smem(K2), stream, As);
+      moe_tc_small_kernel<kW13><<<static_cast<unsigned>(gt), MT_THREADS, moe_tc_smem(K2), stream>>>(As);
     else
-      launch_pdl(moe_tc_small_kernel<kW2>, dim3(static_cast<unsigned>(gt)), MT_THREADS, moe_tc_smem(K2), stream, As);
+      moe_tc_small_kernel<kW2><<<static_cast<unsigned>(gt), MT_THREADS, moe_tc_smem(K2), stream>>>(As);
     if (tc)
       (kind == kW13 ? launch_tc<kW13> : launch_tc<kW2>)(fmt, Ab, gb, stream);
     else if (any_big)
@@ -2506,7 +2444,7 @@ void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const 
     // persistent grid: every group of 8 / KS tiles, at most the blocks the GPU holds at once (shape only)
     const int64_t groups = cdiv(p.nout / GT_ROWS, GT_WARPS / A.gv_ks);
     const int64_t grid = imin(groups, int64_t(sm_count()) * tc_occ);
-    launch_pdl(gemv_tc_kernel, dim3(static_cast<unsigned>(grid)), GT_THREADS, gemv_tc_smem(n_tok, p.K), stream, A);
+    gemv_tc_kernel<<<static_cast<unsigned>(grid), GT_THREADS, gemv_tc_smem(n_tok, p.K), stream>>>(A);
     gemm_internal::note_path(GemmPath::gemv);
     return;
   }
@@ -2569,7 +2507,7 @@ void linear_pair(const WeightView& W1, const WeightView& W3, const float* x, int
       A.gv_ks = gemv_tc_ks(2 * p.nout);
       const int64_t groups = cdiv(2 * p.nout / GT_ROWS, GT_WARPS / A.gv_ks);
       const int64_t grid = imin(groups, int64_t(sm_count()) * occ);
-      launch_pdl(gemv_tc_kernel, dim3(static_cast<unsigned>(grid)), GT_THREADS, gemv_tc_smem(n_tok, p.K), stream, A);
+      gemv_tc_kernel<<<static_cast<unsigned>(grid), GT_THREADS, gemv_tc_smem(n_tok, p.K), stream>>>(A);
       gemm_internal::note_path(GemmPath::gemv);
       return;
     }
@@ -2605,7 +2543,7 @@ bool linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int64_t 
     const int64_t tiles = R / G16_ROWS;
     A.gv_ks = gemv_tc16_ks(tiles * groups, p.K / 128);
     const dim3 grid(static_cast<unsigned>(cdiv(tiles, G16_WARPS / A.gv_ks)), static_cast<unsigned>(groups));
-    launch_pdl(gemv_tc16_kernel, grid, G16_THREADS, gemv_tc16_smem(n_tok, p.K), stream, A);
+    gemv_tc16_kernel<<<grid, G16_THREADS, gemv_tc16_smem(n_tok, p.K), stream>>>(A);
     gemm_internal::note_path(GemmPath::gemv);
     return true;
   }
