@@ -209,11 +209,13 @@ struct Server::Impl {
   // cancelled).
   struct Choices {
     std::vector<GenerationResult> results;
+    double wall_ms = 0;  // from the submission of choice 0 to the end of the last choice
     std::vector<std::shared_ptr<TokenConstraint>> constraints;
   };
   Choices run_choices(EngineLoop& loop, const ApiRequest& ar, const std::function<GenerationCallbacks(int)>& cb,
                       const std::function<void(int, GenerationResult&)>& done) {
     const int n = ar.n;
+    const auto t_start = std::chrono::steady_clock::now();
     Choices c;
     c.results.resize(size_t(n));
     c.constraints.resize(size_t(n));
@@ -274,7 +276,25 @@ struct Server::Impl {
     for (auto& t : others) t.join();
     for (auto& e : errors)
       if (e) std::rethrow_exception(e);
+    c.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_start).count();
     return c;
+  }
+
+  // `timings` of n choices: the prompt's processing is choice 0's (the others start on its cached blocks once it has
+  // its first token), the generation runs from choice 0's first token to the end of the last choice; predicted_n
+  // counts the tokens of all (= usage.completion_tokens).
+  static ojson timings_of(const Choices& c) {
+    GenerationTimings t = c.results.front().timings;
+    int64_t generated = 0;
+    for (const auto& r : c.results) generated += static_cast<int64_t>(r.ids.size());
+    if (c.results.size() > 1) {
+      t.decode_ms = std::max(t.decode_ms, c.wall_ms - t.prefill_ms);
+      for (size_t i = 1; i < c.results.size(); ++i) {
+        t.drafted_tokens += c.results[i].timings.drafted_tokens;
+        t.accepted_tokens += c.results[i].timings.accepted_tokens;
+      }
+    }
+    return timings_json(t, generated);
   }
 
   // usage of n choices: the prompt once (choice 0's cached tokens), completion tokens of all.
@@ -526,7 +546,7 @@ void Server::Impl::respond_whole(ApiRequest& ar, ConnectionMonitor& mon, httplib
                {"system_fingerprint", "dsv4"},
                {"choices", std::move(choices)},
                {"usage", usage_json(usage_of(c.results), reasoning)},
-               {"timings", timings_json(c.results[0].timings)}};
+               {"timings", timings_of(c)}};
   send_json(res, 200, body);
 }
 
@@ -639,7 +659,7 @@ bool Server::Impl::stream_openai(ApiRequest& ar, ConnectionMonitor& mon, httplib
     json u = chunk_base(id, created, ar.chat);
     u["choices"] = json::array();
     u["usage"] = usage_json(usage_of(res.results), reasoning);
-    u["timings"] = timings_json(res.results[0].timings);
+    u["timings"] = timings_of(res);
     w.data(u);
   }
   w.send_raw("data: [DONE]\n\n");
