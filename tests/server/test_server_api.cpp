@@ -344,6 +344,92 @@ TEST_F(ServerTest, AnthropicMessagesWholeAndStreamed) {
   EXPECT_EQ(text, "Hi!");
 }
 
+// A stop sequence that matches before any text: one empty text block (whole) / one empty text block opened and closed
+// (streamed), stop_reason stop_sequence, stop_sequence set.
+TEST_F(ServerTest, AnthropicStopSequenceBeforeAnyText) {
+  for (bool thinking : {false, true}) {
+    script(thinking ? "</think>Hello world" : "Hello world");  // thinking: no reasoning either
+    json req = {{"model", "claude-x"},
+                {"max_tokens", 64},
+                {"temperature", 0},
+                {"stop_sequences", {"Hel"}},
+                {"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+    if (thinking) req["thinking"] = {{"type", "enabled"}, {"budget_tokens", 100}};
+    const std::string what = thinking ? "thinking" : "plain";
+    auto j = post_json("/v1/messages", req);
+    ASSERT_TRUE(j["content"].is_array()) << what << ": " << j.dump();
+    ASSERT_GE(j["content"].size(), 1u) << what << ": " << j.dump();
+    const json& last = j["content"].back();
+    EXPECT_EQ(last, json({{"type", "text"}, {"text", ""}})) << what << ": " << j.dump();
+    for (const auto& b : j["content"]) {
+      ASSERT_TRUE(b.contains("type")) << j.dump();
+      if (b["type"] == "thinking") EXPECT_TRUE(b["thinking"].is_string() && b["signature"].is_string()) << j.dump();
+    }
+    EXPECT_EQ(j["stop_reason"], "stop_sequence") << what << ": " << j.dump();
+    EXPECT_EQ(j["stop_sequence"], "Hel") << what;
+
+    req["stream"] = true;
+    auto r = post("/v1/messages", req.dump());
+    ASSERT_TRUE(r);
+    const auto ev = sse_events(r->body);
+    ASSERT_GE(ev.size(), 5u) << r->body;
+    EXPECT_EQ(ev.front().first, "message_start");
+    EXPECT_EQ(ev.back().first, "message_stop");
+    const json& md = ev[ev.size() - 2].second;
+    EXPECT_EQ(ev[ev.size() - 2].first, "message_delta");
+    EXPECT_EQ(md["delta"]["stop_reason"], "stop_sequence") << r->body;
+    EXPECT_EQ(md["delta"]["stop_sequence"], "Hel") << r->body;
+    // every block started is stopped, indexes count from 0, and the last one is a text block
+    int open = -1, next = 0;
+    std::string last_type;
+    for (const auto& [t, d] : ev) {
+      if (t == "content_block_start") {
+        EXPECT_EQ(open, -1) << r->body;
+        EXPECT_EQ(d["index"], next) << r->body;
+        open = d["index"];
+        last_type = d["content_block"]["type"];
+        if (last_type == "text") EXPECT_EQ(d["content_block"]["text"], "");
+      } else if (t == "content_block_delta") {
+        EXPECT_EQ(d["index"], open) << r->body;
+        if (d["delta"]["type"] == "text_delta") EXPECT_FALSE(d["delta"]["text"].get<std::string>().empty());
+      } else if (t == "content_block_stop") {
+        EXPECT_EQ(d["index"], open) << r->body;
+        open = -1;
+        ++next;
+      }
+    }
+    EXPECT_EQ(open, -1) << r->body;
+    EXPECT_GE(next, 1) << r->body;
+    EXPECT_EQ(last_type, "text") << what << ": " << r->body;
+  }
+}
+
+// A stop sequence inside the reasoning: a thinking block and no text, the same whole and streamed.
+TEST_F(ServerTest, AnthropicStopSequenceInsideTheReasoning) {
+  script("Plan Hello</think>world");
+  json req = {{"model", "claude-x"},
+              {"max_tokens", 64},
+              {"temperature", 0},
+              {"stop_sequences", {"Hel"}},
+              {"thinking", {{"type", "enabled"}, {"budget_tokens", 100}}},
+              {"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  auto j = post_json("/v1/messages", req);
+  EXPECT_EQ(j["stop_reason"], "stop_sequence") << j.dump();
+  EXPECT_EQ(j["stop_sequence"], "Hel") << j.dump();
+  ASSERT_TRUE(j["content"].is_array() && !j["content"].empty()) << j.dump();
+  std::vector<std::string> whole;
+  for (const auto& b : j["content"]) whole.push_back(b["type"]);
+  req["stream"] = true;
+  auto r = post("/v1/messages", req.dump());
+  ASSERT_TRUE(r);
+  std::vector<std::string> streamed;
+  for (const auto& [t, d] : sse_events(r->body))
+    if (t == "content_block_start") streamed.push_back(d["content_block"]["type"]);
+  EXPECT_EQ(streamed, whole) << j.dump() << "\n" << r->body;
+  EXPECT_EQ(j["content"][0]["type"], "thinking") << j.dump();
+  EXPECT_EQ(j["content"][0]["thinking"], "Plan ") << j.dump();
+}
+
 TEST_F(ServerTest, AnthropicToolUseRoundTrip) {
   json req = {{"model", "x"},
               {"max_tokens", 400},
