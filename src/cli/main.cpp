@@ -49,6 +49,9 @@ int main(int argc, char** argv) {
   try {
     for (auto& [sub, run] : runners)
       if (sub->parsed()) return run ? run() : 0;
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "dsv4: error: %s (see --help)\n", e.what());
+    return 2;
   } catch (const Error& e) {
     std::fprintf(stderr, "dsv4: error: %s\n", e.what());
     return 1;
