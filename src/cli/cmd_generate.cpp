@@ -61,12 +61,23 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
   auto* ids = app.add_option("--prompt-ids", o->prompt_ids, "comma-separated prompt token ids (used as given)");
   p->excludes(ids);
   app.add_option("-n,--max-tokens", o->n, "tokens to generate at most (-1: until the context is full)")
-      ->check(CLI::Range(int64_t(-1), int64_t(1) << 40));
+      ->check(CLI::Validator(
+          [](std::string& s) -> std::string {
+            int64_t v = 0;
+            if (!CLI::detail::lexical_cast(s, v)) return {};  // the conversion's own error
+            return v == -1 || (v >= 1 && v <= int64_t(1) << 40)
+                       ? std::string()
+                       : fmt::format("must be -1 (until the context is full) or in [1, 2^40] (got {})", v);
+          },
+          "INT"));
   dsv4::cli::add_sampling_options(app, o->sampling);
   app.add_option("--stop", o->stop, "stop string (repeatable); not printed");
-  app.add_option("--repeat-penalty", o->repeat, "repetition penalty on prompt + output tokens (default 1 = off)");
-  app.add_option("--presence-penalty", o->presence, "presence penalty on output tokens (default 0)");
-  app.add_option("--frequency-penalty", o->frequency, "frequency penalty on output tokens (default 0)");
+  app.add_option("--repeat-penalty", o->repeat, "repetition penalty on prompt + output tokens (default 1 = off)")
+      ->check(dsv4::cli::sampling_range(&dsv4::SamplingParams::repetition_penalty));
+  app.add_option("--presence-penalty", o->presence, "presence penalty on output tokens (default 0)")
+      ->check(dsv4::cli::sampling_range(&dsv4::SamplingParams::presence_penalty));
+  app.add_option("--frequency-penalty", o->frequency, "frequency penalty on output tokens (default 0)")
+      ->check(dsv4::cli::sampling_range(&dsv4::SamplingParams::frequency_penalty));
   app.add_option("--numerics", o->numerics, "reference | dense (default reference)");
   app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")->check(CLI::Range(0, 4096));
   app.add_option("--spec-draft", o->spec_draft,

@@ -75,8 +75,8 @@ TEST(CliGenerate, BadArgumentsGiveOneLineErrors) {
       {{"-m", kTiny, "-p", "hello"}, "tokenizer.json"},
       {{"-m", kTiny, "--prompt-ids", "0,x"}, "--prompt-ids", 2},
       {{"-m", kTiny, "--prompt-ids", "0,999999"}, "vocabulary"},
-      {{"-m", kTiny, "--prompt-ids", "0", "--top-p", "2"}, "top_p"},
-      {{"-m", kTiny, "--prompt-ids", "0", "--temp", "-1"}, "temperature"},
+      {{"-m", kTiny, "--prompt-ids", "0", "--top-p", "2"}, "--top-p: top_p", 2},
+      {{"-m", kTiny, "--prompt-ids", "0", "--temp", "-1"}, "--temp: temperature", 2},
   };
   for (const auto& c : cases) {
     auto args = c.args;
