@@ -144,6 +144,7 @@ void setup_chat(CLI::App& app, dsv4::cli::Runner& run) {
       g_generating = false;
       show(parser.finish());
       std::printf("%s\n", reset);
+      std::fflush(stdout);  // the reply's newline before the stats line (stdout may share a file with stderr)
       std::fprintf(stderr, "%s[%zu tokens, prefill %.1f tok/s (%lld cached), decode %.2f tok/s%s]%s\n", dim,
                    r.ids.size(), r.timings.prefill_tokens_per_s(), static_cast<long long>(r.timings.cached_tokens),
                    r.timings.decode_tokens_per_s(), r.finish == FinishReason::cancelled ? ", interrupted" : "", reset);
