@@ -32,6 +32,27 @@ TEST(CliUsage, ParseErrorsAreOneLine) {
   expect_one_line_error({"logprobs", "-m", kDemo, "--prompt-ids", "1", "--top-k", "0"});
 }
 
+// An unknown command names itself and lists the valid ones (CLI11 alone said "A subcommand is required"); exit 2.
+TEST(CliUsage, UnknownCommandListsTheValidOnes) {
+  for (const auto& [args, valid] : std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>>{
+           {{"frobnicate"}, {"generate", "chat", "serve", "bench", "logprobs", "info"}},
+           {{"-v", "frobnicate", "-m", kDemo}, {"generate", "serve"}},
+           {{"bench", "frobnicate"}, {"gemm", "model", "serve", "spec"}}}) {
+    const ProcResult r = run_dsv4(args);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_EQ(r.err.rfind("dsv4: error: unknown command 'frobnicate'", 0), 0u) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find("--help"), std::string::npos) << r.err;
+    for (const auto& v : valid) EXPECT_NE(r.err.find(v), std::string::npos) << v << ": " << r.err;
+    EXPECT_EQ(r.err.find("A subcommand is required"), std::string::npos) << r.err;
+  }
+  // a known command's own parse errors keep CLI11's message
+  const ProcResult g = run_dsv4({"generate", "frob", "-m", kDemo});
+  EXPECT_EQ(g.code, 2) << g.err;
+  EXPECT_NE(g.err.find("frob"), std::string::npos) << g.err;
+  EXPECT_EQ(g.err.find("unknown command"), std::string::npos) << g.err;
+}
+
 TEST(CliUsage, ImpossibleValuesAreRejected) {
   expect_one_line_error({"generate", "-m", kDemo, "-p", "hi", "-n", "3", "--top-k", "-5"});
   expect_one_line_error({"generate", "-m", kDemo, "-p", "hi", "-n", "3", "--threads", "-3"});
