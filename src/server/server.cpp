@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <ctime>
 #include <list>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <nlohmann/json.hpp>
@@ -66,6 +67,8 @@ struct Server::Impl {
   std::shared_ptr<const Tokenizer> tok;
   LoopHost host;
   HttpServer http;                   // cpp-httplib over a reactor (server/http_transport.h)
+  // path -> the methods its routes take (the Allow header of a 405), filled by setup_routes
+  std::map<std::string, std::string> allowed_methods;
   std::atomic<bool> stopping{false};
   std::atomic<int> open_streams{0};  // SSE responses not yet completely written (see stop())
   std::atomic<bool> bound{false};
@@ -338,10 +341,22 @@ void Server::Impl::setup_routes() {
   });
   http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
-    std::string msg = res.status == 404   ? fmt::format("no route for {} {}", req.method, req.path)
-                      : res.status == 413 ? std::string("request body too large")
-                                          : fmt::format("HTTP error {}", res.status);
-    ApiError e(res.status, msg, res.status >= 500 ? "server_error" : "invalid_request_error");
+    // A known path with a method none of its routes takes: 405 with an Allow header (the transport leaves 404).
+    std::string code;
+    if (res.status == 404) {
+      if (const auto it = allowed_methods.find(req.path); it != allowed_methods.end()) {
+        res.status = 405;
+        res.set_header("Allow", it->second);
+        code = "method_not_allowed";
+      }
+    }
+    std::string msg =
+        res.status == 404   ? fmt::format("no route for {} {}", req.method, req.path)
+        : res.status == 405 ? fmt::format("method {} is not allowed on {} (allowed: {})", req.method, req.path,
+                                          allowed_methods.at(req.path))
+        : res.status == 413 ? std::string("request body too large")
+                            : fmt::format("HTTP error {}", res.status);
+    ApiError e(res.status, msg, res.status >= 500 ? "server_error" : "invalid_request_error", "", code);
     const json j = anthropic_path(req.path) ? json(e.to_anthropic_json()) : json(e.to_json());
     res.set_content(j.dump(), "application/json");
   });
@@ -356,7 +371,15 @@ void Server::Impl::setup_routes() {
     send_error(res, ApiError(500, msg, "server_error"), anthropic_path(req.path));
   });
 
-  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+  auto get = [this](const std::string& path, httplib::Server::Handler h) {
+    allowed_methods[path] = "GET, HEAD";  // cpp-httplib answers HEAD with the GET route
+    http.Get(path, std::move(h));
+  };
+  auto post = [this](const std::string& path, httplib::Server::Handler h) {
+    allowed_methods[path] = "POST";
+    http.Post(path, std::move(h));
+  };
+  get("/health", [this](const httplib::Request&, httplib::Response& res) {
     const auto st = host.stats();
     const int64_t admitted = this->admitted();
     json j = {{"status", stopping ? "shutting_down" : "ok"},
@@ -371,7 +394,7 @@ void Server::Impl::setup_routes() {
               {"queue", opts.queue}};
     send_json(res, stopping ? 503 : 200, j);
   });
-  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+  get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     ServerCounters sc;
     sc.in_flight = admitted();
     sc.capacity = capacity;
@@ -380,7 +403,7 @@ void Server::Impl::setup_routes() {
     sc.loaded = host.state() == LoopHost::State::kLoaded;
     res.set_content(metrics.render(host.stats(), host.state_layout(), sc), "text/plain; version=0.0.4");
   });
-  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+  get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     json m = {{"id", opts.model_name},
               {"object", "model"},
               {"created", 0},
@@ -388,14 +411,14 @@ void Server::Impl::setup_routes() {
               {"max_model_len", host.n_ctx()}};
     send_json(res, 200, {{"object", "list"}, {"data", json::array({m})}});
   });
-  http.Post("/v1/chat/completions",
+  post("/v1/chat/completions",
             [this](const httplib::Request& req, httplib::Response& res) { handle_generate(req, res, Api::kChat); });
-  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+  post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     handle_generate(req, res, Api::kCompletion);
   });
-  http.Post("/v1/messages",
+  post("/v1/messages",
             [this](const httplib::Request& req, httplib::Response& res) { handle_generate(req, res, Api::kMessages); });
-  http.Post("/v1/messages/count_tokens", [this](const httplib::Request& req, httplib::Response& res) {
+  post("/v1/messages/count_tokens", [this](const httplib::Request& req, httplib::Response& res) {
     try {
       const ApiRequest ar = parse_anthropic_request(req.body, *tok, host.n_ctx(), /*count_only=*/true);
       send_json(res, 200, {{"input_tokens", static_cast<int64_t>(ar.gen.prompt.size())}});
@@ -403,9 +426,9 @@ void Server::Impl::setup_routes() {
       send_error(res, e, true);
     }
   });
-  http.Post("/admin/park",
+  post("/admin/park",
             [this](const httplib::Request& req, httplib::Response& res) { handle_admin(req, res, true); });
-  http.Post("/admin/unpark",
+  post("/admin/unpark",
             [this](const httplib::Request& req, httplib::Response& res) { handle_admin(req, res, false); });
 }
 
