@@ -96,6 +96,42 @@ TEST_F(ServerTest, ChatLogprobsWholeAndStreamed) {
   EXPECT_TRUE(post_json("/v1/chat/completions", req)["choices"][0]["logprobs"].is_null());
 }
 
+// top_logprobs is capped at 20 like OpenAI's: 20 gives 20 entries per token, 21 (or a negative count) is a 400 naming
+// the field and the limit, streamed or not, before anything is generated; the completions API's logprobs likewise.
+TEST_F(ServerTest, TopLogprobsAbove20IsA400) {
+  auto req = chat_req("hi");
+  req["temperature"] = 0;
+  req["max_tokens"] = 2;
+  req["logprobs"] = true;
+  req["top_logprobs"] = 20;
+  const json ok = post_json("/v1/chat/completions", req);
+  ASSERT_EQ(ok["choices"][0]["logprobs"]["content"].size(), 2u) << ok.dump();
+  EXPECT_EQ(ok["choices"][0]["logprobs"]["content"][0]["top_logprobs"].size(), 20u);
+  for (const bool stream : {false, true}) {
+    for (const int n : {21, 100, -1}) {
+      req["top_logprobs"] = n;
+      req["stream"] = stream;
+      const auto r = post("/v1/chat/completions", req.dump());
+      ASSERT_TRUE(r);
+      EXPECT_EQ(r->status, 400) << n << ": " << r->body;
+      const json j = json::parse(r->body);
+      EXPECT_EQ(j["error"]["param"], "top_logprobs") << r->body;
+      EXPECT_EQ(j["error"]["type"], "invalid_request_error") << r->body;
+      const std::string msg = j["error"]["message"];
+      EXPECT_NE(msg.find("[0, 20]"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(std::to_string(n)), std::string::npos) << msg;
+    }
+  }
+  const auto c = post("/v1/completions", json({{"prompt", "Say:"}, {"max_tokens", 2}, {"logprobs", 21}}).dump());
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->status, 400) << c->body;
+  EXPECT_EQ(json::parse(c->body)["error"]["param"], "logprobs") << c->body;
+  const json c20 = post_json("/v1/completions", {{"prompt", "Say:"}, {"max_tokens", 2}, {"logprobs", 20}});
+  // (a {token: logprob} object: byte tokens that print the same string share one key)
+  EXPECT_GT(c20["choices"][0]["logprobs"]["top_logprobs"][0].size(), 2u) << c20.dump();
+  EXPECT_LE(c20["choices"][0]["logprobs"]["top_logprobs"][0].size(), 20u) << c20.dump();
+}
+
 TEST_F(ServerTest, ThinkingLogprobsAreSplitBySection) {
   script("Hmm.</think>Ok");
   auto req = chat_req("q", true);
