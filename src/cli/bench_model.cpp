@@ -89,19 +89,20 @@ int run_model_bench(const ModelBenchOpts& o) {
     std::fprintf(stderr, "%s\n", s.c_str());
     std::fflush(stderr);
   };
-  if (o.model.empty() == o.config.empty()) fail("bench model: give exactly one of -m DIR and --config FILE");
+  // What the command line alone tells is a usage error (exit 2), before any file is read.
+  if (o.model.empty() == o.config.empty()) usage_fail("bench model: give exactly one of -m DIR and --config FILE");
   const std::string fmt_ = o.load_format == "auto" ? (o.config.empty() ? "safetensors" : "dummy") : o.load_format;
   if (fmt_ != "dummy" && fmt_ != "safetensors")
-    fail("bench model: --load-format must be auto, dummy or safetensors (got '{}')", o.load_format);
-  if (fmt_ == "safetensors" && o.model.empty()) fail("bench model: --load-format safetensors needs -m DIR");
-  if (o.batch < 1 || o.batch > 4096) fail("bench model: --batch must be in [1, 4096] (got {})", o.batch);
+    usage_fail("bench model: --load-format must be auto, dummy or safetensors (got '{}')", o.load_format);
+  if (fmt_ == "safetensors" && o.model.empty()) usage_fail("bench model: --load-format safetensors needs -m DIR");
+  if (o.batch < 1 || o.batch > 4096) usage_fail("bench model: --batch must be in [1, 4096] (got {})", o.batch);
   if (o.batch > 1 && o.ctx % StateLayout::kPageTokens != 0)
-    fail("bench model: --batch > 1 needs --ctx a multiple of {} (the sequences share the context's full pages)",
-         StateLayout::kPageTokens);
-  if (o.steps < 1) fail("bench model: --steps must be >= 1");
-  if (o.prefill < 0 || o.ctx < 0) fail("bench model: --prefill and --ctx must be >= 0");
+    usage_fail("bench model: --batch > 1 needs --ctx a multiple of {} (the sequences share the context's full pages)",
+               StateLayout::kPageTokens);
+  if (o.steps < 1) usage_fail("bench model: --steps must be >= 1");
+  if (o.prefill < 0 || o.ctx < 0) usage_fail("bench model: --prefill and --ctx must be >= 0");
   const auto num = parse_numerics(o.numerics);
-  if (!num) fail("bench model: --numerics must be reference or dense (got '{}')", o.numerics);
+  if (!num) usage_fail("bench model: --numerics must be reference or dense (got '{}')", o.numerics);
   const std::filesystem::path cfg_path =
       o.config.empty() ? std::filesystem::path(o.model) / "config.json" : std::filesystem::path(o.config);
   const ModelConfig full = load_config(cfg_path);

@@ -22,16 +22,16 @@ inline ByteSize parse_byte_size(const std::string& s, const char* flag, bool all
   const char* p = s.c_str();
   char* end = nullptr;
   const double v = std::strtod(p, &end);
-  if (end == p || !std::isfinite(v) || v <= 0) fail("{} must be a positive size such as 8G or 512M (got '{}')", flag, s);
+  if (end == p || !std::isfinite(v) || v <= 0) usage_fail("{} must be a positive size such as 8G or 512M (got '{}')", flag, s);
   std::string unit(end);
   for (auto& c : unit) c = char(std::toupper(static_cast<unsigned char>(c)));
   if (unit.empty() && s.find('.') != std::string::npos) {  // "1.5": a fraction, or a byte count that is not whole
     if (allow_fraction && v <= 1.0) return Fraction{v};
-    if (allow_fraction) fail("{}: a fraction must be in (0, 1] (got '{}'; for a size give a unit: {}G)", flag, s, s);
-    if (v != std::floor(v)) fail("{}: '{}' is not a whole number of bytes (give a unit: K, M, G or T)", flag, s);
+    if (allow_fraction) usage_fail("{}: a fraction must be in (0, 1] (got '{}'; for a size give a unit: {}G)", flag, s, s);
+    if (v != std::floor(v)) usage_fail("{}: '{}' is not a whole number of bytes (give a unit: K, M, G or T)", flag, s);
   }
   if (unit.size() > 1 && unit.substr(1) != "B" && unit.substr(1) != "IB")
-    fail("{}: unknown unit in '{}' (use K, M, G or T)", flag, s);
+    usage_fail("{}: unknown unit in '{}' (use K, M, G or T)", flag, s);
   double mult = 1;
   switch (unit.empty() ? 'B' : unit[0]) {
     case 'B': mult = unit.size() > 1 ? 0 : 1; break;
@@ -41,9 +41,9 @@ inline ByteSize parse_byte_size(const std::string& s, const char* flag, bool all
     case 'T': mult = 1024.0 * 1024 * 1024 * 1024; break;
     default: mult = 0;
   }
-  if (mult == 0) fail("{}: unknown unit in '{}' (use K, M, G or T)", flag, s);
+  if (mult == 0) usage_fail("{}: unknown unit in '{}' (use K, M, G or T)", flag, s);
   const double bytes = v * mult;
-  if (bytes < 1 || bytes > 1.8e19) fail("{} out of range (got '{}')", flag, s);
+  if (bytes < 1 || bytes > 1.8e19) usage_fail("{} out of range (got '{}')", flag, s);
   return uint64_t(bytes);
 }
 

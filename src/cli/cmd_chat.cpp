@@ -49,7 +49,8 @@ struct Opts {
 void setup_chat(CLI::App& app, dsv4::cli::Runner& run) {
   auto o = std::make_shared<Opts>();
   app.add_option("-m,--model", o->model, "model folder (config.json, safetensors, tokenizer.json)")->required();
-  app.add_option("-n,--max-tokens", o->n, "tokens per answer at most (default 4096)")->check(CLI::PositiveNumber);
+  app.add_option("-n,--max-tokens", o->n, "tokens per answer at most (default 4096)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
   app.add_option("--ctx", o->ctx, "context size in tokens (default 32768)")
       ->check(CLI::Range(int64_t(2), int64_t(1) << 40));
   dsv4::cli::add_sampling_options(app, o->sampling);
@@ -143,6 +144,7 @@ void setup_chat(CLI::App& app, dsv4::cli::Runner& run) {
       g_generating = false;
       show(parser.finish());
       std::printf("%s\n", reset);
+      std::fflush(stdout);  // the reply's newline before the stats line (stdout may share a file with stderr)
       std::fprintf(stderr, "%s[%zu tokens, prefill %.1f tok/s (%lld cached), decode %.2f tok/s%s]%s\n", dim,
                    r.ids.size(), r.timings.prefill_tokens_per_s(), static_cast<long long>(r.timings.cached_tokens),
                    r.timings.decode_tokens_per_s(), r.finish == FinishReason::cancelled ? ", interrupted" : "", reset);

@@ -47,7 +47,7 @@ std::vector<int32_t> parse_id_list(const std::string& s) {
     t.erase(t.find_last_not_of(" \t") + 1);
     char* end = nullptr;
     long long v = t.empty() ? -1 : std::strtoll(t.c_str(), &end, 10);
-    if (t.empty() || *end != '\0' || v < 0 || v > INT32_MAX) dsv4::fail("--prompt-ids: '{}' is not a token id", t);
+    if (t.empty() || *end != '\0' || v < 0 || v > INT32_MAX) dsv4::usage_fail("--prompt-ids: '{}' is not a token id", t);
     out.push_back(static_cast<int32_t>(v));
     i = j + 1;
   }
@@ -61,12 +61,23 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
   auto* ids = app.add_option("--prompt-ids", o->prompt_ids, "comma-separated prompt token ids (used as given)");
   p->excludes(ids);
   app.add_option("-n,--max-tokens", o->n, "tokens to generate at most (-1: until the context is full)")
-      ->check(CLI::Range(int64_t(-1), int64_t(1) << 40));
+      ->check(CLI::Validator(
+          [](std::string& s) -> std::string {
+            int64_t v = 0;
+            if (!CLI::detail::lexical_cast(s, v)) return {};  // the conversion's own error
+            return v == -1 || (v >= 1 && v <= int64_t(1) << 40)
+                       ? std::string()
+                       : fmt::format("must be -1 (until the context is full) or in [1, 2^40] (got {})", v);
+          },
+          "INT"));
   dsv4::cli::add_sampling_options(app, o->sampling);
   app.add_option("--stop", o->stop, "stop string (repeatable); not printed");
-  app.add_option("--repeat-penalty", o->repeat, "repetition penalty on prompt + output tokens (default 1 = off)");
-  app.add_option("--presence-penalty", o->presence, "presence penalty on output tokens (default 0)");
-  app.add_option("--frequency-penalty", o->frequency, "frequency penalty on output tokens (default 0)");
+  app.add_option("--repeat-penalty", o->repeat, "repetition penalty on prompt + output tokens (default 1 = off)")
+      ->check(dsv4::cli::sampling_range(&dsv4::SamplingParams::repetition_penalty));
+  app.add_option("--presence-penalty", o->presence, "presence penalty on output tokens (default 0)")
+      ->check(dsv4::cli::sampling_range(&dsv4::SamplingParams::presence_penalty));
+  app.add_option("--frequency-penalty", o->frequency, "frequency penalty on output tokens (default 0)")
+      ->check(dsv4::cli::sampling_range(&dsv4::SamplingParams::frequency_penalty));
   app.add_option("--numerics", o->numerics, "reference | dense (default reference)");
   app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")->check(CLI::Range(0, 4096));
   app.add_option("--spec-draft", o->spec_draft,
@@ -79,9 +90,14 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
   app.add_flag("--ignore-eos", o->ignore_eos, "keep generating after the end-of-sequence token");
   app.add_flag("--json", o->json,
                "print one JSON object {prompt_ids, ids, text, finish_reason, timings} instead of streaming text");
-  run = [o] {
+  run = [o, p, ids] {
     using namespace dsv4;
-    if (o->prompt.empty() && o->prompt_ids.empty()) fail("give a prompt with -p TEXT or --prompt-ids LIST");
+    // Everything the command line alone can tell is checked before the model is loaded (usage errors: exit 2).
+    if (p->count() > 0 && o->prompt.empty())
+      usage_fail("-p/--prompt is empty: give some prompt text (or --prompt-ids LIST)");
+    if (ids->count() > 0 && o->prompt_ids.empty()) usage_fail("--prompt-ids is empty: give a comma-separated id list");
+    if (o->prompt.empty() && o->prompt_ids.empty()) usage_fail("give a prompt with -p TEXT or --prompt-ids LIST");
+    const std::vector<int32_t> given_ids = o->prompt_ids.empty() ? std::vector<int32_t>{} : parse_id_list(o->prompt_ids);
     std::fprintf(stderr, "loading %s ...\n", o->model.c_str());
     LoadedModel lm =
         load_model(o->model, o->numerics, o->threads, dsv4::cli::resolve_device(o->device), o->spec_draft,
@@ -90,7 +106,7 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
     const Tokenizer* tok = lm.tokenizer.get();
     GenerationRequest req;
     if (!o->prompt_ids.empty()) {
-      req.prompt = parse_id_list(o->prompt_ids);
+      req.prompt = given_ids;
     } else {
       if (!tok) fail("{}: no tokenizer.json; use --prompt-ids", o->model);
       req.prompt = tok->encode(o->prompt, true);

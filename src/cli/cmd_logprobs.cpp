@@ -39,10 +39,10 @@ std::vector<int32_t> parse_ids(const std::string& s) {
     std::string tok = s.substr(i, j - i);
     tok.erase(0, tok.find_first_not_of(" \t"));
     tok.erase(tok.find_last_not_of(" \t") + 1);
-    if (tok.empty()) dsv4::fail("--prompt-ids: empty entry in '{}'", s);
+    if (tok.empty()) dsv4::usage_fail("--prompt-ids: empty entry in '{}'", s);
     char* end = nullptr;
     const long long v = std::strtoll(tok.c_str(), &end, 10);
-    if (*end != '\0' || v < 0 || v > INT32_MAX) dsv4::fail("--prompt-ids: '{}' is not a token id", tok);
+    if (*end != '\0' || v < 0 || v > INT32_MAX) dsv4::usage_fail("--prompt-ids: '{}' is not a token id", tok);
     out.push_back(int32_t(v));
     i = j + 1;
   }
@@ -86,7 +86,7 @@ void setup_logprobs(CLI::App& app, dsv4::cli::Runner& run) {
   app.add_flag("--json", o->json, "print JSON {\"positions\": [{\"top_ids\", \"top_logprobs\"}, ...]}");
   run = [o] {
     const auto num = dsv4::parse_numerics(o->numerics);
-    if (!num) dsv4::fail("--numerics must be 'reference' or 'dense' (got '{}')", o->numerics);
+    if (!num) dsv4::usage_fail("--numerics must be 'reference' or 'dense' (got '{}')", o->numerics);
     const std::vector<int32_t> ids = parse_ids(o->ids);
     dsv4::ModelOptions mo;
     mo.numerics = *num;

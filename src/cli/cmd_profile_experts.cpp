@@ -50,6 +50,8 @@ int run_profile(const Opts& o) {
   ExpertProfile prof;
   prof.model = model_folder_name(o.model);
   prof.top_k = c.num_experts_per_tok;
+  prof.hidden_size = c.hidden_size;
+  prof.vocab_size = c.vocab_size;
   prof.counts.assign(size_t(c.num_hidden_layers), std::vector<uint64_t>(size_t(c.n_routed_experts), 0));
   model->set_route_observer([&](int layer, const int32_t* ids, int64_t n, int64_t k) {
     for (int64_t i = 0; i < n * k; ++i)

@@ -7,7 +7,8 @@
 //   }
 //   DSV4_COMMAND(info, "Summarise a checkpoint folder", setup_info);
 //
-// main.cpp parses with CLI11, calls the chosen Runner, prints dsv4::Error as "dsv4: error: ..." and exits 1.
+// main.cpp parses with CLI11, calls the chosen Runner, prints dsv4::Error as "dsv4: error: ..." and exits 1 (2 for a
+// dsv4::UsageError: a bad command line, to be thrown before the model is loaded).
 #pragma once
 #include <CLI/CLI.hpp>
 #include <functional>

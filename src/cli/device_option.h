@@ -14,8 +14,14 @@ namespace dsv4::cli {
 // Also adds --deterministic (process-wide, backend.h set_cuda_deterministic): on CUDA, results bitwise equal to the
 // CPU backend through the kernels that repeat its summation order (slower); without it the fast kernels run.
 inline void add_device_option(CLI::App& app, std::string& device) {
+  // Checked while parsing (a usage error, exit 2, before any model is loaded); an empty value is an error too.
   app.add_option("--device", device, "cpu | cuda | cuda:N (default: cuda:0 if built with CUDA and a GPU is present, "
-                                     "else cpu)");
+                                     "else cpu)")
+      ->check(CLI::Validator(
+          [](std::string& s) -> std::string {
+            return parse_device(s) ? std::string() : fmt::format("must be cpu, cuda or cuda:N (got '{}')", s);
+          },
+          "DEVICE"));
   app.add_flag_callback("--deterministic", [] { set_cuda_deterministic(true); },
                         "CUDA: bitwise equal to the CPU backend (the kernels in the CPU's summation order; slower)");
 }

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <exception>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "cli/command.h"
 #include "core/error.h"
@@ -15,6 +17,36 @@ std::vector<Command>& registry() {
   return r;
 }
 }  // namespace dsv4::cli
+
+namespace {
+
+// After a parse error: the first word of argv that names no command where a command is expected ("dsv4 frobnicate",
+// "dsv4 bench frobnicate"), as a message listing the valid ones; empty when every command word is known.
+std::string unknown_command(CLI::App& app, int argc, char** argv) {
+  CLI::App* level = &app;
+  std::string path = "dsv4";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.empty() || a[0] == '-') {
+      if (level != &app) return {};  // the command's own options: CLI11's message is the right one
+      continue;                      // the top level's options are flags (-v, --verbose)
+    }
+    const std::vector<CLI::App*> subs = level->get_subcommands([](CLI::App*) { return true; });
+    if (subs.empty()) return {};
+    CLI::App* next = nullptr;
+    std::string names;
+    for (CLI::App* s : subs) {
+      if (s->get_name() == a) next = s;
+      names += (names.empty() ? "" : ", ") + s->get_name();
+    }
+    if (!next) return fmt::format("unknown command '{}' for {} (commands: {}; see {} --help)", a, path, names, path);
+    level = next;
+    path += " " + a;
+  }
+  return {};
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace dsv4;
@@ -42,6 +74,10 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     // Usage errors: one line, like every other dsv4 error, and exit 2.
+    if (const std::string u = unknown_command(app, argc, argv); !u.empty()) {
+      std::fprintf(stderr, "dsv4: error: %s\n", u.c_str());
+      return 2;
+    }
     std::fprintf(stderr, "dsv4: error: %s (see --help)\n", e.what());
     return 2;
   }
@@ -49,6 +85,9 @@ int main(int argc, char** argv) {
   try {
     for (auto& [sub, run] : runners)
       if (sub->parsed()) return run ? run() : 0;
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "dsv4: error: %s (see --help)\n", e.what());
+    return 2;
   } catch (const Error& e) {
     std::fprintf(stderr, "dsv4: error: %s\n", e.what());
     return 1;

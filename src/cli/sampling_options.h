@@ -4,7 +4,9 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <random>
+#include <string>
 
+#include "core/error.h"
 #include "sampling/sampling_params.h"
 
 namespace dsv4::cli {
@@ -26,12 +28,35 @@ struct SamplingOptions {
   }
 };
 
+// A parse-time check of one sampling flag against SamplingParams::validate's range for its field: an out-of-range
+// value is a usage error naming the flag ("--top-p: top_p must be in (0, 1], got 2"; exit 2, before any model is
+// loaded). A value that is not a number is left to the option's own conversion error.
+inline CLI::Validator sampling_range(float SamplingParams::*field) {
+  return CLI::Validator(
+      [field](std::string& s) -> std::string {
+        float v = 0;
+        if (!CLI::detail::lexical_cast(s, v)) return {};
+        SamplingParams p;
+        p.*field = v;
+        try {
+          p.validate();
+        } catch (const Error& e) {
+          return e.what();
+        }
+        return {};
+      },
+      "");
+}
+
 inline void add_sampling_options(CLI::App& app, SamplingOptions& o) {
-  app.add_option("--temp", o.temp, "temperature (0 = greedy; default 1)");
-  app.add_option("--top-p", o.top_p, "nucleus sampling mass (default 1 = off)");
+  app.add_option("--temp", o.temp, "temperature (0 = greedy; default 1)")
+      ->check(sampling_range(&SamplingParams::temperature));
+  app.add_option("--top-p", o.top_p, "nucleus sampling mass (default 1 = off)")
+      ->check(sampling_range(&SamplingParams::top_p));
   app.add_option("--top-k", o.top_k, "keep the k most likely tokens (default 0 = off; -1 = off)")
       ->check(CLI::Range(-1, 1 << 30));
-  app.add_option("--min-p", o.min_p, "drop tokens below min_p * p_max (default 0 = off)");
+  app.add_option("--min-p", o.min_p, "drop tokens below min_p * p_max (default 0 = off)")
+      ->check(sampling_range(&SamplingParams::min_p));
   app.add_option("--seed", o.seed, "random seed (default: random)");
 }
 

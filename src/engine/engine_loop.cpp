@@ -62,6 +62,7 @@ std::vector<int32_t> RequestStream::next_for(size_t have, std::chrono::milliseco
 void RequestStream::push(int32_t token, TokenLogprobs* lp) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (r_.tokens.empty()) r_.first_token_at = std::chrono::steady_clock::now();
     r_.tokens.push_back(token);
     if (lp) r_.logprobs.push_back(std::move(*lp));
   }
@@ -80,6 +81,7 @@ void RequestStream::finish(StreamEnd end, std::string error, int64_t prompt_toke
     std::lock_guard<std::mutex> lock(mu_);
     if (r_.end != StreamEnd::running) return;
     r_.end = end;
+    r_.ended_at = std::chrono::steady_clock::now();
     r_.error = std::move(error);
     r_.prompt_tokens = prompt_tokens;
     r_.cached_tokens = cached_tokens;

@@ -87,6 +87,9 @@ class RequestStream {
     int64_t preemptions = 0;
     int64_t drafted_tokens = 0;     // speculative decoding: draft tokens verified
     int64_t accepted_tokens = 0;    // ... and accepted (each saves one target step)
+    // When the loop produced the first token (unset: none) and ended the request: the prefill / generation times of
+    // the request, whenever its consumer takes the tokens.
+    std::chrono::steady_clock::time_point first_token_at{}, ended_at{};
   };
   uint64_t id() const { return id_; }
   // Blocks until tokens beyond the first `have` exist or the request ended; returns the tokens from `have` on

@@ -1,6 +1,7 @@
 // One request's text layer on the engine loop (loop_generation.h).
 #include "engine/loop_generation.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "core/error.h"
@@ -77,9 +78,14 @@ GenerationResult generate_on_loop(EngineLoop& loop, const GenerationRequest& req
   tm.drafted_tokens = r.drafted_tokens;
   tm.accepted_tokens = r.accepted_tokens;
   tm.prefill_tokens = tm.prompt_tokens - tm.cached_tokens;
-  tm.prefill_ms = ms_between(t0, t_first.value_or(t_end));
+  // The loop's own times of the first token and the end: a consumer that takes the tokens in bulk (per_token false)
+  // sees them all at the end.
+  const bool produced = r.first_token_at != Clock::time_point{};
+  const Clock::time_point first = produced ? r.first_token_at : t_first.value_or(t_end);
+  const Clock::time_point end = r.ended_at != Clock::time_point{} ? std::max(r.ended_at, first) : t_end;
+  tm.prefill_ms = ms_between(t0, first);
   tm.decode_tokens = res.ids.empty() ? 0 : static_cast<int64_t>(res.ids.size()) - 1;
-  tm.decode_ms = t_first ? ms_between(*t_first, t_end) : 0.0;
+  tm.decode_ms = (produced || t_first) ? ms_between(first, end) : 0.0;
   text.finish(res, cb);
   return res;
 }

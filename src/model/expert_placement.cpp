@@ -33,11 +33,25 @@ ExpertProfile read_expert_profile(const std::filesystem::path& file) {
   if (j.contains("version") && !(j["version"].is_number_integer() && j["version"].get<int64_t>() == 1))
     fail("--hot-experts {}: profile version {} (this dsv4 reads version 1; make a new one with dsv4 profile-experts)",
          file.string(), j["version"].dump());
+  // the other fields, where present, of their types (a wrong one is this one-line error, not a JSON type error)
+  auto count_field = [&](const char* key) -> int64_t {
+    if (!j.contains(key)) return 0;
+    const auto& v = j[key];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0)
+      fail("--hot-experts {}: \"{}\" is {}, not a count", file.string(), key, v.dump());
+    return v.get<int64_t>();
+  };
   ExpertProfile p;
-  p.model = j.value("model", "");
-  p.prompts = j.value("prompts", int64_t(0));
-  p.tokens = j.value("tokens", int64_t(0));
-  p.top_k = j.value("top_k", int64_t(0));
+  if (j.contains("model")) {
+    if (!j["model"].is_string()) fail("--hot-experts {}: \"model\" is {}, not a name", file.string(), j["model"].dump());
+    p.model = j["model"].get<std::string>();
+  }
+  p.prompts = count_field("prompts");
+  p.tokens = count_field("tokens");
+  p.top_k = count_field("top_k");
+  p.hidden_size = count_field("hidden_size");
+  p.vocab_size = count_field("vocab_size");
+  const int64_t n_layers = count_field("n_layers"), n_experts = count_field("n_experts");
   for (size_t l = 0; l < j["counts"].size(); ++l) {
     const auto& row = j["counts"][l];
     if (!row.is_array()) fail("--hot-experts {}: counts[{}] is not an array of counts", file.string(), l);
@@ -49,6 +63,14 @@ ExpertProfile read_expert_profile(const std::filesystem::path& file) {
     }
     p.counts.push_back(std::move(r));
   }
+  if (j.contains("n_layers") && n_layers != int64_t(p.counts.size()))
+    fail("--hot-experts {}: \"n_layers\" is {} but \"counts\" has {} rows (an edited file? make a new one with dsv4 "
+         "profile-experts)", file.string(), n_layers, p.counts.size());
+  if (j.contains("n_experts"))
+    for (size_t l = 0; l < p.counts.size(); ++l)
+      if (int64_t(p.counts[l].size()) != n_experts)
+        fail("--hot-experts {}: \"n_experts\" is {} but counts[{}] has {} (an edited file? make a new one with dsv4 "
+             "profile-experts)", file.string(), n_experts, l, p.counts[l].size());
   return p;
 }
 
@@ -60,8 +82,13 @@ void write_expert_profile(const ExpertProfile& p, const std::filesystem::path& f
   j["prompts"] = p.prompts;
   j["tokens"] = p.tokens;
   j["n_layers"] = p.counts.size();
-  j["n_experts"] = p.counts.empty() ? size_t(0) : p.counts[0].size();
+  // experts per layer: written when every row has the same length (what dsv4 profile-experts writes)
+  const size_t n_experts = p.counts.empty() ? size_t(0) : p.counts[0].size();
+  if (std::all_of(p.counts.begin(), p.counts.end(), [&](const auto& r) { return r.size() == n_experts; }))
+    j["n_experts"] = n_experts;
   j["top_k"] = p.top_k;
+  if (p.hidden_size > 0) j["hidden_size"] = p.hidden_size;
+  if (p.vocab_size > 0) j["vocab_size"] = p.vocab_size;
   j["counts"] = p.counts;
   std::ofstream f(file);
   if (!f) fail("{}: cannot write the profile", file.string());
@@ -150,6 +177,16 @@ ExpertPlacement resolve_placement(const ModelConfig& cfg, const PlacementOptions
     if (int64_t(p.counts.size()) < L)
       fail("--hot-experts {}: the profile has {} layers but the model {} (a profile of another model? make one with "
            "dsv4 profile-experts)", o.hot_experts, p.counts.size(), L);
+    // the same layer and expert counts but another model: its other dimensions, where the profile records them
+    const auto other = [&](const char* what, int64_t prof_v, int64_t model_v) {
+      if (prof_v > 0 && prof_v != model_v)
+        fail("--hot-experts {}: the profile was recorded on a model with {} {} but this model has {} (a profile of "
+             "another model{}; make one with dsv4 profile-experts)", o.hot_experts, what, prof_v, model_v,
+             p.model.empty() ? std::string() : fmt::format(", '{}'", p.model));
+    };
+    other("top_k", p.top_k, cfg.num_experts_per_tok);
+    other("hidden_size", p.hidden_size, cfg.hidden_size);
+    other("vocab_size", p.vocab_size, cfg.vocab_size);
     counts = p.counts;
   }
   counts.resize(size_t(L), std::vector<uint64_t>(size_t(E), 0));

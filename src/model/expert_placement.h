@@ -15,9 +15,13 @@
 //
 // Profile file (JSON, written by `dsv4 profile-experts`, read by --hot-experts):
 //   {"format": "dsv4-expert-profile", "version": 1, "model": NAME, "prompts": N, "tokens": T,
-//    "n_layers": L, "n_experts": E, "top_k": K, "counts": [[c_0, ..., c_{E-1}], ...  one row per layer]}
-// counts[l][e] = (token, slot) pairs routed to expert e of main layer l. A profile with more layers or more experts
-// per layer than the model is an error; layers it lacks keep the expert-id order.
+//    "n_layers": L, "n_experts": E, "top_k": K, "hidden_size": D, "vocab_size": V,
+//    "counts": [[c_0, ..., c_{E-1}], ...  one row per layer]}
+// counts[l][e] = (token, slot) pairs routed to expert e of main layer l. A profile recorded on another model is a
+// one-line error naming the difference: other layer or expert counts, another top_k, hidden_size or vocab_size
+// (these three, and n_layers / n_experts, are checked where the file has them: older profiles lack the last two),
+// or n_layers / n_experts that disagree with the counts (an edited file). NAME (the model folder's name) is not
+// checked: the same model may live in folders of other names.
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -39,6 +43,7 @@ struct PlacementOptions {
 struct ExpertProfile {
   std::string model;
   int64_t prompts = 0, tokens = 0, top_k = 0;
+  int64_t hidden_size = 0, vocab_size = 0;  // of the profiled model; 0: not recorded (checked when > 0)
   std::vector<std::vector<uint64_t>> counts;  // [layer][expert]
 };
 

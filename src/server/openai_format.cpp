@@ -39,14 +39,14 @@ ojson usage_json(const GenerationResult& r, int64_t reasoning_tokens) {
           {"prompt_cache_miss_tokens", t.prompt_tokens - t.cached_tokens}};
 }
 
-ojson timings_json(const GenerationTimings& t) {
+ojson timings_json(const GenerationTimings& t, int64_t predicted_n) {
   return {{"prompt_n", t.prefill_tokens},
           {"cache_n", t.cached_tokens},
           {"prompt_ms", t.prefill_ms},
           {"prompt_per_second", t.prefill_tokens_per_s()},
-          {"predicted_n", t.decode_tokens},
+          {"predicted_n", predicted_n},
           {"predicted_ms", t.decode_ms},
-          {"predicted_per_second", t.decode_tokens_per_s()},
+          {"predicted_per_second", t.decode_ms > 0 ? double(predicted_n) * 1e3 / t.decode_ms : 0.0},
           {"draft_n", t.drafted_tokens},             // speculative decoding (--spec-draft): drafts verified
           {"draft_n_accepted", t.accepted_tokens}};  // ... and accepted (llama.cpp's names)
 }

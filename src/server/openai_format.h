@@ -23,7 +23,10 @@ namespace dsv4 {
 using ojson = nlohmann::ordered_json;
 
 ojson usage_json(const GenerationResult& r, int64_t reasoning_tokens);
-ojson timings_json(const GenerationTimings& t);
+// llama.cpp's `timings`: prompt_n / cache_n / prompt_ms the prompt processing (prompt_n + cache_n = usage.prompt_tokens),
+// predicted_n the generated tokens (= usage.completion_tokens) and predicted_ms the time from the first generated token
+// to the end (t.decode_ms).
+ojson timings_json(const GenerationTimings& t, int64_t predicted_n);
 ojson tool_call_delta_json(const ToolCallDelta& d);
 // The non-streamed assistant message: role, content (null when only tool calls), reasoning_content (thinking
 // mode), tool_calls, refusal.

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <ctime>
 #include <list>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <nlohmann/json.hpp>
@@ -66,6 +67,8 @@ struct Server::Impl {
   std::shared_ptr<const Tokenizer> tok;
   LoopHost host;
   HttpServer http;                   // cpp-httplib over a reactor (server/http_transport.h)
+  // path -> the methods its routes take (the Allow header of a 405), filled by setup_routes
+  std::map<std::string, std::string> allowed_methods;
   std::atomic<bool> stopping{false};
   std::atomic<int> open_streams{0};  // SSE responses not yet completely written (see stop())
   std::atomic<bool> bound{false};
@@ -209,11 +212,13 @@ struct Server::Impl {
   // cancelled).
   struct Choices {
     std::vector<GenerationResult> results;
+    double wall_ms = 0;  // from the submission of choice 0 to the end of the last choice
     std::vector<std::shared_ptr<TokenConstraint>> constraints;
   };
   Choices run_choices(EngineLoop& loop, const ApiRequest& ar, const std::function<GenerationCallbacks(int)>& cb,
                       const std::function<void(int, GenerationResult&)>& done) {
     const int n = ar.n;
+    const auto t_start = std::chrono::steady_clock::now();
     Choices c;
     c.results.resize(size_t(n));
     c.constraints.resize(size_t(n));
@@ -274,7 +279,25 @@ struct Server::Impl {
     for (auto& t : others) t.join();
     for (auto& e : errors)
       if (e) std::rethrow_exception(e);
+    c.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_start).count();
     return c;
+  }
+
+  // `timings` of n choices: the prompt's processing is choice 0's (the others start on its cached blocks once it has
+  // its first token), the generation runs from choice 0's first token to the end of the last choice; predicted_n
+  // counts the tokens of all (= usage.completion_tokens).
+  static ojson timings_of(const Choices& c) {
+    GenerationTimings t = c.results.front().timings;
+    int64_t generated = 0;
+    for (const auto& r : c.results) generated += static_cast<int64_t>(r.ids.size());
+    if (c.results.size() > 1) {
+      t.decode_ms = std::max(t.decode_ms, c.wall_ms - t.prefill_ms);
+      for (size_t i = 1; i < c.results.size(); ++i) {
+        t.drafted_tokens += c.results[i].timings.drafted_tokens;
+        t.accepted_tokens += c.results[i].timings.accepted_tokens;
+      }
+    }
+    return timings_json(t, generated);
   }
 
   // usage of n choices: the prompt once (choice 0's cached tokens), completion tokens of all.
@@ -318,10 +341,22 @@ void Server::Impl::setup_routes() {
   });
   http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
-    std::string msg = res.status == 404   ? fmt::format("no route for {} {}", req.method, req.path)
-                      : res.status == 413 ? std::string("request body too large")
-                                          : fmt::format("HTTP error {}", res.status);
-    ApiError e(res.status, msg, res.status >= 500 ? "server_error" : "invalid_request_error");
+    // A known path with a method none of its routes takes: 405 with an Allow header (the transport leaves 404).
+    std::string code;
+    if (res.status == 404) {
+      if (const auto it = allowed_methods.find(req.path); it != allowed_methods.end()) {
+        res.status = 405;
+        res.set_header("Allow", it->second);
+        code = "method_not_allowed";
+      }
+    }
+    std::string msg =
+        res.status == 404   ? fmt::format("no route for {} {}", req.method, req.path)
+        : res.status == 405 ? fmt::format("method {} is not allowed on {} (allowed: {})", req.method, req.path,
+                                          allowed_methods.at(req.path))
+        : res.status == 413 ? std::string("request body too large")
+                            : fmt::format("HTTP error {}", res.status);
+    ApiError e(res.status, msg, res.status >= 500 ? "server_error" : "invalid_request_error", "", code);
     const json j = anthropic_path(req.path) ? json(e.to_anthropic_json()) : json(e.to_json());
     res.set_content(j.dump(), "application/json");
   });
@@ -336,7 +371,15 @@ void Server::Impl::setup_routes() {
     send_error(res, ApiError(500, msg, "server_error"), anthropic_path(req.path));
   });
 
-  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+  auto get = [this](const std::string& path, httplib::Server::Handler h) {
+    allowed_methods[path] = "GET, HEAD";  // cpp-httplib answers HEAD with the GET route
+    http.Get(path, std::move(h));
+  };
+  auto post = [this](const std::string& path, httplib::Server::Handler h) {
+    allowed_methods[path] = "POST";
+    http.Post(path, std::move(h));
+  };
+  get("/health", [this](const httplib::Request&, httplib::Response& res) {
     const auto st = host.stats();
     const int64_t admitted = this->admitted();
     json j = {{"status", stopping ? "shutting_down" : "ok"},
@@ -351,7 +394,7 @@ void Server::Impl::setup_routes() {
               {"queue", opts.queue}};
     send_json(res, stopping ? 503 : 200, j);
   });
-  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+  get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     ServerCounters sc;
     sc.in_flight = admitted();
     sc.capacity = capacity;
@@ -360,7 +403,7 @@ void Server::Impl::setup_routes() {
     sc.loaded = host.state() == LoopHost::State::kLoaded;
     res.set_content(metrics.render(host.stats(), host.state_layout(), sc), "text/plain; version=0.0.4");
   });
-  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+  get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     json m = {{"id", opts.model_name},
               {"object", "model"},
               {"created", 0},
@@ -368,14 +411,14 @@ void Server::Impl::setup_routes() {
               {"max_model_len", host.n_ctx()}};
     send_json(res, 200, {{"object", "list"}, {"data", json::array({m})}});
   });
-  http.Post("/v1/chat/completions",
+  post("/v1/chat/completions",
             [this](const httplib::Request& req, httplib::Response& res) { handle_generate(req, res, Api::kChat); });
-  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+  post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     handle_generate(req, res, Api::kCompletion);
   });
-  http.Post("/v1/messages",
+  post("/v1/messages",
             [this](const httplib::Request& req, httplib::Response& res) { handle_generate(req, res, Api::kMessages); });
-  http.Post("/v1/messages/count_tokens", [this](const httplib::Request& req, httplib::Response& res) {
+  post("/v1/messages/count_tokens", [this](const httplib::Request& req, httplib::Response& res) {
     try {
       const ApiRequest ar = parse_anthropic_request(req.body, *tok, host.n_ctx(), /*count_only=*/true);
       send_json(res, 200, {{"input_tokens", static_cast<int64_t>(ar.gen.prompt.size())}});
@@ -383,9 +426,9 @@ void Server::Impl::setup_routes() {
       send_error(res, e, true);
     }
   });
-  http.Post("/admin/park",
+  post("/admin/park",
             [this](const httplib::Request& req, httplib::Response& res) { handle_admin(req, res, true); });
-  http.Post("/admin/unpark",
+  post("/admin/unpark",
             [this](const httplib::Request& req, httplib::Response& res) { handle_admin(req, res, false); });
 }
 
@@ -526,7 +569,7 @@ void Server::Impl::respond_whole(ApiRequest& ar, ConnectionMonitor& mon, httplib
                {"system_fingerprint", "dsv4"},
                {"choices", std::move(choices)},
                {"usage", usage_json(usage_of(c.results), reasoning)},
-               {"timings", timings_json(c.results[0].timings)}};
+               {"timings", timings_of(c)}};
   send_json(res, 200, body);
 }
 
@@ -639,7 +682,7 @@ bool Server::Impl::stream_openai(ApiRequest& ar, ConnectionMonitor& mon, httplib
     json u = chunk_base(id, created, ar.chat);
     u["choices"] = json::array();
     u["usage"] = usage_json(usage_of(res.results), reasoning);
-    u["timings"] = timings_json(res.results[0].timings);
+    u["timings"] = timings_of(res);
     w.data(u);
   }
   w.send_raw("data: [DONE]\n\n");

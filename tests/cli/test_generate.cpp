@@ -1,6 +1,8 @@
 // `dsv4 generate` end to end: the tiny test model (token ids, no tokenizer) and the demo model (text).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "cli/run_child.h"
@@ -64,25 +66,42 @@ TEST(CliGenerate, BadArgumentsGiveOneLineErrors) {
   struct Case {
     std::vector<std::string> args;
     std::string needle;
+    int code = 1;  // 2: a usage error (the command line alone is wrong)
   };
   std::vector<Case> cases{
       {{"-m", "/nonexistent/model", "--prompt-ids", "0"}, "not a model folder"},
       {{"-m", kTiny, "--prompt-ids", "0", "--numerics", "fast"}, "numerics"},
-      {{"-m", kTiny}, "prompt"},
+      {{"-m", kTiny}, "prompt", 2},
       {{"-m", kTiny, "-p", "hello"}, "tokenizer.json"},
-      {{"-m", kTiny, "--prompt-ids", "0,x"}, "--prompt-ids"},
+      {{"-m", kTiny, "--prompt-ids", "0,x"}, "--prompt-ids", 2},
       {{"-m", kTiny, "--prompt-ids", "0,999999"}, "vocabulary"},
-      {{"-m", kTiny, "--prompt-ids", "0", "--top-p", "2"}, "top_p"},
-      {{"-m", kTiny, "--prompt-ids", "0", "--temp", "-1"}, "temperature"},
+      {{"-m", kTiny, "--prompt-ids", "0", "--top-p", "2"}, "--top-p: top_p", 2},
+      {{"-m", kTiny, "--prompt-ids", "0", "--temp", "-1"}, "--temp: temperature", 2},
   };
   for (const auto& c : cases) {
     auto args = c.args;
     args.insert(args.begin(), "generate");
     ProcResult r = run_dsv4(args, "generr");
-    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_EQ(r.code, c.code) << r.err;
     EXPECT_NE(r.err.find("dsv4: error:"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find(c.needle), std::string::npos) << r.err;
     EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+  }
+}
+
+// An empty prompt (-p "" or --prompt-ids "") is a usage error named as such: one line, exit 2, before the model loads.
+TEST(CliGenerate, EmptyPromptIsAUsageError) {
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{"-p", ""}, {"--prompt-ids", ""}, {"--prompt", "", "--json"}}) {
+    std::vector<std::string> args = {"generate", "-m", kDemo, "-n", "4"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    ProcResult r = run_dsv4(args, "genempty");
+    EXPECT_EQ(r.code, 2) << extra[0] << ": " << r.err;
+    EXPECT_EQ(r.err.rfind("dsv4: error: ", 0), 0u) << r.err;
+    EXPECT_NE(r.err.find("empty"), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_EQ(r.err.find("loading"), std::string::npos) << "the model was loaded first: " << r.err;
+    EXPECT_EQ(r.out, "");
   }
 }
 

@@ -77,20 +77,24 @@ TEST(CliLogprobs, TableAndErrors) {
   const Result t = run("logprobs -m " + kModel + " --prompt-ids 1,2,3");
   ASSERT_EQ(t.rc, 0) << t.out;
   EXPECT_NE(t.out.find("pos"), std::string::npos);
-  for (const std::string bad : {"--prompt-ids 1,x", "--prompt-ids 1,,2", "--prompt-ids 1,256", "--prompt-ids 1 --numerics fp8"}) {
+  // exit 2: a usage error (the command line alone is wrong); 1: wrong for this model (id 256 is past its vocabulary)
+  for (const auto& [bad, code] : std::vector<std::pair<std::string, int>>{
+           {"--prompt-ids 1,x", 2}, {"--prompt-ids 1,,2", 2}, {"--prompt-ids 1,256", 1},
+           {"--prompt-ids 1 --numerics fp8", 2}}) {
     const Result r = run("logprobs -m " + kModel + " " + bad);
-    EXPECT_EQ(r.rc, 1) << bad << ": " << r.out;
+    EXPECT_EQ(r.rc, code) << bad << ": " << r.out;
     EXPECT_NE(r.out.find("dsv4: error:"), std::string::npos) << r.out;
   }
   const Result r = run("logprobs -m /nonexistent --prompt-ids 1");
   EXPECT_EQ(r.rc, 1) << r.out;
 }
 
-// --device: bad values, and CUDA where this build or machine has none, are one-line errors with exit 1.
+// --device: malformed values are usage errors (exit 2); CUDA where this build or machine has none (or a GPU index
+// past the machine's) is a one-line error with exit 1.
 TEST(CliLogprobs, DeviceErrorsAreOneLine) {
   for (const std::string bad : {"gpu", "cuda:", "cuda:x", "cuda:-1", "CPU", "cuda:99"}) {
     const Result r = run("logprobs -m " + kModel + " --prompt-ids 1,2 --device " + bad);
-    EXPECT_EQ(r.rc, 1) << bad << ": " << r.out;
+    EXPECT_EQ(r.rc, bad == "cuda:99" ? 1 : 2) << bad << ": " << r.out;
     EXPECT_NE(r.out.find("dsv4: error:"), std::string::npos) << r.out;
     EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << bad << ": " << r.out;
   }

@@ -57,8 +57,17 @@ TEST(CliPlacement, BadProfilesAndValuesAreOneLineErrors) {
     std::vector<std::string> args;
     std::string needle;
   };
+  // recorded on another model of the same layer and expert counts (demo: 6 x 8, top-2)
+  const auto other = dir / "other.json";
+  {
+    nlohmann::json o = {{"format", "dsv4-expert-profile"}, {"version", 1}, {"model", "DeepSeek-V4-Flash"},
+                        {"n_layers", 6}, {"n_experts", 8}, {"top_k", 6}, {"hidden_size", 4096},
+                        {"counts", std::vector<std::vector<int>>(6, std::vector<int>(8, 1))}};
+    std::ofstream(other) << o.dump();
+  }
   const std::vector<Case> cases{
       {{"--hot-experts", bad.string()}, "expert 8 does not exist"},
+      {{"--hot-experts", other.string()}, "recorded on a model with top_k 6 but this model has 2"},
       {{"--hot-experts", (dir / "missing.json").string()}, "cannot open"},
       {{"--n-cpu-moe", "7"}, "--n-cpu-moe 7"},
       {{"--gpu-experts", "lots"}, "--gpu-experts must be auto or a number"},

@@ -32,6 +32,27 @@ TEST(CliUsage, ParseErrorsAreOneLine) {
   expect_one_line_error({"logprobs", "-m", kDemo, "--prompt-ids", "1", "--top-k", "0"});
 }
 
+// An unknown command names itself and lists the valid ones (CLI11 alone said "A subcommand is required"); exit 2.
+TEST(CliUsage, UnknownCommandListsTheValidOnes) {
+  for (const auto& [args, valid] : std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>>{
+           {{"frobnicate"}, {"generate", "chat", "serve", "bench", "logprobs", "info"}},
+           {{"-v", "frobnicate", "-m", kDemo}, {"generate", "serve"}},
+           {{"bench", "frobnicate"}, {"gemm", "model", "serve", "spec"}}}) {
+    const ProcResult r = run_dsv4(args);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_EQ(r.err.rfind("dsv4: error: unknown command 'frobnicate'", 0), 0u) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find("--help"), std::string::npos) << r.err;
+    for (const auto& v : valid) EXPECT_NE(r.err.find(v), std::string::npos) << v << ": " << r.err;
+    EXPECT_EQ(r.err.find("A subcommand is required"), std::string::npos) << r.err;
+  }
+  // a known command's own parse errors keep CLI11's message
+  const ProcResult g = run_dsv4({"generate", "frob", "-m", kDemo});
+  EXPECT_EQ(g.code, 2) << g.err;
+  EXPECT_NE(g.err.find("frob"), std::string::npos) << g.err;
+  EXPECT_EQ(g.err.find("unknown command"), std::string::npos) << g.err;
+}
+
 TEST(CliUsage, ImpossibleValuesAreRejected) {
   expect_one_line_error({"generate", "-m", kDemo, "-p", "hi", "-n", "3", "--top-k", "-5"});
   expect_one_line_error({"generate", "-m", kDemo, "-p", "hi", "-n", "3", "--threads", "-3"});
@@ -58,6 +79,72 @@ TEST(CliUsage, ThreadCountsOutsideTheirRangeAreOneShortLine) {
       EXPECT_NE(r.err.find("not in range 0 to 4096"), std::string::npos) << cmd << " --threads " << v << ": " << r.err;
       EXPECT_LT(r.err.size(), 200u) << r.err;  // (the range of a double used to print 300 digits)
     }
+  }
+}
+
+// Flag values the command line alone shows to be wrong (sampling ranges, --device, bench model's counts) are usage
+// errors of their flag: one line naming it, exit 2, and the model is not even looked at (the folder does not exist:
+// the error must not be "not a model folder").
+TEST(CliUsage, BadFlagValuesAreRefusedBeforeTheModelLoads) {
+  const std::string none = "/nonexistent/dsv4-model";
+  struct Case {
+    std::vector<std::string> args;
+    std::string flag;
+  };
+  std::vector<Case> cases;
+  const std::vector<std::pair<std::string, std::vector<std::string>>> base{
+      {"generate", {"generate", "-m", none, "-p", "hi"}}, {"chat", {"chat", "-m", none}}};
+  for (const auto& [cmd, b] : base) {
+    for (const auto& [flag, v] : std::vector<std::pair<std::string, std::string>>{
+             {"--temp", "-0.5"}, {"--temp", "101"}, {"--temp", "nan"}, {"--top-p", "0"}, {"--top-p", "1.5"},
+             {"--top-p", "-1"}, {"--top-k", "-2"}, {"--min-p", "-0.1"}, {"--min-p", "2"}, {"-n", "0"},
+             {"--device", ""}, {"--device", "gpu7"}, {"--device", "cuda:x"}, {"--device", "cuda:"}}) {
+      if (cmd == "generate" && flag == "-n") continue;  // generate: -n -1 is "until the context is full"
+      auto a = b;
+      a.insert(a.end(), {flag, v});
+      cases.push_back({a, flag == "-n" ? "--max-tokens" : flag});
+    }
+  }
+  for (const auto& [flag, v] : std::vector<std::pair<std::string, std::string>>{
+           {"--repeat-penalty", "0"}, {"--repeat-penalty", "11"}, {"--presence-penalty", "3"},
+           {"--frequency-penalty", "-2.5"}, {"-n", "-2"}, {"-n", "0"}})
+    cases.push_back({{"generate", "-m", none, "-p", "hi", flag, v}, flag == "-n" ? "--max-tokens" : flag});
+  for (const char* d : {"", "gpu7", "cuda:x"}) {
+    cases.push_back({{"serve", "-m", none, "--port", "0", "--device", d}, "--device"});
+    cases.push_back({{"logprobs", "-m", none, "--prompt-ids", "1", "--device", d}, "--device"});
+    cases.push_back({{"bench", "model", "-m", none, "--device", d}, "--device"});
+  }
+  cases.push_back({{"logprobs", "-m", none, "--prompt-ids", ""}, "--prompt-ids"});
+  cases.push_back({{"logprobs", "-m", none, "--prompt-ids", "1,a"}, "--prompt-ids"});
+  cases.push_back({{"logprobs", "-m", none, "--prompt-ids", "1", "--numerics", "fast"}, "--numerics"});
+  cases.push_back({{"bench", "model", "-m", none, "--steps", "0"}, "--steps"});
+  cases.push_back({{"bench", "model", "-m", none, "--batch", "0"}, "--batch"});
+  cases.push_back({{"bench", "model", "-m", none, "--prefill", "-1"}, "--prefill"});
+  cases.push_back({{"bench", "model", "-m", none, "--numerics", "fast"}, "--numerics"});
+  cases.push_back({{"bench", "model", "-m", none, "--load-format", "gguf"}, "--load-format"});
+  cases.push_back({{"serve", "-m", none, "--port", "0", "--kv-memory", "lots"}, "--kv-memory"});
+  for (const auto& c : cases) {
+    std::string joined;
+    for (const auto& a : c.args) joined += "'" + a + "' ";
+    const ProcResult r = run_dsv4(c.args, "flagerr");
+    EXPECT_EQ(r.code, 2) << joined << "\n" << r.err;
+    EXPECT_EQ(r.err.rfind("dsv4: error: ", 0), 0u) << joined << "\n" << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << joined << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.flag), std::string::npos) << joined << "\n" << r.err;
+    EXPECT_EQ(r.err.find("not a model folder"), std::string::npos) << joined << "\n" << r.err;
+    EXPECT_EQ(r.err.find("loading"), std::string::npos) << joined << "\n" << r.err;
+  }
+}
+
+// The checks accept the documented edges of every range.
+TEST(CliUsage, SamplingRangeEdgesAreAccepted) {
+  const std::string tiny = std::string(DSV4_SOURCE_DIR) + "/tests/data/tiny-a";
+  for (const auto& [flag, v] : std::vector<std::pair<std::string, std::string>>{
+           {"--temp", "0"}, {"--temp", "100"}, {"--top-p", "1"}, {"--top-p", "0.01"}, {"--min-p", "0"},
+           {"--min-p", "1"}, {"--top-k", "-1"}, {"--repeat-penalty", "10"}, {"--presence-penalty", "-2"},
+           {"--frequency-penalty", "2"}, {"--device", "cpu"}}) {
+    const ProcResult r = run_dsv4({"generate", "-m", tiny, "--prompt-ids", "0,1", "-n", "1", flag, v}, "edges");
+    EXPECT_EQ(r.code, 0) << flag << " " << v << ": " << r.err;
   }
 }
 

@@ -512,7 +512,7 @@ TEST(CudaBench, BatchedDecodeRunsAndReports) {
   EXPECT_GT(j4.at("cuda_graph_replays").get<int>(), 0);  // 8 warm-up + 3 timed steps: replays from the 9th
   EXPECT_TRUE(jd.at("deterministic").get<bool>());
   const CliResult bad = cli(cfg + " --batch 2 --ctx 100");
-  EXPECT_EQ(bad.rc, 1) << bad.out;
+  EXPECT_EQ(bad.rc, 2) << bad.out;  // a usage error: the command line alone is wrong
   EXPECT_NE(bad.out.find("multiple of 128"), std::string::npos) << bad.out;
 }
 

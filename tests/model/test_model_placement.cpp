@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "backend/cpu_backend.h"
 #include "common/split_moe_fixture.h"
@@ -235,6 +236,19 @@ TEST(ExpertPlacement, ResolvesEveryOption) {
   EXPECT_EQ(pl.n_host(), 6 * 7);
   const ExpertProfile back = read_expert_profile(pf);
   EXPECT_EQ(back.counts, prof.counts);
+  // a profile of this model's dimensions (as dsv4 profile-experts records them) is accepted, and they round-trip
+  prof.top_k = cfg.num_experts_per_tok;
+  prof.hidden_size = cfg.hidden_size;
+  prof.vocab_size = cfg.vocab_size;
+  prof.model = "dsv4-demo";
+  write_expert_profile(prof, pf);
+  const ExpertProfile same = read_expert_profile(pf);
+  EXPECT_EQ(same.top_k, 2);
+  EXPECT_EQ(same.hidden_size, cfg.hidden_size);
+  EXPECT_EQ(same.vocab_size, cfg.vocab_size);
+  EXPECT_EQ(same.model, "dsv4-demo");
+  p.gpu_experts = "1";
+  EXPECT_EQ(resolve_placement(cfg, p, 100, 0).n_host(), 6 * 7);
   std::filesystem::remove(pf);
 }
 
@@ -285,6 +299,26 @@ TEST(ExpertPlacement, BadOptionsAndProfilesAreOneLineErrors) {
   add([&](PlacementOptions& p) {
     p.hot_experts = write("v2", R"({"format":"dsv4-expert-profile","version":2,"counts":[]})");
   }, 1 << 20, "profile version 2");
+  // a profile of another model with the same 6 layers x 8 experts (its other dimensions differ), or an edited one
+  // whose header disagrees with its counts: one line naming the difference, never a placement
+  const std::string rows6 = nlohmann::json(std::vector<std::vector<int>>(6, {1, 2, 3, 4, 5, 6, 7, 8})).dump();
+  auto prof6 = [&](const std::string& name, const std::string& fields) {
+    return write(name, R"({"format":"dsv4-expert-profile","version":1,)" + fields + R"("counts":)" + rows6 + "}");
+  };
+  add([&](PlacementOptions& p) { p.hot_experts = prof6("topk", R"("model":"other-model","top_k":6,)"); }, 1 << 20,
+      "recorded on a model with top_k 6 but this model has 2 (a profile of another model, 'other-model'");
+  add([&](PlacementOptions& p) { p.hot_experts = prof6("hidden", R"("top_k":2,"hidden_size":4096,)"); }, 1 << 20,
+      "hidden_size 4096 but this model has " + std::to_string(cfg.hidden_size));
+  add([&](PlacementOptions& p) { p.hot_experts = prof6("vocab", R"("vocab_size":102400,)"); }, 1 << 20,
+      "vocab_size 102400 but this model has " + std::to_string(cfg.vocab_size));
+  add([&](PlacementOptions& p) { p.hot_experts = prof6("nl", R"("n_layers":43,)"); }, 1 << 20,
+      "\"n_layers\" is 43 but \"counts\" has 6 rows");
+  add([&](PlacementOptions& p) { p.hot_experts = prof6("ne", R"("n_experts":256,)"); }, 1 << 20,
+      "\"n_experts\" is 256 but counts[0] has 8");
+  add([&](PlacementOptions& p) { p.hot_experts = prof6("tkstr", R"("top_k":"6",)"); }, 1 << 20,
+      "\"top_k\" is \"6\", not a count");
+  add([&](PlacementOptions& p) { p.hot_experts = prof6("model", R"("model":7,)"); }, 1 << 20,
+      "\"model\" is 7, not a name");
   for (const Case& c : cases) {
     const std::string msg = error_of([&] { (void)resolve_placement(cfg, c.p, 100, c.budget); });
     EXPECT_NE(msg.find(c.needle), std::string::npos) << "got: '" << msg << "' want: " << c.needle;

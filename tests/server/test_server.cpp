@@ -35,6 +35,53 @@ TEST_F(ServerTest, HealthAndModels) {
   expect_error_shape(json::parse(nf->body), "");
 }
 
+// A known path asked with a method none of its routes takes: 405, an Allow header and an OpenAI-style error body
+// (Anthropic's shape on its routes); an unknown path stays 404.
+TEST_F(ServerTest, WrongMethodOnAKnownPathIs405WithAllow) {
+  struct Case {
+    std::string method, path, allow;
+  };
+  for (const Case& c : std::vector<Case>{{"GET", "/v1/chat/completions", "POST"},
+                                         {"GET", "/v1/completions", "POST"},
+                                         {"DELETE", "/v1/chat/completions", "POST"},
+                                         {"POST", "/health", "GET, HEAD"},
+                                         {"PUT", "/v1/models", "GET, HEAD"},
+                                         {"POST", "/metrics", "GET, HEAD"},
+                                         {"GET", "/admin/park", "POST"},
+                                         {"GET", "/v1/messages", "POST"}}) {
+    httplib::Result r = c.method == "GET"    ? client().Get(c.path)
+                        : c.method == "POST" ? client().Post(c.path, "{}", "application/json")
+                        : c.method == "PUT"  ? client().Put(c.path, "{}", "application/json")
+                                             : client().Delete(c.path);
+    ASSERT_TRUE(r) << c.method << " " << c.path;
+    EXPECT_EQ(r->status, 405) << c.method << " " << c.path << ": " << r->body;
+    EXPECT_EQ(r->get_header_value("Allow"), c.allow) << c.method << " " << c.path;
+    const json j = json::parse(r->body);
+    if (c.path == "/v1/messages") {
+      EXPECT_EQ(j["type"], "error") << r->body;
+      EXPECT_EQ(j["error"]["type"], "invalid_request_error") << r->body;
+    } else {
+      expect_error_shape(j, "");
+      EXPECT_EQ(j["error"]["type"], "invalid_request_error") << r->body;
+      EXPECT_EQ(j["error"]["code"], "method_not_allowed") << r->body;
+    }
+    const std::string msg = j["error"]["message"];
+    EXPECT_NE(msg.find(c.method), std::string::npos) << msg;
+    EXPECT_NE(msg.find(c.path), std::string::npos) << msg;
+  }
+  // the routes themselves still answer, HEAD included, and unknown paths are 404 whatever the method
+  auto h = client().Head("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  for (const auto& r : {client().Get("/v1/nothing"), client().Post("/v1/nothing", "{}", "application/json"),
+                        client().Get("/v1/chat/completions/x")}) {
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 404) << r->body;
+    EXPECT_FALSE(r->has_header("Allow"));
+    expect_error_shape(json::parse(r->body), "");
+  }
+}
+
 TEST_F(ServerTest, ChatCompletionWithUsageAndPrefixCache) {
   // A prompt of a few 128-token blocks (the tiny tokenizer has one token per byte): the prefix cache reuses whole
   // blocks.

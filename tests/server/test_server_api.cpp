@@ -96,6 +96,42 @@ TEST_F(ServerTest, ChatLogprobsWholeAndStreamed) {
   EXPECT_TRUE(post_json("/v1/chat/completions", req)["choices"][0]["logprobs"].is_null());
 }
 
+// top_logprobs is capped at 20 like OpenAI's: 20 gives 20 entries per token, 21 (or a negative count) is a 400 naming
+// the field and the limit, streamed or not, before anything is generated; the completions API's logprobs likewise.
+TEST_F(ServerTest, TopLogprobsAbove20IsA400) {
+  auto req = chat_req("hi");
+  req["temperature"] = 0;
+  req["max_tokens"] = 2;
+  req["logprobs"] = true;
+  req["top_logprobs"] = 20;
+  const json ok = post_json("/v1/chat/completions", req);
+  ASSERT_EQ(ok["choices"][0]["logprobs"]["content"].size(), 2u) << ok.dump();
+  EXPECT_EQ(ok["choices"][0]["logprobs"]["content"][0]["top_logprobs"].size(), 20u);
+  for (const bool stream : {false, true}) {
+    for (const int n : {21, 100, -1}) {
+      req["top_logprobs"] = n;
+      req["stream"] = stream;
+      const auto r = post("/v1/chat/completions", req.dump());
+      ASSERT_TRUE(r);
+      EXPECT_EQ(r->status, 400) << n << ": " << r->body;
+      const json j = json::parse(r->body);
+      EXPECT_EQ(j["error"]["param"], "top_logprobs") << r->body;
+      EXPECT_EQ(j["error"]["type"], "invalid_request_error") << r->body;
+      const std::string msg = j["error"]["message"];
+      EXPECT_NE(msg.find("[0, 20]"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(std::to_string(n)), std::string::npos) << msg;
+    }
+  }
+  const auto c = post("/v1/completions", json({{"prompt", "Say:"}, {"max_tokens", 2}, {"logprobs", 21}}).dump());
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->status, 400) << c->body;
+  EXPECT_EQ(json::parse(c->body)["error"]["param"], "logprobs") << c->body;
+  const json c20 = post_json("/v1/completions", {{"prompt", "Say:"}, {"max_tokens", 2}, {"logprobs", 20}});
+  // (a {token: logprob} object: byte tokens that print the same string share one key)
+  EXPECT_GT(c20["choices"][0]["logprobs"]["top_logprobs"][0].size(), 2u) << c20.dump();
+  EXPECT_LE(c20["choices"][0]["logprobs"]["top_logprobs"][0].size(), 20u) << c20.dump();
+}
+
 TEST_F(ServerTest, ThinkingLogprobsAreSplitBySection) {
   script("Hmm.</think>Ok");
   auto req = chat_req("q", true);
@@ -342,6 +378,92 @@ TEST_F(ServerTest, AnthropicMessagesWholeAndStreamed) {
   }
   EXPECT_EQ(thinking, "Plan.");
   EXPECT_EQ(text, "Hi!");
+}
+
+// A stop sequence that matches before any text: one empty text block (whole) / one empty text block opened and closed
+// (streamed), stop_reason stop_sequence, stop_sequence set.
+TEST_F(ServerTest, AnthropicStopSequenceBeforeAnyText) {
+  for (bool thinking : {false, true}) {
+    script(thinking ? "</think>Hello world" : "Hello world");  // thinking: no reasoning either
+    json req = {{"model", "claude-x"},
+                {"max_tokens", 64},
+                {"temperature", 0},
+                {"stop_sequences", {"Hel"}},
+                {"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+    if (thinking) req["thinking"] = {{"type", "enabled"}, {"budget_tokens", 100}};
+    const std::string what = thinking ? "thinking" : "plain";
+    auto j = post_json("/v1/messages", req);
+    ASSERT_TRUE(j["content"].is_array()) << what << ": " << j.dump();
+    ASSERT_GE(j["content"].size(), 1u) << what << ": " << j.dump();
+    const json& last = j["content"].back();
+    EXPECT_EQ(last, json({{"type", "text"}, {"text", ""}})) << what << ": " << j.dump();
+    for (const auto& b : j["content"]) {
+      ASSERT_TRUE(b.contains("type")) << j.dump();
+      if (b["type"] == "thinking") EXPECT_TRUE(b["thinking"].is_string() && b["signature"].is_string()) << j.dump();
+    }
+    EXPECT_EQ(j["stop_reason"], "stop_sequence") << what << ": " << j.dump();
+    EXPECT_EQ(j["stop_sequence"], "Hel") << what;
+
+    req["stream"] = true;
+    auto r = post("/v1/messages", req.dump());
+    ASSERT_TRUE(r);
+    const auto ev = sse_events(r->body);
+    ASSERT_GE(ev.size(), 5u) << r->body;
+    EXPECT_EQ(ev.front().first, "message_start");
+    EXPECT_EQ(ev.back().first, "message_stop");
+    const json& md = ev[ev.size() - 2].second;
+    EXPECT_EQ(ev[ev.size() - 2].first, "message_delta");
+    EXPECT_EQ(md["delta"]["stop_reason"], "stop_sequence") << r->body;
+    EXPECT_EQ(md["delta"]["stop_sequence"], "Hel") << r->body;
+    // every block started is stopped, indexes count from 0, and the last one is a text block
+    int open = -1, next = 0;
+    std::string last_type;
+    for (const auto& [t, d] : ev) {
+      if (t == "content_block_start") {
+        EXPECT_EQ(open, -1) << r->body;
+        EXPECT_EQ(d["index"], next) << r->body;
+        open = d["index"];
+        last_type = d["content_block"]["type"];
+        if (last_type == "text") EXPECT_EQ(d["content_block"]["text"], "");
+      } else if (t == "content_block_delta") {
+        EXPECT_EQ(d["index"], open) << r->body;
+        if (d["delta"]["type"] == "text_delta") EXPECT_FALSE(d["delta"]["text"].get<std::string>().empty());
+      } else if (t == "content_block_stop") {
+        EXPECT_EQ(d["index"], open) << r->body;
+        open = -1;
+        ++next;
+      }
+    }
+    EXPECT_EQ(open, -1) << r->body;
+    EXPECT_GE(next, 1) << r->body;
+    EXPECT_EQ(last_type, "text") << what << ": " << r->body;
+  }
+}
+
+// A stop sequence inside the reasoning: a thinking block and no text, the same whole and streamed.
+TEST_F(ServerTest, AnthropicStopSequenceInsideTheReasoning) {
+  script("Plan Hello</think>world");
+  json req = {{"model", "claude-x"},
+              {"max_tokens", 64},
+              {"temperature", 0},
+              {"stop_sequences", {"Hel"}},
+              {"thinking", {{"type", "enabled"}, {"budget_tokens", 100}}},
+              {"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  auto j = post_json("/v1/messages", req);
+  EXPECT_EQ(j["stop_reason"], "stop_sequence") << j.dump();
+  EXPECT_EQ(j["stop_sequence"], "Hel") << j.dump();
+  ASSERT_TRUE(j["content"].is_array() && !j["content"].empty()) << j.dump();
+  std::vector<std::string> whole;
+  for (const auto& b : j["content"]) whole.push_back(b["type"]);
+  req["stream"] = true;
+  auto r = post("/v1/messages", req.dump());
+  ASSERT_TRUE(r);
+  std::vector<std::string> streamed;
+  for (const auto& [t, d] : sse_events(r->body))
+    if (t == "content_block_start") streamed.push_back(d["content_block"]["type"]);
+  EXPECT_EQ(streamed, whole) << j.dump() << "\n" << r->body;
+  EXPECT_EQ(j["content"][0]["type"], "thinking") << j.dump();
+  EXPECT_EQ(j["content"][0]["thinking"], "Plan ") << j.dump();
 }
 
 TEST_F(ServerTest, AnthropicToolUseRoundTrip) {

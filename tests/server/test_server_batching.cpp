@@ -223,6 +223,55 @@ TEST_F(ServerTest, SeveralChoicesShareThePromptAndUseSeedPlusIndex) {
   EXPECT_EQ(cj["usage"]["completion_tokens"], 2 * 3);
 }
 
+// `timings` (llama.cpp's names): prompt_ms is the prompt processing, predicted_ms the generation after it; prompt_n +
+// cache_n is usage.prompt_tokens and predicted_n usage.completion_tokens, also for n > 1 (all choices' tokens) and
+// in the last chunk of a stream.
+TEST_F(ServerTest, TimingsMeasurePromptAndGenerationAlsoForSeveralChoices) {
+  lm->set_script({});
+  lm->set_preference(0.0f);
+  const std::string prompt = std::string(200, 'r') + "?";
+  auto check = [](const json& j, const std::string& what) {
+    ASSERT_TRUE(j.contains("timings")) << what << ": " << j.dump();
+    const json& t = j["timings"];
+    const json& u = j["usage"];
+    EXPECT_GT(t["prompt_ms"].get<double>(), 0.0) << what << ": " << t.dump();
+    EXPECT_GT(t["predicted_ms"].get<double>(), 0.0) << what << ": " << t.dump();
+    EXPECT_NE(t["prompt_ms"].get<double>(), t["predicted_ms"].get<double>()) << what << ": " << t.dump();
+    EXPECT_GT(t["prompt_n"].get<int64_t>(), 0) << what;
+    EXPECT_EQ(t["prompt_n"].get<int64_t>() + t["cache_n"].get<int64_t>(), u["prompt_tokens"].get<int64_t>())
+        << what << ": " << j.dump();
+    EXPECT_EQ(t["cache_n"], u["prompt_tokens_details"]["cached_tokens"]) << what;
+    EXPECT_EQ(t["predicted_n"], u["completion_tokens"]) << what << ": " << j.dump();
+    EXPECT_GT(t["predicted_per_second"].get<double>(), 0.0) << what;
+    EXPECT_GT(t["prompt_per_second"].get<double>(), 0.0) << what;
+  };
+  for (int n : {1, 3}) {
+    for (int max_tokens : {1, 12}) {
+      const std::string what = "n " + std::to_string(n) + ", max_tokens " + std::to_string(max_tokens);
+      json r = {{"prompt", prompt + std::to_string(n * 100 + max_tokens)}, {"max_tokens", max_tokens},
+                {"temperature", 1.0}, {"seed", 3}, {"n", n}};
+      const json j = post_json("/v1/completions", r);
+      EXPECT_EQ(j["usage"]["completion_tokens"], n * max_tokens) << what;
+      check(j, what);
+      // streamed: the usage chunk carries the timings
+      r["stream"] = true;
+      r["stream_options"] = {{"include_usage", true}};
+      r["prompt"] = "s" + r["prompt"].get<std::string>();
+      auto s = post("/v1/completions", r.dump());
+      ASSERT_TRUE(s);
+      json last;
+      for (const auto& d : sse_data(s->body))
+        if (d != "[DONE]") last = json::parse(d);
+      ASSERT_TRUE(last.contains("usage")) << s->body;
+      check(last, "streamed " + what);
+    }
+  }
+  auto c = chat_req("timings");
+  c["n"] = 2;
+  c["max_tokens"] = 5;
+  check(post_json("/v1/chat/completions", c), "chat n 2");
+}
+
 TEST_F(ServerTest, MetricsParseAndCount) {
   auto first = client().Get("/metrics");
   ASSERT_TRUE(first);

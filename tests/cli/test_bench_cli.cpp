@@ -1,0 +1,40 @@
+// `dsv4 bench model --json`: the results object alone on stdout (a script pipes it to a JSON parser), the progress
+// lines on stderr.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli/run_child.h"
+
+namespace {
+using dsv4::clitest::ProcResult;
+using dsv4::clitest::run_dsv4;
+
+TEST(CliBenchModel, JsonGoesToStdoutAndProgressToStderr) {
+  const std::string cfg = std::string(DSV4_SOURCE_DIR) + "/tests/data/tiny-a/config.json";
+  const std::vector<std::string> args = {"bench", "model", "--config", cfg, "--device", "cpu", "--prefill", "8",
+                                         "--steps", "2", "--no-profile"};
+  std::vector<std::string> with_json = args;
+  with_json.push_back("--json");
+  const ProcResult r = run_dsv4(with_json, "benchjson");
+  ASSERT_EQ(r.code, 0) << r.err;
+  nlohmann::json j;
+  ASSERT_NO_THROW(j = nlohmann::json::parse(r.out)) << r.out;  // nothing but the object on stdout
+  ASSERT_TRUE(j.is_object());
+  EXPECT_EQ(j.at("steps").get<int>(), 2) << r.out;
+  EXPECT_GT(j.at("decode_ms_per_step").get<double>(), 0.0);
+  EXPECT_GT(j.at("copy_GBps").get<double>(), 0.0);
+  for (const char* progress : {"copy bandwidth", "bench model: dummy", "loaded in", "prefill 8 tokens", "decode batch"}) {
+    EXPECT_NE(r.err.find(progress), std::string::npos) << progress << ": " << r.err;
+    EXPECT_EQ(r.out.find(progress), std::string::npos) << progress << ": " << r.out;
+  }
+  EXPECT_EQ(r.err.find("\"decode_ms_per_step\""), std::string::npos) << r.err;
+  // without --json: the report on stderr, nothing on stdout
+  const ProcResult t = run_dsv4(args, "benchtext");
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_EQ(t.out, "");
+  EXPECT_NE(t.err.find("decode batch"), std::string::npos) << t.err;
+}
+
+}  // namespace
