@@ -2388,6 +2388,16 @@ size_t linear_scratch_bytes(const WeightView& W, int64_t n_tok, const LinearOpts
   return b;
 }
 
+// gemv_tc_kernel over `rows` output rows (A.nout, or twice it for a pair) of A.M tokens: K slices from the shape, a
+// persistent grid of every group of 8 / KS tiles, at most the blocks the GPU holds at once (occ per SM).
+void launch_gemv_tc(GArgs& A, int64_t rows, int64_t K, int occ, cudaStream_t stream) {
+  A.gv_ks = gemv_tc_ks(rows);
+  const int64_t groups = cdiv(rows / GT_ROWS, GT_WARPS / A.gv_ks);
+  const int64_t grid = imin(groups, int64_t(sm_count()) * occ);
+  gemv_tc_kernel<<<static_cast<unsigned>(grid), GT_THREADS, gemv_tc_smem(A.M, K), stream>>>(A);
+  gemm_internal::note_path(GemmPath::gemv);
+}
+
 void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o, void* scratch,
             cudaStream_t stream) {
   const LinearPlan p = validate(W, n_tok, o);
@@ -2440,12 +2450,7 @@ void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const 
   if (path == GemmPath::gemv && p.Q && forced == GemmPath::auto_ && n_tok <= GT_MAXTOK && aligned16(x) &&
       gemv_tc_ok(W, p.r0, p.nout, &tc_occ)) {
     A.a = x;
-    A.gv_ks = gemv_tc_ks(p.nout);
-    // persistent grid: every group of 8 / KS tiles, at most the blocks the GPU holds at once (shape only)
-    const int64_t groups = cdiv(p.nout / GT_ROWS, GT_WARPS / A.gv_ks);
-    const int64_t grid = imin(groups, int64_t(sm_count()) * tc_occ);
-    gemv_tc_kernel<<<static_cast<unsigned>(grid), GT_THREADS, gemv_tc_smem(n_tok, p.K), stream>>>(A);
-    gemm_internal::note_path(GemmPath::gemv);
+    launch_gemv_tc(A, p.nout, p.K, tc_occ, stream);
     return;
   }
   // single-token (Q) decode on gemv: act_quant fused into the kernel
@@ -2504,11 +2509,7 @@ void linear_pair(const WeightView& W1, const WeightView& W3, const float* x, int
       A.out_bf16 = o.out_bf16;
       A.lda = p.K;
       A.a = x;
-      A.gv_ks = gemv_tc_ks(2 * p.nout);
-      const int64_t groups = cdiv(2 * p.nout / GT_ROWS, GT_WARPS / A.gv_ks);
-      const int64_t grid = imin(groups, int64_t(sm_count()) * occ);
-      gemv_tc_kernel<<<static_cast<unsigned>(grid), GT_THREADS, gemv_tc_smem(n_tok, p.K), stream>>>(A);
-      gemm_internal::note_path(GemmPath::gemv);
+      launch_gemv_tc(A, 2 * p.nout, p.K, occ, stream);
       return;
     }
   }
@@ -2526,20 +2527,20 @@ bool linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int64_t 
   og.row_begin = 0;
   og.row_end = R;
   const LinearPlan p = validate(W, n_tok, og);
+  GArgs A;  // group g: x + g grp_a, y + g grp_y, weight rows g R
+  A.M = n_tok;
+  A.W = W;
+  A.nout = R;
+  A.y = y;
+  A.ldy = R;
+  A.out_bf16 = o.out_bf16;
+  A.weight_as_bf16 = o.weight_as_bf16;
+  A.lda = p.K;
+  A.a = x;
+  A.grp_a = n_tok * p.K;
+  A.grp_y = n_tok * R;
+  A.grp_r = R;
   if (gemv_tc16_ok(W, R, n_tok, o, x)) {  // FP8 (wo_a): f16 tensor cores
-    GArgs A;
-    A.M = n_tok;
-    A.W = W;
-    A.nout = R;
-    A.y = y;
-    A.ldy = R;
-    A.out_bf16 = o.out_bf16;
-    A.weight_as_bf16 = o.weight_as_bf16;
-    A.lda = p.K;
-    A.a = x;
-    A.grp_a = n_tok * p.K;
-    A.grp_y = n_tok * R;
-    A.grp_r = R;
     const int64_t tiles = R / G16_ROWS;
     A.gv_ks = gemv_tc16_ks(tiles * groups, p.K / 128);
     const dim3 grid(static_cast<unsigned>(cdiv(tiles, G16_WARPS / A.gv_ks)), static_cast<unsigned>(groups));
@@ -2550,21 +2551,7 @@ bool linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int64_t 
   // as linear() picks for one group: (D) with n_tok <= 8 runs gemv_kernel when the shape and x allow it
   const GvPlan gv = gv_plan(W.fmt, kLinear, p.K, p.nout, W.block_cols);
   if (!gv.ok || !aligned16(x) || (n_tok * p.K) % 4 != 0) return false;
-  GArgs A;
-  A.M = n_tok;
-  A.W = W;
-  A.r0 = 0;
-  A.nout = R;
-  A.y = y;
-  A.ldy = R;
-  A.out_bf16 = o.out_bf16;
-  A.weight_as_bf16 = o.weight_as_bf16;
-  A.lda = p.K;
-  A.a = x;
   A.a_vec = p.K % 4 == 0;
-  A.grp_a = n_tok * p.K;
-  A.grp_y = n_tok * R;
-  A.grp_r = R;
   const int mt = gv_mt_linear(n_tok);
   A.n_slots = cdiv(n_tok, mt);
   A.gv_ks = gv.ks;
