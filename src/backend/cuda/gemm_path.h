@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "backend/ops.h"
 #include "backend/weight_view.h"
@@ -109,6 +110,16 @@ void moe_w13(const MoeGemmArgs& g, const float* a, const float* sa, float swiglu
              cudaStream_t stream);
 // o[r, :] = w2 h[r] for every sorted row r (h: [rows, inter], codes in (Q) with scales sh [rows, ceil(inter/128)]).
 void moe_w2(const MoeGemmArgs& g, const float* h, const float* sh, float* o, cudaStream_t stream);
+// Large (prefill) FP4 expert calls in the fast (Q) mode on cuBLAS BF16 tensor cores (k_moe_bf16.cu). ok: the
+// call qualifies (>= 4096 pairs, FP4, (Q), fast mode, stream not capturing) and moe_bf16_scratch_bytes (0 where it
+// cannot) was reserved. w13 fills seg (the segment starts, on the host) and writes h as moe_w13 does, using G (the
+// caller's o buffer, [rows, 2 inter] <= [rows, d_model]); after act_quant of h, w2 writes o as moe_w2 does.
+bool moe_bf16_ok(const MoeGemmArgs& g, cudaStream_t stream);
+size_t moe_bf16_scratch_bytes(GemmFormat fmt, bool quant, int64_t P, int64_t D, int64_t I);
+void moe_bf16_w13(const MoeGemmArgs& g, const ExpertView* experts, const float* qx, const float* sx, float limit,
+                  bool bf16, float* h, float* G, void* ws, std::vector<int32_t>& seg, cudaStream_t stream);
+void moe_bf16_w2(const MoeGemmArgs& g, const ExpertView* experts, const float* qh, const float* sh, float* o, void* ws,
+                 const std::vector<int32_t>& seg, cudaStream_t stream);
 // h[r, i] = swiglu(g[r, i], up[r, i]) without routing weight (the shared expert), h may alias g.
 void swiglu_rows(const float* g, const float* up, int64_t rows, int64_t dim, float limit, bool bf16, float* h,
                  cudaStream_t stream);

@@ -41,6 +41,7 @@
 #include <string>
 
 #include "backend/cuda/device_numeric.cuh"
+#include "backend/cuda/device_swiglu.cuh"
 #include "backend/cuda/gemm_path.h"
 #include "backend/cuda/glibc_math.cuh"
 #include "backend/cuda/kernels.h"
@@ -227,11 +228,6 @@ __device__ __forceinline__ void acts8(const float* rowp, int64_t k, int64_t K, b
 
 // CpuOps::swiglu of one element: clamp, (g / (1 + exp(-g))) * up, times the row weight, bf16 when asked. exp is the
 // bit-exact port of glibc's expf (glibc_math.cuh), the CPU's std::exp(float).
-__device__ __forceinline__ float swiglu_val(float g, float u, float limit, bool has_w, float rw, bool bf16) {
-  if (limit > 0.0f) {
-    u = fminf(fmaxf(u, -limit), limit);
-    g = fminf(g, limit);
-  }
   float v = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf_glibc(-g))), u);
   if (has_w) v = __fmul_rn(rw, v);
   return bf16 ? round_bf16(v) : v;

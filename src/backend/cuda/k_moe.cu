@@ -10,6 +10,8 @@
 //      order (gemm.h), so a row never depends on its segment and (Q) and (D) both equal the CPU bitwise.
 //   4. (Q) act_quant of h in place; moe_w2 -> o [sorted rows, d_model] (bf16-rounded when q.out_bf16, as the CPU's
 //      linear rounds its output).
+//   3-4 of large (prefill) FP4 calls in the fast (Q) mode run on cuBLAS BF16 tensor cores instead (k_moe_bf16.cu:
+//      the products are exact in BF16; the one host round trip of this file, for the segment sizes).
 //   5. shared expert through linear_pair() (w1 and w3) and linear() (w2), SwiGLU without weight between.
 //   6. moe_combine_kernel: y[t] = sum of o over t's slots in ascending (expert id, slot) order (fp32, from 0),
 //      + the shared expert's output, then bf16(y) when bf16 — the CPU's accumulation order.
@@ -20,6 +22,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "backend/cuda/device_numeric.cuh"
 #include "backend/cuda/gemm_path.h"
@@ -189,7 +192,7 @@ struct MoeLayout {
   int64_t E = 0, D = 0, I = 0, P = 0, Is = 0;
   bool Q = false;
   size_t seg = 0, big = 0, small = 0, nsmall = 0, pos = 0, rtok = 0, rw = 0, qx = 0, sx = 0, h = 0, sh = 0, o = 0,
-         gs = 0, us = 0, os = 0, lin = 0, total = 0;
+         gs = 0, us = 0, os = 0, lin = 0, bfw = 0, total = 0;
 };
 
 MoeLayout layout(const MoeWeights& w, int64_t n_tok, int64_t k, const LinearOpts& q) {
@@ -230,6 +233,7 @@ MoeLayout layout(const MoeWeights& w, int64_t n_tok, int64_t k, const LinearOpts
                                 linear_scratch_bytes(w.shared->w2, n_tok, q)});
     L.lin = take(lb);
   }
+  L.bfw = take(gemm_internal::moe_bf16_scratch_bytes(e0.w1.fmt, L.Q, L.P, L.D, L.I));
   L.total = off;
   return L;
 }
@@ -296,7 +300,15 @@ void moe_run(const MoeWeights& w, const uint8_t* resident, const float* x, int64
                                    uintptr_t(v->row_bytes()) | uintptr_t((v->cols + 31) / 32)) & 3) == 0;
 
   float* h = F32(L.h);
-  if (L.Q) {
+  if (L.Q && gemm_internal::moe_bf16_scratch_bytes(fmt, true, L.P, L.D, L.I) > 0 &&
+      gemm_internal::moe_bf16_ok(g, stream)) {  // prefill: cuBLAS BF16 (k_moe_bf16.cu)
+    std::vector<int32_t> seg;
+    gemm_internal::act_quant_f32(x, n_tok, L.D, F32(L.qx), F32(L.sx), stream);
+    gemm_internal::moe_bf16_w13(g, w.experts, F32(L.qx), F32(L.sx), swiglu_limit, bf16, h, F32(L.o), base + L.bfw,
+                                seg, stream);
+    gemm_internal::act_quant_f32(h, L.P, L.I, h, F32(L.sh), stream);
+    gemm_internal::moe_bf16_w2(g, w.experts, h, F32(L.sh), F32(L.o), base + L.bfw, seg, stream);
+  } else if (L.Q) {
     gemm_internal::act_quant_f32(x, n_tok, L.D, F32(L.qx), F32(L.sx), stream);
     gemm_internal::moe_w13(g, F32(L.qx), F32(L.sx), swiglu_limit, bf16, h, stream);
     gemm_internal::act_quant_f32(h, L.P, L.I, h, F32(L.sh), stream);

@@ -1,0 +1,199 @@
+// Large (prefill) MoE calls of FP4 experts in the fast (Q) mode on cuBLAS BF16 tensor cores (moe_run, k_moe.cu).
+// In (Q) every expert product is exact in BF16: an FP4 weight times its E8M0 scale (2 significant bits times a power
+// of two) and an activation's e4m3 code times its power-of-two act_quant scale (4 significant bits) are both BF16
+// values, so a BF16 GEMM with fp32 accumulation sums the reference's products, in cuBLAS's order. Per call:
+//   1. the segment starts (sorted rows per expert) come to the host: one stream synchronization (never while the
+//      stream is being captured: moe_bf16_ok());
+//   2. A [rows, D] = bf16(code * scale) of every sorted row's token (gathered through row_tok);
+//   3. for chunks of kChunk experts: w1 | w3 of each dequantized to BF16 [2 I, D], then per expert one GEMM
+//      G [cnt, 2 I] = A_e W13_e^T (fp32, into the caller's o buffer, which is [rows, D] >= [rows, 2 I]);
+//   4. h = SwiGLU(bf16(g), bf16(u)) * routing weight (bf16 when bf16), as the decode kernels' epilogue;
+//   5. (the caller) act_quant of h; then A [rows, I] = bf16(code * scale) of h and per expert o = A_e W2_e^T,
+//      bf16-rounded when out_bf16.
+// Results differ from the CPU's order by fp32 rounding only (the fast mode's tolerance); they depend on the segment
+// sizes (cuBLAS picks its kernel by shape), so this path is not batch invariant, as cuBLASLt's linears are not.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/device_numeric.cuh"
+#include "backend/cuda/device_swiglu.cuh"
+#include "backend/cuda/gemm_path.h"
+#include "backend/cuda/kernels.h"
+
+namespace dsv4::cuda::gemm_internal {
+namespace {
+
+constexpr int kChunk = 8;             // experts dequantized at a time
+constexpr int64_t kMinPairs = 4096;   // (token, slot) pairs from which a call takes this path
+
+inline size_t align256(size_t b) { return (b + 255) & ~size_t(255); }
+
+cublasHandle_t handle_for_device() {
+  static std::mutex mu;
+  static std::map<int, cublasHandle_t>* handles = new std::map<int, cublasHandle_t>();  // never destroyed
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return nullptr;
+  std::lock_guard<std::mutex> lk(mu);
+  auto it = handles->find(dev);
+  if (it != handles->end()) return it->second;
+  cublasHandle_t h = nullptr;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) h = nullptr;
+  (*handles)[dev] = h;
+  return h;
+}
+
+// A[r, k] = bf16(q[src, k] * s[src, k / 128]), src = row_tok ? row_tok[r] : r (exact: see the file comment).
+__global__ void gather_dequant_kernel(const float* q, const float* s, int64_t K, const int32_t* row_tok, int64_t rows,
+                                      __nv_bfloat16* A) {
+  const int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
+  if (i >= rows * K) return;
+  const int64_t r = i / K, k = i % K, src = row_tok ? row_tok[r] : r, nkb = (K + 127) / 128;
+  const float sc = s[src * nkb + k / 128];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    if (k + j < K) A[r * K + k + j] = __float2bfloat16_rn(__fmul_rn(q[src * K + k + j], sc));
+}
+
+struct DqChunk {
+  const uint8_t* w[2 * kChunk];      // FP4 matrices [rows, cols] (two per expert for w1 | w3, else one)
+  const uint8_t* scale[2 * kChunk];  // their E8M0 scales [rows, cols / 32]
+};
+
+// out[m][r, c] = bf16(e2m1(w_m[r, c]) * e8m0(scale_m[r, c / 32])) for matrices m < n_mat, each [rows, cols],
+// out[m] at out + m * rows * cols (exact).
+__global__ void dequant_fp4_kernel(DqChunk ch, int n_mat, int64_t rows, int64_t cols, __nv_bfloat16* out) {
+  const int m = blockIdx.y;
+  const int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 8;  // 8 columns = 4 bytes
+  if (m >= n_mat || i >= rows * cols) return;
+  const int64_t r = i / cols, c = i % cols;
+  const uint32_t b = *reinterpret_cast<const uint32_t*>(ch.w[m] + i / 2);
+  const float sc = e8m0_to_float(ch.scale[m][r * (cols / 32) + c / 32]);
+  __nv_bfloat16* o = out + int64_t(m) * rows * cols + i;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) o[j] = __float2bfloat16_rn(__fmul_rn(e2m1_to_float((b >> (4 * j)) & 0xFu), sc));
+}
+
+// h[r, i] = swiglu(G[r, i], G[r, I + i]) as moe_w13's epilogue (store_out<kW13>).
+__global__ void swiglu_g_kernel(const float* G, int64_t rows, int64_t I, const float* row_w, float limit, bool out_bf16,
+                                bool bf16, float* h) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * I) return;
+  const int64_t r = i / I, c = i % I;
+  const float g0 = G[r * 2 * I + c], u0 = G[r * 2 * I + I + c];
+  const float g = out_bf16 ? round_bf16(g0) : g0, u = out_bf16 ? round_bf16(u0) : u0;
+  h[i] = swiglu_val(g, u, limit, true, row_w[r], bf16);
+}
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail_msg(std::string("moe (bf16 tensor cores): ") + what + ": " + cudaGetErrorString(e));
+}
+
+// Y [cnt, N] = A [cnt, K] W^T, W [N, K] row-major bf16, fp32 out (column-major view: Y^T = W A^T).
+void gemm(cublasHandle_t hd, const __nv_bfloat16* W, const __nv_bfloat16* A, int64_t cnt, int64_t N, int64_t K,
+          float* Y) {
+  const float one = 1.0f, zero = 0.0f;
+  const cublasStatus_t st =
+      cublasGemmEx(hd, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(cnt), int(K), &one, W, CUDA_R_16BF, int(K), A,
+                   CUDA_R_16BF, int(K), &zero, Y, CUDA_R_32F, int(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  if (st != CUBLAS_STATUS_SUCCESS) fail_msg("moe (bf16 tensor cores): cublasGemmEx failed");
+}
+
+// The experts with rows, in id order, from the host copy of the segment starts.
+std::vector<int> active_experts(const std::vector<int32_t>& seg) {
+  std::vector<int> a;
+  for (size_t e = 0; e + 1 < seg.size(); ++e)
+    if (seg[e + 1] > seg[e]) a.push_back(int(e));
+  return a;
+}
+
+}  // namespace
+
+bool moe_bf16_ok(const MoeGemmArgs& g, cudaStream_t stream) {
+  if (!g.quant || g.fmt != GemmFormat::fp4 || deterministic() || gemm_path() != GemmPath::auto_) return false;
+  if (g.n_rows_bound < kMinPairs || 2 * g.inter > g.d_model || g.d_model % 128 != 0 || g.inter % 128 != 0)
+    return false;
+  if (!g.words_ok) return false;
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) return false;
+  return handle_for_device() != nullptr;
+}
+
+size_t moe_bf16_scratch_bytes(GemmFormat fmt, bool quant, int64_t P, int64_t D, int64_t I) {
+  if (!quant || fmt != GemmFormat::fp4 || P < kMinPairs || 2 * I > D) return 0;
+  return align256(size_t(P * std::max(D, I)) * 2) + align256(size_t(kChunk) * size_t(2 * I * D) * 2);
+}
+
+void moe_bf16_w13(const MoeGemmArgs& g, const ExpertView* experts, const float* qx, const float* sx, float limit,
+                  bool bf16, float* h, float* G, void* ws, std::vector<int32_t>& seg, cudaStream_t stream) {
+  const int64_t E = g.n_experts, D = g.d_model, I = g.inter;
+  seg.assign(size_t(E + 1), 0);
+  check_cuda(cudaMemcpyAsync(seg.data(), g.seg_start, size_t(E + 1) * 4, cudaMemcpyDeviceToHost, stream),
+             "segment starts");
+  check_cuda(cudaStreamSynchronize(stream), "segment starts");
+  const int64_t rows = seg[size_t(E)];
+  if (rows <= 0) return;
+  __nv_bfloat16* A = static_cast<__nv_bfloat16*>(ws);
+  __nv_bfloat16* Wb = reinterpret_cast<__nv_bfloat16*>(static_cast<char*>(ws) + align256(size_t(g.n_rows_bound * std::max(D, I)) * 2));
+  gather_dequant_kernel<<<unsigned((rows * D / 4 + 255) / 256), 256, 0, stream>>>(qx, sx, D, g.row_tok, rows, A);
+  cublasHandle_t hd = handle_for_device();
+  if (cublasSetStream(hd, stream) != CUBLAS_STATUS_SUCCESS) fail_msg("moe (bf16 tensor cores): cublasSetStream");
+  const std::vector<int> act = active_experts(seg);
+  for (size_t c0 = 0; c0 < act.size(); c0 += kChunk) {
+    const int n = int(std::min<size_t>(kChunk, act.size() - c0));
+    DqChunk ch{};
+    for (int j = 0; j < n; ++j) {  // expert j of the chunk: w1 rows then w3 rows, [2 I, D]
+      const ExpertView& ev = experts[act[c0 + size_t(j)]];
+      ch.w[2 * j] = ev.w1.w, ch.scale[2 * j] = ev.w1.scale;
+      ch.w[2 * j + 1] = ev.w3.w, ch.scale[2 * j + 1] = ev.w3.scale;
+    }
+    dequant_fp4_kernel<<<dim3(unsigned((I * D / 8 + 255) / 256), unsigned(2 * n)), 256, 0, stream>>>(ch, 2 * n, I, D,
+                                                                                                     Wb);
+    for (int j = 0; j < n; ++j) {
+      const int e = act[c0 + size_t(j)];
+      const int64_t r0 = seg[size_t(e)], cnt = seg[size_t(e) + 1] - r0;
+      gemm(hd, Wb + int64_t(j) * 2 * I * D, A + r0 * D, cnt, 2 * I, D, G + r0 * 2 * I);
+    }
+  }
+  swiglu_g_kernel<<<unsigned((rows * I + 255) / 256), 256, 0, stream>>>(G, rows, I, g.row_w, limit, g.out_bf16, bf16,
+                                                                        h);
+  check_cuda(cudaGetLastError(), "w1 / w3");
+}
+
+void moe_bf16_w2(const MoeGemmArgs& g, const ExpertView* experts, const float* qh, const float* sh, float* o, void* ws,
+                 const std::vector<int32_t>& seg, cudaStream_t stream) {
+  const int64_t E = g.n_experts, D = g.d_model, I = g.inter;
+  const int64_t rows = seg[size_t(E)];
+  if (rows <= 0) return;
+  __nv_bfloat16* A = static_cast<__nv_bfloat16*>(ws);
+  __nv_bfloat16* Wb = reinterpret_cast<__nv_bfloat16*>(static_cast<char*>(ws) + align256(size_t(g.n_rows_bound * std::max(D, I)) * 2));
+  gather_dequant_kernel<<<unsigned((rows * I / 4 + 255) / 256), 256, 0, stream>>>(qh, sh, I, nullptr, rows, A);
+  cublasHandle_t hd = handle_for_device();
+  if (cublasSetStream(hd, stream) != CUBLAS_STATUS_SUCCESS) fail_msg("moe (bf16 tensor cores): cublasSetStream");
+  const std::vector<int> act = active_experts(seg);
+  for (size_t c0 = 0; c0 < act.size(); c0 += 2 * kChunk) {  // w2 is half of w1 | w3: twice the experts per chunk
+    const int n = int(std::min<size_t>(2 * kChunk, act.size() - c0));
+    DqChunk ch{};
+    for (int j = 0; j < n; ++j) {
+      const ExpertView& ev = experts[act[c0 + size_t(j)]];
+      ch.w[j] = ev.w2.w, ch.scale[j] = ev.w2.scale;
+    }
+    dequant_fp4_kernel<<<dim3(unsigned((D * I / 8 + 255) / 256), unsigned(n)), 256, 0, stream>>>(ch, n, D, I, Wb);
+    for (int j = 0; j < n; ++j) {
+      const int e = act[c0 + size_t(j)];
+      const int64_t r0 = seg[size_t(e)], cnt = seg[size_t(e) + 1] - r0;
+      gemm(hd, Wb + int64_t(j) * D * I, A + r0 * I, cnt, D, I, o + r0 * D);
+    }
+  }
+  if (g.out_bf16) finish_rows(o, rows, D, true, o, stream);
+  check_cuda(cudaGetLastError(), "w2");
+}
+
+}  // namespace dsv4::cuda::gemm_internal
