@@ -645,6 +645,9 @@ TEST(CudaMoe, MoePrefillShapes) {
   run_moe_case({64, kEveryExpert, true, 10.0f}, 202);  // 256 segments of 1-2 rows: small kernel only
   run_moe_case({300, kSkewed, true, 10.0f}, 203);      // 4 segments of 75+ rows (tiled, partial tiles) + small ones
   run_moe_case({1024, kRandom, true, 10.0f}, 204);     // ~24 rows per expert: every expert on a partial M tile
+  // >= 4096 (token, slot) pairs: the fast (Q) mode's cuBLAS BF16 path (k_moe_bf16.cu) with a few segments of
+  // hundreds of rows and many small ones
+  run_moe_case({1024, kSkewed, true, 10.0f}, 205);
 }
 
 TEST(CudaMoe, MoeBatchInvariance) {

@@ -226,13 +226,6 @@ __device__ __forceinline__ void acts8(const float* rowp, int64_t k, int64_t K, b
   }
 }
 
-// CpuOps::swiglu of one element: clamp, (g / (1 + exp(-g))) * up, times the row weight, bf16 when asked. exp is the
-// bit-exact port of glibc's expf (glibc_math.cuh), the CPU's std::exp(float).
-  float v = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf_glibc(-g))), u);
-  if (has_w) v = __fmul_rn(rw, v);
-  return bf16 ? round_bf16(v) : v;
-}
-
 // ---- activation quantization ------------------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t enc_e4m3(float v) {  // v an exact e4m3 value (|v| <= 448)
   const uint32_t b = __float_as_uint(v), sign = (b >> 24) & 0x80u, ab = b & 0x7FFFFFFFu;
