@@ -99,6 +99,7 @@ void* Workspace::alloc_bytes(size_t bytes) {
   void* p = static_cast<char*>(chunks_[cur_].data()) + off_;
   off_ += bytes;
   high_ = std::max(high_, in_use());
+  if (cur_ > far_.chunk || (cur_ == far_.chunk && off_ > far_.offset)) far_ = mark();
   return p;
 }
 

@@ -60,6 +60,14 @@ class Workspace {
   };
   Mark mark() const { return {cur_, off_}; }
   void release(Mark m) { cur_ = m.chunk, off_ = m.offset; }
+  // The furthest point allocated to since reset_furthest(), and a jump past it: work queued on another stream that
+  // used (and released) memory up to there may still be running, so the caller's later allocations must start
+  // beyond it (Ops::branch_end). The enclosing Scope releases the skipped memory as usual.
+  void reset_furthest() { far_ = mark(); }
+  Mark furthest() const { return far_; }
+  void advance_to(Mark m) {
+    if (m.chunk > cur_ || (m.chunk == cur_ && m.offset > off_)) release(m);
+  }
   // Bytes of device memory held / the most in use at once.
   size_t capacity() const;
   size_t high_water() const { return high_; }
@@ -81,6 +89,7 @@ class Workspace {
   Backend& be_;
   std::vector<Buffer> chunks_;
   size_t cur_ = 0, off_ = 0, high_ = 0;
+  Mark far_;
 };
 
 struct MemoryInfo {

@@ -72,6 +72,16 @@ class Ops {
  public:
   virtual ~Ops() = default;
 
+  // ---- concurrency ---------------------------------------------------------------------------------------------
+  // Ops queued between branch_begin() and branch_end() (the branch) may run concurrently with the ops queued after
+  // branch_end(), until branch_join(); the CUDA backend runs the branch on a second stream, the CPU in queue order.
+  // Both sides may read the same memory, never write what the other side reads or writes. The three calls come in
+  // this order, within one Workspace::Scope (the branch's scratch stays reserved until that scope ends), not nested;
+  // no copies to or from the host between branch_begin() and branch_join().
+  virtual void branch_begin() const {}
+  virtual void branch_end() const {}
+  virtual void branch_join() const {}
+
   // ---- GEMM ------------------------------------------------------------------------------------------------------
   // y[n_tok, row_end-row_begin] = x[n_tok, W.cols] · W[row_begin:row_end]ᵀ with the semantics of backend/gemm.h
   // ((Q): FP8 act_quant per 128 + block-scaled product; (D): fp32 x exactly dequantized weight). x, y don't overlap.

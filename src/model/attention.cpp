@@ -22,39 +22,25 @@ void Model::attention(int l, StatePool& pool, const StepPlan& plan, const Device
   Workspace& ws = be_->workspace();
   Workspace::Scope scope(ws);
 
-  // 1. query: qr = q_norm(wq_a x); q = wq_b qr; per-head RMS; RoPE
+  // Two independent chains from x, concurrently where the backend can (Ops::branch_*): the window KV and the
+  // compressor on one side; the query and the indexer (which reads qr) on the other.
   float* qr = ws.alloc<float>(n * QL);        // [n, q_lora]
   float* q = ws.alloc<float>(n * H * Dh);     // [n, H, Dh]
-  ops().linear(lp.wq_a, x, n, qr, Q);
-  ops().rmsnorm(qr, n, QL, lp.q_norm, eps, bf, qr);
-  ops().linear(lp.wq_b, qr, n, q, Q);
-  ops().head_rms(q, n * H, Dh, eps, bf);
-  ops().rope(q, n, H, Dh, rd, cs, false, bf);
-
-  // 2. window KV: kv_norm(wkv x); RoPE; FP8 simulation of the nope dims (block 64)
   float* kv = ws.alloc<float>(n * Dh);        // [n, Dh] this step's window rows
+  const RowCodec& kc = pool.layout().kv_row;
+  const int64_t KW = kc.words();
+  float* kv_st = kc.compact() ? ws.alloc<float>(n * KW) : kv;
+  int32_t* sel = ratio == 4 ? ws.alloc<int32_t>(n * cfg_.index_topk) : nullptr;  // [n, topk] compressed row ids
+
+  ops().branch_begin();
+  // 2. window KV: kv_norm(wkv x); RoPE; FP8 simulation of the nope dims (block 64); the same rows as the pool stores
+  // them (fp32: kv itself; compact: encoded, exact) [n, KW] words
   ops().linear(lp.wkv, x, n, kv, Q);
   ops().rmsnorm(kv, n, Dh, lp.kv_norm, eps, bf, kv);
   ops().rope(kv, n, 1, Dh, rd, cs, false, bf);
   if (bf) ops().fp8_sim(kv, n, Dh, Dh - rd, 64);
-  // the same rows as the pool stores them (fp32: kv itself; compact: encoded, exact) [n, KW] words
-  const RowCodec& kc = pool.layout().kv_row;
-  const int64_t KW = kc.words();
-  float* kv_st = kv;
-  if (kc.compact()) {
-    kv_st = ws.alloc<float>(n * KW);
-    ops().encode_rows(kv, n, kc, kv_st);
-  }
-
-  // 3. compressed rows (indexer first, as the reference) and the compressed candidate lists
-  const int32_t* comp_idx = nullptr;
-  int64_t k_comp = 0, n_comp = 0;
-  if (ratio == 4) {
-    int32_t* sel = ws.alloc<int32_t>(n * cfg_.index_topk);  // [n, topk] compressed row ids
-    indexer(l, pool, plan, dp, x, qr, sel);
-    comp_idx = sel;
-    k_comp = cfg_.index_topk;
-  }
+  if (kc.compact()) ops().encode_rows(kv, n, kc, kv_st);
+  // 3b. this layer's compressed rows (reads x and its own state only)
   if (ratio > 0) {
     CompressorPools cp;
     cp.ratio = ratio;
@@ -69,6 +55,27 @@ void Model::attention(int l, StatePool& pool, const StepPlan& plan, const Device
     cp.spec_k = lb.spec_cmp_k.as<float>();
     cp.spec_s = lb.spec_cmp_s.as<float>();
     compressor(lp.cmp, cp, plan, dp, x, false);
+  }
+  ops().branch_end();
+
+  // 1. query: qr = q_norm(wq_a x); q = wq_b qr; per-head RMS; RoPE
+  ops().linear(lp.wq_a, x, n, qr, Q);
+  ops().rmsnorm(qr, n, QL, lp.q_norm, eps, bf, qr);
+  ops().linear(lp.wq_b, qr, n, q, Q);
+  ops().head_rms(q, n * H, Dh, eps, bf);
+  ops().rope(q, n, H, Dh, rd, cs, false, bf);
+  // 3a. CSA: the indexer's top-k compressed rows (its own compressor and key pool)
+  if (ratio == 4) indexer(l, pool, plan, dp, x, qr, sel);
+  ops().branch_join();
+
+  // the compressed candidate lists
+  const int32_t* comp_idx = nullptr;
+  int64_t k_comp = 0, n_comp = 0;
+  if (ratio == 4) {
+    comp_idx = sel;
+    k_comp = cfg_.index_topk;
+  }
+  if (ratio > 0) {
     const RatioPlan* rp = plan.ratio(ratio);
     n_comp = pool.n_pages() * rp->rpp;
     if (ratio != 4) {

@@ -62,14 +62,21 @@ CudaBackend::CudaBackend(int index) : index_(index) {
   cc_minor_ = prop.minor;
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   check(cudaEventCreateWithFlags(&to_host_, cudaEventDisableTiming), "cudaEventCreate");
+  check(cudaStreamCreateWithFlags(&side_.stream, cudaStreamNonBlocking), "cudaStreamCreate (side)");
+  check(cudaEventCreateWithFlags(&side_.fork, cudaEventDisableTiming), "cudaEventCreate (fork)");
+  check(cudaEventCreateWithFlags(&side_.join, cudaEventDisableTiming), "cudaEventCreate (join)");
   ops_ = std::make_unique<CudaOps>(*this);
 }
 
 CudaBackend::~CudaBackend() {
   activate();
   if (stream_) (void)cudaStreamSynchronize(stream_);
+  if (side_.stream) (void)cudaStreamSynchronize(side_.stream);
   release_workspace();
   if (to_host_) (void)cudaEventDestroy(to_host_);
+  if (side_.fork) (void)cudaEventDestroy(side_.fork);
+  if (side_.join) (void)cudaEventDestroy(side_.join);
+  if (side_.stream) (void)cudaStreamDestroy(side_.stream);
   if (stream_) (void)cudaStreamDestroy(stream_);
 }
 

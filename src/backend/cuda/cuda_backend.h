@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/kernels.h"
 
 namespace dsv4::cuda {
 
@@ -39,6 +40,8 @@ class CudaBackend final : public Backend {
   size_t resident_bytes(const WeightView& host) const override;
 
   cudaStream_t stream() const { return stream_; }
+  // The second stream of Ops::branch_* and of moe's shared expert, with its fork / join events (kernels.h).
+  const SideStream& side() const { return side_; }
   int index() const { return index_; }
   // Make this backend's GPU current on the calling thread (every entry point does it).
   void activate() const;
@@ -47,6 +50,7 @@ class CudaBackend final : public Backend {
   int index_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t to_host_ = nullptr;  // recorded after each copy_to_host_async
+  SideStream side_;
   std::unique_ptr<CudaOps> ops_;
   std::string name_;
   size_t total_ = 0;

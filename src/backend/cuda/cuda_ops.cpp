@@ -3,6 +3,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernels.h"
+#include "core/error.h"
 
 namespace dsv4::cuda {
 
@@ -18,9 +19,39 @@ void launched(const char* op) {
 #define DSV4_CUDA_OP(name, ...)        \
   do {                                 \
     be_.activate();                    \
-    cuda::name(__VA_ARGS__, be_.stream()); \
+    cuda::name(__VA_ARGS__, stream()); \
     launched(#name);                   \
   } while (0)
+
+cudaStream_t CudaOps::stream() const { return in_branch_ ? be_.side().stream : be_.stream(); }
+const SideStream* CudaOps::moe_side() const { return in_branch_ || branch_open_ ? nullptr : &be_.side(); }
+
+// The branch's scratch: its ops release their workspace scratch when they return, while their kernels may still run
+// on the side stream; branch_end() moves the workspace past everything the branch used, so the main stream's ops
+// after it never reuse that memory before branch_join() (the enclosing Scope releases it).
+void CudaOps::branch_begin() const {
+  if (branch_open_) fail("internal: Ops::branch_begin inside a branch");
+  be_.activate();
+  const SideStream& s = be_.side();
+  check(cudaEventRecord(s.fork, be_.stream()), "branch (fork)");
+  check(cudaStreamWaitEvent(s.stream, s.fork, 0), "branch (fork)");
+  be_.workspace().reset_furthest();
+  in_branch_ = branch_open_ = true;
+}
+void CudaOps::branch_end() const {
+  if (!in_branch_) fail("internal: Ops::branch_end without branch_begin");
+  in_branch_ = false;
+  Workspace& ws = be_.workspace();
+  ws.advance_to(ws.furthest());
+}
+void CudaOps::branch_join() const {
+  if (!branch_open_ || in_branch_) fail("internal: Ops::branch_join without branch_begin / branch_end");
+  be_.activate();
+  const SideStream& s = be_.side();
+  check(cudaEventRecord(s.join, s.stream), "branch (join)");
+  check(cudaStreamWaitEvent(be_.stream(), s.join, 0), "branch (join)");
+  branch_open_ = false;
+}
 
 void CudaOps::linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o) const {
   if (n_tok <= 0) return;
@@ -35,7 +66,7 @@ void CudaOps::linear_grouped(const WeightView& W, const float* x, int64_t n_tok,
                              const LinearOpts& o) const {
   if (n_tok <= 0) return;
   be_.activate();
-  if (cuda::linear_grouped(W, x, n_tok, groups, y, o, be_.stream())) {
+  if (cuda::linear_grouped(W, x, n_tok, groups, y, o, stream())) {
     launched("linear_grouped");
     return;
   }
@@ -144,7 +175,7 @@ void CudaOps::moe(const MoeWeights& w, const float* x, int64_t n_tok, const int3
   if (n_tok <= 0) return;
   Workspace::Scope scope(be_.workspace());
   void* scratch = be_.workspace().alloc_bytes(moe_scratch_bytes(w, n_tok, k, q));
-  DSV4_CUDA_OP(moe, w, x, n_tok, ids, wts, k, swiglu_limit, q, bf16, y, scratch);
+  DSV4_CUDA_OP(moe, w, x, n_tok, ids, wts, k, swiglu_limit, q, bf16, y, scratch, moe_side());
 }
 
 void CudaOps::moe_resident(const MoeWeights& w, const uint8_t* resident, const float* x, int64_t n_tok,
@@ -153,7 +184,8 @@ void CudaOps::moe_resident(const MoeWeights& w, const uint8_t* resident, const f
   if (n_tok <= 0) return;
   Workspace::Scope scope(be_.workspace());
   void* scratch = be_.workspace().alloc_bytes(moe_scratch_bytes(w, n_tok, k, q));
-  DSV4_CUDA_OP(moe_resident, w, resident, x, n_tok, ids, wts, k, swiglu_limit, q, bf16, o_pairs, o_shared, scratch);
+  DSV4_CUDA_OP(moe_resident, w, resident, x, n_tok, ids, wts, k, swiglu_limit, q, bf16, o_pairs, o_shared, scratch,
+               moe_side());
 }
 void CudaOps::moe_combine(const float* o_pairs, const int32_t* ids, int64_t n_tok, int64_t k, int64_t D,
                           const float* o_shared, bool bf16, float* y) const {

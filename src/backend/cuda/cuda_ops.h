@@ -1,6 +1,7 @@
 // The CUDA implementation of the op interface (ops.h): each op queues the kernels of kernels.h on the backend's
 // stream, with scratch from the backend's workspace. Tested op by op against CpuOps (tests/gpu).
 #pragma once
+#include "backend/cuda/kernels.h"
 #include "backend/ops.h"
 
 namespace dsv4::cuda {
@@ -10,6 +11,9 @@ class CudaBackend;
 class CudaOps final : public Ops {
  public:
   explicit CudaOps(CudaBackend& be) : be_(be) {}
+  void branch_begin() const override;
+  void branch_end() const override;
+  void branch_join() const override;
   void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o) const override;
   void linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int64_t groups, float* y,
                       const LinearOpts& o) const override;
@@ -61,7 +65,11 @@ class CudaOps final : public Ops {
                    const float* o_shared, bool bf16, float* y) const override;
 
  private:
+  cudaStream_t stream() const;  // the side stream inside a branch, else the backend's
+  // the side stream for moe's shared expert: none inside a branch (already on it)
+  const SideStream* moe_side() const;
   CudaBackend& be_;
+  mutable bool in_branch_ = false, branch_open_ = false;  // queuing onto the side stream / between begin and join
 };
 
 }  // namespace dsv4::cuda

@@ -255,15 +255,18 @@ __global__ void hadamard_kernel(float* x, int64_t n_rows, int dim, int tpr, floa
     for (int i = lane; i < dim; i += tpr) xr[i] = maybe_bf16(__fmul_rn(v[i], scale), bf16);
 }
 
-// ---- check_finite: one block per row, 8 loads in flight per thread (a 129,280-float logits row was ~100 us as a
-// serial chain of loads) ------------------------------------------------------------------------------------------
+// ---- check_finite: bad[row] = 0, then blocks of 1024 threads x 8 loads over chunks of a row set it to 1 when they
+// see a non-finite value (a 129,280-float logits row on one block was ~50 us as one SM's loads; 16 blocks per row) ---
+constexpr int64_t kFiniteChunk = 1024 * 8;
 __global__ void __launch_bounds__(1024) check_finite_kernel(const float* x, int64_t dim, int32_t* bad) {
-  const float* xr = x + int64_t(blockIdx.x) * dim;
+  const int64_t row = blockIdx.y, k0 = int64_t(blockIdx.x) * kFiniteChunk;
+  const float* xr = x + row * dim;
+  const int64_t k1 = k0 + kFiniteChunk < dim ? k0 + kFiniteChunk : dim;
   int b = 0;
 #pragma unroll 8
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) b |= (f_bits(__ldg(xr + i)) & 0x7F800000u) == 0x7F800000u;
+  for (int64_t i = k0 + threadIdx.x; i < k1; i += blockDim.x) b |= (f_bits(__ldg(xr + i)) & 0x7F800000u) == 0x7F800000u;
   b = __syncthreads_or(b);
-  if (threadIdx.x == 0) bad[blockIdx.x] = b ? 1 : 0;
+  if (threadIdx.x == 0 && b) bad[row] = 1;  // blocks of one row only ever write 1
 }
 
 // ---- row copies: one block per row; V = float4 when every row start is 16-byte aligned, else float ----------------
@@ -410,7 +413,12 @@ void hadamard(float* x, int64_t n_rows, int64_t dim, bool bf16, cudaStream_t str
 
 void check_finite(const float* x, int64_t n_rows, int64_t dim, int32_t* bad, cudaStream_t stream) {
   if (n_rows <= 0) return;
-  check_finite_kernel<<<unsigned(n_rows), 1024, 0, stream>>>(x, dim, bad);
+  (void)cudaMemsetAsync(bad, 0, size_t(n_rows) * sizeof(int32_t), stream);  // an error surfaces at the launch check
+  const int64_t chunks = dim > 0 ? (dim + kFiniteChunk - 1) / kFiniteChunk : 1;
+  for (int64_t r0 = 0; r0 < n_rows; r0 += 65535) {  // gridDim.y <= 65535
+    const int64_t nr = n_rows - r0 < 65535 ? n_rows - r0 : 65535;
+    check_finite_kernel<<<dim3(unsigned(chunks), unsigned(nr)), 1024, 0, stream>>>(x + r0 * dim, dim, bad + r0);
+  }
 }
 
 void gather_rows(const float* a, int64_t n_a, const float* b, const int32_t* idx, int64_t n, int64_t dim, float* out,

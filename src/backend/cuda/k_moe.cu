@@ -12,7 +12,8 @@
 //      linear rounds its output).
 //   3-4 of large (prefill) FP4 calls in the fast (Q) mode run on cuBLAS BF16 tensor cores instead (k_moe_bf16.cu:
 //      the products are exact in BF16; the one host round trip of this file, for the segment sizes).
-//   5. shared expert through linear_pair() (w1 and w3) and linear() (w2), SwiGLU without weight between.
+//   5. shared expert through linear_pair() (w1 and w3) and linear() (w2), SwiGLU without weight between; queued
+//      first, on the side stream when the caller gives one (it then overlaps 1-4: at batch 1 neither fills the GPU).
 //   6. moe_combine_kernel: y[t] = sum of o over t's slots in ascending (expert id, slot) order (fp32, from 0),
 //      + the shared expert's output, then bf16(y) when bf16 — the CPU's accumulation order.
 // moe_resident (a layer split with the host, model/split_moe.h) runs 1-5 on the resident experts' pairs only (the
@@ -22,6 +23,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/device_numeric.cuh"
@@ -238,6 +240,10 @@ MoeLayout layout(const MoeWeights& w, int64_t n_tok, int64_t k, const LinearOpts
   return L;
 }
 
+void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) gemm_internal::fail_msg(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
 }  // namespace
 
 size_t moe_scratch_bytes(const MoeWeights& w, int64_t n_tok, int64_t k, const LinearOpts& q) {
@@ -250,7 +256,7 @@ namespace {
 // moe (y != nullptr: the combine into y) or moe_resident (resident, o_pairs, o_shared).
 void moe_run(const MoeWeights& w, const uint8_t* resident, const float* x, int64_t n_tok, const int32_t* ids,
              const float* wts, int64_t k, float swiglu_limit, const LinearOpts& q, bool bf16, float* y,
-             float* o_pairs, float* o_shared, void* scratch, cudaStream_t stream) {
+             float* o_pairs, float* o_shared, void* scratch, const SideStream* side, cudaStream_t stream) {
   using gemm_internal::fail_msg;
   if (n_tok <= 0) return;
   if (w.n_experts <= 0 || w.experts == nullptr || w.device_table == nullptr) fail_msg("moe: no experts");
@@ -271,6 +277,26 @@ void moe_run(const MoeWeights& w, const uint8_t* resident, const float* x, int64
   char* base = static_cast<char*>(scratch);
   auto I32 = [&](size_t off) { return reinterpret_cast<int32_t*>(base + off); };
   auto F32 = [&](size_t off) { return reinterpret_cast<float*>(base + off); };
+
+  // 5. the shared expert (its own scratch: L.gs, L.us, L.os, L.lin) on the side stream when there is one, while the
+  //    routed experts run on `stream`; joined before the combine
+  const float* os = nullptr;
+  const bool fork = side != nullptr && side->stream != nullptr;
+  if (w.shared != nullptr && (y != nullptr || o_shared != nullptr)) {
+    const cudaStream_t ss = fork ? side->stream : stream;
+    if (fork) {
+      cuda_ok(cudaEventRecord(side->fork, stream), "moe: fork the shared expert");
+      cuda_ok(cudaStreamWaitEvent(side->stream, side->fork, 0), "moe: fork the shared expert");
+    }
+    float* osd = y != nullptr ? F32(L.os) : o_shared;
+    const ExpertView& s = *w.shared;
+    void* ls = base + L.lin;
+    linear_pair(s.w1, s.w3, x, n_tok, F32(L.gs), F32(L.us), q, ls, ss);
+    gemm_internal::swiglu_rows(F32(L.gs), F32(L.us), n_tok, L.Is, swiglu_limit, bf16, F32(L.gs), ss);
+    linear(s.w2, F32(L.gs), n_tok, osd, q, ls, ss);
+    if (fork) cuda_ok(cudaEventRecord(side->join, side->stream), "moe: join the shared expert");
+    os = osd;
+  }
 
   moe_plan_kernel<<<1, kPlanThreads, 0, stream>>>(ids, L.P, L.E, k, resident, wts, I32(L.seg), I32(L.big), I32(L.small),
                                                   I32(L.nsmall), I32(L.pos), I32(L.rtok), F32(L.rw));
@@ -318,16 +344,8 @@ void moe_run(const MoeWeights& w, const uint8_t* resident, const float* x, int64
     gemm_internal::moe_w2(g, h, nullptr, F32(L.o), stream);
   }
 
-  const float* os = nullptr;
-  if (w.shared != nullptr && (y != nullptr || o_shared != nullptr)) {
-    float* osd = y != nullptr ? F32(L.os) : o_shared;
-    const ExpertView& s = *w.shared;
-    void* ls = base + L.lin;
-    linear_pair(s.w1, s.w3, x, n_tok, F32(L.gs), F32(L.us), q, ls, stream);
-    gemm_internal::swiglu_rows(F32(L.gs), F32(L.us), n_tok, L.Is, swiglu_limit, bf16, F32(L.gs), stream);
-    linear(s.w2, F32(L.gs), n_tok, osd, q, ls, stream);
-    os = osd;
-  }
+  if (os != nullptr && fork)
+    cuda_ok(cudaStreamWaitEvent(stream, side->join, 0), "moe: join the shared expert");
 
   const int64_t nd = cdiv(L.D, 1024);
   if (y != nullptr)
@@ -340,14 +358,16 @@ void moe_run(const MoeWeights& w, const uint8_t* resident, const float* x, int64
 }  // namespace
 
 void moe(const MoeWeights& w, const float* x, int64_t n_tok, const int32_t* ids, const float* wts, int64_t k,
-         float swiglu_limit, const LinearOpts& q, bool bf16, float* y, void* scratch, cudaStream_t stream) {
-  moe_run(w, nullptr, x, n_tok, ids, wts, k, swiglu_limit, q, bf16, y, nullptr, nullptr, scratch, stream);
+         float swiglu_limit, const LinearOpts& q, bool bf16, float* y, void* scratch, const SideStream* side,
+         cudaStream_t stream) {
+  moe_run(w, nullptr, x, n_tok, ids, wts, k, swiglu_limit, q, bf16, y, nullptr, nullptr, scratch, side, stream);
 }
 
 void moe_resident(const MoeWeights& w, const uint8_t* resident, const float* x, int64_t n_tok, const int32_t* ids,
                   const float* wts, int64_t k, float swiglu_limit, const LinearOpts& q, bool bf16, float* o_pairs,
-                  float* o_shared, void* scratch, cudaStream_t stream) {
-  moe_run(w, resident, x, n_tok, ids, wts, k, swiglu_limit, q, bf16, nullptr, o_pairs, o_shared, scratch, stream);
+                  float* o_shared, void* scratch, const SideStream* side, cudaStream_t stream) {
+  moe_run(w, resident, x, n_tok, ids, wts, k, swiglu_limit, q, bf16, nullptr, o_pairs, o_shared, scratch, side,
+          stream);
 }
 
 void moe_combine(const float* o_pairs, const int32_t* ids, int64_t n_tok, int64_t k, int64_t D,

@@ -4,7 +4,7 @@
 // *_scratch_bytes(...) bytes of device memory from the workspace and passes it in.
 //
 // This header is included by .cu files (nvcc) and by cuda_ops.cpp (the host compiler): C++17, no CUDA types beyond
-// cudaStream_t.
+// cudaStream_t and cudaEvent_t.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -18,6 +18,14 @@ namespace dsv4::cuda {
 
 // Streaming multiprocessors of the current device (cached per device; k_attention.cu).
 int sm_count();
+
+// A second stream for work that may overlap the caller's (CudaOps::branch_*, the shared expert in moe), with the
+// events that fork it from the caller's stream (the side waits for `fork`) and join it back (the caller waits for
+// `join`). Usable while a graph is being captured: the fork pulls the side stream into the capture.
+struct SideStream {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+};
 
 // ---- GEMM (k_gemm.cu) --------------------------------------------------------------------------------------------
 // Semantics: backend/gemm.h (Q) and (D). W.aux may hold fp32-widened scales (see gemm_cublaslt.cpp); kernels that do
@@ -96,12 +104,14 @@ void route(const float* logits, int64_t n_tok, int64_t n_experts, int64_t k, con
            const int32_t* tokens, float route_scale, int32_t* ids_out, float* w_out, cudaStream_t stream);
 // The expert shapes are uniform within a layer: d_model = experts[0].w1.cols, inter = experts[0].w1.rows.
 size_t moe_scratch_bytes(const MoeWeights& w, int64_t n_tok, int64_t k, const LinearOpts& q);
+// side (or nullptr): the shared expert runs on side->stream, concurrently with the routed experts.
 void moe(const MoeWeights& w, const float* x, int64_t n_tok, const int32_t* ids, const float* wts, int64_t k,
-         float swiglu_limit, const LinearOpts& q, bool bf16, float* y, void* scratch, cudaStream_t stream);
+         float swiglu_limit, const LinearOpts& q, bool bf16, float* y, void* scratch, const SideStream* side,
+         cudaStream_t stream);
 // Ops::moe_resident / moe_combine (scratch: moe_scratch_bytes).
 void moe_resident(const MoeWeights& w, const uint8_t* resident, const float* x, int64_t n_tok, const int32_t* ids,
                   const float* wts, int64_t k, float swiglu_limit, const LinearOpts& q, bool bf16, float* o_pairs,
-                  float* o_shared, void* scratch, cudaStream_t stream);
+                  float* o_shared, void* scratch, const SideStream* side, cudaStream_t stream);
 void moe_combine(const float* o_pairs, const int32_t* ids, int64_t n_tok, int64_t k, int64_t D,
                  const float* o_shared, bool bf16, float* y, cudaStream_t stream);
 
