@@ -334,11 +334,26 @@ struct Server::Impl {
   void handle_admin(const httplib::Request& req, httplib::Response& res, bool park);
   void respond_whole(ApiRequest& ar, ConnectionMonitor& mon, httplib::Response& res);
   // Streamed responses (the connection detached from the request thread: server/http_transport.h): the first
-  // frames are written on the request thread, the generation runs on the stream pump.
+  // frames are written on the request thread, the generation runs on the stream pump. A stream whose lease has to
+  // wait (the model loads or parks) waits on the pump's waiting thread, its connection already the reactor's (which
+  // writes keepalives meanwhile): it holds no request thread.
   void start_stream(std::shared_ptr<ApiRequest> ar, std::shared_ptr<Admission> admission,
                     std::shared_ptr<ChunkedStream> out);
-  void stream_openai(std::shared_ptr<ApiRequest> ar, std::shared_ptr<Admission> admission, SseWriter w);
-  void stream_anthropic(std::shared_ptr<ApiRequest> ar, std::shared_ptr<Admission> admission, SseWriter w);
+  // The lease of a stream, or why it has none (its error event).
+  struct StreamLease {
+    std::optional<LoopHost::Lease> lease;
+    std::optional<ApiError> error;
+    LoopHost::Lease take() {
+      if (error) throw *error;
+      return std::move(*lease);
+    }
+  };
+  void stream_with_lease(std::shared_ptr<ApiRequest> ar, std::shared_ptr<Admission> admission, SseWriter w,
+                         StreamLease lease);
+  void stream_openai(std::shared_ptr<ApiRequest> ar, std::shared_ptr<Admission> admission, SseWriter w,
+                     StreamLease lease);
+  void stream_anthropic(std::shared_ptr<ApiRequest> ar, std::shared_ptr<Admission> admission, SseWriter w,
+                        StreamLease lease);
 };
 
 void Server::Impl::setup_routes() {
@@ -606,8 +621,30 @@ void Server::Impl::start_stream(std::shared_ptr<ApiRequest> ar, std::shared_ptr<
   out->on_closed([this] { --open_streams; });
   SseWriter w(std::move(out));
   w.keepalive(opts.keepalive_s);
-  if (ar->anthropic) stream_anthropic(std::move(ar), std::move(admission), std::move(w));
-  else stream_openai(std::move(ar), std::move(admission), std::move(w));
+  if (std::optional<LoopHost::Lease> l = host.try_acquire()) {  // the model is loaded: no wait
+    stream_with_lease(std::move(ar), std::move(admission), std::move(w), StreamLease{std::move(l), std::nullopt});
+    return;
+  }
+  // parked, loading or parking: take the lease where waiting holds up nothing else (FIFO)
+  pump.wait([this, ar = std::move(ar), admission = std::move(admission), w = std::move(w)](bool pump_stopping) mutable {
+    StreamLease l;
+    if (pump_stopping || stopping) {
+      l.error = shutting_down();
+    } else {
+      try {
+        l.lease.emplace(lease_for_request());
+      } catch (const ApiError& e) {
+        l.error = e;
+      }
+    }
+    stream_with_lease(std::move(ar), std::move(admission), std::move(w), std::move(l));
+  });
+}
+
+void Server::Impl::stream_with_lease(std::shared_ptr<ApiRequest> ar, std::shared_ptr<Admission> admission, SseWriter w,
+                                     StreamLease lease) {
+  if (ar->anthropic) stream_anthropic(std::move(ar), std::move(admission), std::move(w), std::move(lease));
+  else stream_openai(std::move(ar), std::move(admission), std::move(w), std::move(lease));
 }
 
 namespace {
@@ -633,7 +670,8 @@ std::string error_text(std::exception_ptr e) {
 
 }  // namespace
 
-void Server::Impl::stream_openai(std::shared_ptr<ApiRequest> arp, std::shared_ptr<Admission> admission, SseWriter w) {
+void Server::Impl::stream_openai(std::shared_ptr<ApiRequest> arp, std::shared_ptr<Admission> admission, SseWriter w,
+                                 StreamLease lease) {
   // Per choice: its parsed output and the completion text offset of its log-probabilities.
   struct Choice {
     GenerationOutput out;
@@ -669,7 +707,7 @@ void Server::Impl::stream_openai(std::shared_ptr<ApiRequest> arp, std::shared_pt
 
   std::vector<GenerationRequest> reqs;
   try {
-    st->lease.emplace(lease_for_request());
+    st->lease.emplace(lease.take());
     reqs = choice_requests(ar, st->constraints);
   } catch (const ApiError& e) {
     send_error_event(e);
@@ -783,7 +821,7 @@ void Server::Impl::stream_openai(std::shared_ptr<ApiRequest> arp, std::shared_pt
 }
 
 void Server::Impl::stream_anthropic(std::shared_ptr<ApiRequest> arp, std::shared_ptr<Admission> admission,
-                                    SseWriter w) {
+                                    SseWriter w, StreamLease lease) {
   struct State {
     std::shared_ptr<ApiRequest> ar;
     std::shared_ptr<Admission> admission;
@@ -798,7 +836,7 @@ void Server::Impl::stream_anthropic(std::shared_ptr<ApiRequest> arp, std::shared
   auto gone = [this, S] { return stopping.load() || !S->w.ok(); };
   auto send_error_event = [S](const ApiError& e) { S->w.event("error", e.to_anthropic_json()); };
   try {
-    st->lease.emplace(lease_for_request());
+    st->lease.emplace(lease.take());
   } catch (const ApiError& e) {
     send_error_event(e);
     end_stream(*st, st->w.ok());

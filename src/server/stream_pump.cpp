@@ -15,6 +15,8 @@ StreamPump::~StreamPump() {
     stop_ = true;
   }
   cv_.notify_all();
+  wait_cv_.notify_all();
+  if (waiter_.joinable()) waiter_.join();  // it runs what still waits as fn(true)
   for (auto& t : threads_) t.join();
   std::unordered_map<Task*, std::shared_ptr<Task>> held;
   {
@@ -23,6 +25,42 @@ StreamPump::~StreamPump() {
     ready_.clear();
   }
   held.clear();  // outside the lock: a task's destructor may notify
+}
+
+void StreamPump::wait(std::function<void(bool)> fn) {
+  bool now = false;
+  {
+    std::lock_guard lk(mu_);
+    if (!stop_) {
+      waits_.push_back(std::move(fn));
+      if (!waiter_.joinable()) waiter_ = std::thread([this] { waiter_loop(); });
+    } else {
+      now = true;
+    }
+  }
+  if (now) {
+    fn(true);
+    return;
+  }
+  wait_cv_.notify_one();
+}
+
+void StreamPump::waiter_loop() {
+  std::unique_lock lk(mu_);
+  for (;;) {
+    wait_cv_.wait(lk, [&] { return stop_ || !waits_.empty(); });
+    if (waits_.empty()) return;  // stopping, nothing left
+    std::function<void(bool)> fn = std::move(waits_.front());
+    waits_.pop_front();
+    const bool stopping = stop_;
+    lk.unlock();
+    try {
+      fn(stopping);
+    } catch (...) {
+    }
+    fn = nullptr;  // what it holds goes outside the lock
+    lk.lock();
+  }
 }
 
 void StreamPump::start(std::shared_ptr<Task> t) {

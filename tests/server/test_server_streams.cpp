@@ -2,7 +2,8 @@
 // a single-threaded raw-socket client opens N streams at once against a server with 4 request threads; every stream
 // completes with the output of the same request run alone, more streams are open at once than the server has request
 // threads, and the process's thread count stays far below N. Also: the bytes of a detached response (chunked framing,
-// keep-alive reuse of the connection), and a client that stops reading being dropped without holding up the others.
+// keep-alive reuse of the connection), a client that stops reading being dropped without holding up the others, and
+// streams that wait for the model to load getting keepalives without holding a request thread.
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <netinet/in.h>
@@ -10,8 +11,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 
 #include "server/server_fixture.h"
 
@@ -267,6 +271,208 @@ TEST_F(ServerStreamsTest, ClientThatStopsReadingIsDroppedAndOthersGoOn) {
   ASSERT_TRUE(r);
   EXPECT_EQ(stream_content(r->body), "fine");
   ::close(stalled);
+}
+
+// The text of an Anthropic stream's text deltas; "" unless it ended with message_stop.
+std::string anthropic_text(const std::string& body) {
+  std::string text;
+  bool stopped = false;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    size_t end = body.find("\n\n", pos);
+    if (end == std::string::npos) end = body.size();
+    const std::string ev = body.substr(pos, end - pos);
+    pos = end + 2;
+    const size_t d = ev.find("data: ");
+    if (ev.rfind("event: ", 0) != 0 || d == std::string::npos) continue;
+    const json j = json::parse(ev.substr(d + 6));
+    if (j["type"] == "error") return "error: " + j.dump();
+    if (j["type"] == "message_stop") stopped = true;
+    if (j["type"] == "content_block_delta" && j["delta"]["type"] == "text_delta")
+      text += j["delta"]["text"].get<std::string>();
+  }
+  return stopped ? text : "incomplete: " + body;
+}
+
+TEST_F(ServerStreamsTest, StreamsWaitingForTheModelToLoadGetKeepalivesAndHoldNoRequestThread) {
+  // The model is parked and loads again on demand (auto_unpark) through a loader that blocks until released: the
+  // streams that come meanwhile (more than the 2 request threads) get their header and keepalive comments while it
+  // loads, /health answers, and once it is loaded (one load for all) every stream completes.
+  struct Gate {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool open = false;
+    int loads = 0;
+    void release() {
+      {
+        std::lock_guard lk(mu);
+        open = true;
+      }
+      cv.notify_all();
+    }
+  };
+  auto gate = std::make_shared<Gate>();
+  struct Opener {  // whatever happens, the loader returns before the server stops
+    std::shared_ptr<Gate> g;
+    ~Opener() { g->release(); }
+  } opener{gate};
+  server->stop();
+  th.join();
+  configure = [this, gate](ServerOptions& o) {
+    o.http.workers = 2;
+    o.keepalive_s = 0.05;
+    o.auto_unpark = true;
+    o.reload = [this, gate] {
+      std::unique_lock lk(gate->mu);
+      ++gate->loads;
+      gate->cv.wait(lk, [&] { return gate->open; });
+      return std::shared_ptr<const BatchModel>(lm);
+    };
+  };
+  start(/*queue=*/16, /*n_ctx=*/2048, /*parallel=*/2);
+  script("Hello world");
+  auto park = post("/admin/park", "");
+  ASSERT_TRUE(park);
+  ASSERT_EQ(park->status, 200);
+
+  constexpr int kOpenAi = 5, kAll = kOpenAi + 1;  // the last one: Anthropic /v1/messages
+  auto chat = chat_req("hi");
+  chat["stream"] = true;
+  chat["temperature"] = 0;
+  const json msg = {{"max_tokens", 64},
+                    {"stream", true},
+                    {"temperature", 0},
+                    {"thinking", {{"type", "disabled"}}},
+                    {"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  std::vector<int> fds;
+  std::vector<Reply> replies(kAll);
+  for (int i = 0; i < kAll; ++i) {
+    const std::string bytes =
+        i < kOpenAi ? post_bytes("/v1/chat/completions", chat.dump()) : post_bytes("/v1/messages", msg.dump());
+    const int fd = connect_to(port);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL), ssize_t(bytes.size()));
+    fds.push_back(fd);
+  }
+  struct Closer {
+    std::vector<int>& fds;
+    ~Closer() {
+      for (int fd : fds) ::close(fd);
+    }
+  } closer{fds};
+  auto keepalives = [](const Reply& r) {
+    int n = 0;
+    for (const auto& c : r.chunks) n += c == ": keepalive\n\n";
+    return n;
+  };
+  // reads what arrives (rounds of at most 100 ms) until done() or the rounds are spent
+  char buf[65536];
+  std::vector<bool> eof(fds.size(), false);
+  auto read_until = [&](const std::function<bool()>& done, int rounds) {
+    for (int round = 0; round < rounds && !done(); ++round) {
+      std::vector<pollfd> ps;
+      for (size_t k = 0; k < fds.size(); ++k) ps.push_back({eof[k] ? -1 : fds[k], POLLIN, 0});
+      if (::poll(ps.data(), ps.size(), 100) <= 0) continue;
+      for (size_t k = 0; k < ps.size(); ++k) {
+        if (!(ps[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        const ssize_t n = ::recv(fds[k], buf, sizeof buf, 0);
+        if (n > 0) {
+          replies[k].raw.append(buf, size_t(n));
+          replies[k].parse();
+        } else {
+          eof[k] = true;
+        }
+      }
+    }
+  };
+  // while the loader is blocked: every stream has its header and keepalives (nothing else: no lease yet)
+  read_until(
+      [&] {
+        for (const auto& r : replies)
+          if (r.header_end == 0 || keepalives(r) < 2) return false;
+        return true;
+      },
+      200);
+  for (int i = 0; i < kAll; ++i) {
+    const Reply& r = replies[size_t(i)];
+    EXPECT_EQ(r.raw.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << i << ": " << r.raw;
+    EXPECT_GE(keepalives(r), 2) << i << ": no keepalives while the model loads: " << r.raw;
+    EXPECT_EQ(size_t(keepalives(r)), r.chunks.size()) << i << ": output before the model was loaded: " << r.raw;
+    EXPECT_FALSE(r.complete) << i;
+  }
+  {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(5, 0);
+    auto h = c.Get("/health");
+    ASSERT_TRUE(h) << "/health got no request thread while streams wait for the model";
+    EXPECT_EQ(json::parse(h->body)["model_state"], "loading") << h->body;
+  }
+  {
+    std::lock_guard lk(gate->mu);
+    EXPECT_EQ(gate->loads, 1);
+  }
+  gate->release();
+  read_until(
+      [&] {
+        for (const auto& r : replies)
+          if (!r.complete) return false;
+        return true;
+      },
+      200);
+  for (int i = 0; i < kAll; ++i) {
+    const Reply& r = replies[size_t(i)];
+    ASSERT_TRUE(r.complete) << i << ": " << r.raw;
+    if (i < kOpenAi) EXPECT_EQ(stream_content(r.body()), "Hello world") << i;
+    else EXPECT_EQ(anthropic_text(r.body()), "Hello world") << r.body();
+  }
+  std::lock_guard lk(gate->mu);
+  EXPECT_EQ(gate->loads, 1) << "one load for all the streams that waited";
+}
+
+TEST_F(ServerStreamsTest, StreamWhoseModelFailsToLoadEndsWithAnErrorEvent) {
+  // auto_unpark with a loader that fails once: the streams that waited for that load end with the error (OpenAI: the
+  // error and [DONE]; Anthropic: an error event), written from the lease's waiting thread; the next stream loads
+  // the model again and works
+  auto failures = std::make_shared<std::atomic<int>>(1);
+  server->stop();
+  th.join();
+  configure = [this, failures](ServerOptions& o) {
+    o.keepalive_s = 0.05;
+    o.auto_unpark = true;
+    o.reload = [this, failures] {
+      if (failures->fetch_sub(1) > 0) fail("disk on fire");
+      return std::shared_ptr<const BatchModel>(lm);
+    };
+  };
+  start(/*queue=*/8, /*n_ctx=*/2048, /*parallel=*/2);
+  script("abc");
+  ASSERT_EQ(post("/admin/park", "")->status, 200);
+  auto req = chat_req("hi");
+  req["stream"] = true;
+  auto r = post("/v1/chat/completions", req.dump());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  const auto data = sse_data(r->body);
+  ASSERT_EQ(data.size(), 2u) << r->body;
+  const json e = json::parse(data[0]);
+  EXPECT_EQ(e["error"]["type"], "server_error") << r->body;
+  EXPECT_NE(e["error"]["message"].get<std::string>().find("loading the model failed: disk on fire"),
+            std::string::npos)
+      << r->body;
+  EXPECT_EQ(data[1], "[DONE]");
+  EXPECT_EQ(json::parse(client().Get("/health")->body)["model_state"], "parked");
+  // Anthropic: the load fails again
+  failures->store(1);
+  const json msg = {{"max_tokens", 8}, {"stream", true}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  auto a = post("/v1/messages", msg.dump());
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->body.rfind("event: error\n", 0), 0u) << a->body;
+  EXPECT_NE(a->body.find("disk on fire"), std::string::npos) << a->body;
+  // now the load works
+  auto ok = post("/v1/chat/completions", req.dump());
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(stream_content(ok->body), "abc");
+  EXPECT_EQ(json::parse(client().Get("/health")->body)["model_state"], "loaded");
 }
 
 }  // namespace
