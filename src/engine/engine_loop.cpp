@@ -65,6 +65,7 @@ void RequestStream::push(int32_t token, TokenLogprobs* lp) {
     if (r_.tokens.empty()) r_.first_token_at = std::chrono::steady_clock::now();
     r_.tokens.push_back(token);
     if (lp) r_.logprobs.push_back(std::move(*lp));
+    if (listener_) listener_();
   }
   cv_.notify_all();
 }
@@ -86,8 +87,14 @@ void RequestStream::finish(StreamEnd end, std::string error, int64_t prompt_toke
     r_.prompt_tokens = prompt_tokens;
     r_.cached_tokens = cached_tokens;
     r_.preemptions = preemptions;
+    if (listener_) listener_();
   }
   cv_.notify_all();
+}
+
+void RequestStream::set_listener(std::function<void()> fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  listener_ = std::move(fn);
 }
 
 // ---- EngineLoop -----------------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -104,6 +105,10 @@ class RequestStream {
   // Waits at most `timeout` for the request to end; true when it has.
   bool wait_end_for(std::chrono::milliseconds timeout) const;
   bool finished() const;
+  // Called on the loop thread after each token and at the end, with the stream's lock held (keep it short: no
+  // calls back into this stream); replaces the previous listener, empty: none. Once set_listener returns, the
+  // previous listener is not running and is never called again. Tokens pushed before it was set are not reported.
+  void set_listener(std::function<void()> fn);
 
   explicit RequestStream(uint64_t id) : id_(id) {}
   // Loop side.
@@ -116,6 +121,7 @@ class RequestStream {
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   Result r_;
+  std::function<void()> listener_;
 };
 
 class EngineLoop {

@@ -7,8 +7,16 @@
 // Results equal Engine::generate's for the same request (the loop is batch invariant); timings: prefill_ms is the
 // time from submission to the first token (queueing included), cached_tokens the prompt tokens the prefix cache
 // supplied (whole 128-token blocks).
+//
+// LoopGeneration is the same text layer without a waiting thread: advance() takes the tokens that have arrived (it
+// never blocks) and a listener (RequestStream::set_listener, on the loop thread) says when to call it again. The
+// server's streamed responses run on it (server/stream_pump.h). Same tokens, text, callbacks and results as
+// generate_on_loop with per_token.
 #pragma once
 #include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
 
 #include "engine/engine_loop.h"
 #include "engine/generation.h"
@@ -24,5 +32,39 @@ GenerationResult generate_on_loop(EngineLoop& loop, const GenerationRequest& req
                                   const GenerationCallbacks& cb = {},
                                   std::chrono::milliseconds poll = std::chrono::milliseconds(20),
                                   bool per_token = true);
+
+class TextOutput;
+
+class LoopGeneration {
+ public:
+  // Submits the request (throws dsv4::Error for a request the loop refuses, as generate_on_loop). `wake` is called on
+  // the loop thread (RequestStream lock held: it must only schedule a later advance()) when a token arrived or the
+  // request ended. Call advance() once after constructing it: tokens may arrive before the listener is in place.
+  LoopGeneration(EngineLoop& loop, const GenerationRequest& req, const Tokenizer* tok, GenerationCallbacks cb,
+                 std::function<void()> wake);
+  ~LoopGeneration();  // cancels the request in the loop if it has not ended
+  LoopGeneration(const LoopGeneration&) = delete;
+  LoopGeneration& operator=(const LoopGeneration&) = delete;
+
+  // Polls should_cancel, hands the tokens that arrived to the callbacks; true once the generation has ended (then
+  // result() is ready). Never blocks. Throws dsv4::Error when the request failed in the loop.
+  bool advance();
+  bool ended() const { return result_.has_value(); }
+  GenerationResult& result() { return *result_; }
+
+ private:
+  EngineLoop& loop_;
+  GenerationRequest req_;
+  GenerationCallbacks cb_;
+  std::unique_ptr<TextOutput> text_;
+  std::shared_ptr<RequestStream> stream_;
+  std::chrono::steady_clock::time_point t0_;
+  std::optional<std::chrono::steady_clock::time_point> t_first_;
+  std::optional<FinishReason> ours_;
+  GenerationResult res_;
+  size_t have_ = 0;
+  bool cancel_sent_ = false;
+  std::optional<GenerationResult> result_;
+};
 
 }  // namespace dsv4

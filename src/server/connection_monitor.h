@@ -1,4 +1,5 @@
-// Detects that an HTTP client went away while its request is queued or generating (Linux).
+// Detects that an HTTP client went away while its whole (non-streamed) request is queued or generating (Linux);
+// a streamed response's connection is watched by the transport's reactor instead (server/chunked_stream.h, on_gone).
 // cpp-httplib 0.11 does not expose the connection's socket to handlers, so the socket is found once by its
 // addresses (local port + remote address/port: the request thread's socket, server/http_transport.h, else a search of
 // /proc/self/fd with getsockname/getpeername) and then polled:

@@ -13,6 +13,7 @@ struct HttpTransportOptions {
   double read_timeout_s = 5;     // one read the reactor did not cover (an Expect: 100-continue body)
   double write_timeout_s = 10;   // one write to a client that does not read
   size_t max_header_bytes = 64 << 10;
+  size_t max_stream_buffer = 1 << 20;  // bytes of a detached (streamed) response not yet written (beyond: dropped)
 };
 
 }  // namespace dsv4

@@ -27,6 +27,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 thread_local int t_socket = -1;
+thread_local size_t t_stream_buffer = 0;                // the request thread's max_stream_buffer
+thread_local std::shared_ptr<ChunkedStream> t_detached;  // the response of the request being processed, detached
 
 Clock::duration seconds(double s) { return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s)); }
 int poll_ms(double s) { return int(std::max(0.0, s) * 1000.0); }
@@ -201,6 +203,37 @@ int HttpServer::bind_port(const std::string& host, int port, std::string& error)
 
 int HttpServer::current_socket() { return t_socket; }
 
+std::shared_ptr<ChunkedStream> HttpServer::detach_current() {
+  if (t_socket < 0) return nullptr;
+  if (!t_detached) t_detached = std::make_shared<ChunkedStream>(t_socket, t_stream_buffer);
+  return t_detached;
+}
+
+void HttpServer::request_flush(std::shared_ptr<ChunkedStream> s) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    flush_.push_back(std::move(s));
+  }
+  const uint64_t one = 1;
+  (void)!::write(wakefd_, &one, sizeof one);
+}
+
+// The response is over or the connection is lost: the stream lets go of the reactor; `gone`: lost before done().
+void HttpServer::release_stream(ChunkedStream& s, bool gone) {
+  std::function<void()> g, closed;
+  {
+    std::lock_guard lk(s.mu_);
+    s.server_ = nullptr;
+    if (gone && !s.ended_) g = std::move(s.gone_);
+    s.ok_ = false;
+    closed = std::move(s.closed_);
+    s.gone_ = nullptr;
+  }
+  --streaming_;
+  if (g) g();
+  if (closed) closed();
+}
+
 HttpServer::Stats HttpServer::stats() const {
   Stats s;
   s.open = open_;
@@ -213,6 +246,7 @@ HttpServer::Stats HttpServer::stats() const {
   s.timed_out = timed_out_;
   s.refused = refused_;
   s.requests = requests_;
+  s.streaming = streaming_;
   return s;
 }
 
@@ -261,6 +295,16 @@ void HttpServer::shutdown() {
     left.swap(incoming_);
   }
   for (auto& c : left) close_conn(std::move(c), nullptr);
+  std::vector<std::pair<std::unique_ptr<Conn>, std::shared_ptr<ChunkedStream>>> streams;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    streams.swap(incoming_streams_);
+    flush_.clear();
+  }
+  for (auto& [c, st] : streams) {
+    close_conn(std::move(c), nullptr);
+    release_stream(*st, true);
+  }
   ::close(epfd_);
   ::close(wakefd_);
   epfd_ = wakefd_ = -1;
@@ -425,6 +469,12 @@ bool HttpServer::parse(Conn& c, bool& complete, const char*& reply) {
 
 void HttpServer::reactor_loop() {
   std::unordered_map<int, std::unique_ptr<Conn>> conns;
+  struct Detached {
+    std::unique_ptr<Conn> c;
+    std::shared_ptr<ChunkedStream> s;
+    uint32_t events = 0;
+  };
+  std::unordered_map<int, Detached> detached;  // connections of detached responses (chunked_stream.h)
   std::vector<epoll_event> events(256);
   auto last_scan = Clock::now();
   auto drop = [&](int fd, const char* reply) {
@@ -456,9 +506,165 @@ void HttpServer::reactor_loop() {
       to_worker(c.fd);
     }
   };
+  // a connection waiting for its (next) request
+  auto add_conn = [&](std::unique_ptr<Conn> c) {
+    const int cfd = c->fd;
+    c->reset_request();
+    c->deadline = Clock::now() + seconds(opts_.idle_timeout_s);
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.fd = cfd;
+    if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, cfd, &ev) != 0) {
+      close_conn(std::move(c), nullptr);
+      return;
+    }
+    Conn& ref = *c;
+    conns[cfd] = std::move(c);
+    if (!ref.buf.empty()) readable(ref);  // a pipelined request may be complete already
+  };
+  // detached responses: the stream's connection ends (gone: lost before the response was complete)
+  auto end_stream = [&](int fd, bool gone) {
+    auto it = detached.find(fd);
+    if (it == detached.end()) return;
+    Detached d = std::move(it->second);
+    detached.erase(it);
+    ::epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
+    bool keep = false;
+    {
+      std::lock_guard lk(d.s->mu_);
+      keep = !gone && d.s->keep_alive_ && !d.s->aborted_;
+    }
+    release_stream(*d.s, gone);
+    if (keep && !stopping_) add_conn(std::move(d.c));
+    else close_conn(std::move(d.c), nullptr);
+  };
+  auto set_events = [&](Detached& d, uint32_t want) {
+    if (d.events == want) return;
+    epoll_event ev{};
+    ev.events = want;
+    ev.data.fd = d.c->fd;
+    ::epoll_ctl(epfd_, EPOLL_CTL_MOD, d.c->fd, &ev);
+    d.events = want;
+  };
+  // writes what the stream has without blocking; EPOLLOUT while some is left
+  auto flush = [&](int fd) {
+    auto it = detached.find(fd);
+    if (it == detached.end()) return;
+    Detached& d = it->second;
+    ChunkedStream& s = *d.s;
+    enum class Next { wait, gone, complete } next = Next::wait;
+    bool pending = false;
+    {
+      std::lock_guard lk(s.mu_);
+      s.flush_queued_ = false;
+      if (s.aborted_) {
+        next = Next::complete;  // closes: no keep-alive after an aborted response
+      } else if (!s.ok_) {
+        next = Next::gone;
+      } else {
+        while (s.sent_ < s.out_.size()) {
+          const ssize_t n = ::send(fd, s.out_.data() + s.sent_, s.out_.size() - s.sent_, MSG_NOSIGNAL | MSG_DONTWAIT);
+          if (n > 0) {
+            s.sent_ += size_t(n);
+            s.last_progress_ = Clock::now();
+            continue;
+          }
+          if (n < 0 && errno == EINTR) continue;
+          if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+          next = Next::gone;
+          break;
+        }
+        if (next == Next::wait) {
+          if (s.sent_ == s.out_.size()) {
+            s.out_.clear();
+            s.sent_ = 0;
+            if (s.ended_) next = Next::complete;
+          } else if (s.sent_ > (64u << 10)) {  // keep the buffer from growing with what was written
+            s.out_.erase(0, s.sent_);
+            s.sent_ = 0;
+          }
+          pending = s.sent_ < s.out_.size();
+        }
+        if (next == Next::gone) s.ok_ = false;
+      }
+    }
+    if (next == Next::gone) {
+      end_stream(fd, true);
+    } else if (next == Next::complete) {
+      end_stream(fd, false);
+    } else {
+      set_events(d, (d.events & ~uint32_t(EPOLLOUT)) | (pending ? uint32_t(EPOLLOUT) : 0u));
+    }
+  };
+  auto add_stream = [&](std::unique_ptr<Conn> c, std::shared_ptr<ChunkedStream> st) {
+    const int cfd = c->fd;
+    {
+      std::lock_guard lk(st->mu_);
+      st->server_ = this;
+    }
+    epoll_event ev{};
+    ev.events = EPOLLRDHUP;
+    ev.data.fd = cfd;
+    Detached& d = detached[cfd];
+    d.c = std::move(c);
+    d.s = std::move(st);
+    d.events = ev.events;
+    if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, cfd, &ev) != 0) {
+      end_stream(cfd, true);
+      return;
+    }
+    flush(cfd);
+  };
+  auto stream_event = [&](Detached& d, uint32_t ev) {
+    const int fd = d.c->fd;
+    if (ev & (EPOLLHUP | EPOLLERR)) {
+      end_stream(fd, true);
+      return;
+    }
+    if (ev & EPOLLRDHUP) {  // the client closed its side: gone, unless the response is complete and being written
+      bool ended;
+      {
+        std::lock_guard lk(d.s->mu_);
+        ended = d.s->ended_;
+        d.s->keep_alive_ = false;
+      }
+      if (!ended) {
+        end_stream(fd, true);
+        return;
+      }
+      set_events(d, d.events & ~uint32_t(EPOLLRDHUP));
+    }
+    if (ev & EPOLLOUT) flush(fd);
+  };
+  // the scan of detached responses: idle chunks, the write deadline; its period
+  int tick = 100;  // ms: the epoll wait, and the period of the scan of detached responses
+  auto scan_streams = [&](Clock::time_point now) {
+    std::vector<int> late;
+    Clock::duration t = std::chrono::milliseconds(100);
+    for (auto& [fd, d] : detached) {
+      ChunkedStream& s = *d.s;
+      std::lock_guard lk(s.mu_);
+      if (s.idle_interval_.count() > 0) t = std::min(t, s.idle_interval_ / 4);
+      if (!s.ok_ || s.aborted_) continue;
+      if (s.sent_ < s.out_.size() && now - s.last_progress_ >= seconds(opts_.write_timeout_s)) {
+        s.ok_ = false;
+        late.push_back(fd);
+        continue;
+      }
+      // the idle chunk (SSE keepalive); append_locked asks for the flush
+      if (!s.ended_ && s.idle_interval_.count() > 0 && now - s.last_write_ >= s.idle_interval_)
+        s.append_locked(s.idle_chunk_);
+    }
+    for (int fd : late) {
+      ++timed_out_;
+      end_stream(fd, true);
+    }
+    tick = std::max(10, int(std::chrono::duration_cast<std::chrono::milliseconds>(t).count()));
+  };
+  auto last_stream_scan = Clock::now();
   while (!stopping_) {
     waiting_ = int64_t(conns.size());
-    const int n = ::epoll_wait(epfd_, events.data(), int(events.size()), 100);
+    const int n = ::epoll_wait(epfd_, events.data(), int(events.size()), tick);
     if (stopping_) break;
     for (int i = 0; i < n; ++i) {
       const int fd = events[size_t(i)].data.fd;
@@ -466,32 +672,34 @@ void HttpServer::reactor_loop() {
         uint64_t v;
         (void)!::read(wakefd_, &v, sizeof v);
         std::vector<std::unique_ptr<Conn>> in;
+        std::vector<std::pair<std::unique_ptr<Conn>, std::shared_ptr<ChunkedStream>>> streams;
+        std::vector<std::shared_ptr<ChunkedStream>> flushes;
         {
           std::lock_guard<std::mutex> lock(mu_);
           in.swap(incoming_);
+          streams.swap(incoming_streams_);
+          flushes.swap(flush_);
         }
-        for (auto& c : in) {
-          const int cfd = c->fd;
-          c->reset_request();
-          c->deadline = Clock::now() + seconds(opts_.idle_timeout_s);
-          epoll_event ev{};
-          ev.events = EPOLLIN | EPOLLRDHUP;
-          ev.data.fd = cfd;
-          if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, cfd, &ev) != 0) {
-            close_conn(std::move(c), nullptr);
-            continue;
-          }
-          Conn& ref = *c;
-          conns[cfd] = std::move(c);
-          if (!ref.buf.empty()) readable(ref);  // a pipelined request may be complete already
+        for (auto& c : in) add_conn(std::move(c));
+        for (auto& [c, st] : streams) add_stream(std::move(c), std::move(st));
+        for (auto& st : flushes) {
+          auto it = detached.find(st->fd());
+          if (it != detached.end() && it->second.s == st) flush(st->fd());
         }
         continue;
       }
-      auto it = conns.find(fd);
-      if (it == conns.end()) continue;
-      readable(*it->second);
+      if (auto it = conns.find(fd); it != conns.end()) {
+        readable(*it->second);
+        continue;
+      }
+      if (auto it = detached.find(fd); it != detached.end()) stream_event(it->second, events[size_t(i)].events);
     }
     const auto now = Clock::now();
+    if (!detached.empty() && now - last_stream_scan >= std::chrono::milliseconds(tick)) {
+      last_stream_scan = now;
+      scan_streams(now);
+    }
+    if (detached.empty()) tick = 100;
     if (now - last_scan >= std::chrono::milliseconds(100)) {
       last_scan = now;
       std::vector<std::pair<int, bool>> expired;  // fd, a request had begun
@@ -505,6 +713,9 @@ void HttpServer::reactor_loop() {
   }
   for (auto& [fd, c] : conns) close_conn(std::move(c), nullptr);
   conns.clear();
+  std::vector<int> left;
+  for (auto& [fd, d] : detached) left.push_back(fd);
+  for (int fd : left) end_stream(fd, true);
   waiting_ = 0;
 }
 
@@ -521,6 +732,7 @@ void HttpServer::worker_loop() {
     ++busy_;
     ++requests_;
     t_socket = c->fd;
+    t_stream_buffer = opts_.max_stream_buffer;
     bool ok = false, closed = false;
     size_t consumed = 0;
     {
@@ -534,6 +746,25 @@ void HttpServer::worker_loop() {
     }
     t_socket = -1;
     --busy_;
+    // a detached response: its connection goes to the reactor, which writes the rest (kept alive afterwards as
+    // httplib decided: the content provider ended its part with false, so `ok` says nothing here)
+    if (std::shared_ptr<ChunkedStream> st = std::move(t_detached)) {
+      const bool keep = !closed && !stopping_ && c->request_end > 0 && consumed <= c->request_end;
+      if (keep) c->buf.erase(0, c->request_end);
+      else c->buf.clear();
+      {
+        std::lock_guard lk(st->mu_);
+        st->keep_alive_ = keep;
+      }
+      ++streaming_;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        incoming_streams_.emplace_back(std::move(c), std::move(st));
+      }
+      const uint64_t one = 1;
+      (void)!::write(wakefd_, &one, sizeof one);
+      continue;
+    }
     // keep-alive: back to the reactor with what follows the request (a body the handler did not read, e.g. of a
     // 401, is skipped: the reactor knows where the request ends); a request that was not whole in memory closes
     if (ok && !closed && !stopping_ && c->request_end > 0 && consumed <= c->request_end) {

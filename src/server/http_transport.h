@@ -13,11 +13,19 @@
 //   - a complete request goes to one of `workers` request threads, which runs httplib's request processing on a
 //     stream that serves the buffered bytes (Server::process_request) and writes the response to the socket with
 //     write_timeout_s per write (a client that stops reading is dropped); afterwards a keep-alive connection goes
-//     back to the reactor.
+//     back to the reactor;
+//   - a streamed (chunked) response detaches: its content provider, called once the header is written, calls
+//     detach_current() and returns false; the request thread is then free, and the connection goes to the reactor
+//     with a ChunkedStream (chunked_stream.h) that producers on other threads append chunks to. The reactor writes
+//     them without blocking (EPOLLOUT), writes the stream's idle chunk (SSE keepalive) when nothing else was written
+//     for its interval, drops the connection when the client closes or resets it (EPOLLRDHUP/HUP/ERR), when its
+//     unwritten bytes exceed max_stream_buffer or make no progress for write_timeout_s, or at shutdown (the
+//     producer hears of it through on_gone), and after the last chunk keeps the connection alive or closes it as
+//     httplib decided for the response. The bytes are those httplib's chunked provider would have written.
 // Threads: 1 reactor + `workers` (bounded, fixed at start); open connections at most max_connections (beyond: closed
-// at accept). A request thread is busy only while its request runs — for a streamed response, as long as the stream:
-// httplib pulls a chunked response on the thread that writes the socket, so C concurrent streams take C request
-// threads (size `workers` for the streams to hold; the rest of their connections wait without a thread).
+// at accept). A request thread is busy only while its request runs — for a detached stream, only until its first
+// bytes are handed over — so C concurrent streams need no thread each (server.cpp runs their generations on a
+// StreamPump of a few threads); a whole response holds its request thread until it is written.
 // Binding: SO_REUSEADDR only — httplib's default SO_REUSEPORT would let a second server share the port silently.
 #pragma once
 #include <httplib.h>
@@ -32,6 +40,7 @@
 #include <thread>
 #include <vector>
 
+#include "server/chunked_stream.h"
 #include "server/http_options.h"
 
 namespace dsv4 {
@@ -48,6 +57,11 @@ class HttpServer : public httplib::Server {
 
   // The socket of the request the calling thread is processing (a handler, a content provider), or -1.
   static int current_socket();
+  // In a chunked content provider (its first call: the response header is written): takes the rest of the response
+  // off the request thread. The provider returns false right after (httplib then leaves the connection alone); the
+  // request thread returns and the connection goes to the reactor, which writes what the returned stream is given
+  // (chunked_stream.h). Null outside a request thread. Called again for the same request: the same stream.
+  static std::shared_ptr<ChunkedStream> detach_current();
 
   struct Stats {
     int64_t open = 0;          // connections open
@@ -57,6 +71,7 @@ class HttpServer : public httplib::Server {
     int64_t timed_out = 0;     // connections closed by a deadline
     int64_t refused = 0;       // connections closed at accept (max_connections)
     int64_t requests = 0;      // requests handed to request threads
+    int64_t streaming = 0;     // detached responses being written by the reactor
   };
   Stats stats() const;
 
@@ -64,7 +79,10 @@ class HttpServer : public httplib::Server {
   struct Conn;
   class Queue;
   class BufferedStream;
+  friend class ChunkedStream;
   bool process_and_close_socket(socket_t sock) override;  // called by httplib's accept loop
+  void request_flush(std::shared_ptr<ChunkedStream> s);  // a producer wrote: the reactor flushes
+  void release_stream(ChunkedStream& s, bool gone);
   void start();
   void shutdown();
   void reactor_loop();
@@ -84,7 +102,9 @@ class HttpServer : public httplib::Server {
   std::condition_variable cv_;                 // ready requests / stop
   std::deque<std::unique_ptr<Conn>> ready_;    // complete requests, FIFO
   std::vector<std::unique_ptr<Conn>> incoming_;  // for the reactor to add
-  std::atomic<int64_t> open_{0}, waiting_{0}, busy_{0}, timed_out_{0}, refused_{0}, requests_{0};
+  std::vector<std::pair<std::unique_ptr<Conn>, std::shared_ptr<ChunkedStream>>> incoming_streams_;  // detached
+  std::vector<std::shared_ptr<ChunkedStream>> flush_;  // streams with bytes to write (or ended)
+  std::atomic<int64_t> open_{0}, waiting_{0}, busy_{0}, timed_out_{0}, refused_{0}, requests_{0}, streaming_{0};
 };
 
 }  // namespace dsv4

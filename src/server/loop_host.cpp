@@ -89,6 +89,13 @@ std::optional<LoopHost::Lease> LoopHost::acquire(bool auto_unpark) {
   return Lease(this, loop_);
 }
 
+std::optional<LoopHost::Lease> LoopHost::try_acquire() {
+  std::lock_guard lk(mu_);
+  if (parking_ || state_ != State::kLoaded || !loop_) return std::nullopt;
+  ++leases_;
+  return Lease(this, loop_);
+}
+
 void LoopHost::park() {
   if (!loader_) fail("this server cannot park its model (it has no way to load it again)");
   std::unique_lock lk(mu_);

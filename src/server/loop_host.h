@@ -47,6 +47,8 @@ class LoopHost {
   // Waits while a park or a load is under way. Parked: loads the model first when auto_unpark, else nullopt. Throws
   // dsv4::Error if loading fails.
   std::optional<Lease> acquire(bool auto_unpark);
+  // Without waiting: the lease when the model is loaded and no park is under way, else nullopt (then acquire()).
+  std::optional<Lease> try_acquire();
 
   State state() const { return state_.load(); }
   const char* state_name() const;

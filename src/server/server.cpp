@@ -30,6 +30,8 @@
 #include "server/openai_format.h"
 #include "server/openai_request.h"
 #include "server/sse_writer.h"
+#include "server/stream_pump.h"
+#include "server/streamed_choices.h"
 
 namespace dsv4 {
 
@@ -40,6 +42,7 @@ using json = nlohmann::ordered_json;
 enum class Api { kChat, kCompletion, kMessages };
 
 constexpr size_t kMaxCachedAutomata = 8;
+constexpr int kStreamThreads = 2;  // StreamPump threads: the text layer of all streamed responses
 
 std::string random_hex(int n) {
   static std::mutex mu;
@@ -85,6 +88,9 @@ struct Server::Impl {
   std::shared_ptr<const ConstraintVocab> vocab;
   std::mutex automata_mu;
   std::list<std::pair<std::string, std::shared_ptr<GrammarAutomaton>>> automata;  // most recently used first
+  // The threads of every streamed response's generation (server/stream_pump.h); last: its tasks (which hold leases
+  // of `host` and admissions) are released before the rest.
+  StreamPump pump{kStreamThreads};
 
   static EngineLoopOptions loop_options(const ServerOptions& o) {
     EngineLoopOptions e = o.engine;
@@ -215,6 +221,20 @@ struct Server::Impl {
     double wall_ms = 0;  // from the submission of choice 0 to the end of the last choice
     std::vector<std::shared_ptr<TokenConstraint>> constraints;
   };
+  // The GenerationRequest of each choice: seed + i, its own constraint (into `constraints`).
+  std::vector<GenerationRequest> choice_requests(const ApiRequest& ar,
+                                                 std::vector<std::shared_ptr<TokenConstraint>>& constraints) {
+    const int n = ar.n;
+    constraints.resize(size_t(n));
+    std::vector<GenerationRequest> reqs(size_t(n), ar.gen);
+    for (int i = 0; i < n; ++i) {
+      reqs[size_t(i)].sampling.seed = ar.gen.sampling.seed + uint64_t(i);
+      constraints[size_t(i)] = i == 0 ? ar.gen.constraint : make_constraint(ar);
+      reqs[size_t(i)].constraint = constraints[size_t(i)];
+    }
+    return reqs;
+  }
+
   Choices run_choices(EngineLoop& loop, const ApiRequest& ar, const std::function<GenerationCallbacks(int)>& cb,
                       const std::function<void(int, GenerationResult&)>& done) {
     const int n = ar.n;
@@ -222,12 +242,7 @@ struct Server::Impl {
     Choices c;
     c.results.resize(size_t(n));
     c.constraints.resize(size_t(n));
-    std::vector<GenerationRequest> reqs(size_t(n), ar.gen);
-    for (int i = 0; i < n; ++i) {
-      reqs[size_t(i)].sampling.seed = ar.gen.sampling.seed + uint64_t(i);
-      c.constraints[size_t(i)] = i == 0 ? ar.gen.constraint : make_constraint(ar);
-      reqs[size_t(i)].constraint = c.constraints[size_t(i)];
-    }
+    std::vector<GenerationRequest> reqs = choice_requests(ar, c.constraints);
     std::mutex mu;
     std::condition_variable cv;
     bool prefilled = false;
@@ -286,19 +301,21 @@ struct Server::Impl {
   // `timings` of n choices: the prompt's processing is choice 0's (the others start on its cached blocks once it has
   // its first token), the generation runs from choice 0's first token to the end of the last choice; predicted_n
   // counts the tokens of all (= usage.completion_tokens).
-  static ojson timings_of(const Choices& c) {
-    GenerationTimings t = c.results.front().timings;
+  // wall_ms: from the submission of choice 0 to the end of the last choice.
+  static ojson timings_of(const std::vector<GenerationResult>& results, double wall_ms) {
+    GenerationTimings t = results.front().timings;
     int64_t generated = 0;
-    for (const auto& r : c.results) generated += static_cast<int64_t>(r.ids.size());
-    if (c.results.size() > 1) {
-      t.decode_ms = std::max(t.decode_ms, c.wall_ms - t.prefill_ms);
-      for (size_t i = 1; i < c.results.size(); ++i) {
-        t.drafted_tokens += c.results[i].timings.drafted_tokens;
-        t.accepted_tokens += c.results[i].timings.accepted_tokens;
+    for (const auto& r : results) generated += static_cast<int64_t>(r.ids.size());
+    if (results.size() > 1) {
+      t.decode_ms = std::max(t.decode_ms, wall_ms - t.prefill_ms);
+      for (size_t i = 1; i < results.size(); ++i) {
+        t.drafted_tokens += results[i].timings.drafted_tokens;
+        t.accepted_tokens += results[i].timings.accepted_tokens;
       }
     }
     return timings_json(t, generated);
   }
+  static ojson timings_of(const Choices& c) { return timings_of(c.results, c.wall_ms); }
 
   // usage of n choices: the prompt once (choice 0's cached tokens), completion tokens of all.
   static GenerationResult usage_of(const std::vector<GenerationResult>& rs) {
@@ -316,15 +333,36 @@ struct Server::Impl {
   void handle_generate(const httplib::Request& req, httplib::Response& res, Api api);
   void handle_admin(const httplib::Request& req, httplib::Response& res, bool park);
   void respond_whole(ApiRequest& ar, ConnectionMonitor& mon, httplib::Response& res);
-  bool stream_openai(ApiRequest& ar, ConnectionMonitor& mon, httplib::DataSink& sink);
-  bool stream_anthropic(ApiRequest& ar, ConnectionMonitor& mon, httplib::DataSink& sink);
+  // Streamed responses (the connection detached from the request thread: server/http_transport.h): the first
+  // frames are written on the request thread, the generation runs on the stream pump. A stream whose lease has to
+  // wait (the model loads or parks) waits on the pump's waiting thread, its connection already the reactor's (which
+  // writes keepalives meanwhile): it holds no request thread.
+  void start_stream(std::shared_ptr<ApiRequest> ar, std::shared_ptr<Admission> admission,
+                    std::shared_ptr<ChunkedStream> out);
+  // The lease of a stream, or why it has none (its error event).
+  struct StreamLease {
+    std::optional<LoopHost::Lease> lease;
+    std::optional<ApiError> error;
+    LoopHost::Lease take() {
+      if (error) throw *error;
+      return std::move(*lease);
+    }
+  };
+  void stream_with_lease(std::shared_ptr<ApiRequest> ar, std::shared_ptr<Admission> admission, SseWriter w,
+                         StreamLease lease);
+  void stream_openai(std::shared_ptr<ApiRequest> ar, std::shared_ptr<Admission> admission, SseWriter w,
+                     StreamLease lease);
+  void stream_anthropic(std::shared_ptr<ApiRequest> ar, std::shared_ptr<Admission> admission, SseWriter w,
+                        StreamLease lease);
 };
 
 void Server::Impl::setup_routes() {
-  // Request threads of the transport: one per admitted request (running + queued: every queued one streams
-  // keepalives) plus some for /health, /metrics and refusals.
+  // Request threads of the transport: a streamed response holds one only until its first frames are written (its
+  // generation runs on the stream pump, its bytes are written by the reactor); a whole response holds one while it
+  // generates. So: one per running sequence plus some for the first frames of streams, /health, /metrics and
+  // refusals — not one per queued request (non-streamed requests beyond these wait for a thread in the transport).
   HttpTransportOptions transport = opts.http;
-  if (transport.workers <= 0) transport.workers = int(capacity + 16);
+  if (transport.workers <= 0) transport.workers = int(opts.engine.max_running + 32);
   http.set_transport(transport);
   http.set_payload_max_length(opts.max_body_bytes);
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
@@ -480,25 +518,30 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
                                  capacity),
                      "server_error", "", "queue_full");
     }
-    auto mon = std::make_shared<ConnectionMonitor>(req.remote_addr, req.remote_port, req.local_port);
     log::info("{} {}: {} prompt tokens, max_tokens {}, n {}, stream {}{}", req.method, req.path,
               ar->gen.prompt.size(), ar->gen.max_tokens, ar->n, ar->stream, ar->gen.constraint ? ", constrained" : "");
     if (!ar->stream) {
-      respond_whole(*ar, *mon, res);
+      ConnectionMonitor mon(req.remote_addr, req.remote_port, req.local_port);
+      respond_whole(*ar, mon, res);
       return;
     }
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
-    ++open_streams;
+    ++open_streams;  // until the response is written out (ChunkedStream::on_closed), or never started
+    auto started = std::make_shared<bool>(false);
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, ar, admission, mon](size_t, httplib::DataSink& sink) mutable {
-          bool ok = ar->anthropic ? stream_anthropic(*ar, *mon, sink) : stream_openai(*ar, *mon, sink);
-          admission.reset();
-          if (ok) sink.done();
-          return ok;
+        [this, ar, admission, started](size_t, httplib::DataSink&) mutable {
+          // called once, the header written: the rest of the response leaves this thread
+          std::shared_ptr<ChunkedStream> out = HttpServer::detach_current();
+          if (!out || *started) return false;
+          *started = true;
+          start_stream(std::move(ar), std::move(admission), std::move(out));
+          return false;  // httplib lets go of the connection; the transport writes the stream
         },
-        [this](bool) { --open_streams; });  // called once the response has been written out (or abandoned)
+        [this, started](bool) {
+          if (!*started) --open_streams;
+        });
   } catch (const ApiError& e) {
     log::info("{} {}: {} {}", req.method, req.path, e.status(), e.what());
     send_error(res, e, anthropic);
@@ -573,59 +616,128 @@ void Server::Impl::respond_whole(ApiRequest& ar, ConnectionMonitor& mon, httplib
   send_json(res, 200, body);
 }
 
-bool Server::Impl::stream_openai(ApiRequest& ar, ConnectionMonitor& mon, httplib::DataSink& sink) {
-  SseWriter w(sink);
-  Keepalive ka(w, opts.keepalive_s);
-  const std::string id = (ar.chat ? "chatcmpl-" : "cmpl-") + random_hex(24);
-  const int64_t created = std::time(nullptr);
-  auto gone = [&] { return stopping.load() || !w.ok() || mon.closed(); };
-  auto chunk = [&](json choice) {
-    json c = chunk_base(id, created, ar.chat);
-    c["choices"] = json::array({std::move(choice)});
-    if (ar.include_usage) c["usage"] = nullptr;
-    return c;
-  };
-  auto send_error_event = [&](const ApiError& e) {
-    w.data(e.to_json());
-    w.send_raw("data: [DONE]\n\n");
-  };
-
-  std::optional<LoopHost::Lease> lease;
-  try {
-    lease.emplace(lease_for_request());
-  } catch (const ApiError& e) {
-    send_error_event(e);
-    return w.ok();
+void Server::Impl::start_stream(std::shared_ptr<ApiRequest> ar, std::shared_ptr<Admission> admission,
+                                std::shared_ptr<ChunkedStream> out) {
+  out->on_closed([this] { --open_streams; });
+  SseWriter w(std::move(out));
+  w.keepalive(opts.keepalive_s);
+  if (std::optional<LoopHost::Lease> l = host.try_acquire()) {  // the model is loaded: no wait
+    stream_with_lease(std::move(ar), std::move(admission), std::move(w), StreamLease{std::move(l), std::nullopt});
+    return;
   }
-  if (ar.chat)
-    for (int i = 0; i < ar.n; ++i)
-      w.data(chunk({{"index", i},
-                    {"delta", {{"role", "assistant"}, {"content", ""}}},
-                    {"logprobs", nullptr},
-                    {"finish_reason", nullptr}}));
+  // parked, loading or parking: take the lease where waiting holds up nothing else (FIFO)
+  pump.wait([this, ar = std::move(ar), admission = std::move(admission), w = std::move(w)](bool pump_stopping) mutable {
+    StreamLease l;
+    if (pump_stopping || stopping) {
+      l.error = shutting_down();
+    } else {
+      try {
+        l.lease.emplace(lease_for_request());
+      } catch (const ApiError& e) {
+        l.error = e;
+      }
+    }
+    stream_with_lease(std::move(ar), std::move(admission), std::move(w), std::move(l));
+  });
+}
 
+void Server::Impl::stream_with_lease(std::shared_ptr<ApiRequest> ar, std::shared_ptr<Admission> admission, SseWriter w,
+                                     StreamLease lease) {
+  if (ar->anthropic) stream_anthropic(std::move(ar), std::move(admission), std::move(w), std::move(lease));
+  else stream_openai(std::move(ar), std::move(admission), std::move(w), std::move(lease));
+}
+
+namespace {
+
+// The end of a streamed response: the lease and the admission go, then the last chunk (or a closed connection).
+template <class State>
+void end_stream(State& st, bool ok) {
+  st.lease.reset();
+  st.admission.reset();
+  if (ok) st.w.out().done();
+  else st.w.out().abort();
+}
+
+std::string error_text(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+  }
+  return "unknown error";
+}
+
+}  // namespace
+
+void Server::Impl::stream_openai(std::shared_ptr<ApiRequest> arp, std::shared_ptr<Admission> admission, SseWriter w,
+                                 StreamLease lease) {
   // Per choice: its parsed output and the completion text offset of its log-probabilities.
   struct Choice {
     GenerationOutput out;
     int64_t text_offset = 0;
   };
-  std::vector<Choice> cs;
-  for (int i = 0; i < ar.n; ++i) cs.push_back({GenerationOutput(ar.chat, ar.thinking)});
+  struct State {
+    std::shared_ptr<ApiRequest> ar;
+    std::shared_ptr<Admission> admission;
+    SseWriter w;
+    std::optional<LoopHost::Lease> lease;
+    std::string id;
+    int64_t created;
+    std::vector<Choice> cs;
+    std::vector<std::shared_ptr<TokenConstraint>> constraints;
+    std::chrono::steady_clock::time_point t_start;  // choice 0's submission (timings' wall time of n choices)
+  };
+  auto st = std::make_shared<State>(State{arp, std::move(admission), std::move(w), std::nullopt,
+                                          (arp->chat ? "chatcmpl-" : "cmpl-") + random_hex(24), std::time(nullptr), {}, {},
+                                          std::chrono::steady_clock::now()});
+  const ApiRequest& ar = *st->ar;
+  State* S = st.get();
+  auto gone = [this, S] { return stopping.load() || !S->w.ok(); };
+  auto chunk = [this, S](json choice) {
+    json c = chunk_base(S->id, S->created, S->ar->chat);
+    c["choices"] = json::array({std::move(choice)});
+    if (S->ar->include_usage) c["usage"] = nullptr;
+    return c;
+  };
+  auto send_error_event = [S](const ApiError& e) {
+    S->w.data(e.to_json());
+    S->w.send_raw("data: [DONE]\n\n");
+  };
+
+  std::vector<GenerationRequest> reqs;
+  try {
+    st->lease.emplace(lease.take());
+    reqs = choice_requests(ar, st->constraints);
+  } catch (const ApiError& e) {
+    send_error_event(e);
+    end_stream(*st, st->w.ok());
+    return;
+  }
+  if (ar.chat)
+    for (int i = 0; i < ar.n; ++i)
+      st->w.data(chunk({{"index", i},
+                        {"delta", {{"role", "assistant"}, {"content", ""}}},
+                        {"logprobs", nullptr},
+                        {"finish_reason", nullptr}}));
+  for (int i = 0; i < ar.n; ++i) st->cs.push_back({GenerationOutput(ar.chat, ar.thinking)});
   // Log-probabilities waiting for a chunk (those of tokens whose text was held back included).
-  auto take_logprobs = [&](Choice& c) -> json {
+  auto take_logprobs = [this, S](Choice& c) -> json {
+    const ApiRequest& ar = *S->ar;
     if (!ar.logprobs || !c.out.has_pending_logprobs()) return nullptr;
     if (ar.chat) return chat_logprobs_json(c.out.take_answer_logprobs(), c.out.take_reasoning_logprobs(), *tok);
     return completion_logprobs_json(c.out.take_answer_logprobs(), *tok, c.text_offset);
   };
-  auto send_delta = [&](int i, const ChatDelta& d) {
-    Choice& c = cs[size_t(i)];
-    if (!ar.chat) {
+  auto send_delta = [S, chunk, take_logprobs](int i, const ChatDelta& d) {
+    Choice& c = S->cs[size_t(i)];
+    if (!S->ar->chat) {
       if (!d.content.empty())
-        w.data(chunk({{"index", i}, {"text", d.content}, {"logprobs", take_logprobs(c)}, {"finish_reason", nullptr}}));
+        S->w.data(
+            chunk({{"index", i}, {"text", d.content}, {"logprobs", take_logprobs(c)}, {"finish_reason", nullptr}}));
       return;
     }
     auto one = [&](json delta) {
-      w.data(chunk(
+      S->w.data(chunk(
           {{"index", i}, {"delta", std::move(delta)}, {"logprobs", take_logprobs(c)}, {"finish_reason", nullptr}}));
     };
     if (!d.reasoning.empty()) one({{"reasoning_content", d.reasoning}});
@@ -636,98 +748,144 @@ bool Server::Impl::stream_openai(ApiRequest& ar, ConnectionMonitor& mon, httplib
       one({{"tool_calls", tc}});
     }
   };
-  Choices res;
-  try {
-    res = run_choices(
-        lease->loop(), ar,
-        [&](int i) {
-          GenerationCallbacks cb;
-          cb.on_logprobs = [&, i](const TokenLogprobs& lp) { cs[size_t(i)].out.push_logprobs(lp); };
-          cb.on_token = [&, i](int32_t tid, std::string_view text) {
-            send_delta(i, cs[size_t(i)].out.push(tid, text));
-            return !gone();
-          };
-          cb.should_cancel = gone;
-          return cb;
-        },
-        [&](int i, GenerationResult& r) {
-          if (r.finish == FinishReason::cancelled) return;
-          Choice& c = cs[size_t(i)];
-          send_delta(i, c.out.finish());
-          if (ar.chat)
-            w.data(chunk({{"index", i},
-                          {"delta", json::object()},
-                          {"logprobs", take_logprobs(c)},
-                          {"finish_reason", openai_finish_reason(c.out, r.finish)}}));
-          else
-            w.data(chunk({{"index", i},
-                          {"text", ""},
-                          {"logprobs", take_logprobs(c)},
-                          {"finish_reason", openai_finish_reason(c.out, r.finish)}}));
-        });
-  } catch (const Error& e) {
-    log::error("generation failed: {}", e.what());
-    send_error_event(ApiError(500, fmt::format("generation failed: {}", e.what()), "server_error"));
-    return w.ok();
-  }
-  if (any_cancelled(res.results)) {
-    log::info("stream cancelled after {} tokens", res.results[0].ids.size());
-    if (!stopping) return false;  // the client went away: nothing more to write
-    send_error_event(shutting_down());
-    return w.ok();  // end the chunked body properly after [DONE]
-  }
-  if (ar.include_usage) {
-    int64_t reasoning = 0;
-    for (const auto& c : cs) reasoning += c.out.reasoning_tokens();
-    json u = chunk_base(id, created, ar.chat);
-    u["choices"] = json::array();
-    u["usage"] = usage_json(usage_of(res.results), reasoning);
-    u["timings"] = timings_of(res);
-    w.data(u);
-  }
-  w.send_raw("data: [DONE]\n\n");
-  return w.ok();
+
+  StreamedChoices::Setup setup;
+  setup.loop = &st->lease->loop();
+  setup.tok = tok.get();
+  setup.reqs = std::move(reqs);
+  setup.callbacks = [S, gone, send_delta](int i) {  // called on the pump thread just before choice i is submitted
+    if (i == 0) S->t_start = std::chrono::steady_clock::now();
+    GenerationCallbacks cb;
+    cb.on_logprobs = [S, i](const TokenLogprobs& lp) { S->cs[size_t(i)].out.push_logprobs(lp); };
+    cb.on_token = [S, i, gone, send_delta](int32_t tid, std::string_view text) {
+      send_delta(i, S->cs[size_t(i)].out.push(tid, text));
+      return !gone();
+    };
+    cb.should_cancel = gone;
+    return cb;
+  };
+  setup.done = [S, chunk, take_logprobs, send_delta](int i, GenerationResult& r) {
+    note_forced_close(S->constraints[size_t(i)], r);
+    if (r.finish == FinishReason::cancelled) return;
+    Choice& c = S->cs[size_t(i)];
+    send_delta(i, c.out.finish());
+    if (S->ar->chat)
+      S->w.data(chunk({{"index", i},
+                       {"delta", json::object()},
+                       {"logprobs", take_logprobs(c)},
+                       {"finish_reason", openai_finish_reason(c.out, r.finish)}}));
+    else
+      S->w.data(chunk({{"index", i},
+                       {"text", ""},
+                       {"logprobs", take_logprobs(c)},
+                       {"finish_reason", openai_finish_reason(c.out, r.finish)}}));
+  };
+  // st is held by this callback, which the task holds: the state lives as long as the generation
+  setup.finished = [this, st, send_error_event](std::vector<GenerationResult>& results, std::exception_ptr err) {
+    const ApiRequest& ar = *st->ar;
+    if (err) {
+      const std::string what = error_text(err);
+      log::error("generation failed: {}", what);
+      send_error_event(ApiError(500, fmt::format("generation failed: {}", what), "server_error"));
+      end_stream(*st, st->w.ok());
+      return;
+    }
+    if (any_cancelled(results)) {
+      log::info("stream cancelled after {} tokens", results[0].ids.size());
+      if (!stopping) {  // the client went away: nothing more to write
+        end_stream(*st, false);
+        return;
+      }
+      send_error_event(shutting_down());
+      end_stream(*st, st->w.ok());  // end the chunked body properly after [DONE]
+      return;
+    }
+    if (ar.include_usage) {
+      int64_t reasoning = 0;
+      for (const auto& c : st->cs) reasoning += c.out.reasoning_tokens();
+      json u = chunk_base(st->id, st->created, ar.chat);
+      u["choices"] = json::array();
+      u["usage"] = usage_json(usage_of(results), reasoning);
+      const double wall_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - st->t_start).count();
+      u["timings"] = timings_of(results, wall_ms);
+      st->w.data(u);
+    }
+    st->w.send_raw("data: [DONE]\n\n");
+    end_stream(*st, st->w.ok());
+  };
+  auto task = std::make_shared<StreamedChoices>(pump, std::move(setup));
+  StreamPump::Task* t = task.get();
+  st->w.out().on_gone([this, t] { pump.notify(t); });  // the client went away: cancel without waiting for a token
+  pump.start(std::move(task));
 }
 
-bool Server::Impl::stream_anthropic(ApiRequest& ar, ConnectionMonitor& mon, httplib::DataSink& sink) {
-  SseWriter w(sink);
-  Keepalive ka(w, opts.keepalive_s);
-  auto gone = [&] { return stopping.load() || !w.ok() || mon.closed(); };
-  auto send_error_event = [&](const ApiError& e) { w.event("error", e.to_anthropic_json()); };
-  std::optional<LoopHost::Lease> lease;
+void Server::Impl::stream_anthropic(std::shared_ptr<ApiRequest> arp, std::shared_ptr<Admission> admission,
+                                    SseWriter w, StreamLease lease) {
+  struct State {
+    std::shared_ptr<ApiRequest> ar;
+    std::shared_ptr<Admission> admission;
+    SseWriter w;
+    std::optional<LoopHost::Lease> lease;
+    std::optional<AnthropicStream> as;
+    GenerationOutput out;
+  };
+  auto st = std::make_shared<State>(
+      State{arp, std::move(admission), std::move(w), std::nullopt, std::nullopt, GenerationOutput(true, arp->thinking)});
+  State* S = st.get();
+  auto gone = [this, S] { return stopping.load() || !S->w.ok(); };
+  auto send_error_event = [S](const ApiError& e) { S->w.event("error", e.to_anthropic_json()); };
   try {
-    lease.emplace(lease_for_request());
+    st->lease.emplace(lease.take());
   } catch (const ApiError& e) {
     send_error_event(e);
-    return w.ok();
+    end_stream(*st, st->w.ok());
+    return;
   }
-  AnthropicStream as([&](const std::string& type, const json& data) { w.event(type, data); }, "msg_" + random_hex(24),
-                     opts.model_name);
-  as.start(static_cast<int64_t>(ar.gen.prompt.size()));
-  GenerationOutput out(true, ar.thinking);
-  GenerationCallbacks cb;
-  cb.on_token = [&](int32_t tid, std::string_view text) {
-    as.delta(out.push(tid, text));
-    return !gone();
+  st->as.emplace([S](const std::string& type, const json& data) { S->w.event(type, data); }, "msg_" + random_hex(24),
+                 opts.model_name);
+  st->as->start(static_cast<int64_t>(st->ar->gen.prompt.size()));
+
+  StreamedChoices::Setup setup;
+  setup.loop = &st->lease->loop();
+  setup.tok = tok.get();
+  setup.reqs = {st->ar->gen};
+  setup.callbacks = [S, gone](int) {
+    GenerationCallbacks cb;
+    cb.on_token = [S, gone](int32_t tid, std::string_view text) {
+      S->as->delta(S->out.push(tid, text));
+      return !gone();
+    };
+    cb.should_cancel = gone;
+    return cb;
   };
-  cb.should_cancel = gone;
-  GenerationResult r;
-  try {
-    r = generate_on_loop(lease->loop(), ar.gen, tok.get(), cb);
-  } catch (const Error& e) {
-    log::error("generation failed: {}", e.what());
-    send_error_event(ApiError(500, fmt::format("generation failed: {}", e.what()), "server_error"));
-    return w.ok();
-  }
-  if (r.finish == FinishReason::cancelled) {
-    if (!stopping) return false;
-    send_error_event(shutting_down());
-    return w.ok();
-  }
-  note_forced_close(ar.gen.constraint, r);
-  as.delta(out.finish());
-  as.finish(out, r);
-  return w.ok();
+  setup.finished = [this, st, send_error_event](std::vector<GenerationResult>& results, std::exception_ptr err) {
+    if (err) {
+      const std::string what = error_text(err);
+      log::error("generation failed: {}", what);
+      send_error_event(ApiError(500, fmt::format("generation failed: {}", what), "server_error"));
+      end_stream(*st, st->w.ok());
+      return;
+    }
+    GenerationResult& r = results[0];
+    if (r.finish == FinishReason::cancelled) {
+      if (!stopping) {
+        end_stream(*st, false);
+        return;
+      }
+      send_error_event(shutting_down());
+      end_stream(*st, st->w.ok());
+      return;
+    }
+    note_forced_close(st->ar->gen.constraint, r);
+    st->as->delta(st->out.finish());
+    st->as->finish(st->out, r);
+    end_stream(*st, st->w.ok());
+  };
+  auto task = std::make_shared<StreamedChoices>(pump, std::move(setup));
+  StreamPump::Task* t = task.get();
+  st->w.out().on_gone([this, t] { pump.notify(t); });
+  pump.start(std::move(task));
 }
 
 Server::Server(ServerOptions opts, std::shared_ptr<const BatchModel> model, std::shared_ptr<const Tokenizer> tok) {
@@ -775,6 +933,7 @@ void Server::serve() {
 void Server::stop() {
   if (!impl_) return;
   impl_->stopping = true;
+  impl_->pump.wake_all();  // streams waiting for a token see `stopping` now
   // Running streams see `stopping` within one token and end with an error event and [DONE]; give them a moment to
   // finish writing the chunked body before the sockets close, so clients see a complete response.
   for (int i = 0; i < 200 && impl_->open_streams.load() > 0; ++i)

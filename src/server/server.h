@@ -6,7 +6,9 @@
 //     forward step (up to engine.max_running sequences, engine.batch_tokens tokens per step) and any prompt prefix
 //     of whole 128-token blocks the loop has seen; a request's tokens are those of the same request run alone.
 //     Requests are validated (server/openai_request.h, server/anthropic_api.h); the text layer (stop strings,
-//     decoding) runs on the request's HTTP thread (engine/loop_generation.h). At most engine.max_running + queue
+//     decoding) runs on the request's HTTP thread (engine/loop_generation.h) for a whole response, and for a streamed
+//     one on a few StreamPump threads shared by every stream (server/stream_pump.h), its connection detached from
+//     the request thread (server/http_transport.h): open streams take no thread each. At most engine.max_running + queue
 //     sequences are admitted at once (a request of n choices counts n); beyond that the answer is 503 with
 //     Retry-After and error code queue_full.
 //   - Structured output / constrained tool calls / reasoning budgets: the request's grammar and budget become an
@@ -66,7 +68,8 @@ struct ServerOptions {
   int park_retry_after_s = 5;     // Retry-After of model_parked answers
   // Loads the model again after /admin/park (same folder and options); empty: parking is refused (409).
   std::function<std::shared_ptr<const BatchModel>()> reload;
-  // Connections (server/http_transport.h): timeouts, connection limit, request threads (0: parallel + queue + 16).
+  // Connections (server/http_transport.h): timeouts, connection limit, request threads (0: parallel + 32,
+  // not one per queued request: streamed responses detach from theirs, see server.cpp setup_routes).
   HttpTransportOptions http;
 };
 

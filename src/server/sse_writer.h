@@ -1,50 +1,29 @@
-// Server-sent events over a cpp-httplib chunked response: a thread-safe writer that remembers a failed write (the
-// client went away), and a background keepalive that writes `: keepalive` comment lines while nothing else is
-// written (queue wait, long prefill). OpenAI frames are `data: {json}`; Anthropic frames add `event: <type>`.
+// Server-sent events over a detached chunked response (server/chunked_stream.h): a thread-safe writer whose ok()
+// turns false once the client is gone (closed, too slow, server stopping), and the `: keepalive` comment that the
+// transport writes while nothing else is written (queue wait, long prefill). OpenAI frames are `data: {json}`;
+// Anthropic frames add `event: <type>`. Each frame is one chunk of the response.
 #pragma once
-#include <httplib.h>
-
-#include <chrono>
-#include <condition_variable>
-#include <mutex>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <thread>
+
+#include "server/chunked_stream.h"
 
 namespace dsv4 {
 
 class SseWriter {
  public:
-  explicit SseWriter(httplib::DataSink& sink) : sink_(sink) {}
-  bool send_raw(const std::string& s);
+  explicit SseWriter(std::shared_ptr<ChunkedStream> out) : out_(std::move(out)) {}
+  bool send_raw(const std::string& s) { return out_->write(s); }
   bool data(const nlohmann::ordered_json& j);                            // data: {json}
   bool event(const std::string& type, const nlohmann::ordered_json& j);  // event: type + data: {json}
-  bool ok();
-  // A keepalive comment if nothing was written for `interval`.
-  void keepalive_if_idle(std::chrono::duration<double> interval);
+  bool ok() const { return out_->ok(); }
+  // `: keepalive` comments whenever nothing was written for interval_s.
+  void keepalive(double interval_s) { out_->set_idle_chunk(": keepalive\n\n", interval_s); }
+  ChunkedStream& out() { return *out_; }
 
  private:
-  httplib::DataSink& sink_;
-  std::mutex mu_;
-  bool ok_ = true;
-  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
-};
-
-// Runs keepalive_if_idle on a background thread for its lifetime.
-class Keepalive {
- public:
-  Keepalive(SseWriter& w, double interval_s);
-  ~Keepalive();
-  Keepalive(const Keepalive&) = delete;
-  Keepalive& operator=(const Keepalive&) = delete;
-
- private:
-  SseWriter& w_;
-  std::chrono::duration<double> interval_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  std::thread th_;
+  std::shared_ptr<ChunkedStream> out_;
 };
 
 }  // namespace dsv4

@@ -8,6 +8,7 @@
                 requested every 0.25 s; reports its latency (acceptance: < 1 s).
   3. memory:    the server's RSS (VmRSS of --pid, same machine) before and after R requests (default 2,000; C at a
                 time), and once more after they are done.
+With --pid, each phase also reports the server's peak thread count (Threads of /proc/<pid>/status, every 50 ms).
 
 Start the server with room for everyone, e.g.
     build/dsv4 serve -m models/dsv4-demo --port 8080 --queue 1000 &
@@ -30,17 +31,45 @@ def raise_fd_limit(need):
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-def rss_kib(pid):
+def proc_status(pid, key):
+    """An integer field of /proc/<pid>/status (VmRSS in KiB, Threads), or None."""
     if not pid:
         return None
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1])
     except OSError:
         return None
     return None
+
+
+def rss_kib(pid):
+    return proc_status(pid, "VmRSS")
+
+
+class ThreadPeak:
+    """Samples the server's thread count (/proc/<pid>/status Threads) every 50 ms while a phase runs."""
+
+    def __init__(self, pid):
+        self.pid, self.peak, self.task = pid, None, None
+
+    async def _run(self):
+        while True:
+            n = proc_status(self.pid, "Threads")
+            if n is not None:
+                self.peak = n if self.peak is None else max(self.peak, n)
+            await asyncio.sleep(0.05)
+
+    def __enter__(self):
+        if self.pid:
+            self.task = asyncio.ensure_future(self._run())
+        return self
+
+    def __exit__(self, *exc):
+        if self.task:
+            self.task.cancel()
 
 
 def request_bytes(host, port, method, path, body=None, keep_alive=False):
@@ -296,20 +325,31 @@ async def main_async(args):
     report = {"server": f"http://{args.host}:{args.port}", "model": model,
               "fd_limit": raise_fd_limit(args.connections + args.slowloris + 256)}
     failed = []
+    report["threads_at_start"] = proc_status(args.pid, "Threads")
     if "streams" in args.phases:
-        report["streams"] = s = await phase_streams(args, model)
+        with ThreadPeak(args.pid) as tp:
+            s = await phase_streams(args, model)
+        report["streams"] = s
+        s["server_threads_peak"] = tp.peak
         print(f"streams: {s['completed']}/{s['connections']} completed, {s['held_open_at_once']} held open at once, "
-              f"{s['keepalive_comments']} keepalive comments, errors {s['errors']}, {s['wall_s']} s", file=sys.stderr)
+              f"{s['keepalive_comments']} keepalive comments, errors {s['errors']}, {s['wall_s']} s, server threads at most "
+              f"{s['server_threads_peak']}", file=sys.stderr)
         if s["completed"] != s["connections"]:
             failed.append("not every stream completed")
     if "slowloris" in args.phases:
-        report["slowloris"] = s = await phase_slowloris(args)
+        with ThreadPeak(args.pid) as tp:
+            s = await phase_slowloris(args)
+        report["slowloris"] = s
+        s["server_threads_peak"] = tp.peak
         print(f"slowloris: {s['connected']} slow connections; /health max {s['health_max_s']} s, median "
               f"{s['health_median_s']} s, {s['health_failures']} failures", file=sys.stderr)
         if s["health_failures"] or (s["health_max_s"] or 0) >= 1.0:
             failed.append("/health was delayed by slow connections")
     if "memory" in args.phases:
-        report["memory"] = s = await phase_memory(args, model)
+        with ThreadPeak(args.pid) as tp:
+            s = await phase_memory(args, model)
+        report["memory"] = s
+        s["server_threads_peak"] = tp.peak
         print(f"memory: {s['ok']}/{s['requests']} ok; RSS {s['rss_before_kib']} KiB before, {s['rss_after_kib']} KiB "
               f"after, {s['rss_after_2s_kib']} KiB 2 s later", file=sys.stderr)
         if s["failed"]:
