@@ -678,6 +678,37 @@ TEST(CudaGemm, GroupedWoATensorCores) {
   EXPECT_FALSE(cuda::linear_grouped_tc(d->v, 9, G, xd.as<float>(), o));
 }
 
+// Prefill-sized wo_a (>= 256 tokens, fast mode): bf16(dequantized FP8) x bf16 activations on a cuBLAS BF16
+// strided-batched GEMM (k_moe_bf16.cu) vs the CPU: the same tolerance as the f16 decode kernel; deterministic.
+TEST(CudaGemm, GroupedWoAPrefillBf16TensorCores) {
+  DSV4_REQUIRE_GPU();
+  const int64_t G = 8, R = 1024, K = 4096;
+  const HostWeight h = make_weight(kFp8, G * R, K, 33);
+  const auto d = upload(h);
+  LinearOpts o;
+  o.weight_as_bf16 = true;
+  o.out_bf16 = true;
+  PathScope ps(GemmPath::auto_);
+  const double Bw = max_row_norm_w(h.view, 0, G * R), u = std::ldexp(1.0, -24);
+  for (const int64_t n : {256, 300}) {
+    const std::vector<float> x = make_x(G * n, K, 700 + n, true);  // [G, n, K], bf16 values
+    std::vector<float> ref(size_t(G * n * R));
+    cops().linear_grouped(h.view, x.data(), n, G, ref.data(), o);
+    auto run = [&]() {
+      const Buffer xd = to_device(*cuda(), x);
+      Buffer yd = out_buffer<float>(*cuda(), size_t(G * n * R));
+      gops().linear_grouped(d->v, xd.as<float>(), n, G, yd.as<float>(), o);
+      EXPECT_EQ(cuda::last_gemm_path(), GemmPath::cublaslt) << "n_tok " << n << ": not on the BF16 GEMM";
+      return to_host<float>(*cuda(), yd, size_t(G * n * R));
+    };
+    const std::string base = strf("wo_a 8 x [1024, 4096] fp8/e8m0 n_tok=%lld weight_as_bf16 out_bf16", (long long)n);
+    const auto y = run();
+    expect_close("linear_grouped", base + " (cuBLAS bf16)", ref, y,
+                 std::max(std::ldexp(1.0, -11), double(K) * u) * max_row_norm_x(x, G * n, K) * Bw, std::ldexp(1.0, -7));
+    expect_bitwise("linear_grouped determinism", base + " (cuBLAS bf16)", y, run());
+  }
+}
+
 // The shared expert's w1 and w3 in one tensor-core launch (cuda::linear_pair, (Q), 1..8 tokens) vs the CPU's two
 // linears: the gemv tolerance; token t of an 8-token call == alone, bitwise.
 TEST(CudaGemm, LinearPairSharedExpert) {

@@ -44,6 +44,7 @@
 #include <numeric>
 
 #include "backend/cuda/gemm_path.h"
+#include "backend/cuda/kernels.h"
 #include "gpu_modes.h"
 #include "gpu_test_util.h"
 
@@ -517,8 +518,16 @@ void run_moe_case(const MoeCase& c, uint64_t seed) {
       check_moe(base + " path=auto deterministic", ref, a, Q, c, x, ids, wts);
     }
     // the default (fast) mode: gemv_kernel for the small expert segments and the decode linears, cuBLASLt from 64
+    const int64_t tc_before = ::dsv4::cuda::moe_prefill_tc_stats().calls;
     const MoeRun f = moe_gpu(x, c.n, ids, wts, Q, c.shared, c.limit, GemmPath::auto_);
     check_moe_fast(base + " path=auto fast", ref, f, c.n);
+    if (Q && c.n * kK >= 4096) {  // the prefill path on cuBLAS BF16 tensor cores (k_moe_bf16.cu) must have run
+      const ::dsv4::cuda::MoePrefillTcStats st = ::dsv4::cuda::moe_prefill_tc_stats();
+      EXPECT_GT(st.calls, tc_before) << base << ": the BF16 tensor-core prefill path was not taken: "
+                                     << st.last_refusal;
+      std::printf("[check] %s: BF16 tensor-core prefill path taken (%lld calls so far)\n", base.c_str(),
+                  (long long)st.calls);
+    }
     if (c.n >= 64) {  // also with every linear on the SIMT kernel: (Q) bitwise again
       const MoeRun s = moe_gpu(x, c.n, ids, wts, Q, c.shared, c.limit, GemmPath::simt);
       check_moe(base + " path=simt", ref, s, Q, c, x, ids, wts);

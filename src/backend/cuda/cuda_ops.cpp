@@ -2,8 +2,10 @@
 #include "backend/cuda/cuda_ops.h"
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/gemm_path.h"
 #include "backend/cuda/kernels.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace dsv4::cuda {
 
@@ -66,6 +68,14 @@ void CudaOps::linear_grouped(const WeightView& W, const float* x, int64_t n_tok,
                              const LinearOpts& o) const {
   if (n_tok <= 0) return;
   be_.activate();
+  if (const size_t tb = gemm_internal::linear_grouped_bf16_bytes(W, n_tok, groups, o); tb > 0) {  // prefill: cuBLAS
+    Workspace::Scope scope(be_.workspace());
+    void* scratch = be_.workspace().alloc_bytes(tb);
+    if (gemm_internal::linear_grouped_bf16(W, x, n_tok, groups, y, o, scratch, stream())) {
+      launched("linear_grouped");
+      return;
+    }
+  }
   if (cuda::linear_grouped(W, x, n_tok, groups, y, o, stream())) {
     launched("linear_grouped");
     return;
@@ -175,7 +185,13 @@ void CudaOps::moe(const MoeWeights& w, const float* x, int64_t n_tok, const int3
   if (n_tok <= 0) return;
   Workspace::Scope scope(be_.workspace());
   void* scratch = be_.workspace().alloc_bytes(moe_scratch_bytes(w, n_tok, k, q));
+  const int64_t tc_before = moe_prefill_tc_stats().calls;
   DSV4_CUDA_OP(moe, w, x, n_tok, ids, wts, k, swiglu_limit, q, bf16, y, scratch, moe_side());
+  if (n_tok * k >= 4096) {
+    const MoePrefillTcStats st = moe_prefill_tc_stats();
+    if (st.calls > tc_before) log::debug("moe: {} (token, slot) pairs on BF16 tensor cores", n_tok * k);
+    else log::debug("moe: {} (token, slot) pairs on the FP4 kernels ({})", n_tok * k, st.last_refusal);
+  }
 }
 
 void CudaOps::moe_resident(const MoeWeights& w, const uint8_t* resident, const float* x, int64_t n_tok,

@@ -120,6 +120,12 @@ void moe_bf16_w13(const MoeGemmArgs& g, const ExpertView* experts, const float* 
                   bool bf16, float* h, float* G, void* ws, std::vector<int32_t>& seg, cudaStream_t stream);
 void moe_bf16_w2(const MoeGemmArgs& g, const ExpertView* experts, const float* qh, const float* sh, float* o, void* ws,
                  const std::vector<int32_t>& seg, cudaStream_t stream);
+// Prefill-sized grouped wo_a (Ops::linear_grouped with weight_as_bf16 + out_bf16, FP8 weight, >= 256 tokens, fast
+// mode, not capturing) on a cuBLAS BF16 strided-batched GEMM (k_moe_bf16.cu); scratch: linear_grouped_bf16_bytes (0:
+// the call does not qualify). Returns false (nothing queued) when it does not qualify.
+size_t linear_grouped_bf16_bytes(const WeightView& W, int64_t n_tok, int64_t groups, const LinearOpts& o);
+bool linear_grouped_bf16(const WeightView& W, const float* x, int64_t n_tok, int64_t groups, float* y,
+                       const LinearOpts& o, void* scratch, cudaStream_t stream);
 // h[r, i] = swiglu(g[r, i], up[r, i]) without routing weight (the shared expert), h may alias g.
 void swiglu_rows(const float* g, const float* up, int64_t rows, int64_t dim, float limit, bool bf16, float* h,
                  cudaStream_t stream);

@@ -10,6 +10,9 @@
 //   4. h = SwiGLU(bf16(g), bf16(u)) * routing weight (bf16 when bf16), as the decode kernels' epilogue;
 //   5. (the caller) act_quant of h; then A [rows, I] = bf16(code * scale) of h and per expert o = A_e W2_e^T,
 //      bf16-rounded when out_bf16.
+// The same file runs the grouped output projection wo_a of prefill-sized calls (linear_grouped_bf16: FP8 weight as
+// bf16(code * scale) -- the reference's FP8 -> BF16 weight -- times the bf16-valued activations, the reference's bf16
+// einsum; one strided-batched GEMM over the groups).
 // Results differ from the CPU's order by fp32 rounding only (the fast mode's tolerance); they depend on the segment
 // sizes (cuBLAS picks its kernel by shape), so this path is not batch invariant, as cuBLASLt's linears are not.
 #include <cublas_v2.h>
@@ -17,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -50,16 +54,21 @@ cublasHandle_t handle_for_device() {
   return h;
 }
 
-// A[r, k] = bf16(q[src, k] * s[src, k / 128]), src = row_tok ? row_tok[r] : r (exact: see the file comment).
+// A[r, k] = bf16(q[src, k] * s[src, k / 128]), src = row_tok ? row_tok[r] : r (exact: see the file comment). A thread
+// converts 4 columns (K % 128 == 0) and stores them as one 8-byte word.
 __global__ void gather_dequant_kernel(const float* q, const float* s, int64_t K, const int32_t* row_tok, int64_t rows,
                                       __nv_bfloat16* A) {
   const int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
   if (i >= rows * K) return;
-  const int64_t r = i / K, k = i % K, src = row_tok ? row_tok[r] : r, nkb = (K + 127) / 128;
+  const int64_t r = i / K, k = i - r * K, src = row_tok ? row_tok[r] : r, nkb = K / 128;
   const float sc = s[src * nkb + k / 128];
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-    if (k + j < K) A[r * K + k + j] = __float2bfloat16_rn(__fmul_rn(q[src * K + k + j], sc));
+  const float4 v = *reinterpret_cast<const float4*>(q + src * K + k);
+  __nv_bfloat162 lo = __floats2bfloat162_rn(__fmul_rn(v.x, sc), __fmul_rn(v.y, sc));
+  __nv_bfloat162 hi = __floats2bfloat162_rn(__fmul_rn(v.z, sc), __fmul_rn(v.w, sc));
+  uint2 w;
+  w.x = *reinterpret_cast<uint32_t*>(&lo);
+  w.y = *reinterpret_cast<uint32_t*>(&hi);
+  *reinterpret_cast<uint2*>(A + i) = w;
 }
 
 struct DqChunk {
@@ -68,17 +77,23 @@ struct DqChunk {
 };
 
 // out[m][r, c] = bf16(e2m1(w_m[r, c]) * e8m0(scale_m[r, c / 32])) for matrices m < n_mat, each [rows, cols],
-// out[m] at out + m * rows * cols (exact).
+// out[m] at out + m * rows * cols (exact). A thread converts 8 columns (4 bytes of codes, cols % 32 == 0: one
+// scale) and stores them as one 16-byte word (8 separate 2-byte stores ran at ~180 GB/s).
 __global__ void dequant_fp4_kernel(DqChunk ch, int n_mat, int64_t rows, int64_t cols, __nv_bfloat16* out) {
   const int m = blockIdx.y;
   const int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 8;  // 8 columns = 4 bytes
   if (m >= n_mat || i >= rows * cols) return;
-  const int64_t r = i / cols, c = i % cols;
-  const uint32_t b = *reinterpret_cast<const uint32_t*>(ch.w[m] + i / 2);
+  const int64_t r = i / cols, c = i - r * cols;
+  const uint32_t b = __ldg(reinterpret_cast<const uint32_t*>(ch.w[m] + i / 2));
   const float sc = e8m0_to_float(ch.scale[m][r * (cols / 32) + c / 32]);
-  __nv_bfloat16* o = out + int64_t(m) * rows * cols + i;
+  uint32_t packed[4];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) o[j] = __float2bfloat16_rn(__fmul_rn(e2m1_to_float((b >> (4 * j)) & 0xFu), sc));
+  for (int j = 0; j < 4; ++j) {
+    __nv_bfloat162 p = __floats2bfloat162_rn(__fmul_rn(e2m1_to_float((b >> (8 * j)) & 0xFu), sc),
+                                             __fmul_rn(e2m1_to_float((b >> (8 * j + 4)) & 0xFu), sc));
+    packed[j] = *reinterpret_cast<uint32_t*>(&p);
+  }
+  *reinterpret_cast<uint4*>(out + int64_t(m) * rows * cols + i) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
 }
 
 // h[r, i] = swiglu(G[r, i], G[r, I + i]) as moe_w13's epilogue (store_out<kW13>).
@@ -116,15 +131,39 @@ std::vector<int> active_experts(const std::vector<int32_t>& seg) {
 
 }  // namespace
 
-bool moe_bf16_ok(const MoeGemmArgs& g, cudaStream_t stream) {
-  if (!g.quant || g.fmt != GemmFormat::fp4 || deterministic() || gemm_path() != GemmPath::auto_) return false;
-  if (g.n_rows_bound < kMinPairs || 2 * g.inter > g.d_model || g.d_model % 128 != 0 || g.inter % 128 != 0)
-    return false;
-  if (!g.words_ok) return false;
+namespace {
+std::atomic<int64_t> g_taken{0};
+std::atomic<const char*> g_refused{"no call yet"};
+const char* refusal(const MoeGemmArgs& g, cudaStream_t stream) {
+  if (!g.quant || g.fmt != GemmFormat::fp4) return "not FP4 experts in (Q)";
+  if (deterministic() || gemm_path() != GemmPath::auto_) return "deterministic mode or a forced GEMM path";
+  if (g.n_rows_bound < kMinPairs) return "fewer than 4096 (token, slot) pairs";
+  if (2 * g.inter > g.d_model || g.d_model % 128 != 0 || g.inter % 128 != 0) return "expert shape";
+  if (!g.words_ok) return "weights not 4-byte aligned";
   cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) return false;
-  return handle_for_device() != nullptr;
+  if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone)
+    return "stream being captured";
+  if (handle_for_device() == nullptr) return "no cuBLAS handle";
+  return nullptr;
 }
+}  // namespace
+
+bool moe_bf16_ok(const MoeGemmArgs& g, cudaStream_t stream) {
+  const char* why = refusal(g, stream);
+  if (why != nullptr) {
+    if (g.n_rows_bound >= kMinPairs) g_refused.store(why);  // (decode-sized calls are not news)
+    return false;
+  }
+  g_taken.fetch_add(1);
+  return true;
+}
+}  // namespace dsv4::cuda::gemm_internal
+
+namespace dsv4::cuda {
+MoePrefillTcStats moe_prefill_tc_stats() { return {gemm_internal::g_taken.load(), gemm_internal::g_refused.load()}; }
+}  // namespace dsv4::cuda
+
+namespace dsv4::cuda::gemm_internal {
 
 size_t moe_bf16_scratch_bytes(GemmFormat fmt, bool quant, int64_t P, int64_t D, int64_t I) {
   if (!quant || fmt != GemmFormat::fp4 || P < kMinPairs || 2 * I > D) return 0;
@@ -194,6 +233,86 @@ void moe_bf16_w2(const MoeGemmArgs& g, const ExpertView* experts, const float* q
   }
   if (g.out_bf16) finish_rows(o, rows, D, true, o, stream);
   check_cuda(cudaGetLastError(), "w2");
+}
+
+// ---- grouped wo_a (prefill) -------------------------------------------------------------------------------------
+namespace {
+constexpr int64_t kGroupedMinTok = 256;  // above the recorded (CUDA graph) step sizes: never captured
+
+// out[r, c] = bf16(e4m3(w[r, c]) * scale[r / br, c / bc]), 8 columns per thread (cols % 8 == 0), one 16-byte store.
+__global__ void dequant_fp8_kernel(const uint8_t* w, const uint8_t* scale, bool scale_f32, int64_t rows, int64_t cols,
+                                   int64_t br, int64_t bc, __nv_bfloat16* out) {
+  const int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
+  if (i >= rows * cols) return;
+  const int64_t r = i / cols, c = i - r * cols, sc_cols = (cols + bc - 1) / bc;
+  const int64_t si = (r / br) * sc_cols + c / bc;  // 8 columns never straddle a block (bc % 8 == 0)
+  const float sc = scale_f32 ? reinterpret_cast<const float*>(scale)[si] : e8m0_to_float(scale[si]);
+  const uint2 b = __ldg(reinterpret_cast<const uint2*>(w + i));
+  uint32_t packed[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t word = j < 2 ? b.x : b.y, sh = 16 * (j & 1);
+    __nv_bfloat162 p = __floats2bfloat162_rn(__fmul_rn(e4m3_to_float(uint8_t(word >> sh)), sc),
+                                             __fmul_rn(e4m3_to_float(uint8_t(word >> (sh + 8))), sc));
+    packed[j] = *reinterpret_cast<uint32_t*>(&p);
+  }
+  *reinterpret_cast<uint4*>(out + i) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+}
+
+// out[i] = bf16(x[i]) (x bf16-valued: exact), 4 per thread.
+__global__ void to_bf16_kernel(const float* x, int64_t n, __nv_bfloat16* out) {
+  const int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
+  if (i >= n) return;
+  const float4 v = *reinterpret_cast<const float4*>(x + i);
+  __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+  uint2 o;
+  o.x = *reinterpret_cast<uint32_t*>(&lo);
+  o.y = *reinterpret_cast<uint32_t*>(&hi);
+  *reinterpret_cast<uint2*>(out + i) = o;
+}
+
+bool grouped_ok(const WeightView& W, int64_t n_tok, int64_t groups, const LinearOpts& o) {
+  if (n_tok < kGroupedMinTok || groups < 1 || deterministic() || gemm_path() != GemmPath::auto_) return false;
+  if (W.fmt != GemmFormat::fp8 || !o.weight_as_bf16 || !o.out_bf16 || o.act_quant_fp8) return false;
+  if (W.rows % groups != 0 || o.row_begin != 0 || (o.row_end != -1 && o.row_end != W.rows)) return false;
+  if (W.cols % 8 != 0 || W.block_cols % 8 != 0 || W.block_rows <= 0 || (n_tok * W.cols) % 4 != 0) return false;
+  if (W.rows * W.cols > (int64_t(1) << 31) || n_tok * groups > (int64_t(1) << 31) / W.cols) return false;
+  if ((reinterpret_cast<uintptr_t>(W.w) & 7) != 0) return false;
+  return true;
+}
+}  // namespace
+
+size_t linear_grouped_bf16_bytes(const WeightView& W, int64_t n_tok, int64_t groups, const LinearOpts& o) {
+  if (!grouped_ok(W, n_tok, groups, o)) return 0;
+  return align256(size_t(W.rows * W.cols) * 2) + align256(size_t(groups * n_tok * W.cols) * 2);
+}
+
+bool linear_grouped_bf16(const WeightView& W, const float* x, int64_t n_tok, int64_t groups, float* y,
+                       const LinearOpts& o, void* scratch, cudaStream_t stream) {
+  if (!grouped_ok(W, n_tok, groups, o) || (reinterpret_cast<uintptr_t>(x) & 15) != 0) return false;
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) return false;
+  cublasHandle_t hd = handle_for_device();
+  if (hd == nullptr) return false;
+  const int64_t R = W.rows / groups, K = W.cols;
+  __nv_bfloat16* Wb = static_cast<__nv_bfloat16*>(scratch);
+  __nv_bfloat16* xb = reinterpret_cast<__nv_bfloat16*>(static_cast<char*>(scratch) + align256(size_t(W.rows * K) * 2));
+  dequant_fp8_kernel<<<unsigned((W.rows * K / 8 + 255) / 256), 256, 0, stream>>>(W.w, W.scale, W.scale_f32, W.rows, K,
+                                                                                W.block_rows, W.block_cols, Wb);
+  to_bf16_kernel<<<unsigned((groups * n_tok * K / 4 + 255) / 256), 256, 0, stream>>>(x, groups * n_tok * K, xb);
+  check_cuda(cudaGetLastError(), "wo_a dequantization");
+  if (cublasSetStream(hd, stream) != CUBLAS_STATUS_SUCCESS) fail_msg("linear_grouped (bf16 tensor cores): cublasSetStream");
+  // group g: y[g] [n, R] = x[g] [n, K] W[g R : (g+1) R]^T (column-major: y[g]^T = W_g x[g]^T)
+  const float one = 1.0f, zero = 0.0f;
+  const cublasStatus_t st = cublasGemmStridedBatchedEx(
+      hd, CUBLAS_OP_T, CUBLAS_OP_N, int(R), int(n_tok), int(K), &one, Wb, CUDA_R_16BF, int(K), (long long)(R * K), xb,
+      CUDA_R_16BF, int(K), (long long)(n_tok * K), &zero, y, CUDA_R_32F, int(R), (long long)(n_tok * R), int(groups),
+      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  if (st != CUBLAS_STATUS_SUCCESS) fail_msg("linear_grouped (bf16 tensor cores): cublasGemmStridedBatchedEx failed");
+  finish_rows(y, groups * n_tok, R, true, y, stream);  // out_bf16
+  check_cuda(cudaGetLastError(), "wo_a");
+  note_path(GemmPath::cublaslt);  // (the vendor library's GEMM)
+  return true;
 }
 
 }  // namespace dsv4::cuda::gemm_internal
