@@ -153,9 +153,10 @@ ChatDelta OutputParser::push(std::string_view text) {
   return out;
 }
 
-ChatDelta OutputParser::finish() {
+ChatDelta OutputParser::finish(bool truncated) {
   ChatDelta out;
   if (finished_) return out;
+  truncated_ = truncated;
   step(out, true);
   finished_ = true;
   return out;
@@ -244,6 +245,11 @@ void OutputParser::step(ChatDelta& out, bool at_end) {
         const bool ok = parse_tools(out, at_end);
         if (state_ == State::kAfterTools) break;
         if (ok) return;  // need more text
+        if (at_end && truncated_) {  // cut off inside the block: no half call, no markup in content
+          tool_buf_.clear();
+          state_ = State::kDone;
+          return;
+        }
         // Malformed or unterminated: the unparsed raw text becomes content (re-scanned for later markers).
         if (calls_in_block_ == 0) emit_content(out, block_raw_prefix_);
         buf_ = std::move(tool_buf_);

@@ -52,7 +52,10 @@ class OutputParser {
   explicit OutputParser(bool thinking, std::string id_prefix = "");
 
   ChatDelta push(std::string_view text);  // feed decoded text as it streams
-  ChatDelta finish();                     // flush held-back bytes (e.g. a trailing prefix of a marker); call once
+  // Flush held-back bytes (e.g. a trailing prefix of a marker); call once. truncated: the generation was cut off (the
+  // token limit), so a tool-call block still open at the end is dropped (the calls completed before it are kept)
+  // instead of going to content as raw markup.
+  ChatDelta finish(bool truncated = false);
 
   // Accumulated so far (everything emitted by push/finish).
   std::string reasoning() const { return reasoning_; }
@@ -76,6 +79,7 @@ class OutputParser {
   State state_;
   bool at_start_ = true;
   bool finished_ = false;
+  bool truncated_ = false;
   std::string id_prefix_;
   std::string buf_;       // unclassified text (reasoning/content/after-tools states)
   std::string tool_buf_;  // raw text of the current tool-call block after its marker

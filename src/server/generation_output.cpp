@@ -27,7 +27,7 @@ ChatDelta GenerationOutput::push(int32_t id, std::string_view text) {
   return d;
 }
 
-ChatDelta GenerationOutput::finish() { return chat_ ? parser_.finish() : ChatDelta{}; }
+ChatDelta GenerationOutput::finish(bool truncated) { return chat_ ? parser_.finish(truncated) : ChatDelta{}; }
 
 std::vector<TokenLogprobs> GenerationOutput::take_reasoning_logprobs() {
   std::vector<TokenLogprobs> out(reasoning_lp_.begin() + static_cast<std::ptrdiff_t>(reasoning_taken_),

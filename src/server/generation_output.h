@@ -29,7 +29,8 @@ class GenerationOutput {
   void push_logprobs(const TokenLogprobs& lp);
   // Text of one token (id >= 0) or the final held-back text (id -1). Returns the deltas it completes.
   ChatDelta push(int32_t id, std::string_view text);
-  ChatDelta finish();
+  // truncated: the generation hit its token limit (OutputParser::finish).
+  ChatDelta finish(bool truncated = false);
 
   bool chat() const { return chat_; }
   bool thinking() const { return thinking_; }

@@ -577,7 +577,7 @@ void Server::Impl::respond_whole(ApiRequest& ar, ConnectionMonitor& mon, httplib
     else log::info("request cancelled after {} tokens: the client went away", c.results[0].ids.size());
     return;  // client gone: nobody to answer
   }
-  for (auto& out : outs) out.finish();
+  for (size_t i = 0; i < outs.size(); ++i) outs[i].finish(c.results[i].finish == FinishReason::length);
   if (ar.anthropic) {
     send_json(res, 200, anthropic_message_json("msg_" + random_hex(24), opts.model_name, outs[0], c.results[0]));
     return;
@@ -768,7 +768,7 @@ void Server::Impl::stream_openai(std::shared_ptr<ApiRequest> arp, std::shared_pt
     note_forced_close(S->constraints[size_t(i)], r);
     if (r.finish == FinishReason::cancelled) return;
     Choice& c = S->cs[size_t(i)];
-    send_delta(i, c.out.finish());
+    send_delta(i, c.out.finish(r.finish == FinishReason::length));
     if (S->ar->chat)
       S->w.data(chunk({{"index", i},
                        {"delta", json::object()},
@@ -878,7 +878,7 @@ void Server::Impl::stream_anthropic(std::shared_ptr<ApiRequest> arp, std::shared
       return;
     }
     note_forced_close(st->ar->gen.constraint, r);
-    st->as->delta(st->out.finish());
+    st->as->delta(st->out.finish(r.finish == FinishReason::length));
     st->as->finish(st->out, r);
     end_stream(*st, st->w.ok());
   };

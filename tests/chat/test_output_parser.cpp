@@ -262,3 +262,46 @@ TEST(OutputParser, RoundTripThroughRenderer) {
 }
 
 }  // namespace
+
+namespace dsv4 {
+namespace {
+
+// Cut off at the token limit inside a tool-call block: the open call is dropped, never turned into content markup;
+// calls completed before it are kept; without `truncated` the raw text still goes to content (nothing lost).
+TEST(OutputParser, TruncatedInsideToolCallsDropsTheOpenCall) {
+  const std::string cut = kCall.substr(0, kCall.find("<｜DSML｜invoke name=\"search\">") + 20);  // inside call 2
+  for (const size_t step : {size_t(1), size_t(7), cut.size()}) {
+    OutputParser p(false, "id_");
+    std::string content;
+    size_t calls = 0;
+    const std::string text = "Checking." + cut;
+    for (size_t i = 0; i < text.size(); i += step) {
+      const ChatDelta d = p.push(std::string_view(text).substr(i, step));
+      content += d.content;
+      calls += d.tool_calls.size();
+    }
+    const ChatDelta f = p.finish(true);
+    content += f.content;
+    calls += f.tool_calls.size();
+    EXPECT_EQ(content, "Checking.") << "step " << step;
+    EXPECT_EQ(calls, 1u) << "step " << step;
+    ASSERT_EQ(p.tool_calls().size(), 1u);
+    EXPECT_EQ(p.tool_calls()[0].name, "get_weather");
+    EXPECT_EQ(p.content().find("DSML"), std::string::npos);
+  }
+  // cut inside the very first call: no calls, no markup
+  const std::string first = kCall.substr(0, kCall.find("Beijing"));
+  OutputParser q(false, "id_");
+  std::string content = q.push("Hi" + first).content;
+  content += q.finish(true).content;
+  EXPECT_EQ(content, "Hi");
+  EXPECT_TRUE(q.tool_calls().empty());
+  // not truncated (an unterminated block at a normal end): the raw text is kept as content, as before
+  OutputParser r(false, "id_");
+  std::string kept = r.push("Hi" + first).content;
+  kept += r.finish().content;
+  EXPECT_NE(kept.find("<｜DSML｜invoke name=\"get_weather\">"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dsv4

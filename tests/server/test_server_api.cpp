@@ -216,6 +216,35 @@ TEST_F(ServerTest, JsonObjectAfterReasoningAndStreamed) {
   EXPECT_GT(reasoning.size(), 2u) << "EOS after the reasoning must have been masked";
 }
 
+// max_tokens ending inside a tool-call block: finish_reason "length", the open call dropped, no DSML markup in
+// content (plain or streamed).
+TEST_F(ServerTest, ToolCallCutByMaxTokensLeaksNoMarkup) {
+  script(
+      "Sure.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" "
+      "string=\"true\">Paris and a long city name that goes on</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
+      "</｜DSML｜tool_calls>");
+  json req = chat_req("weather?");
+  req["temperature"] = 0;
+  req["max_tokens"] = 40;  // inside the block (after its opening marker)
+  req["tools"] = json::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters": {
+      "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])");
+  auto c = post_json("/v1/chat/completions", req)["choices"][0];
+  EXPECT_EQ(c["finish_reason"], "length") << c.dump();
+  const std::string content = c["message"]["content"].is_string() ? c["message"]["content"].get<std::string>() : "";
+  EXPECT_EQ(content.find("DSML"), std::string::npos) << c.dump();
+  EXPECT_TRUE(!c["message"].contains("tool_calls") || c["message"]["tool_calls"].empty()) << c.dump();
+  req["stream"] = true;
+  auto r = post("/v1/chat/completions", req.dump());
+  ASSERT_TRUE(r);
+  std::string streamed;
+  for (const auto& ch : sse_json(r->body))
+    if (!ch["choices"].empty() && ch["choices"][0]["delta"].contains("content") &&
+        ch["choices"][0]["delta"]["content"].is_string())
+      streamed += ch["choices"][0]["delta"]["content"].get<std::string>();
+  EXPECT_EQ(streamed.find("DSML"), std::string::npos) << streamed;
+  EXPECT_EQ(streamed, content);
+}
+
 TEST_F(ServerTest, ToolChoiceRequiredNamedAndParallel) {
   json req = chat_req("weather?");
   req["tools"] = weather_tools();
