@@ -22,6 +22,8 @@
 #   hybn     --n-cpu-moe 8 (the experts of the last 8 layers on the CPU), batch-1 decode at ctx 1024
 #   gemm     dsv4 bench gemm on the machine's CPU (all threads), JSON into $OUT/bench-gemm.json
 #   pprof    prefill of 2048 and 8192 tokens at 4 layers with the per-op breakdown
+#   bprof    batched decode (batch 128 and 32, ctx 4096) at 4 layers with the per-op breakdown
+#   ncub     Nsight Compute per-kernel durations and DRAM bytes of eager batch-128 decode steps (2 layers, ctx 4096)
 #   ncuk     Nsight Compute sections (speed of light, warp stalls, occupancy, launch, memory) of the gemv and
 #            gemv_tc, moe_tc_small and hc_finish kernels of eager decode steps (2 layers, ctx 4096), CSV into $OUT/ncu-kernels.csv
 #   ncud     Nsight Compute per-kernel durations, cycles and DRAM bytes of eager decode steps (2 layers, ctx 4096;
@@ -125,6 +127,18 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
   if has pprof && [ -x "$B/dsv4" ]; then  # prefill per-op breakdown (4 layers)
     bench_run pprof 12 p4-prefill2048 --layers 4 --device cuda --ctx 0 --prefill 2048 --steps 1
     bench_run pprof 12 p4-prefill8192 --layers 4 --device cuda --ctx 0 --prefill 8192 --steps 1
+  fi
+  if has bprof && [ -x "$B/dsv4" ]; then  # batched decode per-op breakdown (4 layers)
+    bench_run bprof 12 p4-b128-ctx4096 --layers 4 --device cuda --batch 128 --ctx 4096 --prefill 0 --steps 4
+    bench_run bprof 12 p4-b32-ctx4096 --layers 4 --device cuda --batch 32 --ctx 4096 --prefill 0 --steps 4
+  fi
+  if has ncub && [ -x "$B/dsv4" ] && command -v ncu > /dev/null && [ "$(left)" -gt 70 ]; then
+    log "ncu batch-128 decode (2 layers, ctx 4096, eager; launches 300.. skip the context prefill and the first warm-up steps)"
+    timeout $(($(left) - 15)) ncu --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum,sm__cycles_elapsed.avg \
+      --kernel-name regex:'^(?!.*(fill_random|random_fill))' --launch-skip 300 --launch-count 500 "$B/dsv4" bench model --config "$CFG" --load-format dummy --layers 2 \
+      --device cuda --batch 128 --ctx 4096 --prefill 0 --steps 4 --no-cuda-graph --no-profile > "$OUT/ncu-b128.csv" 2> /tmp/ncu.err
+    echo "ncu b128 rc=$? ($(wc -l < "$OUT/ncu-b128.csv") lines)"
+    tail -3 /tmp/ncu.err
   fi
   if has prof && [ -x "$B/dsv4" ] && [ "$(left)" -gt 90 ]; then
     if command -v nsys > /dev/null; then
