@@ -42,6 +42,10 @@ struct LinearOpts {
   bool out_bf16 = false;
   // §3.6 (1): use bf16(dequantized weight) — the reference wo_a (FP8 -> BF16 at load, bf16 einsum, no act quant).
   bool weight_as_bf16 = false;
+  // The caller guarantees that x holds bf16 values (reference numerics: the activations entering the BF16 linears are
+  // bf16). The result is the same product; a backend may then run a BF16 weight on BF16 tensor cores, whose products
+  // of two bf16 values are exact (CUDA, more than 8 tokens). The CPU ignores it.
+  bool x_bf16 = false;
   // Output-row subrange [row_begin, row_end) of W (row_end = -1: W.rows), e.g. one wo_a group of o_lora_rank rows.
   int64_t row_begin = 0;
   int64_t row_end = -1;

@@ -18,8 +18,8 @@ void Model::compressor(const CompressorResident& w, const CompressorPools& cp, c
   Workspace::Scope scope(ws);
   float* kp = ws.alloc<float>(n * width);     // [n, coff*c]
   float* sp = ws.alloc<float>(n * width);
-  ops().linear(w.wkv, x, n, kp, LinearOpts{});   // fp32 projections of fp32(x) (reference: fp32 F.linear)
-  ops().linear(w.wgate, x, n, sp, LinearOpts{});
+  ops().linear(w.wkv, x, n, kp, bf16_weight_opts());   // fp32 projections of fp32(x) (reference: fp32 F.linear)
+  ops().linear(w.wgate, x, n, sp, bf16_weight_opts());
   ops().add_rows(sp, n, width, w.ape, drp.ape_row);
 
   const int64_t ne = rp.n_emit;

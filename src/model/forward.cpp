@@ -240,7 +240,7 @@ void Model::head(const float* X, int64_t n, float* logits) const {
   ops().hc_head(X, n, cfg_.hc_mult, D, hc_head_fn_, hc_head_scale_, hc_head_base_, float(cfg_.hc_eps),
                 float(cfg_.rms_norm_eps), bf16(), u);
   ops().rmsnorm(u, n, D, norm_, float(cfg_.rms_norm_eps), bf16(), u);
-  ops().linear(head_, u, n, logits, LinearOpts{});  // fp32 logits from the upcast bf16 head (§5.8)
+  ops().linear(head_, u, n, logits, bf16_weight_opts());  // fp32 logits from the upcast bf16 head (§5.8)
 }
 
 std::vector<float> Model::logits_all(std::span<const int32_t> tokens) const {

@@ -43,6 +43,7 @@ void Model::indexer(int l, StatePool& pool, const StepPlan& plan, const DevicePl
   float* w = ws.alloc<float>(n * IH);         // [n, IH]
   LinearOpts wo;
   wo.out_bf16 = bf;  // reference: bf16 F.linear
+  wo.x_bf16 = bf;
   ops().linear(lp.idx_weights_proj, x, n, w, wo);
   const float wscale = float(std::pow(double(IDh), -0.5) * std::pow(double(IH), -0.5));
   ops().scale(w, n * IH, wscale, bf);

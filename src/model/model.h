@@ -227,6 +227,13 @@ class Model final : public LanguageModel {
 
   bool bf16() const { return opts_.numerics == Numerics::reference; }
   LinearOpts qopts() const { return quantized_linear_opts(opts_.numerics); }
+  // The fp32 products of a BF16 weight with this numerics' activations (the head, the router gate, the compressors'
+  // wkv / wgate): in reference numerics those activations are bf16 values (LinearOpts::x_bf16).
+  LinearOpts bf16_weight_opts() const {
+    LinearOpts o;
+    o.x_bf16 = bf16();
+    return o;
+  }
   const Ops& ops() const { return hook_ ? *hook_ : be_->ops(); }
 
   ModelConfig cfg_;

@@ -13,7 +13,7 @@ void Model::moe(int l, const DevicePlan& dp, int64_t n, const float* x, float* o
   Workspace& ws = be_->workspace();
   Workspace::Scope scope(ws);
   float* logits = ws.alloc<float>(n * E);     // [n, E]
-  ops().linear(lp.gate, x, n, logits, LinearOpts{});  // fp32(x) @ fp32(gate)ᵀ
+  ops().linear(lp.gate, x, n, logits, bf16_weight_opts());  // fp32(x) @ fp32(gate)ᵀ
   int32_t* ids = ws.alloc<int32_t>(n * k);    // [n, k]
   float* wts = ws.alloc<float>(n * k);
   ops().route(logits, n, E, k, lp.hash ? nullptr : lp.gate_bias, lp.hash ? lp.tid2eid : nullptr, dp.tokens,

@@ -34,7 +34,7 @@ void Model::mtp_head(const float* X, int64_t n, float* logits) const {
   ops().hc_head(X, n, cfg_.hc_mult, D, mtp_.hc_head_fn, mtp_.hc_head_scale, mtp_.hc_head_base, float(cfg_.hc_eps),
                 float(cfg_.rms_norm_eps), bf16(), u);
   ops().rmsnorm(u, n, D, mtp_.norm, float(cfg_.rms_norm_eps), bf16(), u);
-  ops().linear(head_, u, n, logits, LinearOpts{});
+  ops().linear(head_, u, n, logits, bf16_weight_opts());
 }
 
 }  // namespace dsv4

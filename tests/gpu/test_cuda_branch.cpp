@@ -5,6 +5,8 @@
 #include <cstring>
 #include <memory>
 
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/gemm_path.h"
 #include "core/error.h"
 #include "gpu_test_util.h"
 
@@ -88,6 +90,72 @@ TEST(CudaBranch, MainStreamScratchStartsPastTheBranch) {
   EXPECT_TRUE(p2 + 4096 <= p1 || p2 >= p1 + (size_t(1) << 20)) << "main-stream scratch overlaps the branch's";
   g.branch_join();
   be.synchronize();
+}
+
+// The cuBLAS paths of batched decode steps (k_bf16_tc.cu, gemm_cublaslt.cpp) inside a recorded step: a BF16-weight
+// linear of bf16-valued x (the compressor's wkv) on the side stream while the main stream runs a second one, the
+// grouped wo_a and an FP8 linear of 16 tokens (cuBLASLt); each cuBLAS call has its own workspace from the scratch.
+// Recorded into a CUDA graph and replayed three times: bitwise equal to the same ops launched eagerly in order.
+TEST(CudaBranch, CublasCallsInABranchInsideARecordedGraph) {
+  DSV4_REQUIRE_GPU();
+  Backend& be = *cuda();
+  const Ops& g = be.ops();
+  const cudaStream_t st = static_cast<cuda::CudaBackend&>(be).stream();
+  const int64_t n = 16, K = 4096, Nb = 1024, G = 8, R = 1024;
+  const HostWeight hb1 = random_weight(GemmFormat::bf16, Nb, K, 21), hb2 = random_weight(GemmFormat::bf16, Nb, K, 22);
+  const HostWeight ha = random_weight(GemmFormat::fp8, G * R, K, 23), hq = random_weight(GemmFormat::fp8, 2048, K, 24);
+  const auto wb1 = upload_w(hb1), wb2 = upload_w(hb2), wa = upload_w(ha), wq = upload_w(hq);
+  const std::vector<float> x = randn(size_t(n * K), 25, 1.0f, true), xg = randn(size_t(G * n * K), 26, 1.0f, true);
+  Buffer dx = to_device(be, x), dxg = to_device(be, xg);
+  LinearOpts B;
+  B.x_bf16 = true;
+  LinearOpts A;
+  A.weight_as_bf16 = true;
+  A.out_bf16 = true;
+  LinearOpts Q;
+  Q.act_quant_fp8 = true;
+  Q.out_bf16 = true;
+  Buffer y1 = out_buffer<float>(be, size_t(n * Nb)), y2 = out_buffer<float>(be, size_t(n * Nb)),
+         ya = out_buffer<float>(be, size_t(G * n * R)), yq = out_buffer<float>(be, size_t(n * 2048));
+  auto ops = [&](bool branch) {
+    Workspace::Scope scope(be.workspace());
+    if (branch) g.branch_begin();
+    g.linear(wb1->v, dx.as<float>(), n, y1.as<float>(), B);
+    if (branch) g.branch_end();
+    g.linear(wb2->v, dx.as<float>(), n, y2.as<float>(), B);
+    g.linear_grouped(wa->v, dxg.as<float>(), n, G, ya.as<float>(), A);
+    g.linear(wq->v, dx.as<float>(), n, yq.as<float>(), Q);
+    if (branch) g.branch_join();
+  };
+  auto read = [&]() {
+    std::vector<float> all = to_host<float>(be, y1, size_t(n * Nb));
+    for (const auto& [b, cnt] : {std::pair{&y2, n * Nb}, std::pair{&ya, G * n * R}, std::pair{&yq, n * 2048}}) {
+      const std::vector<float> v = to_host<float>(be, *b, size_t(cnt));
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    return all;
+  };
+  ops(false);
+  EXPECT_EQ(cuda::last_gemm_path(), cuda::gemm_internal::cublaslt_device_ok() ? cuda::GemmPath::cublaslt
+                                                                             : cuda::GemmPath::simt);
+  const std::vector<float> ref = read();
+  be.synchronize();
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed), cudaSuccess);
+  ops(true);
+  ASSERT_EQ(cudaStreamEndCapture(st, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int round = 0; round < 3; ++round) {
+    for (Buffer* b : {&y1, &y2, &ya, &yq}) cudaMemsetAsync(b->data(), 0xff, b->bytes(), st);  // NaN: stale data shows
+    ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+    be.synchronize();
+    EXPECT_EQ(count_diff(ref, read()), 0u) << "replay " << round << " vs eager launches";
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  std::printf("[check] cuBLAS in a recorded step: bf16 linear on the side stream || bf16 linear, grouped wo_a, fp8 "
+              "linear of %lld tokens on the main one: 3 graph replays bitwise equal to eager launches\n", (long long)n);
 }
 
 TEST(CudaBranch, MisuseIsAnError) {

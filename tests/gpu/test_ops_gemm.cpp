@@ -411,7 +411,7 @@ TEST(CudaGemm, LinearPathSelection) {
     run_gpu(d->v, xd.as<float>(), n, 256, dn, GemmPath::auto_, &td);
     run_gpu(d->v, xd.as<float>(), n, 256, dn, GemmPath::cublaslt, &tf);  // (D) never runs on cuBLASLt
     const GemmPath want_d = n <= 8 ? GemmPath::gemv : GemmPath::simt;
-    const GemmPath want_q = (lt && n >= 64) ? GemmPath::cublaslt : want_d;
+    const GemmPath want_q = (lt && n > 8) ? GemmPath::cublaslt : want_d;
     std::printf("[linear] path auto n_tok=%lld: (Q) %s (want %s), (D) %s (want %s), forced cublaslt (D) -> %s\n",
                 (long long)n, path_name(tq), path_name(want_q), path_name(td), path_name(want_d), path_name(tf));
     EXPECT_EQ(tq, want_q) << "n_tok " << n;
@@ -553,6 +553,7 @@ void run_real(const RealCase& c, uint64_t seed) {
   o.out_bf16 = c.out_bf16;
   o.row_begin = c.r0;
   o.row_end = c.r1;
+  o.x_bf16 = c.x_bf16;  // (BF16 weights of more than 8 tokens then run on cuBLAS BF16 in the automatic path)
   const int64_t r1 = c.r1 < 0 ? c.rows : c.r1, nout = r1 - c.r0;
   const double Bw = max_row_norm_w(h.view, c.r0, r1);
   const bool lt_shape =
@@ -627,7 +628,46 @@ TEST(CudaGemm, RealBf16HeadCompressorGate) {
   DSV4_REQUIRE_GPU();
   run_real({"gate", kBf16, 256, 4096, kD, false, 0, -1, {1, 2, 5, 8, 64, 300}, true}, 41);
   run_real({"compressor", kBf16, 1024, 4096, kD, false, 0, -1, {1, 5, 64, 300}, true}, 42);
-  run_real({"head", kBf16, 129280, 4096, kD, false, 0, -1, {1, 5}, true}, 43);  // 1 GB weight, 64-bit offsets
+  run_real({"head", kBf16, 129280, 4096, kD, false, 0, -1, {1, 5, 16}, true}, 43);  // 1 GB weight, 64-bit offsets
+  run_real({"weights_proj", kBf16, 64, 4096, kD, true, 0, -1, {9, 64}, true}, 44);   // bf16 output
+  run_real({"gate.dense", kBf16, 256, 4096, kD, false, 0, -1, {64}, false}, 45);     // fp32 x: never cuBLAS BF16
+}
+
+// Which kernel a BF16-weight linear of more than 8 tokens takes: cuBLAS BF16 with bf16-valued x (x_bf16), in the
+// automatic path of the fast mode only; a row subrange starts at its row.
+TEST(CudaGemm, LinearBf16PathSelection) {
+  DSV4_REQUIRE_GPU();
+  const HostWeight h = make_weight(kBf16, 512, 1024, 46);
+  const auto d = upload(h);
+  const double u = std::ldexp(1.0, -24);
+  for (const int64_t n : {8, 9, 40, 128}) {
+    const std::vector<float> x = make_x(n, 1024, 4600 + n, true);
+    const Buffer xd = to_device(*cuda(), x);
+    LinearOpts xb;
+    xb.x_bf16 = true;
+    xb.row_begin = 128;
+    xb.row_end = 384;
+    LinearOpts plain = xb;
+    plain.x_bf16 = false;
+    GemmPath t_xb, t_plain, t_det;
+    const auto y = run_gpu(d->v, xd.as<float>(), n, 256, xb, GemmPath::auto_, &t_xb);
+    run_gpu(d->v, xd.as<float>(), n, 256, plain, GemmPath::auto_, &t_plain);
+    cuda::set_deterministic(true);
+    const auto yd = run_gpu(d->v, xd.as<float>(), n, 256, xb, GemmPath::auto_, &t_det);
+    cuda::set_deterministic(false);
+    const GemmPath want = n <= 8 ? GemmPath::gemv : GemmPath::cublaslt;
+    std::printf("[linear] bf16 weight n_tok=%lld: x_bf16 %s (want %s), fp32 x %s, deterministic %s\n", (long long)n,
+                path_name(t_xb), path_name(want), path_name(t_plain), path_name(t_det));
+    EXPECT_EQ(t_xb, want) << "n_tok " << n;
+    EXPECT_EQ(t_plain, n <= 8 ? GemmPath::gemv : GemmPath::simt) << "n_tok " << n;
+    EXPECT_EQ(t_det, n <= 8 ? GemmPath::small_m : GemmPath::simt) << "n_tok " << n;
+    const std::vector<float> ref = run_cpu(h, x, n, 256, xb);
+    expect_bitwise("linear", strf("bf16 512x1024 rows[128,384) n_tok=%lld deterministic", (long long)n), ref, yd);
+    expect_close("linear", strf("bf16 512x1024 rows[128,384) n_tok=%lld x_bf16 auto (%s)", (long long)n,
+                                path_name(t_xb)),
+                 ref, y, std::max(std::ldexp(1.0, -11), 1024.0 * u) * max_row_norm_x(x, n, 1024) *
+                             max_row_norm_w(h.view, 128, 384), 0.0);
+  }
 }
 
 // wo_a in the fast mode: 8 groups of [1024, 4096] FP8 (E8M0 scales) on linear_grouped's f16 tensor-core kernel.
@@ -678,8 +718,8 @@ TEST(CudaGemm, GroupedWoATensorCores) {
   EXPECT_FALSE(cuda::linear_grouped_tc(d->v, 9, G, xd.as<float>(), o));
 }
 
-// Prefill-sized wo_a (>= 256 tokens, fast mode): bf16(dequantized FP8) x bf16 activations on a cuBLAS BF16
-// strided-batched GEMM (k_moe_bf16.cu) vs the CPU: the same tolerance as the f16 decode kernel; deterministic.
+// wo_a of more than 8 tokens (fast mode): bf16(dequantized FP8) x bf16 activations on a cuBLAS BF16 strided-batched
+// GEMM (k_bf16_tc.cu) vs the CPU: the same tolerance as the f16 decode kernel; deterministic.
 TEST(CudaGemm, GroupedWoAPrefillBf16TensorCores) {
   DSV4_REQUIRE_GPU();
   const int64_t G = 8, R = 1024, K = 4096;
@@ -690,7 +730,7 @@ TEST(CudaGemm, GroupedWoAPrefillBf16TensorCores) {
   o.out_bf16 = true;
   PathScope ps(GemmPath::auto_);
   const double Bw = max_row_norm_w(h.view, 0, G * R), u = std::ldexp(1.0, -24);
-  for (const int64_t n : {256, 300}) {
+  for (const int64_t n : {9, 32, 128, 256, 300}) {
     const std::vector<float> x = make_x(G * n, K, 700 + n, true);  // [G, n, K], bf16 values
     std::vector<float> ref(size_t(G * n * R));
     cops().linear_grouped(h.view, x.data(), n, G, ref.data(), o);

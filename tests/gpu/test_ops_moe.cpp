@@ -521,7 +521,7 @@ void run_moe_case(const MoeCase& c, uint64_t seed) {
     const int64_t tc_before = ::dsv4::cuda::moe_prefill_tc_stats().calls;
     const MoeRun f = moe_gpu(x, c.n, ids, wts, Q, c.shared, c.limit, GemmPath::auto_);
     check_moe_fast(base + " path=auto fast", ref, f, c.n);
-    if (Q && c.n * kK >= 4096) {  // the prefill path on cuBLAS BF16 tensor cores (k_moe_bf16.cu) must have run
+    if (Q && c.n * kK >= 4096) {  // the prefill path on cuBLAS BF16 tensor cores (k_bf16_tc.cu) must have run
       const ::dsv4::cuda::MoePrefillTcStats st = ::dsv4::cuda::moe_prefill_tc_stats();
       EXPECT_GT(st.calls, tc_before) << base << ": the BF16 tensor-core prefill path was not taken: "
                                      << st.last_refusal;
@@ -654,7 +654,7 @@ TEST(CudaMoe, MoePrefillShapes) {
   run_moe_case({64, kEveryExpert, true, 10.0f}, 202);  // 256 segments of 1-2 rows: small kernel only
   run_moe_case({300, kSkewed, true, 10.0f}, 203);      // 4 segments of 75+ rows (tiled, partial tiles) + small ones
   run_moe_case({1024, kRandom, true, 10.0f}, 204);     // ~24 rows per expert: every expert on a partial M tile
-  // >= 4096 (token, slot) pairs: the fast (Q) mode's cuBLAS BF16 path (k_moe_bf16.cu) with a few segments of
+  // >= 4096 (token, slot) pairs: the fast (Q) mode's cuBLAS BF16 path (k_bf16_tc.cu) with a few segments of
   // hundreds of rows and many small ones
   run_moe_case({1024, kSkewed, true, 10.0f}, 205);
 }

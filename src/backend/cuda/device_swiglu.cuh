@@ -1,6 +1,6 @@
 // SwiGLU of one element as the CPU computes it (CpuOps::swiglu, spec §5.7): the optional clamp (u to [-limit, limit],
 // g to <= limit), silu(g) = g / (1 + exp(-g)) with the glibc expf port, times u, times the routing weight when given,
-// bf16 when bf16. Shared by the expert GEMM epilogues (k_gemm.cu, k_moe_bf16.cu).
+// bf16 when bf16. Shared by the expert GEMM epilogues (k_gemm.cu, k_bf16_tc.cu).
 #pragma once
 #include "backend/cuda/device_numeric.cuh"
 #include "backend/cuda/glibc_math.cuh"

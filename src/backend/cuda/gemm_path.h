@@ -11,7 +11,8 @@
 //              fixed-order warp / block reductions. Deterministic, and a token's result never depends on the other
 //              tokens of the call, but its summation order is its own (not the CPU's): fp32 rounding differences.
 //              Shapes it cannot take (rows not a multiple of 16 bytes, unaligned activations) run small_m.
-//   auto_    : cublaslt when it can run and n_tok >= 64, else gemv for n_tok <= 8, else simt; the MoE's small
+//   auto_    : gemv for n_tok <= 8, else cublaslt when it can run (FP8 (Q)) or cuBLAS BF16 for BF16 weights with
+//              bf16-valued x (LinearOpts::x_bf16, k_bf16_tc.cu), else simt; the MoE's small
 //              expert segments (decode) on gemv as well. In the deterministic mode (set_deterministic(true), the
 //              CLI's --deterministic) auto_ instead takes small_m for n_tok <= 8 and simt otherwise, the MoE its
 //              small_m kernels: every product in the CPU's order, so CUDA results equal the CPU backend's bitwise
@@ -110,7 +111,7 @@ void moe_w13(const MoeGemmArgs& g, const float* a, const float* sa, float swiglu
              cudaStream_t stream);
 // o[r, :] = w2 h[r] for every sorted row r (h: [rows, inter], codes in (Q) with scales sh [rows, ceil(inter/128)]).
 void moe_w2(const MoeGemmArgs& g, const float* h, const float* sh, float* o, cudaStream_t stream);
-// Large (prefill) FP4 expert calls in the fast (Q) mode on cuBLAS BF16 tensor cores (k_moe_bf16.cu). ok: the
+// Large (prefill) FP4 expert calls in the fast (Q) mode on cuBLAS BF16 tensor cores (k_bf16_tc.cu). ok: the
 // call qualifies (>= 4096 pairs, FP4, (Q), fast mode, stream not capturing) and moe_bf16_scratch_bytes (0 where it
 // cannot) was reserved. w13 fills seg (the segment starts, on the host) and writes h as moe_w13 does, using G (the
 // caller's o buffer, [rows, 2 inter] <= [rows, d_model]); after act_quant of h, w2 writes o as moe_w2 does.
@@ -120,12 +121,18 @@ void moe_bf16_w13(const MoeGemmArgs& g, const ExpertView* experts, const float* 
                   bool bf16, float* h, float* G, void* ws, std::vector<int32_t>& seg, cudaStream_t stream);
 void moe_bf16_w2(const MoeGemmArgs& g, const ExpertView* experts, const float* qh, const float* sh, float* o, void* ws,
                  const std::vector<int32_t>& seg, cudaStream_t stream);
-// Prefill-sized grouped wo_a (Ops::linear_grouped with weight_as_bf16 + out_bf16, FP8 weight, >= 256 tokens, fast
-// mode, not capturing) on a cuBLAS BF16 strided-batched GEMM (k_moe_bf16.cu); scratch: linear_grouped_bf16_bytes (0:
-// the call does not qualify). Returns false (nothing queued) when it does not qualify.
+// Grouped wo_a of more than 8 tokens (Ops::linear_grouped with weight_as_bf16 + out_bf16, FP8 weight, fast mode; also
+// while capturing) on a cuBLAS BF16 strided-batched GEMM (k_bf16_tc.cu); scratch: linear_grouped_bf16_bytes (0: the
+// call does not qualify). Returns false (nothing queued) when it does not qualify.
 size_t linear_grouped_bf16_bytes(const WeightView& W, int64_t n_tok, int64_t groups, const LinearOpts& o);
 bool linear_grouped_bf16(const WeightView& W, const float* x, int64_t n_tok, int64_t groups, float* y,
                        const LinearOpts& o, void* scratch, cudaStream_t stream);
+// BF16-weight linear of more than 8 tokens with LinearOpts::x_bf16 (fast mode; also while capturing) on a cuBLAS BF16
+// GEMM (k_bf16_tc.cu): the products are exact, fp32 sums in cuBLAS's order; scratch: linear_bf16_bytes (0: the call
+// does not qualify). Returns false (nothing queued) when it does not qualify.
+size_t linear_bf16_bytes(const WeightView& W, int64_t n_tok, const LinearOpts& o);
+bool linear_bf16(const WeightView& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o, void* scratch,
+                 cudaStream_t stream);
 // h[r, i] = swiglu(g[r, i], up[r, i]) without routing weight (the shared expert), h may alias g.
 void swiglu_rows(const float* g, const float* up, int64_t rows, int64_t dim, float limit, bool bf16, float* h,
                  cudaStream_t stream);

@@ -2368,7 +2368,8 @@ size_t quant_scratch_bytes(int64_t n_tok, int64_t K) {
 }  // namespace
 
 size_t linear_scratch_bytes(const WeightView& W, int64_t n_tok, const LinearOpts& o) {
-  if (n_tok <= 0 || !o.act_quant_fp8) return 0;
+  if (n_tok <= 0) return 0;
+  if (!o.act_quant_fp8) return gemm_internal::linear_bf16_bytes(W, n_tok, o);
   const int64_t K = W.cols;
   const int64_t r1 = o.row_end < 0 ? W.rows : o.row_end;
   size_t b = quant_scratch_bytes(n_tok, K);
@@ -2404,7 +2405,7 @@ void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const 
       if (deterministic())  // the kernels that repeat the CPU's order: bitwise equal to the CPU backend
         path = n_tok <= 8 ? GemmPath::small_m : GemmPath::simt;
       else
-        path = (lt_ok && n_tok >= 64) ? GemmPath::cublaslt : (n_tok <= 8 ? GemmPath::gemv : GemmPath::simt);
+        path = n_tok <= 8 ? GemmPath::gemv : (lt_ok ? GemmPath::cublaslt : GemmPath::simt);
   }
   // the fast decode kernel where the shape allows it (else small_m, or simt for more than 8 tokens)
   GvPlan gv;
@@ -2416,6 +2417,10 @@ void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const 
       path = n_tok <= 8 ? GemmPath::small_m : GemmPath::simt;
     }
   }
+  // BF16 weight, bf16-valued x, more than 8 tokens: cuBLAS BF16 tensor cores (k_bf16_tc.cu)
+  if (forced == GemmPath::auto_ && path == GemmPath::simt &&
+      gemm_internal::linear_bf16(W, x, n_tok, y, o, scratch, stream))
+    return;
   if (path == GemmPath::cublaslt) {
     if (gemm_internal::cublaslt_linear(W, x, n_tok, y, p.r0, p.nout, o.out_bf16, scratch, stream)) {
       gemm_internal::note_path(GemmPath::cublaslt);

@@ -10,7 +10,7 @@
 //      order (gemm.h), so a row never depends on its segment and (Q) and (D) both equal the CPU bitwise.
 //   4. (Q) act_quant of h in place; moe_w2 -> o [sorted rows, d_model] (bf16-rounded when q.out_bf16, as the CPU's
 //      linear rounds its output).
-//   3-4 of large (prefill) FP4 calls in the fast (Q) mode run on cuBLAS BF16 tensor cores instead (k_moe_bf16.cu:
+//   3-4 of large (prefill) FP4 calls in the fast (Q) mode run on cuBLAS BF16 tensor cores instead (k_bf16_tc.cu:
 //      the products are exact in BF16; the one host round trip of this file, for the segment sizes).
 //   5. shared expert through linear_pair() (w1 and w3) and linear() (w2), SwiGLU without weight between; queued
 //      first, on the side stream when the caller gives one (it then overlaps 1-4: at batch 1 neither fills the GPU).
@@ -327,7 +327,7 @@ void moe_run(const MoeWeights& w, const uint8_t* resident, const float* x, int64
 
   float* h = F32(L.h);
   if (L.Q && gemm_internal::moe_bf16_scratch_bytes(fmt, true, L.P, L.D, L.I) > 0 &&
-      gemm_internal::moe_bf16_ok(g, stream)) {  // prefill: cuBLAS BF16 (k_moe_bf16.cu)
+      gemm_internal::moe_bf16_ok(g, stream)) {  // prefill: cuBLAS BF16 (k_bf16_tc.cu)
     std::vector<int32_t> seg;
     gemm_internal::act_quant_f32(x, n_tok, L.D, F32(L.qx), F32(L.sx), stream);
     gemm_internal::moe_bf16_w13(g, w.experts, F32(L.qx), F32(L.sx), swiglu_limit, bf16, h, F32(L.o), base + L.bfw,

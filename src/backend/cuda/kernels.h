@@ -108,7 +108,7 @@ size_t moe_scratch_bytes(const MoeWeights& w, int64_t n_tok, int64_t k, const Li
 void moe(const MoeWeights& w, const float* x, int64_t n_tok, const int32_t* ids, const float* wts, int64_t k,
          float swiglu_limit, const LinearOpts& q, bool bf16, float* y, void* scratch, const SideStream* side,
          cudaStream_t stream);
-// Large (prefill) FP4 calls in the fast (Q) mode on cuBLAS BF16 tensor cores (k_moe_bf16.cu): how many calls took
+// Large (prefill) FP4 calls in the fast (Q) mode on cuBLAS BF16 tensor cores (k_bf16_tc.cu): how many calls took
 // that path in this process, and why the last call of >= 4096 pairs that did not take it was refused (for tests).
 struct MoePrefillTcStats {
   int64_t calls = 0;

@@ -1,7 +1,9 @@
-// Large (prefill) MoE calls of FP4 experts in the fast (Q) mode on cuBLAS BF16 tensor cores (moe_run, k_moe.cu).
-// In (Q) every expert product is exact in BF16: an FP4 weight times its E8M0 scale (2 significant bits times a power
-// of two) and an activation's e4m3 code times its power-of-two act_quant scale (4 significant bits) are both BF16
-// values, so a BF16 GEMM with fp32 accumulation sums the reference's products, in cuBLAS's order. Per call:
+// cuBLAS BF16 tensor-core GEMMs for products that are exact in BF16 (fp32 accumulation in cuBLAS's order: the fast
+// mode's tolerance). Three users:
+// * Large (prefill) MoE calls of FP4 experts in the fast (Q) mode (moe_run, k_moe.cu). In (Q) every expert product
+//   is exact in BF16: an FP4 weight times its E8M0 scale (2 significant bits times a power of two) and an
+//   activation's e4m3 code times its power-of-two act_quant scale (4 significant bits) are both BF16 values, so a
+//   BF16 GEMM with fp32 accumulation sums the reference's products, in cuBLAS's order. Per call:
 //   1. the segment starts (sorted rows per expert) come to the host: one stream synchronization (never while the
 //      stream is being captured: moe_bf16_ok());
 //   2. A [rows, D] = bf16(code * scale) of every sorted row's token (gathered through row_tok);
@@ -10,11 +12,16 @@
 //   4. h = SwiGLU(bf16(g), bf16(u)) * routing weight (bf16 when bf16), as the decode kernels' epilogue;
 //   5. (the caller) act_quant of h; then A [rows, I] = bf16(code * scale) of h and per expert o = A_e W2_e^T,
 //      bf16-rounded when out_bf16.
-// The same file runs the grouped output projection wo_a of prefill-sized calls (linear_grouped_bf16: FP8 weight as
-// bf16(code * scale) -- the reference's FP8 -> BF16 weight -- times the bf16-valued activations, the reference's bf16
-// einsum; one strided-batched GEMM over the groups).
-// Results differ from the CPU's order by fp32 rounding only (the fast mode's tolerance); they depend on the segment
-// sizes (cuBLAS picks its kernel by shape), so this path is not batch invariant, as cuBLASLt's linears are not.
+// * The grouped output projection wo_a of calls of kGroupedMinTok or more tokens (linear_grouped_bf16: FP8 weight
+//   as bf16(code * scale) -- the reference's FP8 -> BF16 weight -- times the bf16-valued activations, the
+//   reference's bf16 einsum; one strided-batched GEMM over the groups).
+// * BF16-weight linears of bf16-valued activations (LinearOpts::x_bf16: the head, the router gate, the compressors'
+//   wkv / wgate, the indexer's weights_proj in reference numerics) of kLinearMinTok or more tokens (linear_bf16): the
+//   reference's fp32 F.linear of bf16 values has the same exact products.
+// The last two also run inside recorded decode steps (CUDA graphs): every cuBLAS call gets its workspace from the
+// caller's scratch (cuBLAS then never allocates, and two streams never share a workspace).
+// Results differ from the CPU's order by fp32 rounding only; they depend on the shapes (cuBLAS picks its kernel by
+// shape), so these paths are not batch invariant, as cuBLASLt's linears are not.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -51,6 +58,17 @@ cublasHandle_t handle_for_device() {
   cublasHandle_t h = nullptr;
   if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) h = nullptr;
   (*handles)[dev] = h;
+  return h;
+}
+
+// The device's handle bound to `stream` with the workspace [ws, ws + bytes) (256-aligned; set on every call, since
+// a handle keeps the last one), or nullptr when there is no handle.
+constexpr size_t kCublasWsBytes = size_t(4) << 20;
+cublasHandle_t bound_handle(cudaStream_t stream, void* ws, size_t bytes) {
+  cublasHandle_t h = handle_for_device();
+  if (h == nullptr) return nullptr;
+  if (cublasSetStream(h, stream) != CUBLAS_STATUS_SUCCESS || cublasSetWorkspace(h, ws, bytes) != CUBLAS_STATUS_SUCCESS)
+    fail_msg("cuBLAS: cannot bind the stream and workspace");
   return h;
 }
 
@@ -108,7 +126,7 @@ __global__ void swiglu_g_kernel(const float* G, int64_t rows, int64_t I, const f
 }
 
 void check_cuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail_msg(std::string("moe (bf16 tensor cores): ") + what + ": " + cudaGetErrorString(e));
+  if (e != cudaSuccess) fail_msg(std::string("cuBLAS BF16 tensor cores: ") + what + ": " + cudaGetErrorString(e));
 }
 
 // Y [cnt, N] = A [cnt, K] W^T, W [N, K] row-major bf16, fp32 out (column-major view: Y^T = W A^T).
@@ -118,7 +136,7 @@ void gemm(cublasHandle_t hd, const __nv_bfloat16* W, const __nv_bfloat16* A, int
   const cublasStatus_t st =
       cublasGemmEx(hd, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(cnt), int(K), &one, W, CUDA_R_16BF, int(K), A,
                    CUDA_R_16BF, int(K), &zero, Y, CUDA_R_32F, int(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  if (st != CUBLAS_STATUS_SUCCESS) fail_msg("moe (bf16 tensor cores): cublasGemmEx failed");
+  if (st != CUBLAS_STATUS_SUCCESS) fail_msg("cuBLAS BF16 tensor cores: cublasGemmEx failed");
 }
 
 // The experts with rows, in id order, from the host copy of the segment starts.
@@ -167,7 +185,7 @@ namespace dsv4::cuda::gemm_internal {
 
 size_t moe_bf16_scratch_bytes(GemmFormat fmt, bool quant, int64_t P, int64_t D, int64_t I) {
   if (!quant || fmt != GemmFormat::fp4 || P < kMinPairs || 2 * I > D) return 0;
-  return align256(size_t(P * std::max(D, I)) * 2) + align256(size_t(kChunk) * size_t(2 * I * D) * 2);
+  return align256(size_t(P * std::max(D, I)) * 2) + align256(size_t(kChunk) * size_t(2 * I * D) * 2) + kCublasWsBytes;
 }
 
 void moe_bf16_w13(const MoeGemmArgs& g, const ExpertView* experts, const float* qx, const float* sx, float limit,
@@ -182,8 +200,7 @@ void moe_bf16_w13(const MoeGemmArgs& g, const ExpertView* experts, const float* 
   __nv_bfloat16* A = static_cast<__nv_bfloat16*>(ws);
   __nv_bfloat16* Wb = reinterpret_cast<__nv_bfloat16*>(static_cast<char*>(ws) + align256(size_t(g.n_rows_bound * std::max(D, I)) * 2));
   gather_dequant_kernel<<<unsigned((rows * D / 4 + 255) / 256), 256, 0, stream>>>(qx, sx, D, g.row_tok, rows, A);
-  cublasHandle_t hd = handle_for_device();
-  if (cublasSetStream(hd, stream) != CUBLAS_STATUS_SUCCESS) fail_msg("moe (bf16 tensor cores): cublasSetStream");
+  cublasHandle_t hd = bound_handle(stream, Wb + kChunk * 2 * I * D, kCublasWsBytes);
   const std::vector<int> act = active_experts(seg);
   for (size_t c0 = 0; c0 < act.size(); c0 += kChunk) {
     const int n = int(std::min<size_t>(kChunk, act.size() - c0));
@@ -214,8 +231,7 @@ void moe_bf16_w2(const MoeGemmArgs& g, const ExpertView* experts, const float* q
   __nv_bfloat16* A = static_cast<__nv_bfloat16*>(ws);
   __nv_bfloat16* Wb = reinterpret_cast<__nv_bfloat16*>(static_cast<char*>(ws) + align256(size_t(g.n_rows_bound * std::max(D, I)) * 2));
   gather_dequant_kernel<<<unsigned((rows * I / 4 + 255) / 256), 256, 0, stream>>>(qh, sh, I, nullptr, rows, A);
-  cublasHandle_t hd = handle_for_device();
-  if (cublasSetStream(hd, stream) != CUBLAS_STATUS_SUCCESS) fail_msg("moe (bf16 tensor cores): cublasSetStream");
+  cublasHandle_t hd = bound_handle(stream, Wb + kChunk * 2 * I * D, kCublasWsBytes);  // (w2 chunks: 2 kChunk x D I)
   const std::vector<int> act = active_experts(seg);
   for (size_t c0 = 0; c0 < act.size(); c0 += 2 * kChunk) {  // w2 is half of w1 | w3: twice the experts per chunk
     const int n = int(std::min<size_t>(2 * kChunk, act.size() - c0));
@@ -237,7 +253,8 @@ void moe_bf16_w2(const MoeGemmArgs& g, const ExpertView* experts, const float* q
 
 // ---- grouped wo_a (prefill) -------------------------------------------------------------------------------------
 namespace {
-constexpr int64_t kGroupedMinTok = 256;  // above the recorded (CUDA graph) step sizes: never captured
+constexpr int64_t kGroupedMinTok = 9;  // (1..8 tokens: gemv_tc16_kernel, linear_grouped in k_gemm.cu)
+constexpr int64_t kLinearMinTok = 9;   // (1..8 tokens: the gemv decode kernel)
 
 // out[r, c] = bf16(e4m3(w[r, c]) * scale[r / br, c / bc]), 8 columns per thread (cols % 8 == 0), one 16-byte store.
 __global__ void dequant_fp8_kernel(const uint8_t* w, const uint8_t* scale, bool scale_f32, int64_t rows, int64_t cols,
@@ -284,24 +301,23 @@ bool grouped_ok(const WeightView& W, int64_t n_tok, int64_t groups, const Linear
 
 size_t linear_grouped_bf16_bytes(const WeightView& W, int64_t n_tok, int64_t groups, const LinearOpts& o) {
   if (!grouped_ok(W, n_tok, groups, o)) return 0;
-  return align256(size_t(W.rows * W.cols) * 2) + align256(size_t(groups * n_tok * W.cols) * 2);
+  return align256(size_t(W.rows * W.cols) * 2) + align256(size_t(groups * n_tok * W.cols) * 2) + kCublasWsBytes;
 }
 
 bool linear_grouped_bf16(const WeightView& W, const float* x, int64_t n_tok, int64_t groups, float* y,
                        const LinearOpts& o, void* scratch, cudaStream_t stream) {
   if (!grouped_ok(W, n_tok, groups, o) || (reinterpret_cast<uintptr_t>(x) & 15) != 0) return false;
-  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) return false;
-  cublasHandle_t hd = handle_for_device();
-  if (hd == nullptr) return false;
+  if (handle_for_device() == nullptr) return false;
   const int64_t R = W.rows / groups, K = W.cols;
-  __nv_bfloat16* Wb = static_cast<__nv_bfloat16*>(scratch);
-  __nv_bfloat16* xb = reinterpret_cast<__nv_bfloat16*>(static_cast<char*>(scratch) + align256(size_t(W.rows * K) * 2));
+  char* sp = static_cast<char*>(scratch);
+  __nv_bfloat16* Wb = reinterpret_cast<__nv_bfloat16*>(sp);
+  __nv_bfloat16* xb = reinterpret_cast<__nv_bfloat16*>(sp + align256(size_t(W.rows * K) * 2));
+  void* cws = sp + align256(size_t(W.rows * K) * 2) + align256(size_t(groups * n_tok * K) * 2);
   dequant_fp8_kernel<<<unsigned((W.rows * K / 8 + 255) / 256), 256, 0, stream>>>(W.w, W.scale, W.scale_f32, W.rows, K,
                                                                                 W.block_rows, W.block_cols, Wb);
   to_bf16_kernel<<<unsigned((groups * n_tok * K / 4 + 255) / 256), 256, 0, stream>>>(x, groups * n_tok * K, xb);
   check_cuda(cudaGetLastError(), "wo_a dequantization");
-  if (cublasSetStream(hd, stream) != CUBLAS_STATUS_SUCCESS) fail_msg("linear_grouped (bf16 tensor cores): cublasSetStream");
+  cublasHandle_t hd = bound_handle(stream, cws, kCublasWsBytes);
   // group g: y[g] [n, R] = x[g] [n, K] W[g R : (g+1) R]^T (column-major: y[g]^T = W_g x[g]^T)
   const float one = 1.0f, zero = 0.0f;
   const cublasStatus_t st = cublasGemmStridedBatchedEx(
@@ -312,6 +328,40 @@ bool linear_grouped_bf16(const WeightView& W, const float* x, int64_t n_tok, int
   finish_rows(y, groups * n_tok, R, true, y, stream);  // out_bf16
   check_cuda(cudaGetLastError(), "wo_a");
   note_path(GemmPath::cublaslt);  // (the vendor library's GEMM)
+  return true;
+}
+
+// ---- BF16-weight linears of bf16-valued activations ----------------------------------------------------------------
+namespace {
+bool bf16_linear_ok(const WeightView& W, int64_t n_tok, const LinearOpts& o) {
+  if (n_tok < kLinearMinTok || !o.x_bf16 || deterministic() || gemm_path() != GemmPath::auto_) return false;
+  if (W.fmt != GemmFormat::bf16 || o.act_quant_fp8 || W.cols % 8 != 0 || (reinterpret_cast<uintptr_t>(W.w) & 15) != 0)
+    return false;
+  const int64_t r1 = o.row_end < 0 ? W.rows : o.row_end;
+  if (o.row_begin < 0 || r1 > W.rows || o.row_begin >= r1) return false;
+  return W.cols < (int64_t(1) << 31) && r1 - o.row_begin < (int64_t(1) << 31) && n_tok * W.cols < (int64_t(1) << 40);
+}
+}  // namespace
+
+size_t linear_bf16_bytes(const WeightView& W, int64_t n_tok, const LinearOpts& o) {
+  if (!bf16_linear_ok(W, n_tok, o)) return 0;
+  return align256(size_t(n_tok * W.cols) * 2) + kCublasWsBytes;
+}
+
+bool linear_bf16(const WeightView& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o, void* scratch,
+                 cudaStream_t stream) {
+  if (!bf16_linear_ok(W, n_tok, o) || scratch == nullptr || (reinterpret_cast<uintptr_t>(x) & 15) != 0) return false;
+  if (handle_for_device() == nullptr) return false;
+  const int64_t K = W.cols, r0 = o.row_begin, nout = (o.row_end < 0 ? W.rows : o.row_end) - r0;
+  char* sp = static_cast<char*>(scratch);
+  __nv_bfloat16* xb = reinterpret_cast<__nv_bfloat16*>(sp);
+  to_bf16_kernel<<<unsigned((n_tok * K / 4 + 255) / 256), 256, 0, stream>>>(x, n_tok * K, xb);  // exact (x_bf16)
+  check_cuda(cudaGetLastError(), "linear (bf16 tensor cores): x to bf16");
+  cublasHandle_t hd = bound_handle(stream, sp + align256(size_t(n_tok * K) * 2), kCublasWsBytes);
+  gemm(hd, reinterpret_cast<const __nv_bfloat16*>(W.w) + r0 * K, xb, n_tok, nout, K, y);
+  if (o.out_bf16) finish_rows(y, n_tok, nout, true, y, stream);
+  check_cuda(cudaGetLastError(), "linear (bf16 tensor cores)");
+  note_path(GemmPath::cublaslt);
   return true;
 }
 
