@@ -25,6 +25,7 @@
 #include <set>
 
 #include "backend/cuda/gemm_path.h"
+#include "backend/cuda/kernels.h"
 #include "gpu_test_util.h"
 
 namespace dsv4::test::gpu {
@@ -289,6 +290,64 @@ TEST(GpuOpsAttention, SparseAttentionBatchInvariance) {
                      ref, got);
     }
   }
+}
+
+// Prefill chunks (more than 256 tokens) in the fast mode with bf16 rows run the tensor-core kernel (bf16 mma, fp32
+// accumulation: the reference kernel's arithmetic): within the reference-numerics tolerance of the CPU at the real
+// shapes (CSA, HCA, the start of a sequence with holes and a token without entries, which must be exactly zero);
+// token t of a 300-token call bitwise equal to the same token in a 257-token call; dense numerics and the
+// deterministic mode never take it.
+TEST(GpuOpsAttention, SparseAttentionPrefillTensorCores) {
+  DSV4_REQUIRE_GPU();
+  struct C {
+    const char* what;
+    int64_t n_tok, p0, n_comp, k_comp;
+    CompKind kind;
+    bool holes;
+    int64_t empty_tok;
+  };
+  const C cases[] = {{"csa prefill", 300, 1000, 1024, 512, CompKind::csa, false, -1},
+                     {"hca prefill", 260, 4000, 2048, 2048, CompKind::hca, false, -1},
+                     {"start prefill+holes", 300, 0, 512, 512, CompKind::early, true, 77}};
+  uint32_t seed = 800;
+  for (const C& c : cases) {
+    ModeScope mode(false);
+    const AttnInputs in = make_attn(c.n_tok, 64, 512, 128, c.p0, c.n_comp, c.k_comp, c.kind, true, seed++, c.holes,
+                                    c.empty_tok);
+    const int64_t before = cuda::sparse_attention_tc_calls();
+    const std::vector<float> ref = attn_cpu(in, true), got = attn_cuda(in, true);
+    EXPECT_EQ(cuda::sparse_attention_tc_calls(), before + 1) << c.what << ": not on the tensor-core kernel";
+    check_attn(attn_shape(c.what, in, c.p0) + " fast (tensor cores)", true, ref, got);
+    if (c.empty_tok >= 0) {
+      const auto b = got.begin() + c.empty_tok * in.H * in.D;
+      EXPECT_TRUE(std::all_of(b, b + in.H * in.D, [](float v) { return v == 0.0f; }))
+          << "token " << c.empty_tok << " has no valid entry but a non-zero output";
+    }
+    // batch invariance: the first 257 tokens alone (the window lists name fresh rows of earlier tokens only)
+    AttnInputs part = in;
+    part.n_tok = 257;
+    const int64_t HD = in.H * in.D;
+    part.q.resize(size_t(257 * HD));
+    part.win.resize(size_t(257 * in.k_win));
+    part.cidx.resize(size_t(257 * in.k_comp));
+    const std::vector<float> got_part = attn_cuda(part, true);
+    expect_bitwise("sparse_attention batch invariance", std::string(c.what) + ": tokens 0..256 of a " +
+                                                            std::to_string(c.n_tok) + "-token call vs a 257-token call",
+                   std::vector<float>(got.begin(), got.begin() + 257 * HD), got_part);
+  }
+  // not taken: dense numerics (fp32 rows), the deterministic mode
+  const AttnInputs in = make_attn(300, 64, 512, 128, 1000, 1024, 512, CompKind::csa, false, 850);
+  const int64_t before = cuda::sparse_attention_tc_calls();
+  {
+    ModeScope mode(false);
+    check_attn(attn_shape("csa prefill dense", in, 1000) + " fast", false, attn_cpu(in, false), attn_cuda(in, false));
+  }
+  {
+    ModeScope mode(true);
+    const AttnInputs inb = make_attn(300, 64, 512, 128, 1000, 1024, 512, CompKind::csa, true, 851);
+    check_attn(attn_shape("csa prefill", inb, 1000) + " deterministic", true, attn_cpu(inb, true), attn_cuda(inb, true));
+  }
+  EXPECT_EQ(cuda::sparse_attention_tc_calls(), before) << "dense numerics or the deterministic mode took the tensor cores";
 }
 
 // ---- compress_pool -------------------------------------------------------------------------------------------------

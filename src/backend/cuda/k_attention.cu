@@ -23,9 +23,11 @@
 //   4. PV: the rows are staged again as [64/NCH rows][all columns] tiles (no re-staging when dim <= 128) and every
 //      thread accumulates its (head, column) elements in row order.
 // Shared memory: G x dim (q) + 64 x 136 (row tile) floats + small, 77 KiB at G = 16, dim = 512.
-// The above is the deterministic mode's kernel (and the prefill's: more than 256 tokens, or odd shapes); decode
-// calls in the default (fast) mode run attn_decode_fast_kernel (below), which keeps the CPU's blocks of 64 and its
-// online-softmax steps but sums in its own order (fp32 rounding; CUDA's expf).
+// The above is the deterministic mode's kernel (and the fast mode's for odd shapes and dense numerics' prefill); in
+// the default (fast) mode decode calls (<= 256 tokens) run attn_decode_fast_kernel (below), which keeps the CPU's
+// blocks of 64 and its online-softmax steps but sums in its own order (fp32 rounding; CUDA's expf), and prefill
+// chunks with bf16 rows attn_prefill_tc_kernel (bf16 tensor cores, as the reference kernel).
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -585,6 +587,219 @@ __global__ void __launch_bounds__(kThreads) attn_combine_kernel(const float* par
   }
 }
 
+// ---- tensor-core prefill kernel (fast mode, reference numerics, dim 512, heads in groups of 64) -----------------
+// The default for more than kFastMaxTok tokens (a prefill chunk) in the fast mode with bf16 rows: the reference
+// kernel's own arithmetic (spec §4.8: bf16 MMA with fp32 accumulation for Q K^T and P V, the online softmax over
+// blocks of 64 entries, P rounded to bf16 for the numerator, the fp32 denominator). In reference numerics q and the
+// rows hold bf16 values, so staging them as bf16 is exact and every product is exact; sums run in the tensor cores'
+// order (the fast mode's tolerance). One CTA (8 warps) per (token, group of 64 heads); per block of 64 entries:
+//   1. the block's 64 rows are staged in shared memory as bf16 [64][512] (zeros for -1 entries);
+//   2. S = Q K^T by mma.sync m16n8k16: warp w takes heads 16 (w % 4) .. + 16 and the dims 256 (w / 4) .. + 256 of the
+//      dot products; the two halves are added in shared memory (fixed order: the result is deterministic);
+//   3. the online softmax of the CPU's blocks, one warp per 8 heads (block max, alpha, P, the sum by a butterfly);
+//   4. O += P V by mma.sync: warp w owns heads 16 (w % 4) .. + 16 and output dims 256 (w / 4) .. + 256 (128 fp32
+//      accumulators per thread), rescaled by alpha first.
+// A token's arithmetic does not depend on n_tok or on the other tokens (batch invariant among calls of this kernel).
+constexpr int kTcHeads = 64, kTcDim = 512;
+constexpr int kTcQS = kTcDim + 8;  // bf16 row stride of the Q and row tiles (1040 B: ldmatrix rows on distinct banks)
+constexpr int kTcPS = kBlock + 8;  // bf16 row stride of P (144 B)
+constexpr int kTcSS = kBlock + 4;  // fp32 row stride of the score halves
+constexpr size_t kTcSmem = kBlock * sizeof(const float*) + sizeof(__nv_bfloat16) * (size_t(kTcHeads) * kTcQS +
+                           size_t(kBlock) * kTcQS + size_t(kTcHeads) * kTcPS) + sizeof(float) * (2 * kTcHeads * kTcSS + kTcHeads);
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+// d += a b: m16n8k16, bf16 inputs, fp32 accumulators
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// four floats to bf16 (round to nearest even) at p (8-byte aligned)
+__device__ __forceinline__ void store4_bf16(__nv_bfloat16* p, float4 v) {
+  __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+  uint2 w;
+  w.x = *reinterpret_cast<uint32_t*>(&lo);
+  w.y = *reinterpret_cast<uint32_t*>(&hi);
+  *reinterpret_cast<uint2*>(p) = w;
+}
+
+__global__ void __launch_bounds__(kThreads, 1) attn_prefill_tc_kernel(AttnArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  extern __shared__ float4 smem4[];
+  const float** rp = reinterpret_cast<const float**>(smem4);                 // [64] row of each block entry
+  __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(rp + kBlock);        // [64 heads][kTcQS]
+  __nv_bfloat16* ks = qs + kTcHeads * kTcQS;                                 // [64 rows][kTcQS]
+  __nv_bfloat16* ps = ks + kBlock * kTcQS;                                   // [64 heads][kTcPS] P as bf16
+  float* sh = reinterpret_cast<float*>(ps + kTcHeads * kTcPS);               // [2][64 heads][kTcSS] score halves
+  float* alpha_s = sh + 2 * kTcHeads * kTcSS;                                // [64] alpha, then the denominators
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t H = a.n_heads, n_hb = H / kTcHeads;
+  const int64_t t = int64_t(blockIdx.x) / n_hb, h0 = (int64_t(blockIdx.x) % n_hb) * kTcHeads;
+  for (int i = tid; i < kTcHeads * kTcDim / 4; i += kThreads) {  // q of the 64 heads as bf16
+    const int h = i / (kTcDim / 4), c4 = i % (kTcDim / 4);
+    store4_bf16(qs + h * kTcQS + 4 * c4, *reinterpret_cast<const float4*>(a.q + (t * H + h0 + h) * kTcDim + 4 * c4));
+  }
+  const int hq = warp & 3, half = warp >> 2;  // this warp's 16 heads and 256 dims
+  const int gr = lane >> 2, gc = 2 * (lane & 3);  // accumulator rows gr, gr + 8 and columns gc, gc + 1 of a tile
+  float o[32][4];
+#pragma unroll
+  for (int j = 0; j < 32; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m_r[8], l_r[8];  // softmax state of heads 8 warp + i (the same in every lane)
+#pragma unroll
+  for (int i = 0; i < 8; ++i) m_r[i] = kNegInf, l_r[i] = 0.0f;
+
+  const int64_t k = a.k_win + a.k_comp;
+  const int64_t n_blk = (k + kBlock - 1) / kBlock;
+  for (int64_t b = 0; b < n_blk; ++b) {
+    __syncthreads();  // the previous block is done with rp / ks / ps / sh (and q is staged)
+    const float* p = nullptr;
+    if (tid < kBlock) {
+      const int64_t j = b * kBlock + tid;
+      if (j < k) {
+        if (j < a.k_win) {
+          const int64_t i = a.win_idx[t * a.k_win + j];
+          if (i >= 0) p = i < a.n_ring ? a.ring + i * kTcDim : a.fresh + (i - a.n_ring) * kTcDim;
+        } else {
+          const int64_t i = a.comp_idx[t * a.k_comp + (j - a.k_win)];
+          if (i >= 0) p = a.comp + i * kTcDim;
+        }
+      }
+      rp[tid] = p;
+    }
+    if (!__syncthreads_or(p != nullptr)) continue;  // no valid entry in this block (as the CPU)
+    // 1. the rows as bf16
+#pragma unroll 8
+    for (int i = tid; i < kBlock * kTcDim / 4; i += kThreads) {
+      const int r = i / (kTcDim / 4), c4 = i % (kTcDim / 4);
+      const float* src = rp[r];
+      const float4 v = src != nullptr ? __ldg(reinterpret_cast<const float4*>(src) + c4) : make_float4(0.f, 0.f, 0.f, 0.f);
+      store4_bf16(ks + r * kTcQS + 4 * c4, v);
+    }
+    __syncthreads();
+    // 2. this warp's half of S for its 16 heads x 64 entries
+    {
+      float s[8][4];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+      const __nv_bfloat16* qa = qs + (16 * hq + (lane & 15)) * kTcQS + 256 * half + (lane >> 4) * 8;
+      const __nv_bfloat16* kb = ks + ((lane & 7) + ((lane >> 4) << 3)) * kTcQS + 256 * half + ((lane >> 3) & 1) * 8;
+#pragma unroll 4
+      for (int kk = 0; kk < 16; ++kk) {
+        uint32_t af[4];
+        ldsm_x4(af, smem_u32(qa + kk * 16));
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          uint32_t bf[4];
+          ldsm_x4(bf, smem_u32(kb + np * 16 * kTcQS + kk * 16));
+          mma_bf16(s[2 * np], af, bf[0], bf[1]);
+          mma_bf16(s[2 * np + 1], af, bf[2], bf[3]);
+        }
+      }
+      float* shw = sh + (half * kTcHeads + 16 * hq) * kTcSS;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        *reinterpret_cast<float2*>(shw + gr * kTcSS + nt * 8 + gc) = make_float2(s[nt][0], s[nt][1]);
+        *reinterpret_cast<float2*>(shw + (gr + 8) * kTcSS + nt * 8 + gc) = make_float2(s[nt][2], s[nt][3]);
+      }
+    }
+    __syncthreads();
+    // 3. softmax: warp w updates heads 8 w .. 8 w + 7
+    {
+      const bool v0 = rp[lane] != nullptr, v1 = rp[lane + 32] != nullptr;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int h = 8 * warp + i;
+        const float* s_lo = sh + h * kTcSS;
+        const float* s_hi = sh + (kTcHeads + h) * kTcSS;
+        const float s0 = __fmul_rn(__fadd_rn(s_lo[lane], s_hi[lane]), a.scale);
+        const float s1 = __fmul_rn(__fadd_rn(s_lo[lane + 32], s_hi[lane + 32]), a.scale);
+        float bm = kNegInf;
+        if (v0) bm = fmaxf(bm, s0);
+        if (v1) bm = fmaxf(bm, s1);
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, off));
+        float alpha = 1.0f, p0 = 0.0f, p1 = 0.0f;
+        if (bm != kNegInf) {  // else every valid score is -inf (or NaN): the block is skipped for this head
+          const float m_new = fmaxf(m_r[i], bm);
+          alpha = m_r[i] == kNegInf ? 0.0f : expf(__fsub_rn(m_r[i], m_new));
+          p0 = v0 ? expf(__fsub_rn(s0, m_new)) : 0.0f;
+          p1 = v1 ? expf(__fsub_rn(s1, m_new)) : 0.0f;
+          float sum = __fadd_rn(p0, p1);
+#pragma unroll
+          for (int off = 16; off > 0; off >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, off));
+          l_r[i] = __fmaf_rn(l_r[i], alpha, sum);
+          m_r[i] = m_new;
+        }
+        ps[h * kTcPS + lane] = __float2bfloat16_rn(p0);  // the reference's bf16 P (acc_s_cast)
+        ps[h * kTcPS + lane + 32] = __float2bfloat16_rn(p1);
+        if (lane == 0) alpha_s[h] = alpha;
+      }
+    }
+    __syncthreads();
+    // 4. O = alpha O + P V for this warp's 16 heads x 256 dims
+    {
+      const float al0 = alpha_s[16 * hq + gr], al1 = alpha_s[16 * hq + gr + 8];
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        o[j][0] = __fmul_rn(o[j][0], al0);
+        o[j][1] = __fmul_rn(o[j][1], al0);
+        o[j][2] = __fmul_rn(o[j][2], al1);
+        o[j][3] = __fmul_rn(o[j][3], al1);
+      }
+      const __nv_bfloat16* pa = ps + (16 * hq + (lane & 15)) * kTcPS + (lane >> 4) * 8;
+      const int mi = lane >> 3;
+      const __nv_bfloat16* vb = ks + ((lane & 7) + (mi & 1) * 8) * kTcQS + 256 * half + (mi >> 1) * 8;
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        uint32_t af[4];
+        ldsm_x4(af, smem_u32(pa + kk * 16));
+#pragma unroll
+        for (int np = 0; np < 16; ++np) {
+          uint32_t bf[4];
+          ldsm_x4_t(bf, smem_u32(vb + kk * 16 * kTcQS + np * 16));
+          mma_bf16(o[2 * np], af, bf[0], bf[1]);
+          mma_bf16(o[2 * np + 1], af, bf[2], bf[3]);
+        }
+      }
+    }
+  }
+  // output: O / (sum + exp(sink - m)) as bf16; zero for a head without any valid entry
+  __syncthreads();  // every warp has read alpha_s
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int h = 8 * warp + i;
+      alpha_s[h] = m_r[i] == kNegInf ? 0.0f : __fadd_rn(l_r[i], expf(__fsub_rn(a.sink[h0 + h], m_r[i])));
+    }
+  }
+  __syncthreads();
+  const float d0 = alpha_s[16 * hq + gr], d1 = alpha_s[16 * hq + gr + 8];
+  float* out0 = a.out + (t * H + h0 + 16 * hq + gr) * kTcDim + 256 * half + gc;
+  float* out1 = out0 + 8 * kTcDim;
+#pragma unroll
+  for (int nt = 0; nt < 32; ++nt) {
+    const float2 v0 = d0 == 0.0f ? make_float2(0.f, 0.f)
+                                 : make_float2(round_bf16(__fdiv_rn(o[nt][0], d0)), round_bf16(__fdiv_rn(o[nt][1], d0)));
+    const float2 v1 = d1 == 0.0f ? make_float2(0.f, 0.f)
+                                 : make_float2(round_bf16(__fdiv_rn(o[nt][2], d1)), round_bf16(__fdiv_rn(o[nt][3], d1)));
+    *reinterpret_cast<float2*>(out0 + nt * 8) = v0;
+    *reinterpret_cast<float2*>(out1 + nt * 8) = v1;
+  }
+#endif
+}
+
 }  // namespace
 
 // (kernels.h)
@@ -624,7 +839,30 @@ void launch_g(const AttnArgs& a, int64_t n_tok, cudaStream_t stream) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+std::atomic<int64_t> g_tc_calls{0};
+
+// Whether attn_prefill_tc_kernel runs on the current device: built for sm_80 or newer (mma.sync bf16) and its
+// shared memory (~174 KiB) granted; cached per device.
+bool prefill_tc_ok() {
+  static std::atomic<int> cached[64] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  int c = cached[dev].load(std::memory_order_relaxed);
+  if (c == 0) {
+    cudaFuncAttributes fa{};
+    const bool ok = cudaFuncGetAttributes(&fa, attn_prefill_tc_kernel) == cudaSuccess && fa.binaryVersion >= 80 &&
+                    cudaFuncSetAttribute(attn_prefill_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(kTcSmem)) == cudaSuccess;
+    if (!ok) (void)cudaGetLastError();
+    c = ok ? 1 : 2;
+    cached[dev].store(c, std::memory_order_relaxed);
+  }
+  return c == 1;
+}
+
 }  // namespace
+
+int64_t sparse_attention_tc_calls() { return g_tc_calls.load(std::memory_order_relaxed); }
 
 size_t attention_split_bytes(int64_t n_tok, int64_t n_heads, int64_t dim, int64_t k) {
   const int64_t n_split = (std::max<int64_t>(k, 0) + kSplit - 1) / kSplit;
@@ -657,6 +895,15 @@ void sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, const KvRo
   a.bf16 = bf16;
   a.vec = kv.dim % 4 == 0 && aligned16(kv.ring) && aligned16(kv.fresh) && aligned16(kv.comp);
   a.out = out;
+  // prefill chunks in the fast mode with bf16 rows: the tensor-core kernel (the reference kernel's arithmetic)
+  if (!deterministic() && bf16 && n_tok > kFastMaxTok && kv.dim == kTcDim && n_heads % kTcHeads == 0 && a.vec &&
+      aligned16(q) && aligned16(out) && prefill_tc_ok()) {
+    const int64_t grid = n_tok * (n_heads / kTcHeads);
+    if (grid > 0x7fffffff) check(cudaErrorInvalidConfiguration, "sparse_attention: too many tokens for one grid");
+    attn_prefill_tc_kernel<<<unsigned(grid), kThreads, kTcSmem, stream>>>(a);
+    g_tc_calls.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   // the fast decode kernel (fast mode: not deterministic(), gemm_path.h)
   if (!deterministic() && n_tok <= kFastMaxTok && a.vec && kv.dim % 128 == 0 && aligned16(q) && aligned16(out)) {
     const int64_t grid = n_tok * ((n_heads + kFG - 1) / kFG);

@@ -82,6 +82,8 @@ void hc_head(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn
 // split_scratch: split_bytes of device memory for the fast decode kernel's split mode (entries in fixed pieces over
 // more CTAs, then a combine); used when attention_split_bytes(...) fit, else (or nullptr) one CTA runs all entries.
 size_t attention_split_bytes(int64_t n_tok, int64_t n_heads, int64_t dim, int64_t k);
+// How many sparse_attention calls of this process ran the tensor-core prefill kernel (for tests).
+int64_t sparse_attention_tc_calls();
 void sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, const KvRows& kv, const int32_t* win_idx,
                       int64_t k_win, const int32_t* comp_idx, int64_t k_comp, const float* sink, float scale,
                       bool bf16, float* out, void* split_scratch, size_t split_bytes, cudaStream_t stream);
