@@ -120,6 +120,22 @@ void validate_messages(const J& msgs) {
     const std::string where = fmt::format("messages[{}]", i);
     const J* role = field(m, "role");
     if (!role || !role->is_string()) continue;
+    const J* tcs = field(m, "tool_calls");
+    // content (absent or null): required for user, system and tool messages; an assistant message may leave it out
+    // only when it carries tool calls (the OpenAI rules).
+    if (!field(m, "content") && (*role == "user" || *role == "system" || *role == "tool" || *role == "assistant")) {
+      const bool has_calls = *role == "assistant" && tcs && tcs->is_array() && !tcs->empty();
+      if (!has_calls) {
+        const bool is_null = m.contains("content");
+        const std::string r = role->get<std::string>();
+        bad_request(where + ".content",
+                    *role == "assistant"
+                        ? fmt::format("{}.content: {} for an assistant message without tool_calls", where,
+                                      is_null ? "must not be null" : "is required")
+                        : fmt::format("{}.content: {} for a {} message (a string or an array of text parts)", where,
+                                      is_null ? "must not be null" : "is required", r));
+      }
+    }
     if (*role == "tool") {
       const J* id = field(m, "tool_call_id");
       if (!id || !id->is_string() || id->get<std::string>().empty())
@@ -127,7 +143,6 @@ void validate_messages(const J& msgs) {
                                                          "answers (a non-empty string)",
                                                          where));
     }
-    const J* tcs = field(m, "tool_calls");
     if (!tcs || !tcs->is_array()) continue;
     for (size_t j = 0; j < tcs->size(); ++j) {
       const J& tc = (*tcs)[j];
