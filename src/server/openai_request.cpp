@@ -21,18 +21,6 @@ using namespace reqf;
 
 constexpr int kMaxTopLogprobs = 20;
 
-J parse_body(std::string_view body) {
-  J j;
-  try {
-    j = J::parse(body);
-  } catch (const std::exception& e) {
-    throw ApiError(400, fmt::format("invalid JSON in the request body: {}", e.what()), "invalid_request_error", "",
-                   "invalid_json");
-  }
-  if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object");
-  return j;
-}
-
 bool name_ok(const std::string& s, bool dots) {
   if (s.empty() || s.size() > 64) return false;
   return std::all_of(s.begin(), s.end(), [&](char c) {
@@ -372,11 +360,11 @@ ApiRequest chat_request_from_json(J body, const Tokenizer& tok, int64_t n_ctx) {
 }
 
 ApiRequest parse_chat_completion_request(std::string_view body_text, const Tokenizer& tok, int64_t n_ctx) {
-  return chat_request_from_json(parse_body(body_text), tok, n_ctx);
+  return chat_request_from_json(parse_object_body(body_text), tok, n_ctx);
 }
 
 ApiRequest parse_completion_request(std::string_view body_text, const Tokenizer& tok, int64_t n_ctx, int32_t bos_id) {
-  J body = parse_body(body_text);
+  J body = parse_object_body(body_text);
   ApiRequest r;
   r.chat = false;
   const J* p = field(body, "prompt");

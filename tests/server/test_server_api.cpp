@@ -562,6 +562,27 @@ TEST_F(ServerTest, AnthropicErrorsHaveAnthropicShape) {
   EXPECT_EQ(json::parse(nf->body)["error"]["type"], "not_found_error");
 }
 
+TEST_F(ServerTest, InvalidJsonNamesTheParsePositionOnEveryEndpoint) {
+  // The same malformed body gets the same message, with the parser's line and column, from the OpenAI and the
+  // Anthropic endpoints; each in its own error shape.
+  const std::string bad = "{\"max_tokens\": 5,\n \"messages\": [}";
+  std::string openai_msg;
+  for (const char* path : {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens"}) {
+    auto r = post(path, bad);
+    ASSERT_TRUE(r) << path;
+    EXPECT_EQ(r->status, 400) << path << " -> " << r->body;
+    const json j = json::parse(r->body, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << r->body;
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error") << path << " -> " << r->body;
+    const std::string msg = j["error"]["message"];
+    EXPECT_NE(msg.find("invalid JSON in the request body"), std::string::npos) << path << ": " << msg;
+    EXPECT_NE(msg.find("line 2, column 15"), std::string::npos) << path << ": " << msg;
+    if (openai_msg.empty()) openai_msg = msg;
+    EXPECT_EQ(msg, openai_msg) << path;
+    if (std::string(path).rfind("/v1/messages", 0) == 0) EXPECT_EQ(j["type"], "error") << r->body;
+  }
+}
+
 TEST_F(ServerTest, ApiKeyIsRequiredOnEveryRouteButHealth) {
   TearDown();
   configure = [](ServerOptions& o) { o.api_key = "sekret-key"; };
