@@ -20,6 +20,7 @@
 #include <string>
 #include <thread>
 
+#include "cli/numerics_option.h"
 #include "cli/byte_size.h"
 #include "cli/command.h"
 #include "cli/device_option.h"
@@ -67,7 +68,7 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
                  "cpu: of 1G); default cpu 1G, cuda 0.9");
   app.add_option("--cache-dir", o->cache_dir, "disk tier of the prefix cache (default: none)");
   app.add_option("--cache-size", o->cache_size, "bytes the disk tier may use (default 16G)");
-  app.add_option("--numerics", o->numerics, "reference | dense (default reference)");
+  dsv4::cli::add_numerics_option(app, o->numerics, "reference | dense (default reference)");
   app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")->check(CLI::Range(0, 4096));
   app.add_option("--spec-draft", o->spec_draft,
                  "speculative decoding: draft tokens per step with the model's MTP module (1-4; default 0: off)")
