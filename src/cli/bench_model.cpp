@@ -27,6 +27,7 @@
 
 #include "backend/backend.h"
 #include "backend/profiled_ops.h"
+#include "cli/numerics_option.h"
 #include "cli/command.h"
 #include "cli/device_option.h"
 #include "cli/placement_option.h"
@@ -373,11 +374,11 @@ void setup_bench_model(CLI::App& app, Runner& run) {
   auto o = std::make_shared<ModelBenchOpts>();
   app.add_option("-m,--model", o->model, "checkpoint folder");
   app.add_option("--config", o->config, "config.json of the model to build (with --load-format dummy)");
-  app.add_option("--load-format", o->load_format, "auto (dummy with --config) | dummy | safetensors");
+  dsv4::cli::add_load_format_option(app, o->load_format, "auto (dummy with --config) | dummy | safetensors");
   app.add_option("--layers", o->layers, "keep the first N layers of the schedule (dummy weights; 0: all)");
   add_device_option(app, o->device);
   add_placement_options(app, o->placement);
-  app.add_option("--numerics", o->numerics, "reference | dense");
+  dsv4::cli::add_numerics_option(app, o->numerics, "reference | dense");
   app.add_option("--batch", o->batch, "sequences per decode step (1; > 1: batched decode over one state pool)");
   app.add_option("--ctx", o->ctx, "tokens already in the sequence before the decode steps");
   app.add_option("--prefill", o->prefill, "prefill chunk length (tokens; 0: skip)");

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli/numerics_option.h"
 #include "cli/byte_size.h"
 #include "cli/command.h"
 #include "cli/device_option.h"
@@ -244,7 +245,7 @@ void setup_bench_serve(CLI::App& app, Runner& run) {
   app.add_option("--threads", o->threads, "CPU compute threads (default 0: all cores)")->check(CLI::Range(0, 4096));
   add_device_option(app, o->device);
   add_placement_options(app, o->placement);
-  app.add_option("--numerics", o->numerics, "reference | dense (default reference)");
+  dsv4::cli::add_numerics_option(app, o->numerics, "reference | dense (default reference)");
   app.add_option("--parallel", o->parallel, "running sequences (default: cpu 16, cuda 256)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 16));
   app.add_option("--batch-tokens", o->batch_tokens, "tokens per step (default: cpu 512, cuda 2048)")

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "backend/parallel.h"
+#include "cli/numerics_option.h"
 #include "cli/command.h"
 #include "cli/device_option.h"
 #include "core/error.h"
@@ -206,7 +207,7 @@ void setup_bench_spec(CLI::App& app, Runner& run) {
   auto o = std::make_shared<Opts>();
   app.add_option("-m,--model", o->model, "checkpoint folder");
   app.add_option("--config", o->config, "config.json of the model to build (with --load-format dummy)");
-  app.add_option("--load-format", o->load_format, "auto (dummy with --config) | dummy | safetensors");
+  dsv4::cli::add_load_format_option(app, o->load_format, "auto (dummy with --config) | dummy | safetensors");
   app.add_option("--layers", o->layers, "keep the first N layers (dummy weights; 0: all)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--batch", o->batch, "comma-separated batch sizes (default 1,8)");
@@ -214,7 +215,7 @@ void setup_bench_spec(CLI::App& app, Runner& run) {
   app.add_option("-n,--tokens", o->n, "tokens per request (default 128)")->check(CLI::Range(2, 1 << 20));
   app.add_option("--threads", o->threads, "CPU threads (default 0: all)")->check(CLI::Range(0, 4096));
   app.add_option("--repeat", o->repeat, "runs of each kind; the fastest counts (default 1)")->check(CLI::Range(1, 100));
-  app.add_option("--numerics", o->numerics, "reference | dense");
+  dsv4::cli::add_numerics_option(app, o->numerics, "reference | dense");
   add_device_option(app, o->device);
   app.add_flag("--json", o->json, "print one JSON object on stdout (progress on stderr)");
   run = [o] { return run_bench(*o); };

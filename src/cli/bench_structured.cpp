@@ -9,6 +9,7 @@
 // closed before the budget runs out (that cost is included).
 // The schema (at least 64 records with strings, numbers, enums, nested objects) never lets the output end early,
 // so every run decodes N tokens. Reports ms per decoded token and the difference to the unconstrained run.
+#include "cli/numerics_option.h"
 #include "cli/bench_structured.h"
 
 #include <chrono>
@@ -52,7 +53,7 @@ void setup_bench_structured(CLI::App& app, Runner& run) {
   app.add_option("-n,--tokens", o->n, "tokens to decode per run (default 128)")->check(CLI::Range(8, 100000));
   app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")->check(CLI::Range(0, 4096));
   app.add_option("--repeat", o->repeat, "runs of each kind; the fastest counts (default 3)")->check(CLI::Range(1, 100));
-  app.add_option("--numerics", o->numerics, "reference | dense (default reference)");
+  dsv4::cli::add_numerics_option(app, o->numerics, "reference | dense (default reference)");
   add_device_option(app, o->device);
   app.add_flag("--json", o->json, "print one JSON object");
   run = [o] {

@@ -34,6 +34,7 @@
 #include "backend/act_quant.h"
 #include "backend/cpu_features.h"
 #include "backend/gemm.h"
+#include "cli/numerics_option.h"
 #include "cli/bench_structured.h"
 #include "cli/command.h"
 #include "core/error.h"
@@ -449,7 +450,7 @@ void setup_gemm(CLI::App& app, Runner& run) {
   app.add_option("--prefill-tokens", o->prefill_tokens, "prefill chunk length")->check(CLI::PositiveNumber);
   app.add_option("--experts-alloc", o->experts_alloc, "distinct routed experts allocated (>= 6)");
   app.add_option("--mem-mib", o->mem_mib, "bandwidth buffer size (MiB)")->check(CLI::PositiveNumber);
-  app.add_option("--numerics", o->numerics, "reference (FP8 act quant, bf16 out) or dense (fp32)");
+  dsv4::cli::add_numerics_option(app, o->numerics, "reference (FP8 act quant, bf16 out) or dense (fp32)");
   app.add_flag("--no-head", o->no_head, "skip the BF16 lm-head GEMV (1 GB)");
   app.add_flag("--json", o->json, "print one JSON object");
   run = [o] { return run_gemm_bench(*o); };

@@ -13,6 +13,7 @@
 
 #include "chat/chat_encoding.h"
 #include "chat/output_parser.h"
+#include "cli/numerics_option.h"
 #include "cli/command.h"
 #include "cli/device_option.h"
 #include "cli/placement_option.h"
@@ -56,7 +57,7 @@ void setup_chat(CLI::App& app, dsv4::cli::Runner& run) {
   dsv4::cli::add_sampling_options(app, o->sampling);
   app.add_option("--system", o->system, "system prompt");
   app.add_flag("--think", o->think, "start with thinking mode on (toggle with /think on|off)");
-  app.add_option("--numerics", o->numerics, "reference | dense (default reference)");
+  dsv4::cli::add_numerics_option(app, o->numerics, "reference | dense (default reference)");
   app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")->check(CLI::Range(0, 4096));
   app.add_option("--spec-draft", o->spec_draft,
                  "speculative decoding: draft tokens per step with the model's MTP module (1-4; default 0: off)")

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/numerics_option.h"
 #include "cli/command.h"
 #include "cli/device_option.h"
 #include "cli/placement_option.h"
@@ -78,7 +79,7 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
       ->check(dsv4::cli::sampling_range(&dsv4::SamplingParams::presence_penalty));
   app.add_option("--frequency-penalty", o->frequency, "frequency penalty on output tokens (default 0)")
       ->check(dsv4::cli::sampling_range(&dsv4::SamplingParams::frequency_penalty));
-  app.add_option("--numerics", o->numerics, "reference | dense (default reference)");
+  dsv4::cli::add_numerics_option(app, o->numerics, "reference | dense (default reference)");
   app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")->check(CLI::Range(0, 4096));
   app.add_option("--spec-draft", o->spec_draft,
                  "speculative decoding: draft tokens per step with the model's MTP module (1-4; default 0: off)")

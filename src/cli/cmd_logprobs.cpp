@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/numerics_option.h"
 #include "cli/command.h"
 #include "cli/device_option.h"
 #include "cli/placement_option.h"
@@ -78,7 +79,7 @@ void setup_logprobs(CLI::App& app, dsv4::cli::Runner& run) {
   app.add_option("-m,--model", o->model, "model folder (config.json + safetensors)")->required();
   app.add_option("--prompt-ids", o->ids, "comma-separated token ids, e.g. 0,15,27")->required();
   app.add_option("--top-k", o->top_k, "entries per position (default 20)")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--numerics", o->numerics, "reference | dense (default reference)");
+  dsv4::cli::add_numerics_option(app, o->numerics, "reference | dense (default reference)");
   app.add_option("--chunk", o->chunk, "feed the prompt in chunks of N tokens (default: one prefill)")
       ->check(CLI::NonNegativeNumber);
   dsv4::cli::add_device_option(app, o->device);

@@ -11,6 +11,7 @@
 
 #include "backend/numerics.h"
 #include "backend/parallel.h"
+#include "cli/numerics_option.h"
 #include "cli/command.h"
 #include "cli/device_option.h"
 #include "core/error.h"
@@ -80,7 +81,7 @@ void setup_profile_experts(CLI::App& app, dsv4::cli::Runner& run) {
   app.add_option("-m,--model", o->model, "model folder")->required();
   app.add_option("--prompts", o->prompts, "prompt file: one prompt per non-empty line")->required();
   app.add_option("-o,--output", o->out, "profile to write (JSON; read by --hot-experts)")->required();
-  app.add_option("--numerics", o->numerics, "reference | dense");
+  dsv4::cli::add_numerics_option(app, o->numerics, "reference | dense");
   app.add_option("--threads", o->threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 4096));
   dsv4::cli::add_device_option(app, o->device);
   run = [o] { return run_profile(*o); };

@@ -20,6 +20,8 @@
 #include <string>
 #include <thread>
 
+#include "cli/numerics_option.h"
+#include "server/http_transport.h"
 #include "cli/byte_size.h"
 #include "cli/command.h"
 #include "cli/device_option.h"
@@ -67,7 +69,7 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
                  "cpu: of 1G); default cpu 1G, cuda 0.9");
   app.add_option("--cache-dir", o->cache_dir, "disk tier of the prefix cache (default: none)");
   app.add_option("--cache-size", o->cache_size, "bytes the disk tier may use (default 16G)");
-  app.add_option("--numerics", o->numerics, "reference | dense (default reference)");
+  dsv4::cli::add_numerics_option(app, o->numerics, "reference | dense (default reference)");
   app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")->check(CLI::Range(0, 4096));
   app.add_option("--spec-draft", o->spec_draft,
                  "speculative decoding: draft tokens per step with the model's MTP module (1-4; default 0: off)")
@@ -101,6 +103,10 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
         o->kv_memory.empty() ? std::nullopt
                              : std::optional<cli::ByteSize>(cli::parse_byte_size(o->kv_memory, "--kv-memory", true));
     const uint64_t cache_size = std::get<uint64_t>(cli::parse_byte_size(o->cache_size, "--cache-size", false));
+    // A port in use is reported before the model loads (minutes on a large model); Server::bind() below still
+    // reports what changes in between.
+    if (const std::string why = probe_listen(o->host, o->port); !why.empty())
+      fail("cannot listen on {}:{}: {}", o->host, o->port, why);
     std::fprintf(stderr, "loading %s ...\n", o->model.c_str());
     const Device device = dsv4::cli::resolve_device(o->device);
     LoadedModel lm = load_model(o->model, o->numerics, o->threads, device, o->spec_draft, o->placement);

@@ -3,6 +3,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include "cli/numerics_option.h"
 #include "model/expert_placement.h"
 
 namespace dsv4::cli {
@@ -15,7 +16,8 @@ inline void add_placement_options(CLI::App& app, PlacementOptions& p) {
       ->check(CLI::Range(0, 1 << 16));  // a negative N is an error, not "not given"
   app.add_option("--gpu-experts", p.gpu_experts,
                  "auto: as many routed experts on the device as its free memory holds (after the other weights and "
-                 "room for state and workspaces), the rest on the CPU; N: N experts per layer on the device");
+                 "room for state and workspaces), the rest on the CPU; N: N experts per layer on the device")
+      ->check(CLI::Validator(check_gpu_experts, "auto|N"));
   app.add_option("--hot-experts", p.hot_experts,
                  "expert-usage profile (dsv4 profile-experts): the most used experts go on the device (implies "
                  "--gpu-experts auto)");

@@ -10,14 +10,6 @@ namespace {
 using J = ojson;
 using namespace reqf;
 
-J parse_body(std::string_view body) {
-  J j = J::parse(body, nullptr, false);
-  if (j.is_discarded())
-    throw ApiError(400, "invalid JSON in the request body", "invalid_request_error", "", "invalid_json");
-  if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object");
-  return j;
-}
-
 // Text of a string or an array of text blocks.
 std::string text_of(const J& c, const std::string& where) {
   if (c.is_string()) return c.get<std::string>();
@@ -110,7 +102,7 @@ void convert_messages(const J& in, J& out) {
 }  // namespace
 
 ApiRequest parse_anthropic_request(std::string_view body_text, const Tokenizer& tok, int64_t n_ctx, bool count_only) {
-  const J body = parse_body(body_text);
+  const J body = parse_object_body(body_text);
   J chat = J::object();
   if (const J* m = field(body, "model")) {
     if (!m->is_string()) bad_request("model", "'model' must be a string");

@@ -3,6 +3,7 @@
 #include "server/http_transport.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -774,6 +775,34 @@ void HttpServer::worker_loop() {
       close_conn(std::move(c), nullptr);
     }
   }
+}
+
+std::string probe_listen(const std::string& host, int port) {
+  if (port == 0) return "";
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  const std::string service = std::to_string(port);
+  if (::getaddrinfo(host.c_str(), service.c_str(), &hints, &res) != 0 || !res) return "the address is not available";
+  std::string why = "the address is not available";
+  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+    const int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) continue;
+    int yes = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);  // as HttpServer: no SO_REUSEPORT
+    const bool ok = ::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0;
+    const int e = errno;
+    ::close(fd);
+    if (ok) {
+      why.clear();
+      break;
+    }
+    why = e == EADDRINUSE ? "the address is already in use (another server on this port?)" : std::strerror(e);
+  }
+  ::freeaddrinfo(res);
+  return why;
 }
 
 }  // namespace dsv4

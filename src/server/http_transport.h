@@ -107,4 +107,8 @@ class HttpServer : public httplib::Server {
   std::atomic<int64_t> open_{0}, waiting_{0}, busy_{0}, timed_out_{0}, refused_{0}, requests_{0}, streaming_{0};
 };
 
+// Whether host:port can be bound now (a test bind with the server's socket options, closed at once), so that a port
+// in use is reported before the model loads. "" if it can (or port is 0), else the reason, worded as bind_port's.
+std::string probe_listen(const std::string& host, int port);
+
 }  // namespace dsv4

@@ -21,18 +21,6 @@ using namespace reqf;
 
 constexpr int kMaxTopLogprobs = 20;
 
-J parse_body(std::string_view body) {
-  J j;
-  try {
-    j = J::parse(body);
-  } catch (const std::exception& e) {
-    throw ApiError(400, fmt::format("invalid JSON in the request body: {}", e.what()), "invalid_request_error", "",
-                   "invalid_json");
-  }
-  if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object");
-  return j;
-}
-
 bool name_ok(const std::string& s, bool dots) {
   if (s.empty() || s.size() > 64) return false;
   return std::all_of(s.begin(), s.end(), [&](char c) {
@@ -120,6 +108,22 @@ void validate_messages(const J& msgs) {
     const std::string where = fmt::format("messages[{}]", i);
     const J* role = field(m, "role");
     if (!role || !role->is_string()) continue;
+    const J* tcs = field(m, "tool_calls");
+    // content (absent or null): required for user, system and tool messages; an assistant message may leave it out
+    // only when it carries tool calls (the OpenAI rules).
+    if (!field(m, "content") && (*role == "user" || *role == "system" || *role == "tool" || *role == "assistant")) {
+      const bool has_calls = *role == "assistant" && tcs && tcs->is_array() && !tcs->empty();
+      if (!has_calls) {
+        const bool is_null = m.contains("content");
+        const std::string r = role->get<std::string>();
+        bad_request(where + ".content",
+                    *role == "assistant"
+                        ? fmt::format("{}.content: {} for an assistant message without tool_calls", where,
+                                      is_null ? "must not be null" : "is required")
+                        : fmt::format("{}.content: {} for a {} message (a string or an array of text parts)", where,
+                                      is_null ? "must not be null" : "is required", r));
+      }
+    }
     if (*role == "tool") {
       const J* id = field(m, "tool_call_id");
       if (!id || !id->is_string() || id->get<std::string>().empty())
@@ -127,7 +131,6 @@ void validate_messages(const J& msgs) {
                                                          "answers (a non-empty string)",
                                                          where));
     }
-    const J* tcs = field(m, "tool_calls");
     if (!tcs || !tcs->is_array()) continue;
     for (size_t j = 0; j < tcs->size(); ++j) {
       const J& tc = (*tcs)[j];
@@ -357,11 +360,11 @@ ApiRequest chat_request_from_json(J body, const Tokenizer& tok, int64_t n_ctx) {
 }
 
 ApiRequest parse_chat_completion_request(std::string_view body_text, const Tokenizer& tok, int64_t n_ctx) {
-  return chat_request_from_json(parse_body(body_text), tok, n_ctx);
+  return chat_request_from_json(parse_object_body(body_text), tok, n_ctx);
 }
 
 ApiRequest parse_completion_request(std::string_view body_text, const Tokenizer& tok, int64_t n_ctx, int32_t bos_id) {
-  J body = parse_body(body_text);
+  J body = parse_object_body(body_text);
   ApiRequest r;
   r.chat = false;
   const J* p = field(body, "prompt");

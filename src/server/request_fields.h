@@ -21,6 +21,20 @@ inline const J* field(const J& obj, const char* key) {
   return &*it;
 }
 
+// A request body: a JSON object. Malformed JSON is a 400 'invalid_json' that carries the parser's message (with the
+// line and column of the error); every endpoint reports it the same way.
+inline J parse_object_body(std::string_view body) {
+  J j;
+  try {
+    j = J::parse(body);
+  } catch (const std::exception& e) {
+    throw ApiError(400, fmt::format("invalid JSON in the request body: {}", e.what()), "invalid_request_error", "",
+                   "invalid_json");
+  }
+  if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object");
+  return j;
+}
+
 inline std::string join(const std::string& prefix, const char* key) {
   return prefix.empty() ? std::string(key) : prefix + "." + key;
 }

@@ -70,7 +70,7 @@ TEST(CliPlacement, BadProfilesAndValuesAreOneLineErrors) {
       {{"--hot-experts", other.string()}, "recorded on a model with top_k 6 but this model has 2"},
       {{"--hot-experts", (dir / "missing.json").string()}, "cannot open"},
       {{"--n-cpu-moe", "7"}, "--n-cpu-moe 7"},
-      {{"--gpu-experts", "lots"}, "--gpu-experts must be auto or a number"},
+      {{"--gpu-experts", "9"}, "--gpu-experts must be auto or a number of experts per layer in 0 .. 8"},  // "lots": a usage error (test_usage_errors)
       {{"--cpu-moe", "--n-cpu-moe", "2"}, "give one of them"},
   };
   for (const auto& c : cases) {

@@ -115,6 +115,9 @@ TEST(CliServe, APortInUseIsAClearErrorAndANonZeroExit) {
   EXPECT_NE(r.err.find("dsv4: error: cannot listen on 127.0.0.1:" + port + ": the address is already in use"),
             std::string::npos)
       << r.err;
+  // found before the model loads
+  EXPECT_EQ(r.err.find("loading"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("device:"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -123,6 +123,25 @@ TEST(CliUsage, BadFlagValuesAreRefusedBeforeTheModelLoads) {
   cases.push_back({{"bench", "model", "-m", none, "--numerics", "fast"}, "--numerics"});
   cases.push_back({{"bench", "model", "-m", none, "--load-format", "gguf"}, "--load-format"});
   cases.push_back({{"serve", "-m", none, "--port", "0", "--kv-memory", "lots"}, "--kv-memory"});
+  // Every enumerated flag of every command: --numerics, --load-format, --gpu-experts (its syntax).
+  for (const std::vector<std::string>& b : std::vector<std::vector<std::string>>{
+           {"generate", "-m", none, "-p", "hi"},
+           {"chat", "-m", none},
+           {"serve", "-m", none, "--port", "0"},
+           {"profile-experts", "-m", none, "--prompts", none, "-o", "/tmp/dsv4-test-profile.json"},
+           {"bench", "gemm"},
+           {"bench", "serve", "-m", none},
+           {"bench", "spec", "-m", none},
+           {"bench", "structured", "-m", none}}) {
+    auto a = b;
+    a.insert(a.end(), {"--numerics", "foo"});
+    cases.push_back({a, "--numerics"});
+  }
+  cases.push_back({{"bench", "spec", "-m", none, "--load-format", "gguf"}, "--load-format"});
+  for (const char* g : {"many", "-1", "3x"}) {
+    cases.push_back({{"generate", "-m", none, "-p", "hi", "--gpu-experts", g}, "--gpu-experts"});
+    cases.push_back({{"serve", "-m", none, "--port", "0", "--gpu-experts", g}, "--gpu-experts"});
+  }
   for (const auto& c : cases) {
     std::string joined;
     for (const auto& a : c.args) joined += "'" + a + "' ";

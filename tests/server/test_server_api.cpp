@@ -562,6 +562,27 @@ TEST_F(ServerTest, AnthropicErrorsHaveAnthropicShape) {
   EXPECT_EQ(json::parse(nf->body)["error"]["type"], "not_found_error");
 }
 
+TEST_F(ServerTest, InvalidJsonNamesTheParsePositionOnEveryEndpoint) {
+  // The same malformed body gets the same message, with the parser's line and column, from the OpenAI and the
+  // Anthropic endpoints; each in its own error shape.
+  const std::string bad = "{\"max_tokens\": 5,\n \"messages\": [}";
+  std::string openai_msg;
+  for (const char* path : {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens"}) {
+    auto r = post(path, bad);
+    ASSERT_TRUE(r) << path;
+    EXPECT_EQ(r->status, 400) << path << " -> " << r->body;
+    const json j = json::parse(r->body, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << r->body;
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error") << path << " -> " << r->body;
+    const std::string msg = j["error"]["message"];
+    EXPECT_NE(msg.find("invalid JSON in the request body"), std::string::npos) << path << ": " << msg;
+    EXPECT_NE(msg.find("line 2, column 15"), std::string::npos) << path << ": " << msg;
+    if (openai_msg.empty()) openai_msg = msg;
+    EXPECT_EQ(msg, openai_msg) << path;
+    if (std::string(path).rfind("/v1/messages", 0) == 0) EXPECT_EQ(j["type"], "error") << r->body;
+  }
+}
+
 TEST_F(ServerTest, ApiKeyIsRequiredOnEveryRouteButHealth) {
   TearDown();
   configure = [](ServerOptions& o) { o.api_key = "sekret-key"; };
@@ -741,6 +762,46 @@ TEST_F(ServerTest, BadSchemasToolsAndBudgetsName400Fields) {
   EXPECT_EQ(ok["usage"]["prompt_tokens_details"]["cached_tokens"],
             (first["usage"]["prompt_tokens"].get<int>() - 1) / 128 * 128);
   EXPECT_EQ(json::parse(client().Get("/health")->body)["model_state"], "loaded");
+}
+
+TEST_F(ServerTest, ChatMessageWithoutContentIs400NamingItsIndex) {
+  const std::string call = R"("tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f",
+      "arguments": "{}"}}])";
+  struct Case {
+    std::string messages, param, needle;
+  };
+  const std::vector<Case> bad = {
+      {R"([{"role": "user"}])", "messages[0].content", "messages[0].content: is required for a user message"},
+      {R"([{"role": "user", "content": null}])", "messages[0].content", "messages[0].content: must not be null"},
+      {R"([{"role": "system"}, {"role": "user", "content": "x"}])", "messages[0].content",
+       "messages[0].content: is required for a system message"},
+      {R"([{"role": "user", "content": "x"}, {"role": "assistant"}, {"role": "user", "content": "y"}])",
+       "messages[1].content", "messages[1].content: is required for an assistant message without tool_calls"},
+      {R"([{"role": "user", "content": "x"}, {"role": "assistant", "content": null, "tool_calls": []},
+          {"role": "user", "content": "y"}])",
+       "messages[1].content", "messages[1].content: must not be null for an assistant message"},
+      {R"([{"role": "user", "content": "x"}, {"role": "assistant", "content": null, )" + call +
+           R"(}, {"role": "tool", "tool_call_id": "c1"}])",
+       "messages[2].content", "messages[2].content: is required for a tool message"},
+  };
+  for (const auto& c : bad) {
+    auto r = post("/v1/chat/completions", R"({"model": "x", "messages": )" + c.messages + "}");
+    ASSERT_TRUE(r) << c.messages;
+    EXPECT_EQ(r->status, 400) << c.messages << " -> " << r->body;
+    const json j = json::parse(r->body, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << r->body;
+    expect_error_shape(j, c.param);
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+    EXPECT_NE(j["error"]["message"].get<std::string>().find(c.needle), std::string::npos) << r->body;
+  }
+  // An assistant message with tool calls may leave its content out or set it to null.
+  for (const std::string content : {"", R"("content": null, )"}) {
+    const std::string msgs = R"([{"role": "user", "content": "x"}, {"role": "assistant", )" + content + call +
+                             R"(}, {"role": "tool", "tool_call_id": "c1", "content": "r"}])";
+    auto r = post("/v1/chat/completions", R"({"model": "x", "max_tokens": 4, "messages": )" + msgs + "}");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << msgs << " -> " << r->body;
+  }
 }
 
 TEST_F(ServerTest, StructuredAnswerIsClosedWithinMaxTokens) {
