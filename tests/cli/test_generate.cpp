@@ -70,7 +70,7 @@ TEST(CliGenerate, BadArgumentsGiveOneLineErrors) {
   };
   std::vector<Case> cases{
       {{"-m", "/nonexistent/model", "--prompt-ids", "0"}, "not a model folder"},
-      {{"-m", kTiny, "--prompt-ids", "0", "--numerics", "fast"}, "numerics"},
+      {{"-m", kTiny, "--prompt-ids", "0", "--numerics", "fast"}, "--numerics", 2},
       {{"-m", kTiny}, "prompt", 2},
       {{"-m", kTiny, "-p", "hello"}, "tokenizer.json"},
       {{"-m", kTiny, "--prompt-ids", "0,x"}, "--prompt-ids", 2},
