@@ -518,15 +518,19 @@ void run_moe_case(const MoeCase& c, uint64_t seed) {
       check_moe(base + " path=auto deterministic", ref, a, Q, c, x, ids, wts);
     }
     // the default (fast) mode: gemv_kernel for the small expert segments and the decode linears, cuBLASLt from 64
-    const int64_t tc_before = ::dsv4::cuda::moe_prefill_tc_stats().calls;
+    const int64_t big_before = ::dsv4::cuda::moe_tc_big_calls();
     const MoeRun f = moe_gpu(x, c.n, ids, wts, Q, c.shared, c.limit, GemmPath::auto_);
     check_moe_fast(base + " path=auto fast", ref, f, c.n);
-    if (Q && c.n * kK >= 4096) {  // the prefill path on cuBLAS BF16 tensor cores (k_bf16_tc.cu) must have run
-      const ::dsv4::cuda::MoePrefillTcStats st = ::dsv4::cuda::moe_prefill_tc_stats();
-      EXPECT_GT(st.calls, tc_before) << base << ": the BF16 tensor-core prefill path was not taken: "
-                                     << st.last_refusal;
-      std::printf("[check] %s: BF16 tensor-core prefill path taken (%lld calls so far)\n", base.c_str(),
-                  (long long)st.calls);
+    std::vector<int64_t> seg(256, 0);
+    for (const int32_t e : ids) ++seg[size_t(e)];
+    const int64_t big = std::count_if(seg.begin(), seg.end(), [](int64_t r) { return r > 16; });
+    if (Q && big > 0) {  // segments of more than 16 rows: the FP8 tensor-core kernel of k_moe_tc.cu must have run
+      EXPECT_EQ(::dsv4::cuda::moe_tc_big_calls(), big_before + 2) << base << ": " << big
+          << " segments of more than 16 rows did not run moe_tc_big_kernel (w1|w3 and w2)";
+      std::printf("[check] %s: %lld segments of more than 16 rows on moe_tc_big_kernel\n", base.c_str(),
+                  (long long)big);
+    } else {
+      EXPECT_EQ(::dsv4::cuda::moe_tc_big_calls(), big_before) << base << ": no segment of more than 16 rows";
     }
     if (c.n >= 64) {  // also with every linear on the SIMT kernel: (Q) bitwise again
       const MoeRun s = moe_gpu(x, c.n, ids, wts, Q, c.shared, c.limit, GemmPath::simt);
@@ -654,9 +658,9 @@ TEST(CudaMoe, MoePrefillShapes) {
   run_moe_case({64, kEveryExpert, true, 10.0f}, 202);  // 256 segments of 1-2 rows: small kernel only
   run_moe_case({300, kSkewed, true, 10.0f}, 203);      // 4 segments of 75+ rows (tiled, partial tiles) + small ones
   run_moe_case({1024, kRandom, true, 10.0f}, 204);     // ~24 rows per expert: every expert on a partial M tile
-  // >= 4096 (token, slot) pairs: the fast (Q) mode's cuBLAS BF16 path (k_bf16_tc.cu) with a few segments of
-  // hundreds of rows and many small ones
+  // a few segments of hundreds of rows (full and partial 64-row tiles of moe_tc_big_kernel) and many small ones
   run_moe_case({1024, kSkewed, true, 10.0f}, 205);
+  run_moe_case({2048, kRandom, false, 0.0f}, 206);  // ~48 rows per expert, no shared expert, no clamp
 }
 
 TEST(CudaMoe, MoeBatchInvariance) {

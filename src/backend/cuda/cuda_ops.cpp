@@ -185,11 +185,14 @@ void CudaOps::moe(const MoeWeights& w, const float* x, int64_t n_tok, const int3
   if (n_tok <= 0) return;
   Workspace::Scope scope(be_.workspace());
   void* scratch = be_.workspace().alloc_bytes(moe_scratch_bytes(w, n_tok, k, q));
-  const int64_t tc_before = moe_prefill_tc_stats().calls;
+  const int64_t tc_before = moe_prefill_tc_stats().calls, big_before = moe_tc_big_calls();
   DSV4_CUDA_OP(moe, w, x, n_tok, ids, wts, k, swiglu_limit, q, bf16, y, scratch, moe_side());
   if (n_tok * k >= 4096) {
     const MoePrefillTcStats st = moe_prefill_tc_stats();
-    if (st.calls > tc_before) log::debug("moe: {} (token, slot) pairs on BF16 tensor cores", n_tok * k);
+    if (moe_tc_big_calls() > big_before)
+      log::debug("moe: {} (token, slot) pairs, big segments on FP8 tensor cores (FP4 converted in the kernel)",
+                 n_tok * k);
+    else if (st.calls > tc_before) log::debug("moe: {} (token, slot) pairs on BF16 tensor cores", n_tok * k);
     else log::debug("moe: {} (token, slot) pairs on the FP4 kernels ({})", n_tok * k, st.last_refusal);
   }
 }

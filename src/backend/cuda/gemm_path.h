@@ -104,6 +104,8 @@ struct MoeGemmArgs {
   bool weight_as_bf16 = false;
   int64_t block_cols = 128;  // FP8 experts: scale block columns (gemv_kernel needs a multiple of 16)
   bool words_ok = false;     // every expert's weight and scale rows are 4-byte aligned (moe_tc_small_kernel)
+  bool w16_ok = false;       // ... and every weight row 16-byte aligned (moe_tc_big_kernel)
+  void* a8_ws = nullptr;     // moe_tc_big_scratch_bytes of scratch (nullptr: the big segments do not take that path)
 };
 // h[r, :] = swiglu(w1 x, w3 x, limit, row_w[r], bf16) for every sorted row r, x = a[row_tok[r]] (a: [*, d_model],
 // codes in (Q) with scales sa [*, ceil(d_model/128)]).
@@ -111,6 +113,14 @@ void moe_w13(const MoeGemmArgs& g, const float* a, const float* sa, float swiglu
              cudaStream_t stream);
 // o[r, :] = w2 h[r] for every sorted row r (h: [rows, inter], codes in (Q) with scales sh [rows, ceil(inter/128)]).
 void moe_w2(const MoeGemmArgs& g, const float* h, const float* sh, float* o, cudaStream_t stream);
+// The big segments of FP4 experts in the fast (Q) mode on FP8 tensor cores with the FP4 -> e4m3 conversion in the
+// kernel (k_moe_tc.cu): ok = FP4, (Q), fast mode on the auto path, shapes, w16_ok, device sm_89+. moe_tc_big
+// converts the activation codes a (w13: [n_tok, d_model] gathered through row_tok; w2: [n_rows_bound, inter]) to
+// e4m3 bytes in g.a8_ws, then writes y rows of the segments with more than kMoeSmallMax rows as moe_w13 / moe_w2.
+bool moe_tc_big_ok(const MoeGemmArgs& g);
+size_t moe_tc_big_scratch_bytes(GemmFormat fmt, bool quant, int64_t n_tok, int64_t P, int64_t D, int64_t I);
+void moe_tc_big(bool w13, const MoeGemmArgs& g, const float* a, const float* sa, float* y, int64_t ldy, float limit,
+                bool bf16, cudaStream_t stream);
 // Large (prefill) FP4 expert calls in the fast (Q) mode on cuBLAS BF16 tensor cores (k_bf16_tc.cu). ok: the
 // call qualifies (>= 4096 pairs, FP4, (Q), fast mode, stream not capturing) and moe_bf16_scratch_bytes (0 where it
 // cannot) was reserved. w13 fills seg (the segment starts, on the host) and writes h as moe_w13 does, using G (the

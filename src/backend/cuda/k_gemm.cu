@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <string>
 
+#include "backend/cuda/device_fp8_mma.cuh"
 #include "backend/cuda/device_numeric.cuh"
 #include "backend/cuda/device_swiglu.cuh"
 #include "backend/cuda/gemm_path.h"
@@ -411,13 +412,6 @@ __device__ __forceinline__ uint4 gv_load16(const uint8_t* p, bool vec) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// The 8 FP4 nibbles of w (low nibble = even column) as e4m3 bytes: nibble s|e1 e0 m -> byte s 0 0 e1 e0 m 0 0 (= the
-// E2M1 value times 2^-6, exact); ev holds columns 0, 2, 4, 6, od columns 1, 3, 5, 7.
-__device__ __forceinline__ void fp4_as_e4m3(uint32_t w, uint32_t& ev, uint32_t& od) {
-  const uint32_t o = w >> 4;
-  ev = ((w << 4) & 0x80808080u) | ((w << 2) & 0x1C1C1C1Cu);
-  od = ((o << 4) & 0x80808080u) | ((o << 2) & 0x1C1C1C1Cu);
-}
 
 // The expert of big-segment tile `slot` of the MoE kinds: the last e with big_tile_start[e] <= slot (binary search;
 // slot < big_tile_start[n_experts]).
@@ -607,18 +601,6 @@ __device__ __forceinline__ uint2 tc_fp4x8(uint32_t w) {
   return make_uint2(__byte_perm(ev, od, 0x5140), __byte_perm(ev, od, 0x7362));
 }
 
-__device__ __forceinline__ void tc_mma(const uint32_t a[4], uint32_t b0, uint32_t b1, float d[4]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%10,%10,%10,%10};\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
-#else
-  d[0] = d[1] = d[2] = d[3] = 0.0f;
-  __trap();  // tc_supported() keeps the launchers off this path
-#endif
-}
 
 template <int FMT, int KIND>
 __global__ void __launch_bounds__(TC_THREADS) tc_kernel(const GArgs A) {
@@ -1609,14 +1591,6 @@ constexpr int64_t kMtMaxTiles = 8;  // output tiles one block of moe_tc_small_ke
 
 size_t moe_tc_smem(int64_t K) { return size_t(MT_COLS * K) + size_t(MT_COLS * (K / 128)) * 4; }
 
-// Byte s of four E8M0 scales (w) as a float, e8m0_to_float's special codes (0: 2^-127, 0xFF: NaN) from sp (bytes
-// 0xFF where w's byte is 0 or 0xFF: __vcmpeq4, once per word).
-template <int S>
-__device__ __forceinline__ float e8m0_byte(uint32_t w, uint32_t sp) {
-  const uint32_t e = S <= 2 ? w << (23 - 8 * S) : w >> (8 * S - 23);    // byte S at the exponent field
-  const uint32_t q = S <= 2 ? sp << (22 - 8 * S) : sp >> (8 * S - 22);  // its special flag at bit 22
-  return __uint_as_float((e & 0x7F800000u) | (q & 0x00400000u));
-}
 
 // The block's work on expert slot `slot` (see moe_tc_small_kernel); every weight row and scale row is 4-byte
 // aligned (MoeGemmArgs::words_ok).
@@ -2228,6 +2202,21 @@ bool moe_tc_small_ok(const MoeGemmArgs& g, int kind, const GArgs& A) {
   return tc_ok(g, kind, A);
 }
 
+// The small segments on moe_tc_small_kernel (As: n_slots set).
+void launch_small_tc(int kind, const MoeGemmArgs& g, const GArgs& As, int64_t nout, cudaStream_t stream) {
+  const int64_t K2 = kind == kW13 ? g.d_model : g.inter;
+  // the expert slots x tile strides: about the blocks the GPU holds at once, but at most kMtMaxTiles tiles per
+  // block (with many slots, e.g. 192 at batch 32, one block per slot would stream a whole expert serially)
+  const int64_t resident = int64_t(sm_count()) * (kind == kW13 ? moe_tc_small_occ<kW13>() : moe_tc_small_occ<kW2>());
+  const int64_t tiles = nout / MT_ROWS;
+  const int64_t n_bt = std::clamp<int64_t>(std::max(resident / As.n_slots, cdiv(tiles, kMtMaxTiles)), 1, tiles);
+  const int64_t gt = As.n_slots * n_bt;
+  if (kind == kW13)
+    moe_tc_small_kernel<kW13><<<static_cast<unsigned>(gt), MT_THREADS, moe_tc_smem(K2), stream>>>(As);
+  else
+    moe_tc_small_kernel<kW2><<<static_cast<unsigned>(gt), MT_THREADS, moe_tc_smem(K2), stream>>>(As);
+}
+
 void moe_launch_both(int kind, const MoeGemmArgs& g, GArgs A, int64_t nout, cudaStream_t stream) {
   const int fmt = fmt_code(g.fmt);
   const int64_t P = g.n_rows_bound, E = g.n_experts;
@@ -2251,20 +2240,24 @@ void moe_launch_both(int kind, const MoeGemmArgs& g, GArgs A, int64_t nout, cuda
   const int64_t gg = gv.ok ? As.n_slots * cdiv(nout, gv.rpb) : 0;
   // no segment can exceed kMoeSmallMax rows when there are no more pairs than that: no tiled-kernel launch
   const bool any_big = P > kMoeSmallMax;
-  // big segments on the tensor-core kernel in the fast (Q) mode (tc_kernel), else on the CPU-order tiled kernel
+  // big segments on the tensor-core kernels in the fast (Q) mode (FP4 with scratch: moe_tc_big_kernel, k_moe_tc.cu;
+  // else tc_kernel), else on the CPU-order tiled kernel
   const bool tc = any_big && tc_ok(g, kind, A);
-  if (moe_tc_small_ok(g, kind, A)) {  // small segments on tensor cores
-    const int64_t K2 = kind == kW13 ? g.d_model : g.inter;
-    // the expert slots x tile strides: about the blocks the GPU holds at once, but at most kMtMaxTiles tiles per
-    // block (with many slots, e.g. 192 at batch 32, one block per slot would stream a whole expert serially)
-    const int64_t resident = int64_t(sm_count()) * (kind == kW13 ? moe_tc_small_occ<kW13>() : moe_tc_small_occ<kW2>());
-    const int64_t tiles = nout / MT_ROWS;
-    const int64_t n_bt = std::clamp<int64_t>(std::max(resident / As.n_slots, cdiv(tiles, kMtMaxTiles)), 1, tiles);
-    const int64_t gt = As.n_slots * n_bt;
-    if (kind == kW13)
-      moe_tc_small_kernel<kW13><<<static_cast<unsigned>(gt), MT_THREADS, moe_tc_smem(K2), stream>>>(As);
+  if (tc && g.a8_ws != nullptr && moe_tc_big_ok(g)) {
+    const bool w13 = kind == kW13;
+    moe_tc_big(w13, g, A.a, A.sa, A.y, A.ldy, A.limit, A.bf16, stream);
+    if (moe_tc_small_ok(g, kind, A))
+      launch_small_tc(kind, g, As, nout, stream);
+    else if (gv.ok && w13)
+      launch_gemv<kW13>(fmt, g.quant, gv_mt_moe(g.n_tok), As, gg, stream);
+    else if (gv.ok)
+      launch_gemv<kW2>(fmt, g.quant, gv_mt_moe(g.n_tok), As, gg, stream);
     else
-      moe_tc_small_kernel<kW2><<<static_cast<unsigned>(gt), MT_THREADS, moe_tc_smem(K2), stream>>>(As);
+      (w13 ? launch_kind<kW13, true> : launch_kind<kW2, true>)(fmt, g.quant, mt, As, gs, stream);
+    return;
+  }
+  if (moe_tc_small_ok(g, kind, A)) {  // small segments on tensor cores
+    launch_small_tc(kind, g, As, nout, stream);
     if (tc)
       (kind == kW13 ? launch_tc<kW13> : launch_tc<kW2>)(fmt, Ab, gb, stream);
     else if (any_big)

@@ -10,8 +10,10 @@
 //      order (gemm.h), so a row never depends on its segment and (Q) and (D) both equal the CPU bitwise.
 //   4. (Q) act_quant of h in place; moe_w2 -> o [sorted rows, d_model] (bf16-rounded when q.out_bf16, as the CPU's
 //      linear rounds its output).
-//   3-4 of large (prefill) FP4 calls in the fast (Q) mode run on cuBLAS BF16 tensor cores instead (k_bf16_tc.cu:
-//      the products are exact in BF16; the one host round trip of this file, for the segment sizes).
+//   In the fast (Q) mode, FP4 experts: the big segments of 3-4 run on FP8 tensor cores with the FP4 -> e4m3
+//      conversion inside the kernel (k_moe_tc.cu), the small ones on moe_tc_small_kernel. Where that kernel cannot
+//      run (weights not 16-byte aligned), large calls (>= 4096 pairs) take cuBLAS BF16 tensor cores instead
+//      (k_bf16_tc.cu: the products are exact in BF16; the one host round trip of this file, for the segment sizes).
 //   5. shared expert through linear_pair() (w1 and w3) and linear() (w2), SwiGLU without weight between; queued
 //      first, on the side stream when the caller gives one (it then overlaps 1-4: at batch 1 neither fills the GPU).
 //   6. moe_combine_kernel: y[t] = sum of o over t's slots in ascending (expert id, slot) order (fp32, from 0),
@@ -194,7 +196,7 @@ struct MoeLayout {
   int64_t E = 0, D = 0, I = 0, P = 0, Is = 0;
   bool Q = false;
   size_t seg = 0, big = 0, small = 0, nsmall = 0, pos = 0, rtok = 0, rw = 0, qx = 0, sx = 0, h = 0, sh = 0, o = 0,
-         gs = 0, us = 0, os = 0, lin = 0, bfw = 0, total = 0;
+         gs = 0, us = 0, os = 0, lin = 0, bfw = 0, a8 = 0, total = 0;
 };
 
 MoeLayout layout(const MoeWeights& w, int64_t n_tok, int64_t k, const LinearOpts& q) {
@@ -236,6 +238,7 @@ MoeLayout layout(const MoeWeights& w, int64_t n_tok, int64_t k, const LinearOpts
     L.lin = take(lb);
   }
   L.bfw = take(gemm_internal::moe_bf16_scratch_bytes(e0.w1.fmt, L.Q, L.P, L.D, L.I));
+  L.a8 = take(gemm_internal::moe_tc_big_scratch_bytes(e0.w1.fmt, L.Q, n_tok, L.P, L.D, L.I));
   L.total = off;
   return L;
 }
@@ -324,9 +327,16 @@ void moe_run(const MoeWeights& w, const uint8_t* resident, const float* x, int64
     for (const WeightView* v : {&w.experts[e].w1, &w.experts[e].w3, &w.experts[e].w2})
       g.words_ok = g.words_ok && ((reinterpret_cast<uintptr_t>(v->w) | reinterpret_cast<uintptr_t>(v->scale) |
                                    uintptr_t(v->row_bytes()) | uintptr_t((v->cols + 31) / 32)) & 3) == 0;
+  g.w16_ok = g.words_ok;
+  for (int64_t e = 0; e < w.n_experts && g.w16_ok; ++e)
+    for (const WeightView* v : {&w.experts[e].w1, &w.experts[e].w3, &w.experts[e].w2})
+      g.w16_ok = g.w16_ok && ((reinterpret_cast<uintptr_t>(v->w) | uintptr_t(v->row_bytes())) & 15) == 0;
+  if (gemm_internal::moe_tc_big_scratch_bytes(fmt, L.Q, n_tok, L.P, L.D, L.I) > 0) g.a8_ws = base + L.a8;
+  // the big segments on FP8 tensor cores (k_moe_tc.cu) when they can: no BF16 copies of the experts, no host sync
+  const bool big_tc = L.Q && g.a8_ws != nullptr && gemm_internal::moe_tc_big_ok(g);
 
   float* h = F32(L.h);
-  if (L.Q && gemm_internal::moe_bf16_scratch_bytes(fmt, true, L.P, L.D, L.I) > 0 &&
+  if (L.Q && !big_tc && gemm_internal::moe_bf16_scratch_bytes(fmt, true, L.P, L.D, L.I) > 0 &&
       gemm_internal::moe_bf16_ok(g, stream)) {  // prefill: cuBLAS BF16 (k_bf16_tc.cu)
     std::vector<int32_t> seg;
     gemm_internal::act_quant_f32(x, n_tok, L.D, F32(L.qx), F32(L.sx), stream);

@@ -117,6 +117,8 @@ struct MoePrefillTcStats {
   const char* last_refusal = "";
 };
 MoePrefillTcStats moe_prefill_tc_stats();
+// How many MoE calls of this process ran their big expert segments on moe_tc_big_kernel (k_moe_tc.cu; for tests).
+int64_t moe_tc_big_calls();
 // Ops::moe_resident / moe_combine (scratch: moe_scratch_bytes).
 void moe_resident(const MoeWeights& w, const uint8_t* resident, const float* x, int64_t n_tok, const int32_t* ids,
                   const float* wts, int64_t k, float swiglu_limit, const LinearOpts& q, bool bf16, float* o_pairs,
