@@ -529,8 +529,6 @@ void run_moe_case(const MoeCase& c, uint64_t seed) {
           << " segments of more than 16 rows did not run moe_tc_big_kernel (w1|w3 and w2)";
       std::printf("[check] %s: %lld segments of more than 16 rows on moe_tc_big_kernel\n", base.c_str(),
                   (long long)big);
-    } else {
-      EXPECT_EQ(::dsv4::cuda::moe_tc_big_calls(), big_before) << base << ": no segment of more than 16 rows";
     }
     if (c.n >= 64) {  // also with every linear on the SIMT kernel: (Q) bitwise again
       const MoeRun s = moe_gpu(x, c.n, ids, wts, Q, c.shared, c.limit, GemmPath::simt);

@@ -26,6 +26,8 @@
 #   ncub     Nsight Compute per-kernel durations and DRAM bytes of eager batch-128 decode steps (2 layers, ctx 4096)
 #   ncuk     Nsight Compute sections (speed of light, warp stalls, occupancy, launch, memory) of the gemv and
 #            gemv_tc, moe_tc_small and hc_finish kernels of eager decode steps (2 layers, ctx 4096), CSV into $OUT/ncu-kernels.csv
+#   ncum     Nsight Compute sections of moe_tc_big_kernel (w1|w3 and w2 of a 1-layer prefill of 2048 tokens), CSV into
+#            $OUT/ncu-moe-big.csv
 #   ncud     Nsight Compute per-kernel durations, cycles and DRAM bytes of eager decode steps (2 layers, ctx 4096;
 #            ncu's locked base clocks: an unlocked idle GPU between serialized kernels runs latency-bound ones slowly)
 #   prof     Nsight Systems trace of batch-1 decode (24 layers, ctx 4096, CUDA graphs traced per node): the kernel
@@ -168,6 +170,15 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
       --kernel-name regex:'^(?!.*(fill_random|random_fill))' --launch-skip 300 --launch-count 700 "$B/dsv4" bench model --config "$CFG" --load-format dummy --layers 2 \
       --device cuda --ctx 4096 --prefill 0 --steps 4 --no-cuda-graph --no-profile > "$OUT/ncu-decode.csv" 2> /tmp/ncu.err
     echo "ncu decode rc=$? ($(wc -l < "$OUT/ncu-decode.csv") lines)"
+    tail -3 /tmp/ncu.err
+  fi
+  if has ncum && [ -x "$B/dsv4" ] && command -v ncu > /dev/null && [ "$(left)" -gt 70 ]; then
+    log "ncu moe_tc_big_kernel details (prefill of 2048 tokens, 1 layer)"
+    timeout $(($(left) - 15)) ncu --csv --page details --section SpeedOfLight --section WarpStateStats \
+      --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+      --kernel-name regex:'moe_tc_big' --launch-count 2 "$B/dsv4" bench model --config "$CFG" --load-format dummy \
+      --layers 1 --device cuda --ctx 0 --prefill 2048 --steps 1 --no-profile > "$OUT/ncu-moe-big.csv" 2> /tmp/ncu.err
+    echo "ncu moe_tc_big rc=$? ($(wc -l < "$OUT/ncu-moe-big.csv") lines)"
     tail -3 /tmp/ncu.err
   fi
   if has ncuk && [ -x "$B/dsv4" ] && command -v ncu > /dev/null && [ "$(left)" -gt 70 ]; then

@@ -15,7 +15,8 @@
 //      run (weights not 16-byte aligned), large calls (>= 4096 pairs) take cuBLAS BF16 tensor cores instead
 //      (k_bf16_tc.cu: the products are exact in BF16; the one host round trip of this file, for the segment sizes).
 //   5. shared expert through linear_pair() (w1 and w3) and linear() (w2), SwiGLU without weight between; queued
-//      first, on the side stream when the caller gives one (it then overlaps 1-4: at batch 1 neither fills the GPU).
+//      first, on the side stream when the caller gives one and the call has at most kForkMaxTok tokens (it then
+//      overlaps 1-4: at batch 1 neither fills the GPU).
 //   6. moe_combine_kernel: y[t] = sum of o over t's slots in ascending (expert id, slot) order (fp32, from 0),
 //      + the shared expert's output, then bf16(y) when bf16 — the CPU's accumulation order.
 // moe_resident (a layer split with the host, model/split_moe.h) runs 1-5 on the resident experts' pairs only (the
@@ -192,6 +193,8 @@ __global__ void __launch_bounds__(256) moe_unsort_kernel(const int32_t* pos, int
   for (int j = 0; j < nv; ++j) o_pairs[p * D + d0 + j] = o[int64_t(ps) * D + d0 + j];
 }
 
+constexpr int64_t kForkMaxTok = 256;  // largest call whose shared expert runs beside the routed experts
+
 struct MoeLayout {
   int64_t E = 0, D = 0, I = 0, P = 0, Is = 0;
   bool Q = false;
@@ -284,7 +287,8 @@ void moe_run(const MoeWeights& w, const uint8_t* resident, const float* x, int64
   // 5. the shared expert (its own scratch: L.gs, L.us, L.os, L.lin) on the side stream when there is one, while the
   //    routed experts run on `stream`; joined before the combine
   const float* os = nullptr;
-  const bool fork = side != nullptr && side->stream != nullptr;
+  // (only for decode-sized calls: there neither half fills the GPU; a prefill-sized call fills it on its own)
+  const bool fork = side != nullptr && side->stream != nullptr && n_tok <= kForkMaxTok;
   if (w.shared != nullptr && (y != nullptr || o_shared != nullptr)) {
     const cudaStream_t ss = fork ? side->stream : stream;
     if (fork) {

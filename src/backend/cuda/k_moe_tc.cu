@@ -9,10 +9,11 @@
 //
 // Per call: the activation codes (fp32 code values of act_quant) become e4m3 bytes once (moe_a8_kernel: [rows, K],
 // per 8 columns the 4 even ones then the 4 odd ones, the order fp4_as_e4m3 splits the nibbles in), then
-// moe_tc_big_kernel: a block = 256 threads (8 warps) for one 64-row M tile of big_tile_start x 256 weight rows
+// moe_tc_big_kernel: a block = 512 threads (16 warps) for one 64-row M tile of big_tile_start x 256 weight rows
 // (kW13: rows n0 .. n0 + 127 of w1 and the same rows of w3, so SwiGLU runs in the epilogue; kW2: 256 rows of w2),
 // K in blocks of 128 through a 4-stage cp.async ring in shared memory (activation bytes, raw FP4 bytes, the E8M0
-// scale words and the activations' block scales). Warp w takes all 64 rows x 32 weight rows (4 x 4 mma tiles);
+// scale words and the activations' block scales). Warp w takes 32 rows x 32 weight rows (2 x 4 mma tiles: few
+// enough registers for 16 warps per SM to hide the mma and shared-memory latencies);
 // staged rows are padded (160 / 80 bytes) so the fragment reads are free of bank conflicts. No host round trip:
 // the kernel finds its expert and rows on the device, so the path also runs inside recorded decode steps.
 #include <cuda_fp8.h>
@@ -33,7 +34,7 @@ namespace dsv4::cuda {
 namespace {
 
 constexpr int kW13 = 0, kW2 = 1;
-constexpr int BT_THREADS = 256, BT_M = gemm_internal::kMoeTileM, BT_N = 256, BT_KT = 128, BT_STAGES = 4;
+constexpr int BT_THREADS = 512, BT_M = gemm_internal::kMoeTileM, BT_N = 256, BT_KT = 128, BT_STAGES = 4;
 constexpr int BT_LDA = 160, BT_LDB = 80;  // staged row bytes: 128 codes / 64 FP4 bytes + padding
 constexpr int BT_A = BT_M * BT_LDA, BT_B = BT_N * BT_LDB, BT_SB = BT_N * 4, BT_SA = BT_M * 4;
 constexpr int BT_STAGE = BT_A + BT_B + BT_SB + BT_SA;  // 32,000 bytes
@@ -110,6 +111,7 @@ __global__ void __launch_bounds__(BT_THREADS, 1) moe_tc_big_kernel(const BigArgs
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   extern __shared__ __align__(16) uint8_t bt_smem[];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int wm = warp & 1, wn = warp >> 1;  // warp tile: rows 32 wm .. + 31 x the n8 tiles b_row(wn, 0..3)
   const int64_t slot = blockIdx.y, E = A.n_experts;
   if (slot >= A.big_tile_start[E]) return;
   int64_t lo = 0, hi = E - 1;  // the expert: the last e with big_tile_start[e] <= slot
@@ -125,39 +127,37 @@ __global__ void __launch_bounds__(BT_THREADS, 1) moe_tc_big_kernel(const BigArgs
   const WeightView& W0 = KIND == kW13 ? A.table[e].w1 : A.table[e].w2;
   const WeightView& W1 = KIND == kW13 ? A.table[e].w3 : A.table[e].w2;
 
-  // this thread's copies per stage: 2 x 16 activation bytes, 4 x 16 weight bytes, one scale word, (tid < 64) one
-  // activation scale. Rows past the segment repeat its last row (their results are not stored).
+  // this thread's copies per stage: 16 activation bytes of row tid / 8, 2 x 16 weight bytes of staged rows
+  // tid / 4 and tid / 4 + 128 (kW13: the w1 row and the w3 row), (tid < 256) the scale word of staged row tid,
+  // (tid < 64) an activation scale. Rows past the segment repeat its last row (their results are not stored).
   auto src_row = [&](int r) {
     const int64_t sr = m0 + min(r, mcnt - 1);
     return KIND == kW13 ? int64_t(A.row_tok[sr]) : sr;
   };
-  const uint8_t* asrc[2];
-#pragma unroll
-  for (int q = 0; q < 2; ++q) asrc[q] = A.a8 + src_row((tid >> 3) + 32 * q) * K + 16 * (tid & 7);
+  const uint8_t* asrc = A.a8 + src_row(tid >> 3) * K + 16 * (tid & 7);
   auto w_row = [&](int r, bool sc) {  // staged weight row r: its bytes or its scale bytes
     const WeightView& W = (KIND == kW13 && r >= 128) ? W1 : W0;
     const int64_t wr = n0 + (KIND == kW13 ? (r & 127) : r);
     return sc ? W.scale + wr * sb : W.w + wr * rb;
   };
-  const uint8_t* bsrc[4];
-#pragma unroll
-  for (int q = 0; q < 4; ++q) bsrc[q] = w_row((tid >> 2) + 64 * q, false) + 16 * (tid & 3);
-  const uint8_t* ssrc = w_row(tid, true);
-  const float* sasrc = tid < BT_M ? A.sa + src_row(tid) * nkb : A.sa;
+  const uint8_t* bsrc0 = w_row(tid >> 2, false) + 16 * (tid & 3);
+  const uint8_t* bsrc1 = w_row((tid >> 2) + 128, false) + 16 * (tid & 3);
+  const uint8_t* ssrc = w_row(tid & 255, true);
+  const float* sasrc = A.sa + src_row(tid & 63) * nkb;
 
   auto load = [&](int st, int64_t kb) {
     uint8_t* S = bt_smem + st * BT_STAGE;
-#pragma unroll
-    for (int q = 0; q < 2; ++q) cp16(S + ((tid >> 3) + 32 * q) * BT_LDA + 16 * (tid & 7), asrc[q] + kb * BT_KT);
-#pragma unroll
-    for (int q = 0; q < 4; ++q) cp16(S + BT_A + ((tid >> 2) + 64 * q) * BT_LDB + 16 * (tid & 3), bsrc[q] + kb * 64);
-    cp4(S + BT_A + BT_B + 4 * tid, ssrc + kb * 4);
+    cp16(S + (tid >> 3) * BT_LDA + 16 * (tid & 7), asrc + kb * BT_KT);
+    uint8_t* Sw = S + BT_A + (tid >> 2) * BT_LDB + 16 * (tid & 3);
+    cp16(Sw, bsrc0 + kb * 64);
+    cp16(Sw + 128 * BT_LDB, bsrc1 + kb * 64);
+    if (tid < BT_N) cp4(S + BT_A + BT_B + 4 * tid, ssrc + kb * 4);
     if (tid < BT_M) cp4(S + BT_A + BT_B + BT_SB + 4 * tid, sasrc + kb);
   };
 
-  float tot[4][4][4];  // [m16 tile i][n8 tile j][fragment element]
+  float tot[2][4][4];  // [m16 tile i][n8 tile j][fragment element]
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < 2; ++i)
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -174,30 +174,40 @@ __global__ void __launch_bounds__(BT_THREADS, 1) moe_tc_big_kernel(const BigArgs
     if (kb + BT_STAGES - 1 < nkb) load(int((kb + BT_STAGES - 1) % BT_STAGES), kb + BT_STAGES - 1);
     cp_commit();
     const uint8_t* S = bt_smem + int(kb % BT_STAGES) * BT_STAGE;
-    const uint8_t* As = S;
+    const uint8_t* As = S + (32 * wm) * BT_LDA;
     const uint8_t* Bs = S + BT_A;
-    const uint8_t* Sb = S + BT_A + BT_B;  // [256 rows][4 groups] E8M0 bytes
-    const float* SA = reinterpret_cast<const float*>(S + BT_A + BT_B + BT_SB);
-    float p[4][4][4];  // this block's sum over its 4 groups of mma x weight scale
+    const uint32_t* SB = reinterpret_cast<const uint32_t*>(S + BT_A + BT_B);
+    const float* SA = reinterpret_cast<const float*>(S + BT_A + BT_B + BT_SB) + 32 * wm;
+    uint32_t sw[4][2], sp[4][2];  // E8M0 words (4 groups) of weight rows 2 t, 2 t + 1 of each n8 tile
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        sw[j][c] = SB[b_row<KIND>(wn, j) + 2 * t + c];
+        sp[j][c] = __vcmpeq4(sw[j][c], 0u) | __vcmpeq4(sw[j][c], 0xFFFFFFFFu);
+      }
+    float p[2][4][4];  // this block's sum over its 4 groups of mma x weight scale
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
-      uint32_t a[4][4];
+      uint32_t a[2][4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < 2; ++i) {
         const uint8_t* pa = As + (16 * i + g) * BT_LDA + 32 * s + 8 * t;
         const uint2 r0 = *reinterpret_cast<const uint2*>(pa), r8 = *reinterpret_cast<const uint2*>(pa + 8 * BT_LDA);
         a[i][0] = r0.x, a[i][1] = r8.x, a[i][2] = r0.y, a[i][3] = r8.y;
       }
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const uint32_t w = *reinterpret_cast<const uint32_t*>(Bs + (b_row<KIND>(warp, j) + g) * BT_LDB + 16 * s + 4 * t);
+        const uint32_t w = *reinterpret_cast<const uint32_t*>(Bs + (b_row<KIND>(wn, j) + g) * BT_LDB + 16 * s + 4 * t);
         uint32_t ev, od;
         fp4_as_e4m3(w, ev, od);
-        // E8M0 scales of group s of weight rows 2 t, 2 t + 1 of the n8 tile
-        const float s0 = e8m0_to_float(Sb[(b_row<KIND>(warp, j) + 2 * t) * 4 + s]);
-        const float s1 = e8m0_to_float(Sb[(b_row<KIND>(warp, j) + 2 * t + 1) * 4 + s]);
+        float s0, s1;  // E8M0 scales of group s of weight rows 2 t, 2 t + 1 of the n8 tile
+        if (s == 0) s0 = e8m0_byte<0>(sw[j][0], sp[j][0]), s1 = e8m0_byte<0>(sw[j][1], sp[j][1]);
+        else if (s == 1) s0 = e8m0_byte<1>(sw[j][0], sp[j][0]), s1 = e8m0_byte<1>(sw[j][1], sp[j][1]);
+        else if (s == 2) s0 = e8m0_byte<2>(sw[j][0], sp[j][0]), s1 = e8m0_byte<2>(sw[j][1], sp[j][1]);
+        else s0 = e8m0_byte<3>(sw[j][0], sp[j][0]), s1 = e8m0_byte<3>(sw[j][1], sp[j][1]);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
+        for (int i = 0; i < 2; ++i) {
           float d[4];
           tc_mma(a[i], ev, od, d);
           if (s == 0) {
@@ -211,7 +221,7 @@ __global__ void __launch_bounds__(BT_THREADS, 1) moe_tc_big_kernel(const BigArgs
       }
     }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 2; ++i) {
       const float sa0 = __fmul_rn(SA[16 * i + g], 64.0f), sa8 = __fmul_rn(SA[16 * i + g + 8], 64.0f);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -224,10 +234,10 @@ __global__ void __launch_bounds__(BT_THREADS, 1) moe_tc_big_kernel(const BigArgs
 
   // epilogue: rows g, g + 8 of each m16 tile, columns 2 t, 2 t + 1 of each n8 tile
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < 2; ++i)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int m = 16 * i + g + 8 * h;
+      const int m = 32 * wm + 16 * i + g + 8 * h;
       if (m >= mcnt) continue;
       const int64_t row = m0 + m;
       if constexpr (KIND == kW13) {
@@ -241,7 +251,7 @@ __global__ void __launch_bounds__(BT_THREADS, 1) moe_tc_big_kernel(const BigArgs
             const float uu = A.out_bf16 ? round_bf16(tot[i][j + 2][2 * h + c]) : tot[i][j + 2][2 * h + c];
             v[c] = swiglu_val(gg, uu, A.limit, true, rw, A.bf16);
           }
-          *reinterpret_cast<float2*>(A.y + row * A.ldy + n0 + 16 * warp + 8 * j + 2 * t) = make_float2(v[0], v[1]);
+          *reinterpret_cast<float2*>(A.y + row * A.ldy + n0 + 16 * wn + 8 * j + 2 * t) = make_float2(v[0], v[1]);
         }
       } else {
 #pragma unroll
@@ -249,7 +259,7 @@ __global__ void __launch_bounds__(BT_THREADS, 1) moe_tc_big_kernel(const BigArgs
           float v[2];
 #pragma unroll
           for (int c = 0; c < 2; ++c) v[c] = A.out_bf16 ? round_bf16(tot[i][j][2 * h + c]) : tot[i][j][2 * h + c];
-          *reinterpret_cast<float2*>(A.y + row * A.ldy + n0 + 32 * warp + 8 * j + 2 * t) = make_float2(v[0], v[1]);
+          *reinterpret_cast<float2*>(A.y + row * A.ldy + n0 + 32 * wn + 8 * j + 2 * t) = make_float2(v[0], v[1]);
         }
       }
     }
