@@ -12,8 +12,9 @@
 // moe_tc_big_kernel: a block = 512 threads (16 warps) for one 64-row M tile of big_tile_start x 256 weight rows
 // (kW13: rows n0 .. n0 + 127 of w1 and the same rows of w3, so SwiGLU runs in the epilogue; kW2: 256 rows of w2),
 // K in blocks of 128 through a 4-stage cp.async ring in shared memory (activation bytes, raw FP4 bytes, the E8M0
-// scale words and the activations' block scales). Warp w takes 32 rows x 32 weight rows (2 x 4 mma tiles: few
-// enough registers for 16 warps per SM to hide the mma and shared-memory latencies);
+// scale words and the activations' block scales). Warp w takes all 64 rows x 16 weight rows (4 x 2 mma tiles: each
+// converted weight fragment and decoded scale serves 4 mmas, and the registers allow 16 warps per SM). The E8M0
+// scales skip the special codes (e8m0_fast);
 // staged rows are padded (160 / 80 bytes) so the fragment reads are free of bank conflicts. No host round trip:
 // the kernel finds its expert and rows on the device, so the path also runs inside recorded decode steps.
 #include <cuda_fp8.h>
@@ -98,12 +99,20 @@ __global__ void moe_a8_kernel(const float* q, int64_t n8, uint8_t* out) {
   reinterpret_cast<uint2*>(out)[i] = make_uint2(ev, od);
 }
 
-// Staged row of n8 tile j of warp w: kW13 tiles 0, 1 are w1 rows 16 w .. 16 w + 15 and tiles 2, 3 the same rows of
-// w3 (staged from row 128 on); kW2 tiles 0..3 are rows 32 w .. 32 w + 31.
+// Staged row of n8 tile j of warp w: kW13 tile 0 is w1 rows 8 w .. 8 w + 7 and tile 1 the same rows of w3 (staged
+// from row 128 on); kW2 tiles 0, 1 are rows 16 w .. 16 w + 15.
 template <int KIND>
 __device__ __forceinline__ int b_row(int warp, int j) {
-  if constexpr (KIND == kW13) return j < 2 ? 16 * warp + 8 * j : 128 + 16 * warp + 8 * (j - 2);
-  return 32 * warp + 8 * j;
+  if constexpr (KIND == kW13) return j == 0 ? 8 * warp : 128 + 8 * warp;
+  return 16 * warp + 8 * j;
+}
+
+// Byte S of four E8M0 scales as a float 2^(e - 127), without e8m0_to_float's special codes: e = 0 gives 0 (not
+// 2^-127: a difference below 2^-100 of the products), e = 255 gives infinity (not NaN: still non-finite).
+template <int S>
+__device__ __forceinline__ float e8m0_fast(uint32_t w) {
+  const uint32_t e = S <= 2 ? w << (23 - 8 * S) : w >> (8 * S - 23);
+  return __uint_as_float(e & 0x7F800000u);
 }
 
 template <int KIND>
@@ -111,7 +120,7 @@ __global__ void __launch_bounds__(BT_THREADS, 1) moe_tc_big_kernel(const BigArgs
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   extern __shared__ __align__(16) uint8_t bt_smem[];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int wm = warp & 1, wn = warp >> 1;  // warp tile: rows 32 wm .. + 31 x the n8 tiles b_row(wn, 0..3)
+  const int wn = warp;  // warp tile: all 64 rows x the n8 tiles b_row(wn, 0..1)
   const int64_t slot = blockIdx.y, E = A.n_experts;
   if (slot >= A.big_tile_start[E]) return;
   int64_t lo = 0, hi = E - 1;  // the expert: the last e with big_tile_start[e] <= slot
@@ -155,11 +164,11 @@ __global__ void __launch_bounds__(BT_THREADS, 1) moe_tc_big_kernel(const BigArgs
     if (tid < BT_M) cp4(S + BT_A + BT_B + BT_SB + 4 * tid, sasrc + kb);
   };
 
-  float tot[2][4][4];  // [m16 tile i][n8 tile j][fragment element]
+  float tot[4][2][4];  // [m16 tile i][n8 tile j][fragment element]
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
+  for (int i = 0; i < 4; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int c = 0; c < 4; ++c) tot[i][j][c] = 0.0f;
 
@@ -174,42 +183,39 @@ __global__ void __launch_bounds__(BT_THREADS, 1) moe_tc_big_kernel(const BigArgs
     if (kb + BT_STAGES - 1 < nkb) load(int((kb + BT_STAGES - 1) % BT_STAGES), kb + BT_STAGES - 1);
     cp_commit();
     const uint8_t* S = bt_smem + int(kb % BT_STAGES) * BT_STAGE;
-    const uint8_t* As = S + (32 * wm) * BT_LDA;
+    const uint8_t* As = S;
     const uint8_t* Bs = S + BT_A;
     const uint32_t* SB = reinterpret_cast<const uint32_t*>(S + BT_A + BT_B);
-    const float* SA = reinterpret_cast<const float*>(S + BT_A + BT_B + BT_SB) + 32 * wm;
-    uint32_t sw[4][2], sp[4][2];  // E8M0 words (4 groups) of weight rows 2 t, 2 t + 1 of each n8 tile
+    const float* SA = reinterpret_cast<const float*>(S + BT_A + BT_B + BT_SB);
+    uint32_t sw[2][2];  // E8M0 words (4 groups) of weight rows 2 t, 2 t + 1 of each n8 tile
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < 2; ++j)
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        sw[j][c] = SB[b_row<KIND>(wn, j) + 2 * t + c];
-        sp[j][c] = __vcmpeq4(sw[j][c], 0u) | __vcmpeq4(sw[j][c], 0xFFFFFFFFu);
-      }
-    float p[2][4][4];  // this block's sum over its 4 groups of mma x weight scale
+      for (int c = 0; c < 2; ++c) sw[j][c] = SB[b_row<KIND>(wn, j) + 2 * t + c];
+    float p[4][2][4];  // this block's sum over its 4 groups of mma x weight scale
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
-      uint32_t a[2][4];
+      uint32_t b[2][2];  // the n8 tiles' weight fragments as e4m3 (converted once, used by the 4 m16 tiles)
+      float sc[2][2];    // and the group's scales of weight rows 2 t, 2 t + 1
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const uint8_t* pa = As + (16 * i + g) * BT_LDA + 32 * s + 8 * t;
-        const uint2 r0 = *reinterpret_cast<const uint2*>(pa), r8 = *reinterpret_cast<const uint2*>(pa + 8 * BT_LDA);
-        a[i][0] = r0.x, a[i][1] = r8.x, a[i][2] = r0.y, a[i][3] = r8.y;
+      for (int j = 0; j < 2; ++j) {
+        const uint32_t w = *reinterpret_cast<const uint32_t*>(Bs + (b_row<KIND>(wn, j) + g) * BT_LDB + 16 * s + 4 * t);
+        fp4_as_e4m3(w, b[j][0], b[j][1]);
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+          sc[j][c] = s == 0 ? e8m0_fast<0>(sw[j][c]) : s == 1 ? e8m0_fast<1>(sw[j][c])
+                   : s == 2 ? e8m0_fast<2>(sw[j][c]) : e8m0_fast<3>(sw[j][c]);
       }
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t w = *reinterpret_cast<const uint32_t*>(Bs + (b_row<KIND>(wn, j) + g) * BT_LDB + 16 * s + 4 * t);
-        uint32_t ev, od;
-        fp4_as_e4m3(w, ev, od);
-        float s0, s1;  // E8M0 scales of group s of weight rows 2 t, 2 t + 1 of the n8 tile
-        if (s == 0) s0 = e8m0_byte<0>(sw[j][0], sp[j][0]), s1 = e8m0_byte<0>(sw[j][1], sp[j][1]);
-        else if (s == 1) s0 = e8m0_byte<1>(sw[j][0], sp[j][0]), s1 = e8m0_byte<1>(sw[j][1], sp[j][1]);
-        else if (s == 2) s0 = e8m0_byte<2>(sw[j][0], sp[j][0]), s1 = e8m0_byte<2>(sw[j][1], sp[j][1]);
-        else s0 = e8m0_byte<3>(sw[j][0], sp[j][0]), s1 = e8m0_byte<3>(sw[j][1], sp[j][1]);
+      for (int i = 0; i < 4; ++i) {
+        const uint8_t* pa = As + (16 * i + g) * BT_LDA + 32 * s + 8 * t;
+        const uint2 r0 = *reinterpret_cast<const uint2*>(pa), r8 = *reinterpret_cast<const uint2*>(pa + 8 * BT_LDA);
+        const uint32_t a[4] = {r0.x, r8.x, r0.y, r8.y};
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
+        for (int j = 0; j < 2; ++j) {
           float d[4];
-          tc_mma(a[i], ev, od, d);
+          tc_mma(a, b[j][0], b[j][1], d);
+          const float s0 = sc[j][0], s1 = sc[j][1];
           if (s == 0) {
             p[i][j][0] = __fmul_rn(d[0], s0), p[i][j][1] = __fmul_rn(d[1], s1);
             p[i][j][2] = __fmul_rn(d[2], s0), p[i][j][3] = __fmul_rn(d[3], s1);
@@ -221,10 +227,10 @@ __global__ void __launch_bounds__(BT_THREADS, 1) moe_tc_big_kernel(const BigArgs
       }
     }
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < 4; ++i) {
       const float sa0 = __fmul_rn(SA[16 * i + g], 64.0f), sa8 = __fmul_rn(SA[16 * i + g + 8], 64.0f);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
+      for (int j = 0; j < 2; ++j) {
         tot[i][j][0] = __fmaf_rn(p[i][j][0], sa0, tot[i][j][0]), tot[i][j][1] = __fmaf_rn(p[i][j][1], sa0, tot[i][j][1]);
         tot[i][j][2] = __fmaf_rn(p[i][j][2], sa8, tot[i][j][2]), tot[i][j][3] = __fmaf_rn(p[i][j][3], sa8, tot[i][j][3]);
       }
@@ -234,32 +240,29 @@ __global__ void __launch_bounds__(BT_THREADS, 1) moe_tc_big_kernel(const BigArgs
 
   // epilogue: rows g, g + 8 of each m16 tile, columns 2 t, 2 t + 1 of each n8 tile
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
+  for (int i = 0; i < 4; ++i)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int m = 32 * wm + 16 * i + g + 8 * h;
+      const int m = 16 * i + g + 8 * h;
       if (m >= mcnt) continue;
       const int64_t row = m0 + m;
       if constexpr (KIND == kW13) {
         const float rw = A.row_w[row];
+        float v[2];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float gg = A.out_bf16 ? round_bf16(tot[i][0][2 * h + c]) : tot[i][0][2 * h + c];
+          const float uu = A.out_bf16 ? round_bf16(tot[i][1][2 * h + c]) : tot[i][1][2 * h + c];
+          v[c] = swiglu_val(gg, uu, A.limit, true, rw, A.bf16);
+        }
+        *reinterpret_cast<float2*>(A.y + row * A.ldy + n0 + 8 * wn + 2 * t) = make_float2(v[0], v[1]);
+      } else {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           float v[2];
 #pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const float gg = A.out_bf16 ? round_bf16(tot[i][j][2 * h + c]) : tot[i][j][2 * h + c];
-            const float uu = A.out_bf16 ? round_bf16(tot[i][j + 2][2 * h + c]) : tot[i][j + 2][2 * h + c];
-            v[c] = swiglu_val(gg, uu, A.limit, true, rw, A.bf16);
-          }
-          *reinterpret_cast<float2*>(A.y + row * A.ldy + n0 + 16 * wn + 8 * j + 2 * t) = make_float2(v[0], v[1]);
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          float v[2];
-#pragma unroll
           for (int c = 0; c < 2; ++c) v[c] = A.out_bf16 ? round_bf16(tot[i][j][2 * h + c]) : tot[i][j][2 * h + c];
-          *reinterpret_cast<float2*>(A.y + row * A.ldy + n0 + 32 * wn + 8 * j + 2 * t) = make_float2(v[0], v[1]);
+          *reinterpret_cast<float2*>(A.y + row * A.ldy + n0 + 16 * wn + 8 * j + 2 * t) = make_float2(v[0], v[1]);
         }
       }
     }
