@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -52,6 +53,9 @@ struct Level {
   int64_t requests = 0, failed = 0, completion_tokens = 0;
   double wall_s = 0, mean_latency_ms = 0;
   double cpu_s = 0;  // CPU time of this process (in-process server + clients) during the level
+  // The server's engine loop during the level (/metrics differences; -1: not available): forward steps, their time
+  // (batched forward + sampling) and the tokens they computed (prefill + decode).
+  double steps = -1, step_seconds = -1, step_tokens = -1;
   double tokens_per_s() const { return wall_s > 0 ? double(completion_tokens) / wall_s : 0; }
   double tokens_per_cpu_s() const { return cpu_s > 0 ? double(completion_tokens) / cpu_s : 0; }
 };
@@ -62,8 +66,30 @@ double process_cpu_seconds() {
   return double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + 1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
 }
 
+// The engine loop's counters from the server's /metrics: steps, their seconds, their tokens (-1 each when missing).
+struct LoopCounters {
+  double steps = -1, seconds = -1, tokens = -1;
+};
+
+LoopCounters loop_counters(const std::string& host, int port) {
+  LoopCounters c;
+  httplib::Client cl(host, port);
+  auto res = cl.Get("/metrics");
+  if (!res || res->status != 200) return c;
+  auto value = [&](const std::string& name) {
+    const std::string key = "\n" + name + " ";
+    const auto at = res->body.find(key);
+    return at == std::string::npos ? -1.0 : std::strtod(res->body.c_str() + at + key.size(), nullptr);
+  };
+  c.steps = value("dsv4_step_seconds_count");
+  c.seconds = value("dsv4_step_seconds_sum");
+  c.tokens = value("dsv4_step_tokens_total");
+  return c;
+}
+
 Level run_level(const std::string& host, int port, int clients, const ServeBenchOpts& o, int32_t n_vocab, int salt) {
   Level lv;
+  const LoopCounters loop0 = loop_counters(host, port);
   const double cpu0 = process_cpu_seconds();
   lv.clients = clients;
   std::atomic<int64_t> tokens{0}, done{0}, failed{0};
@@ -102,6 +128,12 @@ Level run_level(const std::string& host, int port, int clients, const ServeBench
   for (auto& t : th) t.join();
   lv.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   lv.cpu_s = process_cpu_seconds() - cpu0;
+  const LoopCounters loop1 = loop_counters(host, port);
+  if (loop0.steps >= 0 && loop1.steps >= 0) {
+    lv.steps = loop1.steps - loop0.steps;
+    lv.step_seconds = loop1.seconds - loop0.seconds;
+    lv.step_tokens = loop1.tokens - loop0.tokens;
+  }
   lv.requests = done;
   lv.failed = failed;
   lv.completion_tokens = tokens;
@@ -192,6 +224,10 @@ int run_serve_bench(const ServeBenchOpts& o) {
                   l.tokens_per_cpu_s(),
                   levels.front().tokens_per_cpu_s() > 0 ? l.tokens_per_cpu_s() / levels.front().tokens_per_cpu_s()
                                                         : 0.0);
+    if (!o.json && l.steps > 0)
+      std::printf("              engine loop: %.0f steps, %.1f tokens per step, %.2f ms per step, %.0f%% of the wall "
+                  "time in steps\n",
+                  l.steps, l.step_tokens / l.steps, 1e3 * l.step_seconds / l.steps, 100 * l.step_seconds / l.wall_s);
   }
   if (!o.json) std::printf("host load average (1 min) at the start: %.2f\n", load_before);
   if (server) {
@@ -220,6 +256,9 @@ int run_serve_bench(const ServeBenchOpts& o) {
                     {"mean_latency_ms", l.mean_latency_ms},
                     {"cpu_s", l.cpu_s},
                     {"tokens_per_cpu_s", l.tokens_per_cpu_s()},
+                    {"engine_steps", l.steps},
+                    {"engine_step_seconds", l.step_seconds},
+                    {"engine_step_tokens", l.step_tokens},
                     {"ratio_to_first", levels.front().tokens_per_s() > 0
                                            ? l.tokens_per_s() / levels.front().tokens_per_s()
                                            : 0.0}});
