@@ -139,6 +139,14 @@ class Backend {
     (void)storage;
     return resident;
   }
+  // The LM head, already resident (upload() or adopt()): the one matrix that every decode step multiplies for every
+  // sequence. A backend may add a layout of its own for decode-sized products, kept in `storage`. CPU: a BF16 head
+  // gets a panel copy (WeightView::panels, the head's bytes once more in host memory) that the batched decode GEMVs
+  // read without transposing rows. Default: the view unchanged.
+  virtual WeightView add_head_layout(const WeightView& resident, std::vector<Buffer>& storage) {
+    (void)storage;
+    return resident;
+  }
   // Bytes of device memory upload() takes for `host` (0 when the backend reads the mapped checkpoint).
   virtual size_t resident_bytes(const WeightView& host) const { return 0; }
 

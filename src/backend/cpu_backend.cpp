@@ -57,6 +57,17 @@ void CpuBackend::copy_on_device(void* dst, const void* src, size_t bytes) {
   if (bytes) std::memmove(dst, src, bytes);
 }
 
+WeightView CpuBackend::add_head_layout(const WeightView& resident, std::vector<Buffer>& storage) {
+  const int64_t words = bf16_panel_words(resident);
+  if (words == 0) return resident;
+  Buffer b(*this, size_t(words) * sizeof(uint32_t), "the lm head's panel copy");
+  pack_bf16_panels(resident, b.as<uint32_t>());
+  WeightView v = resident;
+  v.panels = b.as<uint32_t>();
+  storage.push_back(std::move(b));
+  return v;
+}
+
 void CpuBackend::fill_random(void* p, size_t bytes, RandomFill kind, float param, uint64_t seed) {
   uint8_t* d = static_cast<uint8_t*>(p);
   const int64_t n = kind == RandomFill::bf16 ? int64_t(bytes / 2) : int64_t(bytes);

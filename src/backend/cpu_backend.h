@@ -24,6 +24,8 @@ class CpuBackend : public Backend {
   void synchronize() override {}
   void fill_random(void* p, size_t bytes, RandomFill kind, float param, uint64_t seed) override;
   WeightView upload(const WeightView& host, std::vector<Buffer>&) override { return host; }
+  // A BF16 head with cols % 32 == 0: a panel copy (gemm.h pack_bf16_panels) in `storage`; other heads unchanged.
+  WeightView add_head_layout(const WeightView& resident, std::vector<Buffer>& storage) override;
   using Backend::upload;
 
  private:

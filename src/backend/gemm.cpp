@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <vector>
 
 #include <omp.h>
@@ -94,6 +95,27 @@ SimdLevel simd_level() {
   return v < 0 ? best_simd_level() : static_cast<SimdLevel>(v);
 }
 
+int64_t bf16_panel_words(const GemmWeight& W) {
+  if (W.fmt != GemmFormat::bf16 || W.w == nullptr || W.rows <= 0 || W.cols <= 0 || W.cols % 32 != 0) return 0;
+  return (W.rows + kPanel - 1) / kPanel * (W.cols / 2) * kPanel;
+}
+
+void pack_bf16_panels(const GemmWeight& W, uint32_t* out) {
+  if (bf16_panel_words(W) == 0) fail("pack_bf16_panels: needs a BF16 weight with cols % 32 == 0");
+  const int64_t n_panels = (W.rows + kPanel - 1) / kPanel, pairs = W.cols / 2;
+#pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < n_panels; ++p)
+    for (int j = 0; j < kPanel; ++j) {
+      const int64_t r = p * kPanel + j;
+      uint32_t* o = out + p * pairs * kPanel + j;
+      for (int64_t c = 0; c < pairs; ++c) {
+        uint32_t v = 0;  // row r, columns 2c and 2c + 1 (little endian: 2c in the low half)
+        if (r < W.rows) std::memcpy(&v, W.w + (r * pairs + c) * 4, 4);
+        o[c * kPanel] = v;
+      }
+    }
+}
+
 void linear(const WeightRef& W, const float* x, int64_t n_tok, float* y, const LinearOpts& opts) {
   linear(gemm_weight(W), x, n_tok, y, opts);
 }
@@ -136,6 +158,8 @@ void linear(const GemmWeight& W, const float* x, int64_t n_tok, float* y, const 
   src.br = W.fmt == GemmFormat::fp4 ? 1 : W.block_rows;
   src.bc = W.fmt == GemmFormat::fp4 ? 32 : W.block_cols;
   src.scale_cols = (K + src.bc - 1) / src.bc;
+  // the panel copy serves groups that start on a panel: a row range from a multiple of 16
+  src.panels = W.fmt == GemmFormat::bf16 && K % 32 == 0 && r0 % kPanel == 0 ? W.panels : nullptr;
   const bool Q = opts.act_quant_fp8;
   const int bk = W.fmt == GemmFormat::fp4 ? 32 : 128;
   // Panel scales are gathered per chunk when the scale grid tiles the chunk (always for the checkpoint formats;
@@ -197,20 +221,26 @@ void linear(const GemmWeight& W, const float* x, int64_t n_tok, float* y, const 
     const int64_t nrows = std::min<int64_t>(kGroupRows, r1 - n0);
     const int np = static_cast<int>((nrows + kPanel - 1) / kPanel);
     const int64_t t0 = ti * tile, mr = std::min<int64_t>(tile, n_tok - t0);
+    // Decode-sized: one token, one full group -> the fused GEMV kernel when it handles this format / mode; a few
+    // tokens (a batch of decodes) -> the fused GEMV for all of them, when the kernel set has one for this format and
+    // mode (AVX-512: BF16 dense, FP4 / FP8 quantized). Both write their accumulators straight into y (token m's row
+    // at y + m * nout), which they never read before writing.
+    float* yg = y + t0 * nout + (n0 - r0);
+    bool done = false;
+    if (mr == 1 && nrows == kGroupRows && ker.gemv_group != nullptr)
+      done = ker.gemv_group(src, n0, a + t0 * K, Q ? sa + t0 * nsb : nullptr, Q, yg);
+    if (!done && mr > 1 && mr <= 8 && nrows == kGroupRows && ker.gemv_group_m != nullptr)
+      done = ker.gemv_group_m(src, n0, a + t0 * K, K, Q ? sa + t0 * nsb : nullptr, nsb, int(mr), Q, yg, nout);
+    if (done) {
+      if (opts.out_bf16)
+        for (int64_t m = 0; m < mr; ++m)
+          for (int64_t j = 0; j < nrows; ++j) yg[m * nout + j] = round_to_bf16(yg[m * nout + j]);
+      continue;
+    }
     Pbuf.resize(static_cast<size_t>(kGroupPanels) * kChunk * kPanel);
     Psbuf.resize(static_cast<size_t>(kGroupPanels) * (kChunk / 32) * kPanel);
     accbuf.assign(static_cast<size_t>(mr * kGroupRows), 0.0f);
-
-    // Decode-sized: one token, one full group -> the fused GEMV kernel when it handles this format / mode.
-    bool done = false;
-    if (mr == 1 && nrows == kGroupRows && ker.gemv_group != nullptr)
-      done = ker.gemv_group(src, n0, a + t0 * K, Q ? sa + t0 * nsb : nullptr, Q, accbuf.data());
-    // A few tokens (a batch of decodes): the fused GEMV for all of them, when the kernel set has one for this format
-    // and mode (AVX-512: BF16 dense, FP4 / FP8 quantized).
-    if (!done && mr > 1 && mr <= 8 && nrows == kGroupRows && ker.gemv_group_m != nullptr)
-      done = ker.gemv_group_m(src, n0, a + t0 * K, K, Q ? sa + t0 * nsb : nullptr, nsb, int(mr), Q, accbuf.data(),
-                              kGroupRows);
-    for (int64_t k0 = 0; k0 < K && !done; k0 += chunk) {
+    for (int64_t k0 = 0; k0 < K; k0 += chunk) {
       const int kc = static_cast<int>(std::min<int64_t>(chunk, K - k0));
       const int kc_pad = (kc + 15) & ~15;
       const int nbk = (kc + bk - 1) / bk;

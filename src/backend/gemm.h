@@ -30,6 +30,9 @@
 // tiles of <= 256 tokens. The AVX-512 FP8 decoders never form fp32 subnormals (E4M3 subnormal codes take an exact
 // integer path, gemm_avx512.cpp dec_e4m3_top): a multiply with a subnormal input costs a microcode assist on Intel.
 // Work is split statically over (64-row group, token tile) units; scratch is per thread (thread_local).
+// A BF16 weight may come with a panel copy (WeightView::panels, pack_bf16_panels): the AVX-512 GEMVs of 1-8 tokens
+// then load each panel's column-pair words directly instead of transposing 16 rows (half the work per weight word
+// of a batched decode); same products in the same order, so the same bits.
 // Errors (dsv4::Error): unbound / inconsistent weight, act_quant_fp8 with a BF16/F32 weight, FP8 block_cols != 128
 // with act_quant_fp8, bad row range.
 #pragma once
@@ -45,6 +48,12 @@ namespace dsv4 {
 
 // View of a bound loader weight (BF16, F32, FP8_BLOCK128, FP4_BLOCK32); dsv4::Error for other formats.
 GemmWeight gemm_weight(const WeightRef& W);
+
+// Panel copy of a BF16 weight (WeightView::panels): ceil(rows / 16) panels of cols / 2 words of 16 lanes; lane j of
+// word c of panel p = bits of W[16p + j, 2c] | bits of W[16p + j, 2c + 1] << 16 (rows past the end: 0).
+// bf16_panel_words: the words it takes (0 when W is not BF16 with cols % 32 == 0: such weights get no copy).
+int64_t bf16_panel_words(const GemmWeight& W);
+void pack_bf16_panels(const GemmWeight& W, uint32_t* out);  // out: bf16_panel_words(W) words; OpenMP
 
 // y[n_tok, row_end-row_begin] = x[n_tok, W.cols] · W[row_begin:row_end]ᵀ with the semantics above.
 // x and y must not overlap. Runs on the OpenMP thread pool (omp_get_max_threads()).

@@ -596,6 +596,47 @@ void gemv_bf16_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, flo
   }
 }
 
+// BF16 product of MR tokens (token m at a + m*lda, accumulators at acc + m*ldacc) against one group read from the
+// panel copy (PanelSrc::panels, gemm.h pack_bf16_panels): NP panels at a time, each panel's column-pair words loaded
+// as stored (no row transposes), each word split once for every token; per output the chain of gemv_bf16 (k
+// ascending, one fma per element, from 0). Prefetch as gemv_prefetch_bytes: one group ahead (the same offset of
+// the next group's panels) for short rows, else a little ahead in the same panel.
+template <int MR, int NP>
+void gemv_bf16_panels(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, float* acc, int64_t ldacc) {
+  static_assert(kG % NP == 0);
+  const int64_t pairs = s.cols / 2;
+  const int64_t pw = pairs * kPanel;  // words per panel
+  const int64_t ahead = gemv_prefetch_bytes(s.row_bytes) / 4;
+  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int p = 0; p < kG; p += NP) {
+    const uint32_t* base = s.panels + (n0 / kPanel + p) * pw;
+    __m512 accv[MR][NP];
+    for (int m = 0; m < MR; ++m)
+      for (int q = 0; q < NP; ++q) accv[m][q] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < pairs; ++c) {
+      __m512i t[NP];
+      for (int q = 0; q < NP; ++q) {
+        const uint32_t* wq = base + q * pw + c * kPanel;
+        _mm_prefetch(reinterpret_cast<const char*>(wq + ahead), _MM_HINT_T0);
+        t[q] = _mm512_loadu_si512(wq);
+      }
+      __m512 w[NP];
+      for (int q = 0; q < NP; ++q) w[q] = _mm512_castsi512_ps(_mm512_slli_epi32(t[q], 16));  // column 2c
+      for (int m = 0; m < MR; ++m) {
+        const __m512 x = _mm512_set1_ps(a[m * lda + 2 * c]);
+        for (int q = 0; q < NP; ++q) accv[m][q] = _mm512_fmadd_ps(x, w[q], accv[m][q]);
+      }
+      for (int q = 0; q < NP; ++q) w[q] = _mm512_castsi512_ps(_mm512_and_si512(t[q], hi));  // column 2c + 1
+      for (int m = 0; m < MR; ++m) {
+        const __m512 x = _mm512_set1_ps(a[m * lda + 2 * c + 1]);
+        for (int q = 0; q < NP; ++q) accv[m][q] = _mm512_fmadd_ps(x, w[q], accv[m][q]);
+      }
+    }
+    for (int m = 0; m < MR; ++m)
+      for (int q = 0; q < NP; ++q) _mm512_storeu_ps(acc + m * ldacc + (p + q) * kPanel, accv[m][q]);
+  }
+}
+
 // Quantized (Q) product of MR tokens against one group, FP4 (1x32 E8M0 blocks) or FP8 (128-column blocks): two
 // panels at a time, every transposed weight word decoded once for all tokens, 2*MR independent block chains in
 // registers; per output the order of gemv_fp4 / gemv_fp8 / mk_q: s = fma chain over the K-block (k ascending), then
@@ -709,6 +750,18 @@ bool gemv_group_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, co
     return false;
   }
   if (s.fmt != GemmFormat::bf16 || s.cols % 32 != 0) return false;
+  if (s.panels) {
+    switch (mr) {
+      case 8: gemv_bf16_panels<8, 2>(s, n0, a, lda, acc, ldacc); break;
+      case 7: gemv_bf16_panels<7, 2>(s, n0, a, lda, acc, ldacc); break;
+      case 6: gemv_bf16_panels<6, 2>(s, n0, a, lda, acc, ldacc); break;
+      case 5: gemv_bf16_panels<5, 2>(s, n0, a, lda, acc, ldacc); break;
+      case 4: gemv_bf16_panels<4, 2>(s, n0, a, lda, acc, ldacc); break;
+      case 3: gemv_bf16_panels<3, 4>(s, n0, a, lda, acc, ldacc); break;
+      default: gemv_bf16_panels<2, 4>(s, n0, a, lda, acc, ldacc); break;
+    }
+    return true;
+  }
   switch (mr) {
     case 8: gemv_bf16_m2<8>(s, n0, a, lda, acc, ldacc); break;
     case 7: gemv_bf16_m2<7>(s, n0, a, lda, acc, ldacc); break;
@@ -724,6 +777,10 @@ bool gemv_group_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, co
 
 bool gemv_group(const PanelSrc& s, int64_t n0, const float* a, const float* sa, bool q, float* acc) {
   const int64_t K = s.cols;
+  if (!q && s.fmt == GemmFormat::bf16 && K % 32 == 0 && s.panels) {
+    gemv_bf16_panels<1, kG>(s, n0, a, 0, acc, 0);
+    return true;
+  }
   __m512 accv[kG];
   for (int p = 0; p < kG; ++p) accv[p] = _mm512_setzero_ps();
   const int mode = q ? 0 : (s.round_bf16 ? 2 : 1);

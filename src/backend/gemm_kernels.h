@@ -29,6 +29,7 @@ struct PanelSrc {
   bool scale_f32;
   int64_t br, bc;          // scale block (fp4: 1 x 32)
   int64_t scale_cols;      // columns of the scale grid
+  const uint32_t* panels;  // BF16 only: the panel copy (gemm.h pack_bf16_panels), or null
 };
 
 // Block scale of weight element (r, k) as fp32 (E8M0 decoded bitwise, or F32).
@@ -67,15 +68,16 @@ struct Kernels {
   // Optional (may be null): act_quant_fp8(x, n, 128, q, s) of act_quant.h, bitwise identical.
   void (*act_quant_row)(const float* x, int64_t n, float* q, float* s);
   // Optional (may be null): one token against one full group (kGroupRows rows from n0) over all of K, fused decode +
-  // FMA without the panel tile; same semantics and order as mk_q / mk_d. acc[kGroupRows] starts at 0.
+  // FMA without the panel tile; same semantics and order as mk_q / mk_d, accumulating from 0 into acc[kGroupRows]
+  // (written whatever it held: it may be the caller's output row).
   // Returns false (having done nothing) when this format / mode / shape is not handled.
   bool (*gemv_group)(const PanelSrc& s, int64_t n0, const float* a, const float* sa, bool q, float* acc);
   void (*mk_q)(const MkArgs& a);   // semantics (Q) of gemm.h for this chunk
   void (*mk_d)(const MkArgs& a);   // semantics (D) of gemm.h for this chunk
   // Optional (may be null): the fused GEMV for mr (2..8) tokens at once (token m at a + m*lda, (Q) its act scales at
-  // sa + m*ldsa, accumulators at acc + m*ldacc, starting at 0): every weight word is loaded, transposed and decoded
-  // once for all of them; each output keeps the chain of mk_q / mk_d. Returns false (having done nothing) when this
-  // format / mode / shape is not handled.
+  // sa + m*ldsa, accumulators at acc + m*ldacc, from 0 whatever acc held): every weight word is loaded (transposed
+  // unless it comes from a panel copy) and decoded once for all of them; each output keeps the chain of mk_q / mk_d.
+  // Returns false (having done nothing) when this format / mode / shape is not handled.
   bool (*gemv_group_m)(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, const float* sa, int64_t ldsa,
                        int mr, bool q, float* acc, int64_t ldacc) = nullptr;
 };

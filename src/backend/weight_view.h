@@ -18,6 +18,9 @@ struct WeightView {
   int64_t rows = 0, cols = 0;      // logical [out, in]
   int64_t block_rows = 128, block_cols = 128;  // fp8 scale block; fp4 is always 1 x 32
   const void* aux = nullptr;       // backend-private data of the resident copy (CUDA: fp32-widened scales), or null
+  // CPU only, BF16 with cols % 32 == 0: the same weight once more in 16-row panels of column-pair words (layout:
+  // gemm.h pack_bf16_panels), which the AVX-512 decode GEMVs read without transposing rows; null: none.
+  const uint32_t* panels = nullptr;
 
   bool bound() const { return w != nullptr; }
   // Bytes of one stored row of `w`.

@@ -225,6 +225,7 @@ void Model::make_resident() {
   if (embed_.fmt != GemmFormat::bf16 && embed_.fmt != GemmFormat::f32)
     fail("{}: embed.weight must be BF16 or F32", c.origin);
   head_ = res(w_.head);
+  if (head_.bound()) head_ = be_->add_head_layout(head_, params_);
   norm_ = upload_f32(w_.norm, size_t(D), "norm", -1);
   hc_head_fn_ = upload_f32(w_.hc_head_fn, size_t(HC * HC * D), "hc_head_fn", -1);
   hc_head_base_ = upload_f32(w_.hc_head_base, size_t(HC), "hc_head_base", -1);

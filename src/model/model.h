@@ -109,6 +109,8 @@ class Model final : public LanguageModel {
   Numerics numerics() const { return opts_.numerics; }
   const ModelOptions& options() const { return opts_; }
   Backend& backend() const { return *be_; }
+  // The resident lm head (with the backend's own layout for decode, Backend::add_head_layout).
+  const WeightView& head_weight() const { return head_; }
 
   // LanguageModel
   int32_t n_vocab() const override { return int32_t(cfg_.vocab_size); }

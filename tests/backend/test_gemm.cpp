@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/act_quant.h"
+#include "backend/cpu_backend.h"
 #include "backend/cpu_features.h"
 #include "backend/gemm.h"
 #include "core/error.h"
@@ -384,6 +385,102 @@ TEST(Gemm, SmallBatchQuantizedShapes) {
                           Case{GemmFormat::fp8, 192, 384, n, Q(false)}, Case{GemmFormat::fp8, 128, 256, n, Q(), false, 24},
                           Case{GemmFormat::fp8, 64, 512, n, Q(), true}, Case{GemmFormat::fp8, 64, 256, n, D()}})
       run_case(c, rng);
+}
+
+// A BF16 weight with its panel copy (WeightView::panels; the CPU backend's lm head): the copy holds the documented
+// words, linear() stays the spec formula bit for bit (every level and thread count, 1-9 tokens, full and partial
+// groups, row ranges on and off panel boundaries, bf16 outputs), and the AVX-512 decode GEMVs really read the copy.
+TEST(Gemm, Bf16PanelCopy) {
+  std::mt19937 rng(12);
+  {  // layout: lane j of word c of panel p = W[16p + j, 2c] | W[16p + j, 2c + 1] << 16, rows past the end 0
+    const TestWeight W = make_weight(GemmFormat::bf16, 37, 64, rng);
+    ASSERT_EQ(bf16_panel_words(W.view()), 3 * 32 * 16);
+    std::vector<uint32_t> pan(size_t(bf16_panel_words(W.view())), 0xDEADBEEFu);
+    pack_bf16_panels(W.view(), pan.data());
+    for (int64_t p = 0; p < 3; ++p)
+      for (int64_t c = 0; c < 32; ++c)
+        for (int64_t j = 0; j < 16; ++j) {
+          const int64_t r = 16 * p + j;
+          uint16_t lo = 0, hi = 0;
+          if (r < W.rows) {
+            std::memcpy(&lo, &W.w[2 * (r * 64 + 2 * c)], 2);
+            std::memcpy(&hi, &W.w[2 * (r * 64 + 2 * c + 1)], 2);
+          }
+          ASSERT_EQ(pan[size_t((p * 32 + c) * 16 + j)], uint32_t(lo) | uint32_t(hi) << 16) << p << " " << c << " " << j;
+        }
+  }
+  // no copy for other formats or K % 32 != 0; packing them is an error
+  EXPECT_EQ(bf16_panel_words(make_weight(GemmFormat::bf16, 64, 80, rng).view()), 0);
+  EXPECT_EQ(bf16_panel_words(make_weight(GemmFormat::fp8, 64, 128, rng).view()), 0);
+  std::vector<uint32_t> none(16);
+  EXPECT_THROW(pack_bf16_panels(make_weight(GemmFormat::fp8, 64, 128, rng).view(), none.data()), Error);
+
+  struct Shape {
+    int64_t rows, cols;
+    LinearOpts o;
+  };
+  for (const Shape& sh : {Shape{192, 96, D()}, Shape{1000, 96, D()}, Shape{128, 512, D(true)},
+                          Shape{100, 64, D()}, Shape{320, 96, D(false, true, 64, 320)},
+                          Shape{320, 96, D(true, false, 100, 300)}}) {
+    const TestWeight W = make_weight(GemmFormat::bf16, sh.rows, sh.cols, rng);
+    std::vector<uint32_t> pan(size_t(bf16_panel_words(W.view())));
+    pack_bf16_panels(W.view(), pan.data());
+    GemmWeight wp = W.view();
+    wp.panels = pan.data();
+    const int64_t nout = (sh.o.row_end < 0 ? sh.rows : sh.o.row_end) - sh.o.row_begin;
+    for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 9}) {
+      LevelGuard guard;
+      const std::vector<float> x = make_x(n * sh.cols, rng, false);
+      const std::vector<float> want = slow_linear(W, x, n, sh.o);
+      for (SimdLevel l : levels()) {
+        ASSERT_EQ(set_simd_level(l), l);
+        for (int th : {1, 2, 3}) {
+          omp_set_num_threads(th);
+          std::vector<float> y(size_t(n * nout), -1.0f);
+          linear(wp, x.data(), n, y.data(), sh.o);
+          expect_bitwise(want, y, fmt::format("panels [{}x{}] rows [{},{}) n_tok={} level={} threads={}", sh.rows,
+                                              sh.cols, sh.o.row_begin, sh.o.row_end, n, simd_level_name(l), th));
+        }
+      }
+    }
+  }
+  // The copy is what the AVX-512 decode GEMVs read: with the copy of another weight they compute that weight's
+  // product (other kernels read the rows).
+  LevelGuard guard;
+  const TestWeight W = make_weight(GemmFormat::bf16, 128, 96, rng), V = make_weight(GemmFormat::bf16, 128, 96, rng);
+  std::vector<uint32_t> pan(size_t(bf16_panel_words(V.view())));
+  pack_bf16_panels(V.view(), pan.data());
+  GemmWeight wp = W.view();
+  wp.panels = pan.data();
+  for (int64_t n : {1, 8}) {
+    const std::vector<float> x = make_x(n * 96, rng, false);
+    for (SimdLevel l : levels()) {
+      ASSERT_EQ(set_simd_level(l), l);
+      std::vector<float> y(size_t(n * 128));
+      linear(wp, x.data(), n, y.data(), D());
+      expect_bitwise(slow_linear(l == SimdLevel::avx512 ? V : W, x, n, D()), y,
+                     fmt::format("read the copy, n_tok={} level={}", n, simd_level_name(l)));
+    }
+  }
+}
+
+TEST(CpuBackend, HeadLayoutIsThePanelCopy) {
+  std::mt19937 rng(13);
+  CpuBackend& be = cpu_backend();
+  std::vector<Buffer> storage;
+  const TestWeight W = make_weight(GemmFormat::bf16, 100, 96, rng);
+  const GemmWeight v = be.add_head_layout(W.view(), storage);
+  ASSERT_NE(v.panels, nullptr);
+  EXPECT_EQ(v.w, W.w.data());
+  ASSERT_EQ(storage.size(), 1u);
+  std::vector<uint32_t> pan(size_t(bf16_panel_words(W.view())));
+  pack_bf16_panels(W.view(), pan.data());
+  EXPECT_EQ(std::memcmp(v.panels, pan.data(), pan.size() * 4), 0);
+  // other heads: unchanged, nothing kept
+  const TestWeight F = make_weight(GemmFormat::fp8, 128, 128, rng), N = make_weight(GemmFormat::bf16, 64, 80, rng);
+  EXPECT_EQ(be.add_head_layout(F.view(), storage).panels, nullptr);
+  EXPECT_EQ(be.add_head_layout(N.view(), storage).panels, nullptr);
+  EXPECT_EQ(storage.size(), 1u);
 }
 
 TEST(Gemm, RowOfOutputIndependentOfBatch) {

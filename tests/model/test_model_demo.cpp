@@ -52,6 +52,13 @@ size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& 
   return i;
 }
 
+TEST(DemoModel, CpuHeadHasItsPanelCopy) {
+  // the CPU backend keeps a panel copy of the BF16 head for the decode GEMVs (Backend::add_head_layout)
+  const WeightView& h = demo(Numerics::reference).head_weight();
+  EXPECT_EQ(h.fmt, GemmFormat::bf16);
+  EXPECT_NE(h.panels, nullptr);
+}
+
 TEST(DemoModel, DenseGreedyMatchesHfUntilANearTie) {
   const auto j = load_json("tests/data/demo/greedy_dense.json");
   ASSERT_TRUE(j.contains("prompts"));
