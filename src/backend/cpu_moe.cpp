@@ -67,14 +67,16 @@ int64_t cpu_expert_rows(const MoeWeights& w, int64_t D, const uint8_t* use, cons
   busy += shared ? 1 : 0;
   // Fewer items with rows than threads (decode: top-k experts + shared on a many-core CPU): one item after the other,
   // each product on the whole pool (its 64-row groups split over the threads), instead of idling the other threads.
-  // Little work in all (a small model's decode step: a few experts of a few 100 KB): one item after the other on the
-  // calling thread, like linear()'s small products — waking the pool would cost more than the products (with
-  // OMP_WAIT_POLICY=passive, a futex wake per region). Items never depend on the thread running them.
+  // Little work in all (a small model's decode step of a few tokens: a few experts of a few 100 KB): one item after
+  // the other on the calling thread, like linear()'s small products — waking the pool would cost more than the
+  // products (with OMP_WAIT_POLICY=passive, a futex wake per region). From 2^19 multiply-adds on (the demo model's
+  // batch of 8 decodes: 24 rows of 46K, ~0.1 ms of work per layer against a wake of ~0.01 ms) the items share the
+  // pool. Items never depend on the thread running them.
   const int64_t threads = max_threads();
   int64_t macs = 0;  // multiply-adds of all items (w1, w3: inter x D; w2: D x inter; per row)
   for (int64_t e = 0; e < E; ++e) macs += (st[e + 1] - st[e]) * 3 * w.experts[e].w1.rows * D;
   if (shared) macs += n_tok * 3 * w.shared->w1.rows * D;
-  const bool enough = macs >= (int64_t(1) << 21);
+  const bool enough = macs >= (int64_t(1) << 19);
 #pragma omp parallel for schedule(dynamic, 1) if (enough && busy >= 2 && busy >= threads)
   for (int64_t e = 0; e < n_items; ++e) item(e);
   return m;
