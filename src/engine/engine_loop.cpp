@@ -99,27 +99,6 @@ void RequestStream::set_listener(std::function<void()> fn) {
 
 // ---- EngineLoop -----------------------------------------------------------------------------------------------------
 
-namespace {
-
-// argmax with ties -> lowest id (sampling/sampler.h's argmax) over finite logits, in two vectorizable passes.
-// (16 independent lanes: no reassociation needed, so it vectorizes without fast-math; -0 == +0 in the second pass)
-int32_t greedy_token(std::span<const float> lg) {
-  constexpr size_t kLanes = 16;
-  float m[kLanes];
-  for (size_t l = 0; l < kLanes; ++l) m[l] = lg[0];
-  size_t i = 0;
-  for (; i + kLanes <= lg.size(); i += kLanes)
-    for (size_t l = 0; l < kLanes; ++l) m[l] = lg[i + l] > m[l] ? lg[i + l] : m[l];
-  float mx = m[0];
-  for (size_t l = 1; l < kLanes; ++l) mx = m[l] > mx ? m[l] : mx;
-  for (; i < lg.size(); ++i) mx = lg[i] > mx ? lg[i] : mx;
-  for (size_t j = 0; j < lg.size(); ++j)
-    if (lg[j] == mx) return int32_t(j);
-  return 0;
-}
-
-}  // namespace
-
 EngineLoop::EngineLoop(std::shared_ptr<const BatchModel> model, const EngineLoopOptions& o)
     : model_(std::move(model)), opts_(o) {
   if (!model_) fail("engine loop: no model");
@@ -334,7 +313,7 @@ void EngineLoop::run_step() {
         const SamplingParams& sp = smp.params();
         if (!lv.req.constraint && sp.greedy() && sp.repetition_penalty == 1.0f && sp.presence_penalty == 0.0f &&
             sp.frequency_penalty == 0.0f) {
-          o.token = greedy_token(lg);  // what sample() computes for these parameters (finite logits), faster
+          o.token = argmax_no_nan(lg);  // what sample() computes for these parameters (finite logits), faster
         } else {
           scratch.assign(lg.begin(), lg.end());
           if (lv.req.constraint) lv.req.constraint->apply(scratch);  // the request's own mask (batch invariant)

@@ -63,5 +63,8 @@ class Sampler {
 
 // Argmax with ties broken towards the lowest id. `logits` must be non-empty.
 int32_t argmax(std::span<const float> logits);
+// The same for logits without NaN (+-inf allowed; -0 == +0), in one vectorized pass (greedy decoding of a whole
+// vocabulary per token: ~9 us for 129,280 logits instead of ~30-70 us).
+int32_t argmax_no_nan(std::span<const float> logits);
 
 }  // namespace dsv4

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <map>
+#include <random>
 #include <vector>
 
 #include "core/error.h"
@@ -44,6 +45,40 @@ TEST(Sampler, GreedyPicksArgmaxLowestIdOnTies) {
   std::vector<float> l{0.1f, 3.0f, -1.0f, 3.0f, 2.9f};
   EXPECT_EQ(s.sample(l), 1);
   EXPECT_EQ(argmax(std::vector<float>{-5.f, -5.f}), 0);
+}
+
+TEST(Sampler, ArgmaxNoNanEqualsArgmax) {
+  // the vectorized one-pass argmax (engine greedy decoding) against argmax(): every length 1..300 and whole
+  // vocabularies, ties (the lowest id wins, also across lanes and in the tail), +-0, +-inf, the maximum anywhere
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  auto check = [&](const std::vector<float>& v) {
+    ASSERT_EQ(argmax_no_nan(v), argmax(v)) << "n=" << v.size();
+  };
+  for (int n = 1; n <= 300; ++n)
+    for (int rep = 0; rep < 20; ++rep) {
+      std::vector<float> v(static_cast<size_t>(n));
+      for (auto& f : v) f = rep % 3 == 0 ? float(int(nd(rng))) : nd(rng);  // many exact ties
+      if (rep % 5 == 1)
+        for (auto& f : v) f = rng() % 2 ? 0.0f : -0.0f;
+      if (rep % 5 == 2) v[rng() % v.size()] = INFINITY;
+      if (rep % 5 == 3)
+        for (auto& f : v) f = -INFINITY;
+      check(v);
+    }
+  for (int64_t n : {129280, 129279, 129281}) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& f : v) f = nd(rng);
+    for (int64_t at : {int64_t(0), int64_t(7), int64_t(15), int64_t(16), n / 2, n - 17, n - 1}) {
+      std::vector<float> w = v;
+      w[size_t(at)] = 50.0f;
+      check(w);
+      w[size_t(n - 1 - at / 2)] = 50.0f;  // a later tie
+      check(w);
+      w[size_t(at / 3)] = 50.0f;  // an earlier tie
+      check(w);
+    }
+  }
 }
 
 TEST(Sampler, TemperatureMatchesSoftmaxDistribution) {
