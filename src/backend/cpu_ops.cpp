@@ -332,6 +332,18 @@ DSV4_CLONES void swiglu_row(const float* g, const float* up, int64_t dim, float 
     for (i = 0; i < dim; ++i) h[i] = round_to_bf16(h[i]);
 }
 
+// 1 when any of x[0, n) is NaN or inf (exponent bits all ones), else 0: branch-free, so that it vectorizes (a logits
+// row is 129,280 wide; with AVX2 ~3x faster than the baseline build).
+DSV4_CLONES uint32_t any_nonfinite(const float* x, int64_t n) {
+  uint32_t b = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, x + i, 4);
+    b |= uint32_t((u & 0x7F800000u) == 0x7F800000u);
+  }
+  return b;
+}
+
 // rsqrt(mean(x²) + eps) of a token's fp32 streams from its square sum ss (square_sums over width elements).
 inline float hc_rsqrt(double ss, int64_t width, float norm_eps) {
   return 1.0f / std::sqrt(float(ss) / float(width) + norm_eps);
@@ -476,18 +488,8 @@ void CpuOps::hadamard(float* x, int64_t n_rows, int64_t dim, bool bf16) const {
 }
 
 void CpuOps::check_finite(const float* x, int64_t n_rows, int64_t dim, int32_t* bad) const {
-  // exponent bits all ones <=> NaN or inf; branch-free so that the loop vectorizes (logits rows are 129k wide)
 #pragma omp parallel for schedule(static) if (par(n_rows * dim / 4))
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const float* xr = x + r * dim;
-    uint32_t b = 0;
-    for (int64_t i = 0; i < dim; ++i) {
-      uint32_t u;
-      std::memcpy(&u, xr + i, 4);
-      b |= uint32_t((u & 0x7F800000u) == 0x7F800000u);
-    }
-    bad[r] = int32_t(b);
-  }
+  for (int64_t r = 0; r < n_rows; ++r) bad[r] = int32_t(any_nonfinite(x + r * dim, dim));
 }
 
 void CpuOps::gather_rows(const float* a, int64_t n_a, const float* b, const int32_t* idx, int64_t n, int64_t dim,

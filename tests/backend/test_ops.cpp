@@ -44,6 +44,29 @@ TEST(Ops, RmsNormMatchesFormulaAndRoundsToBf16) {
   }
 }
 
+TEST(Ops, CheckFiniteFlagsEachNonFiniteRow) {
+  // rows of logits width and short rows: one NaN / +inf / -inf anywhere (vector body and tail) flags its row only;
+  // the largest finite values, subnormals and -0 do not
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t dim : {int64_t(129280), int64_t(37), int64_t(1)}) {
+    for (int64_t at : {int64_t(0), dim / 2, dim - 1}) {
+      for (float bad : {nan, kInf, -kInf}) {
+        std::vector<float> x = randv(size_t(3 * dim), 9);
+        x[0] = std::numeric_limits<float>::max();
+        x[size_t(dim - 1)] = -std::numeric_limits<float>::max();
+        x[size_t(2 * dim)] = std::numeric_limits<float>::denorm_min();
+        x[size_t(3 * dim - 1)] = -0.0f;
+        x[size_t(dim + at)] = bad;
+        int32_t flags[3] = {-1, -1, -1};
+        ops().check_finite(x.data(), 3, dim, flags);
+        EXPECT_EQ(flags[0], 0) << dim << " " << at;
+        EXPECT_NE(flags[1], 0) << dim << " " << at << " " << bad;
+        EXPECT_EQ(flags[2], 0) << dim << " " << at;
+      }
+    }
+  }
+}
+
 TEST(Ops, HeadRmsBf16AndFp32) {
   auto x = randv(2 * 128, 3, 5.0f);
   for (auto& v : x) v = round_to_bf16(v);
