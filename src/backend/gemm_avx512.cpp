@@ -641,6 +641,9 @@ void gemv_bf16_panels(const PanelSrc& s, int64_t n0, const float* a, int64_t lda
 // panels at a time, every transposed weight word decoded once for all tokens, 2*MR independent block chains in
 // registers; per output the order of gemv_fp4 / gemv_fp8 / mk_q: s = fma chain over the K-block (k ascending), then
 // acc = acc + s * (sa * sw), blocks ascending (acc kept in the caller's buffer).
+// K needs only be a multiple of 32 (narrow models: the demo's 96- and 160-column linears): the last step loads the
+// row bytes present (masked), uses the words present, and a last FP8 block shorter than 128 ends at K (as mk_q's
+// partial edge block).
 template <int MR, bool FP4>
 void gemv_q_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, const float* sa, int64_t ldsa, float* acc,
               int64_t ldacc) {
@@ -675,17 +678,25 @@ void gemv_q_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, const 
     for (int64_t k0 = 0; k0 < K; k0 += kStep) {
       alignas(64) __m512 T0[16], T1[16];
       const int64_t off = FP4 ? k0 / 2 : k0;
-      load_transposed(base0, s.row_bytes, off, T0);
-      load_transposed(base1, s.row_bytes, off, T1);
+      constexpr int kPerWord = FP4 ? 8 : 4;
+      const int kn = static_cast<int>(std::min<int64_t>(kStep, K - k0));  // columns of this step (a multiple of 32)
+      if (kn == kStep) {
+        load_transposed(base0, s.row_bytes, off, T0);
+        load_transposed(base1, s.row_bytes, off, T1);
+      } else {
+        load_rows(T0, base0 + off, s.row_bytes, FP4 ? kn / 2 : kn);
+        load_rows(T1, base1 + off, s.row_bytes, FP4 ? kn / 2 : kn);
+        transpose16_regs(T0);
+        transpose16_regs(T1);
+      }
       if constexpr (FP4) {
-        fp4_panel_scales(s, r0, k0, 4, Ps[0]);
-        fp4_panel_scales(s, r0 + kPanel, k0, 4, Ps[1]);
+        fp4_panel_scales(s, r0, k0, kn / 32, Ps[0]);
+        fp4_panel_scales(s, r0 + kPanel, k0, kn / 32, Ps[1]);
       } else if (k0 % 128 == 0) {
         sw0 = fp8_panel_scale(s, r0, k0 / 128);
         sw1 = fp8_panel_scale(s, r0 + kPanel, k0 / 128);
       }
-      constexpr int kPerWord = FP4 ? 8 : 4;
-      for (int c = 0; c < 16; ++c) {
+      for (int c = 0; c < kn / kPerWord; ++c) {
         if constexpr (FP4) {
           if (c % 4 == 0) {  // a new 32-column block
             sw0 = _mm512_load_ps(Ps[0] + (c / 4) * kPanel);
@@ -715,7 +726,7 @@ void gemv_q_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, const 
         else
           step.template operator()<false>();
         const int64_t kend = k0 + kPerWord * (c + 1);
-        if (kend % kBlk == 0) flush(kend - kBlk, sw0, sw1);
+        if (kend % kBlk == 0 || kend == K) flush((kend - 1) / kBlk * kBlk, sw0, sw1);
       }
     }
   }
@@ -739,11 +750,11 @@ bool gemv_group_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, co
                   bool q, float* acc, int64_t ldacc) {
   if (mr < 2 || mr > 8) return false;
   if (q) {
-    if (s.fmt == GemmFormat::fp4 && s.cols % 128 == 0) {
+    if (s.fmt == GemmFormat::fp4 && s.cols % 32 == 0) {
       gemv_q_m_dispatch<true>(s, n0, a, lda, sa, ldsa, mr, acc, ldacc);
       return true;
     }
-    if (s.fmt == GemmFormat::fp8 && s.cols % 128 == 0 && s.bc == 128) {
+    if (s.fmt == GemmFormat::fp8 && s.cols % 32 == 0 && s.bc == 128) {
       gemv_q_m_dispatch<false>(s, n0, a, lda, sa, ldsa, mr, acc, ldacc);
       return true;
     }

@@ -483,6 +483,20 @@ TEST(CpuBackend, HeadLayoutIsThePanelCopy) {
   EXPECT_EQ(storage.size(), 1u);
 }
 
+TEST(Gemm, SmallBatchQuantizedNarrowShapes) {
+  // 2-8 tokens, reference (Q) numerics, K a multiple of 32 but not of 128 (the demo model's 64-, 96- and
+  // 160-column linears and experts): the fused multi-token FP4 / FP8 GEMV's masked last step and short last FP8
+  // block, full groups and a partial one
+  std::mt19937 rng(14);
+  for (int64_t n : {1, 2, 3, 5, 8})
+    for (const Case& c : {Case{GemmFormat::fp4, 192, 96, n, Q()}, Case{GemmFormat::fp4, 128, 160, n, Q(false)},
+                          Case{GemmFormat::fp4, 64, 32, n, Q()}, Case{GemmFormat::fp4, 100, 96, n, Q()},
+                          Case{GemmFormat::fp8, 128, 96, n, Q()}, Case{GemmFormat::fp8, 512, 64, n, Q(false)},
+                          Case{GemmFormat::fp8, 64, 160, n, Q()}, Case{GemmFormat::fp8, 128, 96, n, Q(), false, 24},
+                          Case{GemmFormat::fp8, 64, 224, n, Q(), true}, Case{GemmFormat::fp8, 64, 96, n, D()}})
+      run_case(c, rng);
+}
+
 TEST(Gemm, RowOfOutputIndependentOfBatch) {
   // Row t of y depends only on row t of x: a 1-token call equals the same row of a 37-token call.
   std::mt19937 rng(5);
