@@ -25,6 +25,7 @@
 #include "cli/byte_size.h"
 #include "cli/command.h"
 #include "cli/device_option.h"
+#include "cli/kv_memory_check.h"
 #include "cli/placement_option.h"
 #include "core/error.h"
 #include "engine/batch_model.h"
@@ -107,8 +108,18 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
     // reports what changes in between.
     if (const std::string why = probe_listen(o->host, o->port); !why.empty())
       fail("cannot listen on {}:{}: {}", o->host, o->port, why);
-    std::fprintf(stderr, "loading %s ...\n", o->model.c_str());
     const Device device = dsv4::cli::resolve_device(o->device);
+    {  // an impossible absolute --kv-memory (or a CPU fraction of 1G) is an error before the model loads
+      const bool on_gpu = device.kind != DeviceKind::cpu;
+      const int64_t running = o->parallel > 0 ? o->parallel : on_gpu ? 256 : 16;
+      const cli::ByteSize kv = kv_arg ? *kv_arg : on_gpu ? cli::ByteSize(cli::Fraction{0.9}) : cli::ByteSize(uint64_t(1) << 30);
+      if (const auto* b = std::get_if<uint64_t>(&kv))
+        cli::check_kv_memory_early(o->model, *b, running, o->spec_draft > 0);
+      else if (!on_gpu)
+        cli::check_kv_memory_early(o->model, uint64_t(std::get<cli::Fraction>(kv).value * double(uint64_t(1) << 30)),
+                                   running, o->spec_draft > 0);
+    }
+    std::fprintf(stderr, "loading %s ...\n", o->model.c_str());
     LoadedModel lm = load_model(o->model, o->numerics, o->threads, device, o->spec_draft, o->placement);
     std::fprintf(stderr, "device: %s\n", lm.device.c_str());
     if (!lm.tokenizer) fail("{}: no tokenizer.json (the server needs one)", o->model);
