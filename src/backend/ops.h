@@ -82,6 +82,12 @@ class Ops {
   virtual void branch_end() const {}
   virtual void branch_join() const {}
 
+  // ---- hints -----------------------------------------------------------------------------------------------------
+  // W will be read soon (e.g. by a linear a few latency-bound ops later in a decode step): a backend may start
+  // moving its bytes closer to the cores (CUDA: into the L2 cache, while the ops in between leave the memory bus
+  // idle). Changes no result; the CPU ignores it.
+  virtual void prefetch(const WeightView& W) const {}
+
   // ---- GEMM ------------------------------------------------------------------------------------------------------
   // y[n_tok, row_end-row_begin] = x[n_tok, W.cols] · W[row_begin:row_end]ᵀ with the semantics of backend/gemm.h
   // ((Q): FP8 act_quant per 128 + block-scaled product; (D): fp32 x exactly dequantized weight). x, y don't overlap.
@@ -146,6 +152,14 @@ class Ops {
   virtual void hc_pre(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale,
                       const float* base, int sinkhorn_iters, float hc_eps, float norm_eps, bool bf16, float* u,
                       float* post, float* comb) const = 0;
+  // hc_pre, then u = rmsnorm(u) with the sublayer's norm weight norm_w [dim] and eps norm_eps: how every sublayer
+  // starts. The result is the two ops' (a backend may run them as one kernel: CUDA's decode steps).
+  virtual void hc_pre_norm(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale,
+                           const float* base, int sinkhorn_iters, float hc_eps, float norm_eps, bool bf16,
+                           const float* norm_w, float* u, float* post, float* comb) const {
+    hc_pre(X, n_tok, hc, dim, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps, bf16, u, post, comb);
+    rmsnorm(u, n_tok, dim, norm_w, norm_eps, bf16, u);
+  }
   // Xout[t,k,:] = post[t,k]·f[t,:] + Σ_j comb[t,j,k]·X[t,j,:] (bf16 when bf16). Xout may alias X.
   virtual void hc_post(const float* f, const float* X, const float* post, const float* comb, int64_t n_tok, int hc,
                        int64_t dim, bool bf16, float* Xout) const = 0;
