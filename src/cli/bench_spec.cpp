@@ -6,6 +6,9 @@
 // rate (accepted / drafted), tokens per target step, the measured cost of a verify step and of the drafts per step
 // (so that the speed-up at another acceptance rate can be computed), and whether the tokens equal plain decoding.
 // Dummy weights (--load-format dummy) give a random MTP module, hence a low acceptance rate.
+// Greedy tokens must equal plain decoding where the backend guarantees it (the CPU; CUDA with --deterministic): a
+// difference there is an error. CUDA's default fast mode is batch invariant only up to 8 tokens per linear (verify
+// steps of more tokens run other GEMM kernels), so there a difference is reported, not an error.
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -142,6 +145,8 @@ int run_bench(const Opts& o) {
   out["tokens_per_request"] = o.n;
   out["repeat"] = o.repeat;
   out["runs"] = nlohmann::json::array();
+  const bool exact = m->backend().device().is_cpu() || cuda_deterministic();
+  out["deterministic"] = exact;
   for (int B : batches) {
     std::vector<std::vector<int32_t>> prompts;
     for (int i = 0; i < B; ++i) {
@@ -181,7 +186,7 @@ int run_bench(const Opts& o) {
                       "step, verify step {:.2f} ms, drafts {:.2f} ms per step, tokens {}",
                       B, k, tps, tps / base_tps, r.accepted, r.drafted, 100 * acc, per_step,
                       1e3 * verify_s / double(r.steps), 1e3 * r.draft_seconds / double(r.steps),
-                      same ? "identical" : "DIFFERENT"));
+                      same ? "identical" : exact ? "DIFFERENT" : "different (fast CUDA mode: not batch invariant here)"));
       out["runs"].push_back({{"batch", B},
                              {"draft", k},
                              {"decode_tokens_per_s", tps},
@@ -194,7 +199,7 @@ int run_bench(const Opts& o) {
                              {"verify_ms_per_step", 1e3 * verify_s / double(r.steps)},
                              {"draft_ms_per_step", 1e3 * r.draft_seconds / double(r.steps)},
                              {"identical_to_plain", same}});
-      if (!same) fail("bench spec: batch {} k={}: greedy tokens differ from plain decoding", B, k);
+      if (!same && exact) fail("bench spec: batch {} k={}: greedy tokens differ from plain decoding", B, k);
     }
   }
   if (o.json) std::printf("%s\n", out.dump(2).c_str());

@@ -154,14 +154,13 @@ void Model::forward_ubatch(StepPlan plan, StatePool& pool, const BatchLogitsSink
       block(mtp_layer_, pool, plan, dp, Xm);
     }
   };
-  // Recorded steps (CUDA graphs) for decode-sized steps (<= kGraphMaxTokens tokens, where launches dominate):
-  // everything up to the head, keyed by the plan's shape, the buffers it reaches (the pool's, the workspace mark: the
-  // plan upload and every scratch address follow from it). Verify steps and op hooks (profiling: synchronizes per
-  // op) run eagerly.
+  // Recorded steps (CUDA graphs) for decode-sized steps (<= kGraphMaxTokens tokens, where launches dominate), verify
+  // steps of speculative decoding included: everything up to the head, keyed by the plan's shape (its sizes decide
+  // every host-side branch, the verify steps' saves of what a rollback needs too), the buffers it reaches (the
+  // pool's, the workspace mark: the plan upload and every scratch address follow from it). Steps with an op hook
+  // (profiling: synchronizes per op) run eagerly.
   constexpr int64_t kGraphMaxTokens = 128;
-  bool spec = false;
-  for (const PlanPiece& pc : plan.pieces) spec = spec || pc.spec;
-  if (graphs_ && !hook_ && !spec && n <= kGraphMaxTokens) {
+  if (graphs_ && !hook_ && n <= kGraphMaxTokens) {
     std::vector<int64_t> key = plan.shape_key();
     key.insert(key.end(), {int64_t(ws_at.chunk), int64_t(ws_at.offset), pool.n_slots(), pool.n_pages(),
                            pool.n_snapshots()});
@@ -170,7 +169,8 @@ void Model::forward_ubatch(StepPlan plan, StatePool& pool, const BatchLogitsSink
     for (int l = 0; l < int(pool.layout().layers.size()); ++l) {
       const StatePool::LayerBuffers& lb = pool.layer(l);
       for (const Buffer* b : {&lb.ring, &lb.cmp_k, &lb.cmp_s, &lb.idx_k, &lb.idx_s, &lb.comp, &lb.keys, &lb.snap_ring,
-                              &lb.snap_cmp_k, &lb.snap_cmp_s, &lb.snap_idx_k, &lb.snap_idx_s})
+                              &lb.snap_cmp_k, &lb.snap_cmp_s, &lb.snap_idx_k, &lb.snap_idx_s, &lb.spec_ring,
+                              &lb.spec_cmp_k, &lb.spec_cmp_s, &lb.spec_idx_k, &lb.spec_idx_s})
         addr(*b);
     }
     graphs_->run(key, layers);
