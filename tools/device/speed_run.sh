@@ -7,6 +7,7 @@
 #            and the same with --no-cuda-graph (every kernel launched); with `det` also --deterministic (the
 #            CPU-order kernels: the baseline)
 #   bench1   only the first of those (CUDA graphs)
+#   pf       batch-1 decode at ctx 4096 without the weight prefetch hints (--no-prefetch), to compare with bench1
 #   prefill  the same, prefill of 8192 tokens (fast)
 #   dense    batch-1 decode at ctx 4096 with --numerics dense (fast)
 #   batch    --batch 128, 8, 32 at ctx 4096 (batched decode over one state pool)
@@ -15,6 +16,7 @@
 #            (issue 10), JSON into $OUT/bench-serve.json
 #   spec     dsv4 bench spec, 24 dummy V4-Flash layers with the MTP module, batch 1 and 8 (issue 13), JSON into
 #            $OUT/bench-spec.json
+#   specdet  the same at batch 8 with --deterministic (greedy tokens must equal plain decoding), $OUT/bench-spec-det.json
 #   hyb1     hybrid GPU + CPU (issue 11): all 43 dummy V4-Flash layers, --gpu-experts auto (the experts that do not
 #            fit the GPU on the CPU), batch-1 decode at ctx 1024 (32 steps, per-op profile) + prefill of 2048 tokens
 #   hyb4     the same placement, batch-4 decode at ctx 1024
@@ -78,6 +80,7 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
   fi
   if [ -x "$B/dsv4" ]; then
     (has bench || has bench1) && bench b1-ctx4096 --ctx 4096 --prefill 0 --steps 32
+    has pf && bench b1-ctx4096-noprefetch --ctx 4096 --prefill 0 --steps 32 --no-prefetch --no-profile
     has bench && bench b1-ctx4096-nograph --ctx 4096 --prefill 0 --steps 32 --no-cuda-graph --no-profile
     has bench && has det && bench b1-ctx4096-deterministic --ctx 4096 --prefill 0 --steps 16 --deterministic
   fi
@@ -122,9 +125,16 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
   if has spec && [ -x "$B/dsv4" ] && [ "$(left)" -gt 60 ]; then
     log "bench spec"
     timeout $(($(left) - 20)) "$B/dsv4" bench spec --config "$CFG" --load-format dummy --layers 24 --device cuda \
-      --batch 1,8 --draft 1,2 -n 32 --json > "$OUT/bench-spec.json" 2> /tmp/spec.err
+      --batch 1,8 --draft 1,2,3 -n 48 --json > "$OUT/bench-spec.json" 2> /tmp/spec.err
     echo "bench spec rc=$?"
     tail -8 /tmp/spec.err
+  fi
+  if has specdet && [ -x "$B/dsv4" ] && [ "$(left)" -gt 60 ]; then
+    log "bench spec (deterministic, batch 8)"
+    timeout $(($(left) - 20)) "$B/dsv4" bench spec --config "$CFG" --load-format dummy --layers 24 --device cuda \
+      --batch 8 --draft 1,2 -n 32 --deterministic --json > "$OUT/bench-spec-det.json" 2> /tmp/specdet.err
+    echo "bench spec det rc=$?"
+    tail -8 /tmp/specdet.err
   fi
   if has pprof && [ -x "$B/dsv4" ]; then  # prefill per-op breakdown (4 layers)
     bench_run pprof 12 p4-prefill2048 --layers 4 --device cuda --ctx 0 --prefill 2048 --steps 1
