@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device session for the GPU speed work (issue 9), run from the repo root by the `run` tool:
 #   bash tools/device/speed_run.sh [STEPS]    STEPS: comma list of build,test,bench,prefill,dense,batch (default all)
-#   build    scripts/build-cuda.sh build (targets dsv4 + test_gpu only)
+#   build    scripts/build-cuda.sh build (targets dsv4 + test_gpu only); skipped when .scratch/devbin.tar.xz is carried
+#            (a prebuilt build-cuda/ from tools/device/pack_devbin.sh: then every step uses it)
 #   test     scripts/test-gpu.sh (every GPU test), log + gtest JSON into $OUT
 #   bench    dsv4 bench model, 24 dummy V4-Flash layers, batch-1 decode at ctx 4096: fast (default: CUDA graphs)
 #            and the same with --no-cuda-graph (every kernel launched); with `det` also --deterministic (the
@@ -71,7 +72,16 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
   nvidia-smi -L 2>&1 | head -2
   nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv 2>&1 | tail -1
   echo "cpus $(nproc)"
-  if has build; then
+  # a prebuilt tree may come as .scratch/devbin.tar.xz (tools/device/pack_devbin.sh: build-cuda/{dsv4,test_gpu,lib/*}
+  # built on the dev machine with the same CUDA 13.0); it names its data by the source path it was built from
+  # (DSV4_BUILT_AT, default /work/main): make that path point here
+  if [ -f .scratch/devbin.tar.xz ]; then
+    tar -xJf .scratch/devbin.tar.xz && B=build-cuda && export LD_LIBRARY_PATH=$PWD/build-cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    SRC=${DSV4_BUILT_AT:-/work/main}
+    [ -e "$SRC" ] || { mkdir -p "$(dirname "$SRC")" && ln -s "$PWD" "$SRC"; }
+    log "using the carried prebuilt build-cuda/ ($(readlink -f "$SRC"))"
+    scripts/unpack-demo.sh > /dev/null
+  elif has build; then
     log "build"
     DSV4_TARGETS="dsv4 test_gpu" timeout 330 scripts/build-cuda.sh build -DDSV4_BUILD_BENCH=OFF > /tmp/build.log 2>&1
     echo "build rc=$?"
