@@ -139,14 +139,16 @@ void Model::forward_ubatch(StepPlan plan, StatePool& pool, const BatchLogitsSink
   const DevicePlan dp = DevicePlan::upload(plan, *be_, ws);
 
   float* X = ws.alloc<float>(n * HC * D);
-  auto layers = [&] {
-    // §5.1: e = embed[token]; X = [e, e, e, e]
-    ops().embed(embed_, dp.tokens, n, int(HC), X);
-    for (int l = 0; l < cfg_.num_hidden_layers; ++l) block(l, pool, plan, dp, X);
-
+  // The step's layers in segments [l0, l1): the embedding joins the first, the MTP block the last. A layer whose
+  // experts are split with the host (its MoE waits on the host's experts inside the step) is a segment of its own
+  // that always runs eagerly; any other segment may be recorded as a CUDA graph.
+  const int L = cfg_.num_hidden_layers;
+  auto segment = [&](int l0, int l1) {
+    if (l0 == 0) ops().embed(embed_, dp.tokens, n, int(HC), X);  // §5.1: e = embed[token]; X = [e, e, e, e]
+    for (int l = l0; l < l1; ++l) block(l, pool, plan, dp, X);
     // §5.9 the MTP block on every position (its window ring must hold the rows of every position a draft attends
     // to); the hidden streams of each sequence's last positions are kept as the input of the next draft
-    if (plan.mtp) {
+    if (l1 == L && plan.mtp) {
       Workspace::Scope ms(ws);
       ops().scatter_rows(X, dp.hid_src, pool.hidden().as<float>(), dp.hid_dst, int64_t(plan.hid_src.size()), HC * D);
       float* Xm = ws.alloc<float>(n * HC * D);
@@ -154,14 +156,16 @@ void Model::forward_ubatch(StepPlan plan, StatePool& pool, const BatchLogitsSink
       block(mtp_layer_, pool, plan, dp, Xm);
     }
   };
+  auto split = [&](int l) { return lr_[size_t(l)].split.n_host > 0; };
   // Recorded steps (CUDA graphs) for decode-sized steps (<= kGraphMaxTokens tokens, where launches dominate), verify
-  // steps of speculative decoding included: everything up to the head, keyed by the plan's shape (its sizes decide
+  // steps of speculative decoding included: each segment up to the head, keyed by the plan's shape (its sizes decide
   // every host-side branch, the verify steps' saves of what a rollback needs too), the buffers it reaches (the
-  // pool's, the workspace mark: the plan upload and every scratch address follow from it). Steps with an op hook
-  // (profiling: synchronizes per op) run eagerly.
+  // pool's, the workspace mark: the plan upload and every scratch address follow from it) and its layers. Steps
+  // with an op hook (profiling: synchronizes per op) run eagerly.
   constexpr int64_t kGraphMaxTokens = 128;
+  std::vector<int64_t> key;
   if (graphs_ && !hook_ && n <= kGraphMaxTokens) {
-    std::vector<int64_t> key = plan.shape_key();
+    key = plan.shape_key();
     key.insert(key.end(), {int64_t(ws_at.chunk), int64_t(ws_at.offset), pool.n_slots(), pool.n_pages(),
                            pool.n_snapshots()});
     auto addr = [&](const Buffer& b) { key.push_back(int64_t(reinterpret_cast<uintptr_t>(b.data()))); };
@@ -173,9 +177,19 @@ void Model::forward_ubatch(StepPlan plan, StatePool& pool, const BatchLogitsSink
                               &lb.spec_cmp_k, &lb.spec_cmp_s, &lb.spec_idx_k, &lb.spec_idx_s})
         addr(*b);
     }
-    graphs_->run(key, layers);
-  } else {
-    layers();
+  }
+  for (int l0 = 0; l0 < L;) {
+    int l1 = l0 + 1;
+    if (!split(l0))
+      while (l1 < L && !split(l1)) ++l1;
+    if (key.empty() || split(l0)) {
+      segment(l0, l1);
+    } else {
+      std::vector<int64_t> k2 = key;
+      k2.insert(k2.end(), {l0, l1});
+      graphs_->run(k2, [&] { segment(l0, l1); });
+    }
+    l0 = l1;
   }
 
   // §5.8 head for the requested positions, a few rows at a time (bounded scratch); one copy back per group.

@@ -255,8 +255,8 @@ void Model::place_experts(uint64_t non_expert, uint64_t expert) {
   const int64_t budget =
       int64_t(mi.free) - int64_t(non_expert) - int64_t(placement_reserve_bytes(cfg_, opts_.ubatch));
   placement_ = resolve_placement(cfg_, opts_.placement, expert, budget);
-  // a split layer waits on the host's experts inside the step, which a CUDA graph cannot record: eager steps
-  if (placement_.n_host() > 0) graphs_.reset();
+  // (a split layer waits on the host's experts inside the step, which a CUDA graph cannot record: forward_ubatch runs
+  // it eagerly between the recorded segments of the other layers)
   if (opts_.placement.any()) log::info("{}", placement_.summary());
 }
 

@@ -3,7 +3,8 @@
 //   the unsplit CUDA moe and the CPU backend's moe BITWISE in the deterministic mode, for every placement of an
 //   8-expert layer and forced routings (one expert for every slot, distinct, every expert, random with duplicates),
 //   reference and dense numerics, up to 300 tokens; in the fast mode within the fast moe tolerance (rms 2^-5);
-// * the demo model on CUDA, deterministic: the logits of a 300-token prompt + decode under all-GPU, --cpu-moe,
+// * the demo model on CUDA, deterministic: the logits of a 300-token prompt + 12 decode steps (the layers without host
+//   experts replayed as CUDA graph segments) under all-GPU, --cpu-moe,
 //   every --n-cpu-moe value and a hot-expert profile equal the CPU backend's BITWISE;
 // * full-size V4-Flash placements that cannot fit (all experts on the GPU; all on the CPU: 140 GB > the host's
 //   RAM) are one-line errors with exit 1 before any allocation.
@@ -124,7 +125,7 @@ TEST(CudaPlacement, DemoModelEveryPlacementEqualsTheCpuBitwise) {
   std::uniform_int_distribution<int32_t> d(2, cpu_model->n_vocab() - 1);
   std::vector<int32_t> ids(300);
   for (auto& t : ids) t = d(rng);
-  const auto ref = demo_logits(*cpu_model, ids, 4);
+  const auto ref = demo_logits(*cpu_model, ids, 12);
   const int L = cpu_model->config().num_hidden_layers, E = cpu_model->config().n_routed_experts;
   ExpertProfile prof;
   prof.counts.assign(size_t(L), std::vector<uint64_t>(size_t(E), 0));
@@ -157,7 +158,9 @@ TEST(CudaPlacement, DemoModelEveryPlacementEqualsTheCpuBitwise) {
     o.ubatch = 128;
     o.placement = p;
     auto m = Model::load(model_dir("dsv4-demo"), o);
-    const auto got = demo_logits(*m, ids, 4);
+    const int64_t r0 = m->step_graphs() ? m->step_graphs()->replays() : 0;
+    const auto got = demo_logits(*m, ids, 12);
+    const int64_t replays = m->step_graphs() ? m->step_graphs()->replays() - r0 : 0;
     ASSERT_EQ(got.size(), ref.size()) << name;
     size_t bad = 0;
     for (size_t i = 0; i < ref.size(); ++i) bad += ref[i] != got[i] ? 1 : 0;
@@ -167,6 +170,12 @@ TEST(CudaPlacement, DemoModelEveryPlacementEqualsTheCpuBitwise) {
                 ref.size());
     EXPECT_EQ(bad, 0u) << name;
     if (m->placement().n_host() > 0) EXPECT_GT(st.host_pairs, 0) << name;
+    // the layers without host experts run as recorded CUDA graph segments between the split ones
+    int split_layers = 0;
+    for (int l = 0; l < L; ++l) split_layers += m->placement().n_host(l) > 0;
+    if (split_layers < L) EXPECT_GT(replays, 0) << name << ": decode segments of unsplit layers should replay";
+    std::printf("[cuda-placement]   %d split layers, %lld graph replays in 12 decode steps\n", split_layers,
+                static_cast<long long>(replays));
   }
   std::filesystem::remove(pf);
 }
