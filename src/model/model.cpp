@@ -36,8 +36,10 @@ RowFormat Model::state_rows() const {
 }
 
 Model::~Model() {
-  // Recordings and resident buffers go back to the backend before an owned backend is destroyed.
+  // Recordings and resident buffers go back to the backend before an owned backend is destroyed; the split's
+  // page-locked host experts are released before their memory (dummy_, set_) goes away.
   graphs_.reset();
+  split_.reset();
   params_.clear();
   dummy_.reset();
   if (be_) be_->synchronize();
@@ -174,7 +176,8 @@ void Model::bind_layer(const LayerWeights& lw, int l, LayerResident& p) {
     for (int64_t e = 0; e < E; ++e) resident[size_t(e)] = p.split.on_host[size_t(e)] ? 0 : 1;
     params_.push_back(be_->upload_vector(resident, "expert placement"));
     p.split.resident = params_.back().as<uint8_t>();
-    if (!split_) split_ = std::make_unique<SplitMoe>(*be_);
+    if (!split_) split_ = std::make_unique<SplitMoe>(*be_, split_options());
+    split_->attach(p.split);  // the staged path's chunks (model/expert_staging.h)
   }
 
 }
@@ -205,6 +208,8 @@ void Model::make_resident() {
   const size_t all_experts = one_expert * size_t(c.num_hidden_layers) * size_t(c.n_routed_experts);
   if (!dummy_) place_experts(need - std::min(need, all_experts), one_expert);
   need -= std::min(need, one_expert * size_t(placement_.n_host()));
+  if (placement_.n_host() > 0 && !be_->device().is_cpu())  // the staged path's buffers (model/expert_staging.h)
+    need += SplitMoe::staging_device_bytes(split_options(), one_expert);
   if (need > 0 && !dummy_) {
     const MemoryInfo mi = be_->memory();
     const size_t slack = size_t(1) << 30;  // workspace + state of a first sequence + small tensors
@@ -247,7 +252,24 @@ void Model::make_resident() {
     mtp_.hc_head_base = upload_f32(mw.hc_head_base, size_t(HC), "mtp.hc_head_base", mtp_layer_);
     mtp_.hc_head_scale = upload_f32(mw.hc_head_scale, 1, "mtp.hc_head_scale", mtp_layer_);
   }
+  if (split_) {
+    split_->finish(c.num_experts_per_tok);  // page-locks the host experts, picks the staging threshold
+    if (split_->stage_min_tokens() > 0)
+      log::info("split layers: calls of >= {} tokens run their CPU experts on {} (2 x {} MiB staging, host experts "
+                "{}page-locked)", split_->stage_min_tokens(), be_->device().name(),
+                split_->stage_slot_bytes() >> 20, split_->host_experts_pinned() ? "" : "not ");
+  }
   be_->synchronize();
+}
+
+SplitMoeOptions Model::split_options() const {
+  SplitMoeOptions o;
+  const PlacementOptions& p = opts_.placement;
+  if (p.stage_bytes < 1) fail("the expert staging buffers need a size (got {} bytes)", p.stage_bytes);
+  o.stage_slot_bytes = size_t(p.stage_bytes);
+  // auto: the cost model on a device with its own memory; the CPU backend's "device" memory is the host's
+  o.stage_min_tokens = p.stage_tokens >= 0 ? p.stage_tokens : be_->device().is_cpu() ? 0 : -1;
+  return o;
 }
 
 void Model::place_experts(uint64_t non_expert, uint64_t expert) {
@@ -255,8 +277,12 @@ void Model::place_experts(uint64_t non_expert, uint64_t expert) {
   const int64_t budget =
       int64_t(mi.free) - int64_t(non_expert) - int64_t(placement_reserve_bytes(cfg_, opts_.ubatch));
   placement_ = resolve_placement(cfg_, opts_.placement, expert, budget);
+  // experts on the CPU: the staging buffers of the staged path need device memory too (auto: fewer experts)
+  const int64_t stage = int64_t(SplitMoe::staging_device_bytes(split_options(), expert));
+  if (placement_.n_host() > 0 && stage > 0)
+    placement_ = resolve_placement(cfg_, opts_.placement, expert, budget - stage);
   // (a split layer waits on the host's experts inside the step, which a CUDA graph cannot record: forward_ubatch runs
-  // it eagerly between the recorded segments of the other layers)
+  // it eagerly between the recorded segments of the other layers; the staged path's copy stream and events too)
   if (opts_.placement.any()) log::info("{}", placement_.summary());
 }
 

@@ -186,6 +186,8 @@ class Model final : public LanguageModel {
   // Totals of the split layers since the last reset (PCIe bytes, host compute time); all zero without a split.
   SplitMoeStats split_stats() const;
   void reset_split_stats() const;
+  // The split layers' runner (null without experts on the CPU): its staging threshold and buffers.
+  const SplitMoe* split_moe() const { return split_.get(); }
   // Profiling (`dsv4 profile-experts`): called after the router of every main layer with the host copy of its
   // expert ids [n, k]; empty: none. Not thread-safe with forward steps running.
   using RouteObserver = std::function<void(int layer, const int32_t* ids, int64_t n, int64_t k)>;
@@ -227,6 +229,8 @@ class Model final : public LanguageModel {
   // Sets placement_ from opts_.placement: non_expert = device bytes of every weight but the main layers' routed
   // experts, expert = device bytes of one routed expert.
   void place_experts(uint64_t non_expert, uint64_t expert);
+  // The split layers' options from opts_.placement (staging threshold and slots).
+  SplitMoeOptions split_options() const;
 
   bool bf16() const { return opts_.numerics == Numerics::reference; }
   // Whether a step of n tokens hints its weights ahead (ModelOptions::prefetch): decode-sized steps, whose ops

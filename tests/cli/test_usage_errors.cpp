@@ -141,7 +141,11 @@ TEST(CliUsage, BadFlagValuesAreRefusedBeforeTheModelLoads) {
   for (const char* g : {"many", "-1", "3x"}) {
     cases.push_back({{"generate", "-m", none, "-p", "hi", "--gpu-experts", g}, "--gpu-experts"});
     cases.push_back({{"serve", "-m", none, "--port", "0", "--gpu-experts", g}, "--gpu-experts"});
+    cases.push_back({{"generate", "-m", none, "-p", "hi", "--stage-tokens", g}, "--stage-tokens"});
+    cases.push_back({{"bench", "model", "-m", none, "--stage-tokens", g}, "--stage-tokens"});
   }
+  for (const char* mib : {"0", "-3", "lots"})
+    cases.push_back({{"serve", "-m", none, "--port", "0", "--stage-mib", mib}, "--stage-mib"});
   for (const auto& c : cases) {
     std::string joined;
     for (const auto& a : c.args) joined += "'" + a + "' ";
