@@ -23,6 +23,9 @@
 #   hyb4     the same placement, batch-4 decode at ctx 1024
 #   hyb8k    the same placement, prefill of 8192 tokens
 #   hybn     --n-cpu-moe 8 (the experts of the last 8 layers on the CPU), batch-1 decode at ctx 1024
+#   hybstage the --gpu-experts auto placement, prefill of 2048 tokens with the CPU experts staged on the GPU (the
+#            default, model/expert_staging.h) and with --stage-tokens 0 (the CPU runs them, as before), then 8192
+#            tokens staged
 #   gemm     dsv4 bench gemm on the machine's CPU (all threads), JSON into $OUT/bench-gemm.json
 #   pprof    prefill of 2048 and 8192 tokens at 4 layers with the per-op breakdown
 #   bprof    batched decode (batch 128 and 32, ctx 4096) at 4 layers with the per-op breakdown
@@ -117,6 +120,12 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
     has hyb4 && hbench hyb-b4-ctx1024 --gpu-experts auto --batch 4 --ctx 1024 --prefill 0 --steps 16 --no-profile
     has hyb8k && hbench hyb-prefill8192 --gpu-experts auto --batch 1 --ctx 0 --prefill 8192 --steps 2 --no-profile
     has hybn && hbench hyb-ncpumoe8-b1-ctx1024 --n-cpu-moe 8 --batch 1 --ctx 1024 --prefill 0 --steps 16 --no-profile
+    if has hybstage; then
+      hbench hyb-stage-prefill2048 --gpu-experts auto --batch 1 --ctx 0 --prefill 2048 --steps 2 --no-profile
+      hbench hyb-nostage-prefill2048 --gpu-experts auto --batch 1 --ctx 0 --prefill 2048 --steps 2 --no-profile \
+        --stage-tokens 0
+      hbench hyb-stage-prefill8192 --gpu-experts auto --batch 1 --ctx 0 --prefill 8192 --steps 2 --no-profile
+    fi
   fi
   if has gemm && [ -x "$B/dsv4" ] && [ "$(left)" -gt 40 ]; then
     log "bench gemm ($(nproc) threads)"
