@@ -41,7 +41,7 @@
 #   hf       tools/bench/hf_side_by_side.py (issue 9 item 5): HF transformers vs dsv4, 4 layers, into $OUT/side-by-side.json
 # Environment: OUT (results folder), DSV4_COMMIT (the commit the tree is: pass it as a literal, e.g.
 # DSV4_COMMIT=0a8d6df; `$(git rev-parse --short HEAD)` on the device resolves to main's tip, not the tree sent),
-# GTEST_FILTER (optional).
+# GTEST_FILTER (optional), LAYERS (dummy layers of the 24-layer runs; 16 fits an 80 GB H100).
 # Every step is time-limited (the whole run stays under ~560 s) so partial results still come back.
 set -u
 OUT=${OUT:-/tmp/dsv4-out}
@@ -68,7 +68,7 @@ bench_run() {  # bench_run LABEL TAIL NAME ARGS...: one dsv4 bench model run, JS
   { echo "== ${cmd[*]}"; cat /tmp/bench.err; } >> "$OUT/bench.log"
   tar -cf "$OUT/bench-json.tar" -C /tmp/benchjson .  # one file back for every run (the tool returns <= 8 files)
 }
-bench() { local name=$1; shift; bench_run bench 6 "$name" --layers 24 --device cuda "$@"; }  # 24 layers
+bench() { local name=$1; shift; bench_run bench 6 "$name" --layers "${LAYERS:-24}" --device cuda "$@"; }  # 24 layers (H100: LAYERS=16)
 hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; }  # hybrid: all 43 layers
 {
   log "start $(date -u) steps=$STEPS commit=${DSV4_COMMIT:-unknown}"
@@ -143,14 +143,14 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
   fi
   if has spec && [ -x "$B/dsv4" ] && [ "$(left)" -gt 60 ]; then
     log "bench spec"
-    timeout $(($(left) - 20)) "$B/dsv4" bench spec --config "$CFG" --load-format dummy --layers 24 --device cuda \
+    timeout $(($(left) - 20)) "$B/dsv4" bench spec --config "$CFG" --load-format dummy --layers "${LAYERS:-24}" --device cuda \
       --batch 1,8 --draft 1,2,3 -n 48 --json > "$OUT/bench-spec.json" 2> /tmp/spec.err
     echo "bench spec rc=$?"
     tail -8 /tmp/spec.err
   fi
   if has specdet && [ -x "$B/dsv4" ] && [ "$(left)" -gt 60 ]; then
     log "bench spec (deterministic, batch 8)"
-    timeout $(($(left) - 20)) "$B/dsv4" bench spec --config "$CFG" --load-format dummy --layers 24 --device cuda \
+    timeout $(($(left) - 20)) "$B/dsv4" bench spec --config "$CFG" --load-format dummy --layers "${LAYERS:-24}" --device cuda \
       --batch 8 --draft 1,2 -n 32 --deterministic --json > "$OUT/bench-spec-det.json" 2> /tmp/specdet.err
     echo "bench spec det rc=$?"
     tail -8 /tmp/specdet.err
