@@ -82,12 +82,6 @@ class Ops {
   virtual void branch_end() const {}
   virtual void branch_join() const {}
 
-  // ---- hints -----------------------------------------------------------------------------------------------------
-  // W will be read soon (e.g. by a linear a few latency-bound ops later in a decode step): a backend may start
-  // moving its bytes closer to the cores (CUDA: into the L2 cache, while the ops in between leave the memory bus
-  // idle). Changes no result; the CPU ignores it.
-  virtual void prefetch(const WeightView& W) const {}
-
   // ---- GEMM ------------------------------------------------------------------------------------------------------
   // y[n_tok, row_end-row_begin] = x[n_tok, W.cols] · W[row_begin:row_end]ᵀ with the semantics of backend/gemm.h
   // ((Q): FP8 act_quant per 128 + block-scaled product; (D): fp32 x exactly dequantized weight). x, y don't overlap.

@@ -85,8 +85,6 @@ void Model::attention(int l, StatePool& pool, const StepPlan& plan, const Device
     }
   }
 
-  // (decode-sized steps: wo_a starts loading while the attention of these few tokens runs)
-  if (prefetching(n)) ops().prefetch(lp.wo_a);
   // 4-6. sparse attention over [ring | fresh] window rows and the compressed rows; inverse RoPE on the output
   float* ring = lb.ring.as<float>();
   KvRows rows{ring, plan.n_ring, kv, n, ratio > 0 ? lb.comp.as<float>() : nullptr, n_comp, Dh, kc};

@@ -136,7 +136,11 @@ void ExpertStaging::attach(SplitMoeLayer& L) {
   for (const auto& ids : chunk_ids) {
     StagePlan::Chunk ch;
     ch.n_experts = int64_t(ids.size());
-    // the chunk's pieces in source address order (adjacent tensors of a mapped checkpoint coalesce into one copy)
+    // the chunk's pieces in source address order (adjacent tensors of a mapped checkpoint coalesce into one copy).
+    // Only across a boundary inside a page: pin_host() page-locks pieces that share a page as one range, but
+    // separate ranges where they only touch, and one copy must not span two page-locked ranges (CUDA: invalid
+    // argument).
+    const uintptr_t page = uintptr_t(std::max<long>(sysconf(_SC_PAGESIZE), 4096));
     std::vector<Piece> ps;
     for (int64_t e : ids) ps.insert(ps.end(), per[size_t(e)].begin(), per[size_t(e)].end());
     std::sort(ps.begin(), ps.end(), [](const Piece& a, const Piece& b) { return a.src < b.src; });
@@ -147,7 +151,7 @@ void ExpertStaging::attach(SplitMoeLayer& L) {
       off[i] = at;
       StagePlan::Copy* last = ch.copies.empty() ? nullptr : &ch.copies.back();
       if (last && static_cast<const uint8_t*>(last->src) + last->bytes == ps[i].src &&
-          last->offset + last->bytes == at)
+          last->offset + last->bytes == at && reinterpret_cast<uintptr_t>(ps[i].src) % page != 0)
         last->bytes += ps[i].bytes;
       else
         ch.copies.push_back({at, ps[i].src, ps[i].bytes});

@@ -232,22 +232,12 @@ void Model::block(int l, StatePool& pool, const StepPlan& plan, const DevicePlan
   float* post = ws.alloc<float>(n * HC);
   float* comb = ws.alloc<float>(n * HC * HC);
   float* y = ws.alloc<float>(n * D);
-  // Decode-sized steps: the sublayers' first large weights start loading while the latency-bound hc_pre / rmsnorm /
-  // routing ops run (Ops::prefetch; no result changes). The attention's output projection is hinted in attention().
-  const bool pf = prefetching(n);
-  if (pf)
-    for (const WeightView* w : {&p.wq_a, &p.wkv, &p.wq_b}) ops().prefetch(*w);
   // §5.2 attention sublayer
   ops().hc_pre_norm(X, n, HC, D, p.hc_attn_fn, p.hc_attn_scale, p.hc_attn_base, cfg_.hc_sinkhorn_iters, hc_eps, eps,
                     bf16(), p.attn_norm, u, post, comb);
   attention(l, pool, plan, dp, u, y);
   ops().hc_post(y, X, post, comb, n, HC, D, bf16(), X);
   // §5.2 FFN sublayer
-  if (pf) {
-    ops().prefetch(p.gate);
-    if (p.has_shared)
-      for (const WeightView* w : {&p.shared.w1, &p.shared.w3, &p.shared.w2}) ops().prefetch(*w);
-  }
   ops().hc_pre_norm(X, n, HC, D, p.hc_ffn_fn, p.hc_ffn_scale, p.hc_ffn_base, cfg_.hc_sinkhorn_iters, hc_eps, eps,
                     bf16(), p.ffn_norm, u, post, comb);
   moe(l, dp, n, u, y);

@@ -55,9 +55,6 @@ struct ModelOptions {
                                    // 0 = off, 1 .. StateLayout::kMaxDraft); > 0 implies mtp
   bool cuda_graphs = true;         // CUDA: record each forward step shape once as a CUDA graph and replay it
                                    // (backend/step_graphs.h; `dsv4 bench model --no-cuda-graph` turns it off)
-  bool prefetch = true;            // decode-sized steps: hint each large weight to the backend a few latency-bound
-                                   // ops before its linear (Ops::prefetch: CUDA loads it into L2; results unchanged;
-                                   // `dsv4 bench model --no-prefetch` turns it off)
   PlacementOptions placement;      // routed experts on the device or the CPU (--cpu-moe, --n-cpu-moe, --gpu-experts,
                                    // --hot-experts; model/expert_placement.h); default: all on the device
 };
@@ -233,9 +230,6 @@ class Model final : public LanguageModel {
   SplitMoeOptions split_options() const;
 
   bool bf16() const { return opts_.numerics == Numerics::reference; }
-  // Whether a step of n tokens hints its weights ahead (ModelOptions::prefetch): decode-sized steps, whose ops
-  // between two large linears are latency-bound.
-  bool prefetching(int64_t n) const { return opts_.prefetch && n <= 128; }
   LinearOpts qopts() const { return quantized_linear_opts(opts_.numerics); }
   // The fp32 products of a BF16 weight with this numerics' activations (the head, the router gate, the compressors'
   // wkv / wgate): in reference numerics those activations are bf16 values (LinearOpts::x_bf16).

@@ -456,43 +456,6 @@ TEST(CudaGraphs, ReplayedDecodeStepsEqualEagerStepsAndTheCpuBitwise) {
   }
 }
 
-// Weight prefetch hints (ModelOptions::prefetch, Ops::prefetch: L2 loads ahead of the decode linears) change no
-// result: greedy decode logits with and without them are bitwise equal (fast mode, graphs on in both).
-TEST(CudaPrefetch, DecodeWithWeightHintsEqualsWithoutBitwise) {
-  DSV4_REQUIRE_GPU();
-  for (const char* name : {"tiny-a", "dsv4-demo"}) {
-    const Model& with = model(name, Numerics::reference, true);
-    ModelOptions o;
-    o.backend = cuda();
-    o.prefetch = false;
-    const auto without = Model::load(model_dir(name), o);
-    const auto prompt = random_prompt(60, with.n_vocab(), 77);
-    std::vector<int32_t> toks;
-    const auto a = decode_logits(with, prompt, 24, toks);
-    const auto b = decode_logits(*without, prompt, 24, toks);
-    ASSERT_EQ(a.size(), b.size());
-    size_t bad = 0;
-    for (size_t i = 0; i < a.size(); ++i) bad += a[i] != b[i];
-    EXPECT_EQ(bad, 0u) << name << ": decode logits with vs without prefetch hints";
-  }
-  // odd pointers and sizes (a weight view into the middle of a buffer, a few bytes, an FP4 weight's scales)
-  std::vector<uint8_t> bytes(1 << 20, 7);
-  const Buffer d = gpu::to_device(*cuda(), bytes);
-  WeightView w;
-  w.fmt = GemmFormat::fp4;
-  w.w = static_cast<const uint8_t*>(d.data()) + 3;
-  w.scale = static_cast<const uint8_t*>(d.data()) + 5;
-  for (int64_t cols : {2, 30, 4096}) {
-    w.rows = 7;
-    w.cols = cols;
-    cuda()->ops().prefetch(w);
-  }
-  w.rows = 0;
-  cuda()->ops().prefetch(w);
-  cuda()->synchronize();
-  EXPECT_EQ(gpu::to_host<uint8_t>(*cuda(), d, bytes.size()), bytes);
-}
-
 // ---- errors ------------------------------------------------------------------------------------------------------
 
 struct CliResult {

@@ -8,7 +8,6 @@
 #            and the same with --no-cuda-graph (every kernel launched); with `det` also --deterministic (the
 #            CPU-order kernels: the baseline)
 #   bench1   only the first of those (CUDA graphs)
-#   pf       batch-1 decode at ctx 4096 without the weight prefetch hints (--no-prefetch), to compare with bench1
 #   prefill  the same, prefill of 8192 tokens (fast)
 #   dense    batch-1 decode at ctx 4096 with --numerics dense (fast)
 #   batch    --batch 128, 8, 32 at ctx 4096 (batched decode over one state pool)
@@ -93,7 +92,6 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
   fi
   if [ -x "$B/dsv4" ]; then
     (has bench || has bench1) && bench b1-ctx4096 --ctx 4096 --prefill 0 --steps 32
-    has pf && bench b1-ctx4096-noprefetch --ctx 4096 --prefill 0 --steps 32 --no-prefetch --no-profile
     has bench && bench b1-ctx4096-nograph --ctx 4096 --prefill 0 --steps 32 --no-cuda-graph --no-profile
     has bench && has det && bench b1-ctx4096-deterministic --ctx 4096 --prefill 0 --steps 16 --deterministic
   fi

@@ -55,8 +55,6 @@ void CudaOps::branch_join() const {
   branch_open_ = false;
 }
 
-void CudaOps::prefetch(const WeightView& W) const { DSV4_CUDA_OP(prefetch, W); }
-
 void CudaOps::linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o) const {
   if (n_tok <= 0) return;
   Workspace::Scope scope(be_.workspace());

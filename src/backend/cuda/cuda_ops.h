@@ -14,7 +14,6 @@ class CudaOps final : public Ops {
   void branch_begin() const override;
   void branch_end() const override;
   void branch_join() const override;
-  void prefetch(const WeightView& W) const override;
   void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o) const override;
   void linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int64_t groups, float* y,
                       const LinearOpts& o) const override;

@@ -47,10 +47,6 @@ void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const 
 void linear_pair(const WeightView& W1, const WeightView& W3, const float* x, int64_t n_tok, float* y1, float* y3,
                  const LinearOpts& o, void* scratch, cudaStream_t stream);
 
-// ---- hints (k_prefetch.cu) ------------------------------------------------------------------------------------------
-// Ops::prefetch: start loading W's bytes (and an FP4 weight's scales) into the L2 cache; writes nothing.
-void prefetch(const WeightView& W, cudaStream_t stream);
-
 // ---- elementwise / rows (k_elementwise.cu) -----------------------------------------------------------------------
 void fill(float* x, int64_t n, float value, cudaStream_t stream);
 void round_bf16(float* x, int64_t n, cudaStream_t stream);
