@@ -424,6 +424,60 @@ inline __m512 fp8_panel_scale(const PanelSrc& s, int64_t r0, int64_t c) {
   return _mm512_load_ps(v);
 }
 
+// Sequential prefetch of the next 64-row group (into L2) while this one is computed: at k-step `step` of `steps`, the
+// step-th slice of the next group's bytes (a group is one contiguous block of 64 rows), so that the next group streams
+// from DRAM in address order and is in L2 when its turn comes. The per-row prefetch of load_transposed (512 bytes
+// ahead in each of the 64 rows) covers the first group of a call; past the group of the thread's last unit this
+// touches a neighbour's rows (harmless). Short-row weights (gemv_prefetch_bytes: a group ahead already) skip it.
+// The prefetches are asm volatile: GCC 12 deletes a call to a function whose loop only issues __builtin_prefetch
+// (it takes it for a function without side effects), and with it the whole prefetch.
+inline void prefetch_l2(const void* p) { asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p))); }
+
+inline void prefetch_next_group(const PanelSrc& s, int64_t n0, int64_t step, int64_t steps) {
+  if (s.row_bytes * kGroupRows <= 16384) return;
+  const int64_t next = n0 + kGroupRows;
+  if (next >= s.rows) return;
+  const int64_t gbytes = std::min<int64_t>(kGroupRows, s.rows - next) * s.row_bytes;
+  const uint8_t* base = s.w + next * s.row_bytes;
+  const int64_t b0 = gbytes * step / steps, b1 = gbytes * (step + 1) / steps;
+  for (int64_t o = b0 & ~int64_t{63}; o < b1; o += 64) prefetch_l2(base + o);
+  if (step == 0 && s.fmt == GemmFormat::fp4) {  // the next group's E8M0 scale rows
+    const uint8_t* sb = s.scale + next * s.scale_cols;
+    const int64_t sbytes = std::min<int64_t>(kGroupRows, s.rows - next) * s.scale_cols;
+    for (int64_t o = 0; o < sbytes; o += 64) prefetch_l2(sb + o);
+  }
+}
+
+// FP4 E8M0 block scales of one 16-row panel, 64 blocks (2048 columns) at a time: the 16 rows' scale bytes are loaded
+// (masked past the row's last block) and transposed like the weights, so word c holds blocks 4c..4c+3 of every row
+// (byte q = block 4c+q). Returns whether any byte is 0 or 255 (the E8M0 codes that do not decode as e << 23).
+inline bool fp4_scale_words(const PanelSrc& s, int64_t r0, int64_t k0, __m512 S[16]) {
+  const int64_t nb = std::min<int64_t>(64, s.scale_cols - k0 / 32);
+  const __mmask64 m = nb >= 64 ? ~__mmask64{0} : (__mmask64{1} << nb) - 1;
+  const uint8_t* sb = s.scale + r0 * s.scale_cols + k0 / 32;
+  __mmask64 special = 0;
+  for (int i = 0; i < 16; ++i) {
+    const __m512i v = _mm512_maskz_loadu_epi8(m, sb + i * s.scale_cols);
+    special |= _mm512_mask_cmpeq_epi8_mask(m, v, _mm512_setzero_si512()) | _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8(-1));
+    S[i] = _mm512_castsi512_ps(v);
+  }
+  transpose16_regs(S);
+  return special != 0;
+}
+
+// Block q (0..3) of a transposed scale word as fp32, bitwise e8m0_to_float: e << 23, with e = 0 -> 2^-127
+// (0x00400000) and e = 255 -> NaN (0x7FC00000) when SPECIAL (some byte of the span is 0 or 255).
+template <int Q>
+inline __m512 fp4_word_scale(__m512i w, bool special) {
+  const __m512i m = _mm512_set1_epi32(0x7F800000);
+  __m512i x = Q == 3 ? _mm512_and_si512(_mm512_srli_epi32(w, 1), m) : _mm512_and_si512(_mm512_slli_epi32(w, 23 - 8 * Q), m);
+  if (special) {
+    x = _mm512_mask_mov_epi32(x, _mm512_testn_epi32_mask(x, x), _mm512_set1_epi32(0x00400000));
+    x = _mm512_mask_mov_epi32(x, _mm512_cmpeq_epi32_mask(x, m), _mm512_set1_epi32(0x7FC00000));
+  }
+  return _mm512_castsi512_ps(x);
+}
+
 // MODE: 0 = quantized (Q: block partial sums scaled by sa * sw), 1 = dense (D: one chain over K with w * sw),
 // 2 = dense with bf16(w * sw) (weight_as_bf16).
 template <int MODE>
@@ -431,20 +485,26 @@ void gemv_fp4(const PanelSrc& s, int64_t n0, const float* a, const float* sa, __
   const int64_t K = s.cols;
   const __m512 lut = _mm512_loadu_ps(e2m1_lut());
   alignas(64) __m512 T[kG][16];
-  alignas(64) float Ps[kG][4 * kPanel];
+  alignas(64) __m512 S[kG][16];  // transposed scale words of the current 2048 columns
+  bool special = false;
   __m512 sv[kG];
-  for (int64_t k0 = 0; k0 < K; k0 += 128) {
-    for (int p = 0; p < kG; ++p) {
-      load_transposed(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, k0 / 2, T[p]);
-      fp4_panel_scales(s, n0 + p * kPanel, k0, 4, Ps[p]);
+  const int64_t steps = K / 128;
+  for (int64_t k0 = 0, st = 0; k0 < K; k0 += 128, ++st) {
+    if (k0 % 2048 == 0) {
+      special = false;
+      for (int p = 0; p < kG; ++p) special |= fp4_scale_words(s, n0 + p * kPanel, k0, S[p]);
     }
-    for (int blk = 0; blk < 4; ++blk) {
+    prefetch_next_group(s, n0, st, steps);
+    for (int p = 0; p < kG; ++p) load_transposed(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, k0 / 2, T[p]);
+    __m512i sword[kG];
+    for (int p = 0; p < kG; ++p) sword[p] = _mm512_castps_si512(S[p][(k0 % 2048) / 128]);
+    auto block = [&]<int BLK>() {
       __m512 sw[kG];
       for (int p = 0; p < kG; ++p) {
-        sw[p] = _mm512_load_ps(Ps[p] + blk * kPanel);
+        sw[p] = fp4_word_scale<BLK>(sword[p], special);
         sv[p] = MODE == 0 ? _mm512_setzero_ps() : accv[p];
       }
-      for (int c = 4 * blk; c < 4 * blk + 4; ++c) {
+      for (int c = 4 * BLK; c < 4 * BLK + 4; ++c) {
         const float* ak = a + k0 + 8 * c;
         for (int qq = 0; qq < 8; ++qq) {
           const __m512 ab = _mm512_set1_ps(ak[qq]);
@@ -457,13 +517,47 @@ void gemv_fp4(const PanelSrc& s, int64_t n0, const float* a, const float* sa, __
         }
       }
       if constexpr (MODE == 0) {
-        const __m512 sab = _mm512_set1_ps(sa[(k0 + 32 * blk) / 128]);
+        const __m512 sab = _mm512_set1_ps(sa[(k0 + 32 * BLK) / 128]);
         for (int p = 0; p < kG; ++p) accv[p] = _mm512_add_ps(accv[p], _mm512_mul_ps(sv[p], _mm512_mul_ps(sab, sw[p])));
       } else {
         for (int p = 0; p < kG; ++p) accv[p] = sv[p];
       }
-    }
+    };
+    block.template operator()<0>();
+    block.template operator()<1>();
+    block.template operator()<2>();
+    block.template operator()<3>();
   }
+}
+
+// ---- E4M3 words -> fp32 values * 2^-8 (the quantized FP8 GEMVs) ----
+// The (Q) chains of the FP8 GEMVs run on w' = w * 2^-8 (s' = s * 2^-8 at every step: all values are scaled by a power
+// of two and stay normal — products >= 2^-26 — so every rounding is the same) and the block sum is scaled back
+// (s' * 2^8, exact) before the reference's acc + s * (sa * sw). Two decoders give w':
+//  - codes in the top byte of each 32-bit lane, no subnormal code among them: dec_e4m3_top's bits times 2^112;
+//  - any codes: the f16 route. A word vector (lane i = 4 codes of row i) is permuted as 16-bit halves so that its low
+//    256 bits hold codes 0/1 and its high 256 bits codes 2/3 of the 16 rows; a code in the high byte of a 16-bit
+//    element becomes the f16 (x >>a 1) & 0xBF80 (sign, the 4 exponent bits, 3 mantissa bits: f16 2^(e-15) (1 + m/8),
+//    f16 subnormal m * 2^-17 for e = 0: exactly w * 2^-8), and vcvtph2ps converts it exactly, subnormals included,
+//    without fp32 subnormals.
+inline __m512 dec_e4m3_top_q(__m512i top) {
+  const __m512i x = _mm512_and_si512(_mm512_srai_epi32(top, 4), _mm512_set1_epi32(static_cast<int>(0x87F00000u)));
+  return _mm512_mul_ps(_mm512_castsi512_ps(x), _mm512_set1_ps(0x1p112f));
+}
+
+// The 4 codes of a word vector v as w' vectors: w[q] = code q of the 16 rows.
+inline void dec_e4m3_word_f16(__m512i v, __m512 w[4]) {
+  const __m512i idx = _mm512_setr_epi32(0x00020000, 0x00060004, 0x000A0008, 0x000E000C, 0x00120010, 0x00160014,
+                                        0x001A0018, 0x001E001C, 0x00030001, 0x00070005, 0x000B0009, 0x000F000D,
+                                        0x00130011, 0x00170015, 0x001B0019, 0x001F001D);
+  const __m512i fmask = _mm512_set1_epi16(static_cast<short>(0xBF80));
+  const __m512i x = _mm512_permutexvar_epi16(idx, v);  // [codes 0,1 of rows 0..15 | codes 2,3 of rows 0..15]
+  const __m512i hi = _mm512_and_si512(_mm512_srai_epi16(x, 1), fmask);                         // codes 1, 3
+  const __m512i lo = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(x, 8), 1), fmask);  // codes 0, 2
+  w[0] = _mm512_cvtph_ps(_mm512_castsi512_si256(lo));
+  w[1] = _mm512_cvtph_ps(_mm512_castsi512_si256(hi));
+  w[2] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(lo, 1));
+  w[3] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(hi, 1));
 }
 
 template <int MODE>
@@ -471,40 +565,59 @@ void gemv_fp8(const PanelSrc& s, int64_t n0, const float* a, const float* sa, __
   const int64_t K = s.cols;
   alignas(64) __m512 T[kG][16];
   __m512 sv[kG], sw[kG];
-  for (int64_t kb = 0; kb < K; kb += 128) {
+  const int64_t steps = K / 64;
+  for (int64_t kb = 0, st = 0; kb < K; kb += 128) {
     for (int p = 0; p < kG; ++p) {
       sw[p] = fp8_panel_scale(s, n0 + p * kPanel, kb / 128);
       sv[p] = MODE == 0 ? _mm512_setzero_ps() : accv[p];
     }
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < 2; ++h, ++st) {
       const int64_t k0 = kb + 64 * h;
+      prefetch_next_group(s, n0, st, steps);
       for (int p = 0; p < kG; ++p) load_transposed(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, k0, T[p]);
       for (int c = 0; c < 16; ++c) {
         const float* ak = a + k0 + 4 * c;
-        auto step = [&]<bool EX>() {
-          for (int qq = 0; qq < 4; ++qq) {
-            const __m512 ab = _mm512_set1_ps(ak[qq]);
-            for (int p = 0; p < kG; ++p) {
-              const __m512i top = _mm512_slli_epi32(_mm512_castps_si512(T[p][c]), 24 - 8 * qq);
-              __m512 w = dec_e4m3_top<EX>(top);
-              if constexpr (MODE >= 1) w = _mm512_mul_ps(w, sw[p]);
-              if constexpr (MODE == 2) w = round_bf16(w);
-              sv[p] = _mm512_fmadd_ps(ab, w, sv[p]);
-            }
-          }
-        };
-        // the exact decode only for the 4 panels' words with a subnormal code (a real checkpoint: ~1e-4 of codes)
+        // the f16 decode only for the 4 panels' words with a subnormal code (a real checkpoint: ~1e-4 of codes)
         __mmask64 sub = 0;
         for (int p = 0; p < kG; ++p) sub |= e4m3_subnormals(_mm512_castps_si512(T[p][c]));
-        if (sub != 0)
-          step.template operator()<true>();
-        else
-          step.template operator()<false>();
+        if constexpr (MODE == 0) {
+          if (sub != 0) {
+            for (int p = 0; p < kG; ++p) {
+              __m512 w[4];
+              dec_e4m3_word_f16(_mm512_castps_si512(T[p][c]), w);
+              for (int qq = 0; qq < 4; ++qq) sv[p] = _mm512_fmadd_ps(_mm512_set1_ps(ak[qq]), w[qq], sv[p]);
+            }
+          } else {
+            for (int qq = 0; qq < 4; ++qq) {
+              const __m512 ab = _mm512_set1_ps(ak[qq]);
+              for (int p = 0; p < kG; ++p)
+                sv[p] = _mm512_fmadd_ps(
+                    ab, dec_e4m3_top_q(_mm512_slli_epi32(_mm512_castps_si512(T[p][c]), 24 - 8 * qq)), sv[p]);
+            }
+          }
+        } else {
+          auto step = [&]<bool EX>() {
+            for (int qq = 0; qq < 4; ++qq) {
+              const __m512 ab = _mm512_set1_ps(ak[qq]);
+              for (int p = 0; p < kG; ++p) {
+                const __m512i top = _mm512_slli_epi32(_mm512_castps_si512(T[p][c]), 24 - 8 * qq);
+                __m512 w = _mm512_mul_ps(dec_e4m3_top<EX>(top), sw[p]);
+                if constexpr (MODE == 2) w = round_bf16(w);
+                sv[p] = _mm512_fmadd_ps(ab, w, sv[p]);
+              }
+            }
+          };
+          if (sub != 0)
+            step.template operator()<true>();
+          else
+            step.template operator()<false>();
+        }
       }
     }
     if constexpr (MODE == 0) {
-      const __m512 sab = _mm512_set1_ps(sa[kb / 128]);
-      for (int p = 0; p < kG; ++p) accv[p] = _mm512_add_ps(accv[p], _mm512_mul_ps(sv[p], _mm512_mul_ps(sab, sw[p])));
+      const __m512 sab = _mm512_set1_ps(sa[kb / 128]), s8 = _mm512_set1_ps(256.0f);
+      for (int p = 0; p < kG; ++p)
+        accv[p] = _mm512_add_ps(accv[p], _mm512_mul_ps(_mm512_mul_ps(sv[p], s8), _mm512_mul_ps(sab, sw[p])));
     } else {
       for (int p = 0; p < kG; ++p) accv[p] = sv[p];
     }
@@ -515,7 +628,9 @@ void gemv_bf16(const PanelSrc& s, int64_t n0, const float* a, __m512 accv[kG]) {
   const int64_t K = s.cols;
   const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   alignas(64) __m512 T[kG][16];
-  for (int64_t k0 = 0; k0 < K; k0 += 32) {
+  const int64_t steps = K / 32;
+  for (int64_t k0 = 0, st = 0; k0 < K; k0 += 32, ++st) {
+    prefetch_next_group(s, n0, st, steps);
     for (int p = 0; p < kG; ++p) load_transposed(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, 2 * k0, T[p]);
     for (int c = 0; c < 16; ++c) {
       const __m512 a0 = _mm512_set1_ps(a[k0 + 2 * c]), a1 = _mm512_set1_ps(a[k0 + 2 * c + 1]);

@@ -365,6 +365,31 @@ TEST(Gemm, Fp8SubnormalCodeMixes) {
   }
 }
 
+TEST(Gemm, Fp4ScaleSpansAndSpecialScales) {
+  // The fused FP4 GEMVs read the E8M0 scales 2048 columns (64 blocks) at a time per 16-row panel: K of one span, of
+  // more than one, and with a partial last span (masked scale loads); scale bytes 0 (2^-127, a subnormal) and 255
+  // (NaN) take a separate decode, chosen per span. Also long rows with a partial last group (the next-group prefetch
+  // stops at the weight's end).
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (int special = 0; special < 2; ++special) {
+    for (const Case& c : {Case{GemmFormat::fp4, 64, 2048, 1, Q()}, Case{GemmFormat::fp4, 128, 2176, 1, Q()},
+                          Case{GemmFormat::fp4, 64, 4224, 1, Q(false)}, Case{GemmFormat::fp4, 64, 2176, 1, D()},
+                          Case{GemmFormat::fp4, 128, 2176, 3, Q()}, Case{GemmFormat::fp4, 130, 2048, 1, Q()}}) {
+      TestWeight W = make_weight(c.fmt, c.rows, c.cols, rng, c.scale_f32, c.br);
+      if (special == 1)
+        for (auto& s : W.scale) {
+          const int r = byte(rng);
+          s = r < 8 ? 0 : r < 12 ? 255 : r < 16 ? 1 : s;
+        }
+      SCOPED_TRACE(fmt::format("special scale bytes: {}", special));
+      run_case_on(c, W, rng);
+    }
+  }
+  // Fp8 long rows, partial last group
+  run_case(Case{GemmFormat::fp8, 130, 2048, 1, Q()}, rng);
+}
+
 TEST(Gemm, SmallBatchShapes) {
   // 2-8 tokens against full 64-row groups: the fused multi-token GEMV (AVX-512, BF16 dense: the lm head and the
   // compressor projections of a batch of decodes), plus partial groups and K not a multiple of 32 (panel path).
