@@ -58,6 +58,20 @@ inline void linear(const WeightRef& W, std::span<const float> x, int64_t n_tok, 
   linear(W, x.data(), n_tok, y.data(), opts);
 }
 
+// Several independent products in one parallel region (e.g. the w1 and w3 of every expert of a decode step): each is
+// exactly linear(job.W, job.x, job.n_tok, job.y, job.opts) (same results, bitwise), but their 64-row groups are split
+// over the pool together, each thread taking one contiguous run of groups across the products (with the next group's
+// weight bytes prefetched while one is computed), and products with the same x share its activation quantization.
+// No job's y may overlap another job's x or y.
+struct LinearJob {
+  GemmWeight W;
+  const float* x = nullptr;
+  int64_t n_tok = 0;
+  float* y = nullptr;
+  LinearOpts opts;
+};
+void linear_batch(std::span<const LinearJob> jobs);
+
 // Kernel selection (tests / benchmarks): the SIMD level linear() uses. Default: the best the CPU supports.
 enum class SimdLevel { scalar, avx2, avx512 };
 const char* simd_level_name(SimdLevel l);  // "scalar", "avx2", "avx512"

@@ -424,28 +424,21 @@ inline __m512 fp8_panel_scale(const PanelSrc& s, int64_t r0, int64_t c) {
   return _mm512_load_ps(v);
 }
 
-// Sequential prefetch of the next 64-row group (into L2) while this one is computed: at k-step `step` of `steps`, the
-// step-th slice of the next group's bytes (a group is one contiguous block of 64 rows), so that the next group streams
-// from DRAM in address order and is in L2 when its turn comes. The per-row prefetch of load_transposed (512 bytes
-// ahead in each of the 64 rows) covers the first group of a call; past the group of the thread's last unit this
-// touches a neighbour's rows (harmless). Short-row weights (gemv_prefetch_bytes: a group ahead already) skip it.
+// Sequential prefetch of the next work item's weight bytes (PanelSrc::pf_w, set by the driver: usually the next 64-row
+// group of the same weight, one contiguous block, or the first group of the next weight of a linear_batch) into L2
+// while this group is computed: at k-step `step` of `steps`, the step-th slice, so that the next group streams from
+// DRAM in address order and is in L2 when its turn comes (its scale bytes at step 0). The first item of a thread has
+// only load_transposed's per-row prefetch (512 bytes ahead in each of the 64 rows).
 // The prefetches are asm volatile: GCC 12 deletes a call to a function whose loop only issues __builtin_prefetch
 // (it takes it for a function without side effects), and with it the whole prefetch.
 inline void prefetch_l2(const void* p) { asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p))); }
 
-inline void prefetch_next_group(const PanelSrc& s, int64_t n0, int64_t step, int64_t steps) {
-  if (s.row_bytes * kGroupRows <= 16384) return;
-  const int64_t next = n0 + kGroupRows;
-  if (next >= s.rows) return;
-  const int64_t gbytes = std::min<int64_t>(kGroupRows, s.rows - next) * s.row_bytes;
-  const uint8_t* base = s.w + next * s.row_bytes;
-  const int64_t b0 = gbytes * step / steps, b1 = gbytes * (step + 1) / steps;
-  for (int64_t o = b0 & ~int64_t{63}; o < b1; o += 64) prefetch_l2(base + o);
-  if (step == 0 && s.fmt == GemmFormat::fp4) {  // the next group's E8M0 scale rows
-    const uint8_t* sb = s.scale + next * s.scale_cols;
-    const int64_t sbytes = std::min<int64_t>(kGroupRows, s.rows - next) * s.scale_cols;
-    for (int64_t o = 0; o < sbytes; o += 64) prefetch_l2(sb + o);
-  }
+inline void prefetch_next_group(const PanelSrc& s, int64_t step, int64_t steps) {
+  if (s.pf_w == nullptr) return;
+  const int64_t b0 = s.pf_w_bytes * step / steps, b1 = s.pf_w_bytes * (step + 1) / steps;
+  for (int64_t o = b0 & ~int64_t{63}; o < b1; o += 64) prefetch_l2(s.pf_w + o);
+  if (step == 0)
+    for (int64_t o = 0; o < s.pf_s_bytes; o += 64) prefetch_l2(s.pf_s + o);
 }
 
 // FP4 E8M0 block scales of one 16-row panel, 64 blocks (2048 columns) at a time: the 16 rows' scale bytes are loaded
@@ -478,6 +471,15 @@ inline __m512 fp4_word_scale(__m512i w, bool special) {
   return _mm512_castsi512_ps(x);
 }
 
+inline __m512 fp4_word_scale_rt(__m512i w, int q, bool special) {
+  switch (q) {
+    case 0: return fp4_word_scale<0>(w, special);
+    case 1: return fp4_word_scale<1>(w, special);
+    case 2: return fp4_word_scale<2>(w, special);
+    default: return fp4_word_scale<3>(w, special);
+  }
+}
+
 // MODE: 0 = quantized (Q: block partial sums scaled by sa * sw), 1 = dense (D: one chain over K with w * sw),
 // 2 = dense with bf16(w * sw) (weight_as_bf16).
 template <int MODE>
@@ -494,7 +496,7 @@ void gemv_fp4(const PanelSrc& s, int64_t n0, const float* a, const float* sa, __
       special = false;
       for (int p = 0; p < kG; ++p) special |= fp4_scale_words(s, n0 + p * kPanel, k0, S[p]);
     }
-    prefetch_next_group(s, n0, st, steps);
+    prefetch_next_group(s, st, steps);
     for (int p = 0; p < kG; ++p) load_transposed(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, k0 / 2, T[p]);
     __m512i sword[kG];
     for (int p = 0; p < kG; ++p) sword[p] = _mm512_castps_si512(S[p][(k0 % 2048) / 128]);
@@ -573,7 +575,7 @@ void gemv_fp8(const PanelSrc& s, int64_t n0, const float* a, const float* sa, __
     }
     for (int h = 0; h < 2; ++h, ++st) {
       const int64_t k0 = kb + 64 * h;
-      prefetch_next_group(s, n0, st, steps);
+      prefetch_next_group(s, st, steps);
       for (int p = 0; p < kG; ++p) load_transposed(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, k0, T[p]);
       for (int c = 0; c < 16; ++c) {
         const float* ak = a + k0 + 4 * c;
@@ -630,7 +632,7 @@ void gemv_bf16(const PanelSrc& s, int64_t n0, const float* a, __m512 accv[kG]) {
   alignas(64) __m512 T[kG][16];
   const int64_t steps = K / 32;
   for (int64_t k0 = 0, st = 0; k0 < K; k0 += 32, ++st) {
-    prefetch_next_group(s, n0, st, steps);
+    prefetch_next_group(s, st, steps);
     for (int p = 0; p < kG; ++p) load_transposed(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, 2 * k0, T[p]);
     for (int c = 0; c < 16; ++c) {
       const __m512 a0 = _mm512_set1_ps(a[k0 + 2 * c]), a1 = _mm512_set1_ps(a[k0 + 2 * c + 1]);
@@ -658,6 +660,7 @@ void gemv_bf16_m2(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, fl
     const uint8_t* base0 = s.w + (n0 + p * kPanel) * s.row_bytes;
     const uint8_t* base1 = base0 + kPanel * s.row_bytes;
     for (int64_t k0 = 0; k0 < K; k0 += 32) {
+      prefetch_next_group(s, (p / 2) * (K / 32) + k0 / 32, (kG / 2) * (K / 32));
       alignas(64) __m512 T0[16], T1[16];
       load_transposed(base0, s.row_bytes, 2 * k0, T0);
       load_transposed(base1, s.row_bytes, 2 * k0, T1);
@@ -697,6 +700,7 @@ void gemv_bf16_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, flo
     for (int m = 0; m < MR; ++m) accv[m] = _mm512_setzero_ps();
     const uint8_t* base = s.w + (n0 + p * kPanel) * s.row_bytes;
     for (int64_t k0 = 0; k0 < K; k0 += 32) {
+      prefetch_next_group(s, p * (K / 32) + k0 / 32, kG * (K / 32));
       __m512 T[16];
       load_transposed(base, s.row_bytes, 2 * k0, T);
       for (int c = 0; c < 16; ++c) {
@@ -733,61 +737,72 @@ void gemv_q_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, const 
       _mm512_storeu_ps(acc0 + m * ldacc + kPanel, _mm512_setzero_ps());
     }
     __m512 sv[MR][2];
-    alignas(64) float Ps[2][4 * kPanel];
-    auto flush = [&](int64_t kb, __m512 sw0, __m512 sw1) {  // end of the K-block at kb
+    alignas(64) __m512 S0[16], S1[16];  // FP4: the two panels' transposed scale words of the current 2048 columns
+    bool special = false;
+    // end of the K-block at kb; FP8 chains ran on w * 2^-8 (dec_e4m3_top_q / dec_e4m3_word_f16): s = s' * 2^8
+    auto flush = [&](int64_t kb, __m512 sw0, __m512 sw1) {
+      const __m512 back = _mm512_set1_ps(FP4 ? 1.0f : 256.0f);
       for (int m = 0; m < MR; ++m) {
         const __m512 sab = _mm512_set1_ps(sa[m * ldsa + kb / 128]);
+        const __m512 s0 = FP4 ? sv[m][0] : _mm512_mul_ps(sv[m][0], back);
+        const __m512 s1 = FP4 ? sv[m][1] : _mm512_mul_ps(sv[m][1], back);
         float* o = acc0 + m * ldacc;
-        _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_mul_ps(sv[m][0], _mm512_mul_ps(sab, sw0))));
-        _mm512_storeu_ps(o + kPanel, _mm512_add_ps(_mm512_loadu_ps(o + kPanel),
-                                                   _mm512_mul_ps(sv[m][1], _mm512_mul_ps(sab, sw1))));
+        _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_mul_ps(s0, _mm512_mul_ps(sab, sw0))));
+        _mm512_storeu_ps(o + kPanel,
+                         _mm512_add_ps(_mm512_loadu_ps(o + kPanel), _mm512_mul_ps(s1, _mm512_mul_ps(sab, sw1))));
         sv[m][0] = sv[m][1] = _mm512_setzero_ps();
       }
     };
     for (int m = 0; m < MR; ++m) sv[m][0] = sv[m][1] = _mm512_setzero_ps();
     __m512 sw0 = _mm512_setzero_ps(), sw1 = sw0;
     for (int64_t k0 = 0; k0 < K; k0 += kStep) {
+      prefetch_next_group(s, (p / 2) * (K / kStep) + k0 / kStep, (kG / 2) * (K / kStep));
       alignas(64) __m512 T0[16], T1[16];
       const int64_t off = FP4 ? k0 / 2 : k0;
       load_transposed(base0, s.row_bytes, off, T0);
       load_transposed(base1, s.row_bytes, off, T1);
       if constexpr (FP4) {
-        fp4_panel_scales(s, r0, k0, 4, Ps[0]);
-        fp4_panel_scales(s, r0 + kPanel, k0, 4, Ps[1]);
+        if (k0 % 2048 == 0) special = fp4_scale_words(s, r0, k0, S0) | fp4_scale_words(s, r0 + kPanel, k0, S1);
       } else if (k0 % 128 == 0) {
         sw0 = fp8_panel_scale(s, r0, k0 / 128);
         sw1 = fp8_panel_scale(s, r0 + kPanel, k0 / 128);
       }
       constexpr int kPerWord = FP4 ? 8 : 4;
       for (int c = 0; c < 16; ++c) {
+        const float* ak = a + k0 + kPerWord * c;
         if constexpr (FP4) {
           if (c % 4 == 0) {  // a new 32-column block
-            sw0 = _mm512_load_ps(Ps[0] + (c / 4) * kPanel);
-            sw1 = _mm512_load_ps(Ps[1] + (c / 4) * kPanel);
+            const int wi = static_cast<int>((k0 % 2048) / 128);
+            sw0 = fp4_word_scale_rt(_mm512_castps_si512(S0[wi]), c / 4, special);
+            sw1 = fp4_word_scale_rt(_mm512_castps_si512(S1[wi]), c / 4, special);
           }
-        }
-        const float* ak = a + k0 + kPerWord * c;
-        auto step = [&]<bool EX>() {
           for (int qq = 0; qq < kPerWord; ++qq) {
-            __m512 w0, w1;
-            if constexpr (FP4) {
-              w0 = _mm512_permutexvar_ps(_mm512_srli_epi32(_mm512_castps_si512(T0[c]), 4 * qq), lut);
-              w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(_mm512_castps_si512(T1[c]), 4 * qq), lut);
-            } else {
-              w0 = dec_e4m3_top<EX>(_mm512_slli_epi32(_mm512_castps_si512(T0[c]), 24 - 8 * qq));
-              w1 = dec_e4m3_top<EX>(_mm512_slli_epi32(_mm512_castps_si512(T1[c]), 24 - 8 * qq));
-            }
+            const __m512 w0 = _mm512_permutexvar_ps(_mm512_srli_epi32(_mm512_castps_si512(T0[c]), 4 * qq), lut);
+            const __m512 w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(_mm512_castps_si512(T1[c]), 4 * qq), lut);
             for (int m = 0; m < MR; ++m) {
               const __m512 x = _mm512_set1_ps(ak[m * lda + qq]);
               sv[m][0] = _mm512_fmadd_ps(x, w0, sv[m][0]);
               sv[m][1] = _mm512_fmadd_ps(x, w1, sv[m][1]);
             }
           }
-        };
-        if (FP4 || (e4m3_subnormals(_mm512_castps_si512(T0[c])) | e4m3_subnormals(_mm512_castps_si512(T1[c]))) != 0)
-          step.template operator()<true>();
-        else
-          step.template operator()<false>();
+        } else {
+          __m512 w0[4], w1[4];
+          if ((e4m3_subnormals(_mm512_castps_si512(T0[c])) | e4m3_subnormals(_mm512_castps_si512(T1[c]))) != 0) {
+            dec_e4m3_word_f16(_mm512_castps_si512(T0[c]), w0);
+            dec_e4m3_word_f16(_mm512_castps_si512(T1[c]), w1);
+          } else {
+            for (int qq = 0; qq < 4; ++qq) {
+              w0[qq] = dec_e4m3_top_q(_mm512_slli_epi32(_mm512_castps_si512(T0[c]), 24 - 8 * qq));
+              w1[qq] = dec_e4m3_top_q(_mm512_slli_epi32(_mm512_castps_si512(T1[c]), 24 - 8 * qq));
+            }
+          }
+          for (int qq = 0; qq < 4; ++qq)
+            for (int m = 0; m < MR; ++m) {
+              const __m512 x = _mm512_set1_ps(ak[m * lda + qq]);
+              sv[m][0] = _mm512_fmadd_ps(x, w0[qq], sv[m][0]);
+              sv[m][1] = _mm512_fmadd_ps(x, w1[qq], sv[m][1]);
+            }
+        }
         const int64_t kend = k0 + kPerWord * (c + 1);
         if (kend % kBlk == 0) flush(kend - kBlk, sw0, sw1);
       }

@@ -29,6 +29,12 @@ struct PanelSrc {
   bool scale_f32;
   int64_t br, bc;          // scale block (fp4: 1 x 32)
   int64_t scale_cols;      // columns of the scale grid
+  // What the fused GEMVs prefetch into L2 while they compute a group (set per work item by the driver): the weight
+  // bytes of the next item this thread runs (a group is one contiguous block of rows) and its scale bytes, or null.
+  const uint8_t* pf_w = nullptr;
+  int64_t pf_w_bytes = 0;
+  const uint8_t* pf_s = nullptr;
+  int64_t pf_s_bytes = 0;
 };
 
 // Block scale of weight element (r, k) as fp32 (E8M0 decoded bitwise, or F32).
