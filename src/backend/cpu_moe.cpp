@@ -122,13 +122,35 @@ int64_t cpu_expert_rows(const MoeWeights& w, int64_t D, const uint8_t* use, cons
     jobs.push_back(LinearJob{ew->w3, xin, ne, us.data() + goff[size_t(e)], q});
   }
   linear_batch(jobs);
+  // SwiGLU of every item's rows (element-wise): in pieces of up to 512 elements of one row, over the pool when the
+  // products were (a decode step's 7 x 2048 exp would otherwise run on one thread between the two batches)
+  struct Piece {
+    int64_t item, row, j0, len;
+  };
+  static thread_local std::vector<Piece> pieces;
+  pieces.clear();
   for (int64_t e = 0; e < n_items; ++e) {
     const bool sh = e == E;
     const int64_t ne = sh ? n_tok : st[e + 1] - st[e];
-    if (ne == 0) continue;
-    const int64_t inter = sh ? w.shared->w1.rows : w.experts[e].w1.rows;
-    float* g = gs.data() + goff[size_t(e)];
-    ops.swiglu(g, us.data() + goff[size_t(e)], ne, inter, swiglu_limit, sh ? nullptr : rws.data() + st[e], bf16, g);
+    const int64_t inter = ne == 0 ? 0 : (sh ? w.shared->w1.rows : w.experts[e].w1.rows);
+    for (int64_t r = 0; r < ne; ++r)
+      for (int64_t j0 = 0; j0 < inter; j0 += 512) pieces.push_back(Piece{e, r, j0, std::min<int64_t>(512, inter - j0)});
+  }
+  // (thread_local scratch: the other threads see it through these pointers only)
+  const Piece* pc = pieces.data();
+  const int64_t* go = goff.data();
+  float* gp = gs.data();
+  const float* up = us.data();
+  const float* rwp = rws.data();
+  const int64_t n_pieces = static_cast<int64_t>(pieces.size());
+#pragma omp parallel for schedule(static) if (enough && threads >= 2)
+  for (int64_t i = 0; i < n_pieces; ++i) {
+    const Piece& p = pc[i];
+    const bool sh = p.item == E;
+    const int64_t inter = sh ? w.shared->w1.rows : w.experts[p.item].w1.rows;
+    float* g = gp + go[p.item] + p.row * inter + p.j0;
+    const float* rw = sh ? nullptr : rwp + st[p.item] + p.row;
+    ops.swiglu(g, up + go[p.item] + p.row * inter + p.j0, 1, p.len, swiglu_limit, rw, bf16, g);
   }
   jobs.clear();
   for (int64_t e = 0; e < n_items; ++e) {
