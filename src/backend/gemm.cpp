@@ -214,8 +214,8 @@ void run_unit(const Product& P, const Kernels& ker, int64_t u, const Product* ne
   const float* a = P.a;
   const float* sa = P.sa;
   PanelSrc src = P.src;
-  // the next unit's group (short-row weights: load_transposed prefetches a group ahead in each row already)
-  if (next != nullptr && next->src.row_bytes * kGroupRows > 16384) {
+  // the next unit's group, which the fused GEMVs prefetch into L2 while they compute this one
+  if (next != nullptr) {
     const int64_t nn0 = next->r0 + (next_u / next->n_tiles) * kGroupRows;
     const int64_t nrw = std::min<int64_t>(kGroupRows, next->r1 - nn0);
     src.pf_w = next->src.w + nn0 * next->src.row_bytes;
