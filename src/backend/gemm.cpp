@@ -226,10 +226,10 @@ void run_unit(const Product& P, const Kernels& ker, int64_t u, const Product* ne
     }
   }
 
-  // Decode-sized: one token, one full group -> the fused GEMV kernel when it handles this format / mode.
+  // Decode-sized: one token -> the fused GEMV kernel when it handles this format / mode / shape.
   bool done = false;
-  if (mr == 1 && nrows == kGroupRows && ker.gemv_group != nullptr)
-    done = ker.gemv_group(src, n0, a + t0 * K, Q ? sa + t0 * nsb : nullptr, Q, accbuf.data());
+  if (mr == 1 && ker.gemv_group != nullptr)
+    done = ker.gemv_group(src, n0, static_cast<int>(nrows), a + t0 * K, Q ? sa + t0 * nsb : nullptr, Q, accbuf.data());
   // A few tokens (a batch of decodes): the fused GEMV for all of them, when the kernel set has one for this format
   // and mode (AVX-512: BF16 dense, FP4 / FP8 quantized).
   if (!done && mr > 1 && mr <= 8 && nrows == kGroupRows && ker.gemv_group_m != nullptr)

@@ -419,12 +419,27 @@ inline void load_transposed(const uint8_t* base, int64_t row_bytes, int64_t byte
   transpose16_regs(T);
 }
 
+// The same for the edge of a product: only `rows` (0..16) rows and `bytes` (1..64) bytes of each are read, the rest
+// of the 16 x 64 bytes is zero (the rows past a weight's last group, the columns past K).
+inline void load_transposed_part(const uint8_t* base, int64_t row_bytes, int64_t byte_off, int rows, int bytes,
+                                 __m512 T[16]) {
+  if (rows == 16 && bytes == 64) return load_transposed(base, row_bytes, byte_off, T);
+  const __mmask64 m = bytes >= 64 ? ~__mmask64{0} : (__mmask64{1} << bytes) - 1;
+  for (int i = 0; i < 16; ++i)
+    T[i] = i < rows ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi8(m, base + i * row_bytes + byte_off))
+                    : _mm512_setzero_ps();
+  transpose16_regs(T);
+}
+
 // FP8 block scales of 16 rows (r0..r0+15) at scale column c: per-row, or one broadcast when the panel lies in one
 // row block.
+// (Rows past the weight's end, in a partial last group, take the last row's scale: their results are never used.)
 inline __m512 fp8_panel_scale(const PanelSrc& s, int64_t r0, int64_t c) {
-  if (r0 / s.br == (r0 + 15) / s.br) return _mm512_set1_ps(weight_scale(s, r0, c * s.bc));
+  r0 = std::min(r0, s.rows - 1);
+  const int64_t r15 = std::min(r0 + 15, s.rows - 1);
+  if (r0 / s.br == r15 / s.br) return _mm512_set1_ps(weight_scale(s, r0, c * s.bc));
   alignas(64) float v[16];
-  for (int j = 0; j < 16; ++j) v[j] = weight_scale(s, r0 + j, c * s.bc);
+  for (int j = 0; j < 16; ++j) v[j] = weight_scale(s, std::min(r0 + j, s.rows - 1), c * s.bc);
   return _mm512_load_ps(v);
 }
 
@@ -452,14 +467,15 @@ inline void prefetch_next_group(const PanelSrc& s, int64_t step, int64_t slice) 
 
 // FP4 E8M0 block scales of one 16-row panel, 64 blocks (2048 columns) at a time: the 16 rows' scale bytes are loaded
 // (masked past the row's last block) and transposed like the weights, so word c holds blocks 4c..4c+3 of every row
-// (byte q = block 4c+q). Returns whether any byte is 0 or 255 (the E8M0 codes that do not decode as e << 23).
-inline bool fp4_scale_words(const PanelSrc& s, int64_t r0, int64_t k0, __m512 S[16]) {
+// (byte q = block 4c+q); rows past `rows` get scale 1 (their results are never used). Returns whether any byte is 0
+// or 255 (the E8M0 codes that do not decode as e << 23).
+inline bool fp4_scale_words(const PanelSrc& s, int64_t r0, int64_t k0, __m512 S[16], int rows = 16) {
   const int64_t nb = std::min<int64_t>(64, s.scale_cols - k0 / 32);
   const __mmask64 m = nb >= 64 ? ~__mmask64{0} : (__mmask64{1} << nb) - 1;
   const uint8_t* sb = s.scale + r0 * s.scale_cols + k0 / 32;
   __mmask64 special = 0;
   for (int i = 0; i < 16; ++i) {
-    const __m512i v = _mm512_maskz_loadu_epi8(m, sb + i * s.scale_cols);
+    const __m512i v = i < rows ? _mm512_maskz_loadu_epi8(m, sb + i * s.scale_cols) : _mm512_set1_epi8(127);
     special |= _mm512_mask_cmpeq_epi8_mask(m, v, _mm512_setzero_si512()) | _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8(-1));
     S[i] = _mm512_castsi512_ps(v);
   }
@@ -491,31 +507,40 @@ inline __m512 fp4_word_scale_rt(__m512i w, int q, bool special) {
 
 // MODE: 0 = quantized (Q: block partial sums scaled by sa * sw), 1 = dense (D: one chain over K with w * sw),
 // 2 = dense with bf16(w * sw) (weight_as_bf16).
+// The single-token GEMVs take any group of nrows <= 64 rows (rows past nrows are zero, their results unused) and any
+// K that is a multiple of the codes in a 32-bit word (FP4 8, FP8 4, BF16 2): a last partial k-step loads only the
+// bytes before K and runs only its words, so no activation past K is read and the chains are the reference's.
 template <int MODE>
-void gemv_fp4(const PanelSrc& s, int64_t n0, const float* a, const float* sa, __m512 accv[kG]) {
+void gemv_fp4(const PanelSrc& s, int64_t n0, int nrows, const float* a, const float* sa, __m512 accv[kG]) {
   const int64_t K = s.cols;
   const __m512 lut = _mm512_loadu_ps(e2m1_lut());
   alignas(64) __m512 T[kG][16];
   alignas(64) __m512 S[kG][16];  // transposed scale words of the current 2048 columns
   bool special = false;
   __m512 sv[kG];
-  const int64_t slice = next_group_slice(s, K / 128);
+  int prow[kG];  // rows of each panel
+  for (int p = 0; p < kG; ++p) prow[p] = std::clamp(nrows - p * kPanel, 0, kPanel);
+  const int64_t slice = next_group_slice(s, (K + 127) / 128);
   for (int64_t k0 = 0, st = 0; k0 < K; k0 += 128, ++st) {
+    const int cols = static_cast<int>(std::min<int64_t>(128, K - k0));  // a multiple of 8
     if (k0 % 2048 == 0) {
       special = false;
-      for (int p = 0; p < kG; ++p) special |= fp4_scale_words(s, n0 + p * kPanel, k0, S[p]);
+      for (int p = 0; p < kG; ++p) special |= fp4_scale_words(s, n0 + p * kPanel, k0, S[p], prow[p]);
     }
     prefetch_next_group(s, st, slice);
-    for (int p = 0; p < kG; ++p) load_transposed(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, k0 / 2, T[p]);
+    for (int p = 0; p < kG; ++p)
+      load_transposed_part(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, k0 / 2, prow[p], cols / 2, T[p]);
     __m512i sword[kG];
     for (int p = 0; p < kG; ++p) sword[p] = _mm512_castps_si512(S[p][(k0 % 2048) / 128]);
     auto block = [&]<int BLK>() {
+      const int words = std::min(4, cols / 8 - 4 * BLK);  // words of this 32-column block before K
+      if (words <= 0) return;
       __m512 sw[kG];
       for (int p = 0; p < kG; ++p) {
         sw[p] = fp4_word_scale<BLK>(sword[p], special);
         sv[p] = MODE == 0 ? _mm512_setzero_ps() : accv[p];
       }
-      for (int c = 4 * BLK; c < 4 * BLK + 4; ++c) {
+      for (int c = 4 * BLK; c < 4 * BLK + words; ++c) {
         const float* ak = a + k0 + 8 * c;
         for (int qq = 0; qq < 8; ++qq) {
           const __m512 ab = _mm512_set1_ps(ak[qq]);
@@ -572,21 +597,25 @@ inline void dec_e4m3_word_f16(__m512i v, __m512 w[4]) {
 }
 
 template <int MODE>
-void gemv_fp8(const PanelSrc& s, int64_t n0, const float* a, const float* sa, __m512 accv[kG]) {
+void gemv_fp8(const PanelSrc& s, int64_t n0, int nrows, const float* a, const float* sa, __m512 accv[kG]) {
   const int64_t K = s.cols;
   alignas(64) __m512 T[kG][16];
   __m512 sv[kG], sw[kG];
-  const int64_t slice = next_group_slice(s, K / 64);
+  int prow[kG];  // rows of each panel
+  for (int p = 0; p < kG; ++p) prow[p] = std::clamp(nrows - p * kPanel, 0, kPanel);
+  const int64_t slice = next_group_slice(s, (K + 63) / 64);
   for (int64_t kb = 0, st = 0; kb < K; kb += 128) {
     for (int p = 0; p < kG; ++p) {
       sw[p] = fp8_panel_scale(s, n0 + p * kPanel, kb / 128);
       sv[p] = MODE == 0 ? _mm512_setzero_ps() : accv[p];
     }
-    for (int h = 0; h < 2; ++h, ++st) {
+    for (int h = 0; h < 2 && kb + 64 * h < K; ++h, ++st) {
       const int64_t k0 = kb + 64 * h;
+      const int cols = static_cast<int>(std::min<int64_t>(64, K - k0));  // a multiple of 4
       prefetch_next_group(s, st, slice);
-      for (int p = 0; p < kG; ++p) load_transposed(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, k0, T[p]);
-      for (int c = 0; c < 16; ++c) {
+      for (int p = 0; p < kG; ++p)
+        load_transposed_part(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, k0, prow[p], cols, T[p]);
+      for (int c = 0; c < cols / 4; ++c) {
         const float* ak = a + k0 + 4 * c;
         // the f16 decode only for the 4 panels' words with a subnormal code (a real checkpoint: ~1e-4 of codes)
         __mmask64 sub = 0;
@@ -635,15 +664,19 @@ void gemv_fp8(const PanelSrc& s, int64_t n0, const float* a, const float* sa, __
   }
 }
 
-void gemv_bf16(const PanelSrc& s, int64_t n0, const float* a, __m512 accv[kG]) {
+void gemv_bf16(const PanelSrc& s, int64_t n0, int nrows, const float* a, __m512 accv[kG]) {
   const int64_t K = s.cols;
   const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   alignas(64) __m512 T[kG][16];
-  const int64_t slice = next_group_slice(s, K / 32);
+  int prow[kG];  // rows of each panel
+  for (int p = 0; p < kG; ++p) prow[p] = std::clamp(nrows - p * kPanel, 0, kPanel);
+  const int64_t slice = next_group_slice(s, (K + 31) / 32);
   for (int64_t k0 = 0, st = 0; k0 < K; k0 += 32, ++st) {
+    const int cols = static_cast<int>(std::min<int64_t>(32, K - k0));  // a multiple of 2
     prefetch_next_group(s, st, slice);
-    for (int p = 0; p < kG; ++p) load_transposed(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, 2 * k0, T[p]);
-    for (int c = 0; c < 16; ++c) {
+    for (int p = 0; p < kG; ++p)
+      load_transposed_part(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, 2 * k0, prow[p], 2 * cols, T[p]);
+    for (int c = 0; c < cols / 2; ++c) {
       const __m512 a0 = _mm512_set1_ps(a[k0 + 2 * c]), a1 = _mm512_set1_ps(a[k0 + 2 * c + 1]);
       for (int p = 0; p < kG; ++p)
         accv[p] =
@@ -864,21 +897,21 @@ bool gemv_group_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, co
   return true;
 }
 
-bool gemv_group(const PanelSrc& s, int64_t n0, const float* a, const float* sa, bool q, float* acc) {
+bool gemv_group(const PanelSrc& s, int64_t n0, int nrows, const float* a, const float* sa, bool q, float* acc) {
   const int64_t K = s.cols;
   __m512 accv[kG];
   for (int p = 0; p < kG; ++p) accv[p] = _mm512_setzero_ps();
   const int mode = q ? 0 : (s.round_bf16 ? 2 : 1);
-  if (s.fmt == GemmFormat::fp4 && K % 128 == 0) {
-    if (mode == 0) gemv_fp4<0>(s, n0, a, sa, accv);
-    if (mode == 1) gemv_fp4<1>(s, n0, a, sa, accv);
-    if (mode == 2) gemv_fp4<2>(s, n0, a, sa, accv);
-  } else if (s.fmt == GemmFormat::fp8 && K % 128 == 0 && s.bc == 128) {
-    if (mode == 0) gemv_fp8<0>(s, n0, a, sa, accv);
-    if (mode == 1) gemv_fp8<1>(s, n0, a, sa, accv);
-    if (mode == 2) gemv_fp8<2>(s, n0, a, sa, accv);
-  } else if (!q && s.fmt == GemmFormat::bf16 && K % 32 == 0) {
-    gemv_bf16(s, n0, a, accv);  // bf16(w) == w: weight_as_bf16 changes nothing
+  if (s.fmt == GemmFormat::fp4 && K % 8 == 0) {
+    if (mode == 0) gemv_fp4<0>(s, n0, nrows, a, sa, accv);
+    if (mode == 1) gemv_fp4<1>(s, n0, nrows, a, sa, accv);
+    if (mode == 2) gemv_fp4<2>(s, n0, nrows, a, sa, accv);
+  } else if (s.fmt == GemmFormat::fp8 && K % 4 == 0 && s.bc == 128) {
+    if (mode == 0) gemv_fp8<0>(s, n0, nrows, a, sa, accv);
+    if (mode == 1) gemv_fp8<1>(s, n0, nrows, a, sa, accv);
+    if (mode == 2) gemv_fp8<2>(s, n0, nrows, a, sa, accv);
+  } else if (!q && s.fmt == GemmFormat::bf16 && K % 2 == 0) {
+    gemv_bf16(s, n0, nrows, a, accv);  // bf16(w) == w: weight_as_bf16 changes nothing
   } else {
     return false;
   }

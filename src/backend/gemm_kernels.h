@@ -72,10 +72,11 @@ struct Kernels {
   void (*fp4_panel_scales)(const PanelSrc& s, int64_t r0, int64_t k0, int nps, float* Ps);
   // Optional (may be null): act_quant_fp8(x, n, 128, q, s) of act_quant.h, bitwise identical.
   void (*act_quant_row)(const float* x, int64_t n, float* q, float* s);
-  // Optional (may be null): one token against one full group (kGroupRows rows from n0) over all of K, fused decode +
-  // FMA without the panel tile; same semantics and order as mk_q / mk_d. acc[kGroupRows] starts at 0.
-  // Returns false (having done nothing) when this format / mode / shape is not handled.
-  bool (*gemv_group)(const PanelSrc& s, int64_t n0, const float* a, const float* sa, bool q, float* acc);
+  // Optional (may be null): one token against one group (nrows <= kGroupRows rows from n0) over all of K, fused
+  // decode + FMA without the panel tile; same semantics and order as mk_q / mk_d. acc[kGroupRows] starts at 0 (the
+  // entries past nrows are unspecified). Returns false (having done nothing) when this format / mode / shape is not
+  // handled.
+  bool (*gemv_group)(const PanelSrc& s, int64_t n0, int nrows, const float* a, const float* sa, bool q, float* acc);
   void (*mk_q)(const MkArgs& a);   // semantics (Q) of gemm.h for this chunk
   void (*mk_d)(const MkArgs& a);   // semantics (D) of gemm.h for this chunk
   // Optional (may be null): the fused GEMV for mr (2..8) tokens at once (token m at a + m*lda, (Q) its act scales at

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -331,6 +332,41 @@ TEST(Gemm, DecodeShapes) {
         Case{GemmFormat::bf16, 1000, 96, 1, D()}, Case{GemmFormat::fp4, 640, 128, 1, Q()},
         Case{GemmFormat::fp8, 576, 128, 1, Q()}})
     run_case(c, rng);
+}
+
+TEST(Gemm, DecodeEdgeShapes) {
+  // One token against partial groups (fewer than 64 rows: a small weight, the last group, a row range) and K that is
+  // not a multiple of a k-step (FP4 128, FP8 64, BF16 32 columns) but of a 32-bit word's codes: the AVX-512 fused
+  // GEMVs load only the rows and bytes that exist and stop their chains at K (the demo model's decode shapes).
+  std::mt19937 rng(13);
+  for (const Case& c :
+       {Case{GemmFormat::fp4, 160, 96, 1, Q()}, Case{GemmFormat::fp4, 96, 160, 1, Q()},
+        Case{GemmFormat::fp4, 40, 200, 1, Q(false)}, Case{GemmFormat::fp4, 70, 2120, 1, Q()},
+        Case{GemmFormat::fp4, 40, 200, 1, D()}, Case{GemmFormat::fp4, 70, 264, 1, D(true, true)},
+        Case{GemmFormat::fp8, 160, 96, 1, Q()}, Case{GemmFormat::fp8, 8, 96, 1, Q()},
+        Case{GemmFormat::fp8, 100, 300, 1, Q(false)}, Case{GemmFormat::fp8, 130, 1100, 1, Q(), false, 24},
+        Case{GemmFormat::fp8, 48, 256, 1, D(true, true)}, Case{GemmFormat::fp8, 90, 196, 1, D(false, false), true},
+        Case{GemmFormat::fp8, 200, 256, 1, D(true, true, 37, 171)}, Case{GemmFormat::fp4, 200, 96, 1, D(false, false, 3, 45)},
+        Case{GemmFormat::bf16, 8, 96, 1, D()}, Case{GemmFormat::bf16, 129, 98, 1, D(true)},
+        Case{GemmFormat::bf16, 300, 34, 1, D(false, false, 10, 290)}})
+    run_case(c, rng);
+  // no activation past K is read: dense products of a token followed by NaNs (a zero-padded weight word times a NaN
+  // would give NaN)
+  LevelGuard guard;
+  for (const Case& c : {Case{GemmFormat::fp4, 40, 200, 1, D()}, Case{GemmFormat::fp8, 90, 196, 1, D()},
+                        Case{GemmFormat::bf16, 129, 98, 1, D()}}) {
+    const TestWeight W = make_weight(c.fmt, c.rows, c.cols, rng);
+    std::vector<float> x = make_x(c.cols, rng, false);
+    const std::vector<float> want = slow_linear(W, x, 1, c.opts);
+    x.resize(static_cast<size_t>(c.cols + 256), std::numeric_limits<float>::quiet_NaN());
+    for (SimdLevel l : levels()) {
+      ASSERT_EQ(set_simd_level(l), l);
+      std::vector<float> y(static_cast<size_t>(c.rows), -1.0f);
+      linear(W.view(), x.data(), 1, y.data(), c.opts);
+      expect_bitwise(want, y, fmt::format("{} [{}x{}] NaN past K, level={}", fmt_name(c.fmt), c.rows, c.cols,
+                                          simd_level_name(l)));
+    }
+  }
 }
 
 TEST(Gemm, Fp8SubnormalCodeMixes) {
