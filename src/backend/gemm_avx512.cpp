@@ -127,7 +127,7 @@ inline void transpose16(const float* tmp, int64_t ld, float* P) {
 }
 
 // In-register 16x16 transpose of 32-bit elements: r[i] = row i on entry, r[c] = column c (element i = row i) on exit.
-inline void transpose16_regs(__m512 r[16]) {
+__attribute__((always_inline)) inline void transpose16_regs(__m512 r[16]) {
   __m512 t[16];
   for (int i = 0; i < 8; ++i) {
     t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
