@@ -2,6 +2,7 @@
 #include "backend/gemm.h"
 
 #include <algorithm>
+#include <cstring>
 #include <atomic>
 #include <vector>
 
@@ -190,6 +191,19 @@ void split(Product& P, int threads) {
   P.chunk = P.tile <= 4 ? 128 : kChunk;
 }
 
+// y[j] = round_to_bf16(c[j]) (numeric.h: round to nearest even, NaN -> the quiet NaN of its sign), written without
+// branches so that the compiler vectorizes it.
+void round_bf16_row(const float* c, int64_t n, float* y) {
+  for (int64_t j = 0; j < n; ++j) {
+    uint32_t b;
+    std::memcpy(&b, &c[j], 4);
+    const uint32_t rne = (b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u;
+    const uint32_t qnan = (b | 0x00400000u) & 0xFFFF0000u;
+    const uint32_t r = (b & 0x7FFFFFFFu) > 0x7F800000u ? qnan : rne;
+    std::memcpy(&y[j], &r, 4);
+  }
+}
+
 void quantize_row(const Kernels& kq, const float* x, int64_t K, float* q, float* s) {
   if (kq.act_quant_row != nullptr)
     kq.act_quant_row(x, K, q, s);
@@ -285,9 +299,9 @@ void run_unit(const Product& P, const Kernels& ker, int64_t u, const Product* ne
     const float* c = accbuf.data() + m * kGroupRows;
     float* yr = P.y + (t0 + m) * P.nout + (n0 - P.r0);
     if (P.opts.out_bf16)
-      for (int64_t j = 0; j < nrows; ++j) yr[j] = round_to_bf16(c[j]);
+      round_bf16_row(c, nrows, yr);
     else
-      for (int64_t j = 0; j < nrows; ++j) yr[j] = c[j];
+      std::memcpy(yr, c, static_cast<size_t>(nrows) * 4);
   }
 }
 
