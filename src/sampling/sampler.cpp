@@ -7,11 +7,25 @@
 
 namespace dsv4 {
 
+// The first index of the largest logit (NaNs never win, except a NaN at index 0, which every comparison keeps): the
+// maximum over 8 independent chains (the maximum of the non-NaN values does not depend on the order), then the first
+// index that equals it — the result of `if (l[i] > l[best]) best = i` over i ascending, at a vocabulary's size
+// several times faster (one decode step of a small model spent ~3% of its time here).
 int32_t argmax(std::span<const float> logits) {
-  int32_t best = 0;
-  for (int32_t i = 1; i < static_cast<int32_t>(logits.size()); ++i)
-    if (logits[i] > logits[best]) best = i;
-  return best;
+  const int64_t n = static_cast<int64_t>(logits.size());
+  const float* l = logits.data();
+  if (n == 0 || std::isnan(l[0])) return 0;
+  float m[8];
+  for (float& v : m) v = l[0];
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) m[j] = l[i + j] > m[j] ? l[i + j] : m[j];
+  for (; i < n; ++i) m[0] = l[i] > m[0] ? l[i] : m[0];
+  float best = m[0];
+  for (int j = 1; j < 8; ++j) best = m[j] > best ? m[j] : best;
+  for (int64_t k = 0; k < n; ++k)
+    if (l[k] == best) return static_cast<int32_t>(k);
+  return 0;
 }
 
 Sampler::Sampler(const SamplingParams& params, int32_t n_vocab)

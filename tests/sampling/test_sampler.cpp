@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
+#include <random>
 #include <map>
 #include <vector>
 
@@ -44,6 +46,29 @@ TEST(Sampler, GreedyPicksArgmaxLowestIdOnTies) {
   std::vector<float> l{0.1f, 3.0f, -1.0f, 3.0f, 2.9f};
   EXPECT_EQ(s.sample(l), 1);
   EXPECT_EQ(argmax(std::vector<float>{-5.f, -5.f}), 0);
+}
+
+TEST(Sampler, ArgmaxEqualsTheFirstStrictlyGreaterScan) {
+  // argmax is the first index of the maximum, as `if (l[i] > l[best]) best = i` over i ascending: ties, +-0, +-inf,
+  // NaNs (never chosen, except at index 0), lengths around its 8-wide chains.
+  auto scan = [](const std::vector<float>& l) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < static_cast<int32_t>(l.size()); ++i)
+      if (l[i] > l[best]) best = i;
+    return best;
+  };
+  std::mt19937 rng(3);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> special{0.0f, -0.0f, inf, -inf, nan, 1.0f, -1.0f, 3.0f};
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % 40) + (trial % 100 == 0 ? 129280 : 0);
+    std::vector<float> l(static_cast<size_t>(n));
+    const int mode = trial % 3;  // few distinct values (ties), specials, wide random
+    for (auto& v : l)
+      v = mode == 0 ? float(int(rng() % 4)) : mode == 1 ? special[rng() % special.size()]
+                                                      : std::ldexp(float(int(rng() % 2001) - 1000), int(rng() % 20) - 10);
+    EXPECT_EQ(argmax(l), scan(l)) << "trial " << trial << " n " << n;
+  }
 }
 
 TEST(Sampler, TemperatureMatchesSoftmaxDistribution) {
