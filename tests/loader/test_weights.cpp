@@ -222,21 +222,41 @@ void check_full(const Expect& x) {
 TEST(Weights, FullFlashReplica) { check_full({"deepseek-v4-flash-config.json", 284334567511, 159609485896ull, 43, 1}); }
 TEST(Weights, FullProReplica) { check_full({"deepseek-v4-pro-config.json", 1572999528803, 864704792696ull, 61, 1}); }
 
-TEST(Weights, Dspark0731DrafterAcceptedUnbound) {
+TEST(Weights, Dspark0731DrafterBound) {
   TempDir d;
   auto cj = tiny_config(flash_json());
   cj["compress_ratios"] = {0, 0, 4, 128, 4, 0, 0, 0};
   cj["dspark_block_size"] = 5;
   cj["dspark_target_layer_ids"] = {2, 3, 4};
   cj["dspark_markov_rank"] = 16;
+  cj["dspark_noise_token_id"] = 299;
   ReplicaOptions o;
   o.n_shards = 2;
   write_replica(d.path, cj, v4_layout(cj), o);
   const ModelConfig cfg = load_config(d.path / "config.json");
+  EXPECT_EQ(cfg.dspark.n_stages, 3);
   const SafetensorsSet set = SafetensorsSet::open(d.path);
   const ModelWeights w = bind_weights(set, cfg);
   EXPECT_TRUE(w.mtp.empty());
-  EXPECT_EQ(w.drafter.size(), 3u);
+  ASSERT_TRUE(w.dspark.bound());
+  ASSERT_EQ(w.dspark.stages.size(), 3u);
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(w.dspark.stages[size_t(k)].layer, 5 + k);
+    EXPECT_FALSE(w.dspark.stages[size_t(k)].hash);
+    EXPECT_TRUE(w.dspark.stages[size_t(k)].ffn.gate_bias.bound());
+  }
+  EXPECT_EQ(w.dspark.main_proj.fmt, WeightFormat::FP8_BLOCK128);
+  EXPECT_EQ(w.dspark.main_proj.cols, 3 * 64);
+  EXPECT_EQ(w.dspark.markov_w1.rows, 300);
+  EXPECT_EQ(w.dspark.markov_w1.cols, 16);
+  EXPECT_EQ(w.dspark.confidence.cols, 64 + 16);
+  // 0731's census: one stage = the tensors of a ratio-0 non-hash block; stage 0 + 3, the last + 7 (docs/dspark.md)
+  int64_t n_mtp = 0;
+  for (const auto& t : set.tensors()) n_mtp += t.name.rfind("mtp.", 0) == 0;
+  int64_t per_block = 0;
+  for (const auto& t : v4_layout(cj))
+    if (t.name.rfind("layers.0.", 0) == 0 && t.name.find("tid2eid") == std::string::npos) ++per_block;
+  EXPECT_EQ(n_mtp, 3 * (per_block + 1) + 3 + 7);  // + 1: the gate bias layer 0 (hash) does not have
 }
 
 }  // namespace
