@@ -1,11 +1,12 @@
 // `dsv4 bench spec -m DIR | --config CFG --load-format dummy [--batch 1,8] [--draft 1,2,3,4] [-n N] [--json]`:
-// speculative decoding with the MTP module (engine/spec_decode.h) against plain decoding, through the EngineLoop:
+// speculative decoding with the checkpoint's drafter (the MTP module or the DSpark drafter, engine/spec_decode.h)
+// against plain decoding, through the EngineLoop:
 // per batch size B, B greedy requests of N tokens (EOS ignored) without speculation and with k drafts per step;
 // decode tok/s (timed from the end of the first step, which prefills the short prompts and samples every request's
 // first token; the fastest of --repeat runs), speed-up, acceptance
 // rate (accepted / drafted), tokens per target step, the measured cost of a verify step and of the drafts per step
 // (so that the speed-up at another acceptance rate can be computed), and whether the tokens equal plain decoding.
-// Dummy weights (--load-format dummy) give a random MTP module, hence a low acceptance rate.
+// Dummy weights (--load-format dummy) give a random drafter, hence a low acceptance rate.
 // Greedy tokens must equal plain decoding where the backend guarantees it (the CPU; CUDA with --deterministic): a
 // difference there is an error. CUDA's default fast mode is batch invariant only up to 8 tokens per linear (verify
 // steps of more tokens run other GEMM kernels), so there a difference is reported, not an error.
@@ -114,7 +115,7 @@ int run_bench(const Opts& o) {
   const auto num = parse_numerics(o.numerics);
   if (!num) fail("bench spec: --numerics must be reference or dense (got '{}')", o.numerics);
   const std::vector<int> batches = int_list(o.batch, "--batch", 1, 256);
-  const std::vector<int> drafts = int_list(o.draft, "--draft", 1, int(StateLayout::kMaxDraft));
+  const std::vector<int> drafts = int_list(o.draft, "--draft", 1, int(StateLayout::kMaxDraftLimit));
   std::string fmt_ = o.load_format;
   if (fmt_ == "auto") fmt_ = o.config.empty() ? "safetensors" : "dummy";
   if (fmt_ != "dummy" && fmt_ != "safetensors") fail("bench spec: --load-format must be auto, dummy or safetensors");
@@ -123,7 +124,7 @@ int run_bench(const Opts& o) {
   ModelOptions mo;
   mo.numerics = *num;
   mo.device = resolve_device(o.device);
-  mo.mtp = true;
+  mo.drafter = true;
   std::shared_ptr<const Model> m;
   std::shared_ptr<const Tokenizer> tok;
   if (fmt_ == "dummy") {
@@ -141,6 +142,7 @@ int run_bench(const Opts& o) {
   out["model"] = o.model.empty() ? o.config : o.model;
   out["load_format"] = fmt_;
   out["device"] = m->backend().description();
+  out["drafter"] = m->drafter() == StateLayout::Drafter::dspark ? "dspark" : "mtp";
   out["numerics"] = o.numerics;
   out["tokens_per_request"] = o.n;
   out["repeat"] = o.repeat;

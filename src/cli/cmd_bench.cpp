@@ -12,7 +12,8 @@
 //   dsv4 bench structured -m DIR [-n N] [--threads T] [--repeat R] [--json]   (src/cli/bench_structured.cpp)
 //     decode ms/token of a real model without and with a JSON-schema constraint (cold and cached grammar).
 //   dsv4 bench spec -m DIR [--batch 1,8] [--draft 1,2,3,4] [-n N] [--json]   (src/cli/bench_spec.cpp)
-//     speculative decoding with the MTP module: acceptance rate, speed-up, verify / draft step costs.
+//     speculative decoding with the checkpoint's drafter (MTP or DSpark): acceptance rate, speed-up, verify / draft
+//     step costs.
 //   Weights are random bytes in the official formats (no checkpoint needed). Each decode token uses a different set of
 //   experts among --experts-alloc allocated ones, so weights stream from memory, not from the caches.
 // Hook: add another benchmark kind (e.g. `dsv4 bench layer`, model engineer) as one more entry of kBenchKinds below.
@@ -504,7 +505,7 @@ const BenchKind kBenchKinds[] = {
     {"structured", "decode ms/token of a model with and without a JSON-schema constraint", setup_bench_structured},
     {"serve", "aggregate tokens/s of the HTTP server at several numbers of concurrent clients (--clients 1,8)",
      setup_bench_serve},
-    {"spec", "speculative decoding with the MTP module: acceptance rate, speed-up, verify and draft step costs",
+    {"spec", "speculative decoding with the checkpoint's drafter: acceptance rate, speed-up, verify and draft step costs",
      setup_bench_spec},
 };
 

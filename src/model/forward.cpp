@@ -41,10 +41,11 @@ void Model::forward(SequenceState& st, std::span<const int32_t> tokens, const st
 
 void Model::validate(const Batch& b, const StatePool& pool) const {
   if (pool.backend() != be_) fail("internal: state pool lives on another backend");
-  const bool mtp = pool.layout().has_mtp();
-  if (pool.layout().layers.size() != size_t(cfg_.num_hidden_layers + (mtp ? 1 : 0)))
+  const StateLayout& L = pool.layout();
+  if (L.layers.size() != size_t(cfg_.num_hidden_layers + L.n_draft_layers))
     fail("internal: state pool does not match the model");
-  if (mtp && !has_mtp()) fail("internal: a state pool with the MTP layer needs a model loaded with its MTP module");
+  if (L.has_drafter() && L.drafter != drafter_)
+    fail("internal: a state pool with a drafter's layers needs a model loaded with that drafter");
   if (pool.layout().row_format == RowFormat::compact && (!bf16() || !be_->compact_state_rows()))
     fail("internal: a state pool with compact rows needs reference numerics on a backend that reads them");
   std::vector<char> used(size_t(pool.n_slots()), 0);
@@ -70,10 +71,9 @@ void Model::validate(const Batch& b, const StatePool& pool) const {
     if (s.next_token >= cfg_.vocab_size)
       fail("token id {} outside the vocabulary [0, {})", s.next_token, cfg_.vocab_size);
     if (s.spec) {
-      if (!mtp) fail("batch: a verify step (spec) needs a state pool with the MTP layer");
-      if (n > StateLayout::kSpecRows || n > opts_.ubatch)
-        fail("batch: a verify step has {} tokens (at most {} and the ubatch {})", n, StateLayout::kSpecRows,
-             opts_.ubatch);
+      if (!L.has_drafter()) fail("batch: a verify step (spec) needs a state pool with a drafter's layers");
+      if (n > L.spec_rows || n > opts_.ubatch)
+        fail("batch: a verify step has {} tokens (at most {} and the ubatch {})", n, L.spec_rows, opts_.ubatch);
       for (const auto& sn : s.snapshots)  // only states that every outcome keeps
         if (sn.at != s.p0 + 1) fail("batch: a verify step takes snapshots only after its first token");
     }
@@ -139,13 +139,22 @@ void Model::forward_ubatch(StepPlan plan, StatePool& pool, const BatchLogitsSink
   const DevicePlan dp = DevicePlan::upload(plan, *be_, ws);
 
   float* X = ws.alloc<float>(n * HC * D);
-  // The step's layers in segments [l0, l1): the embedding joins the first, the MTP block the last. A layer whose
-  // experts are split with the host (its MoE waits on the host's experts inside the step) is a segment of its own
-  // that always runs eagerly; any other segment may be recorded as a CUDA graph.
+  const std::vector<int>& targets = cfg_.dspark.target_layer_ids;
+  float* MH = plan.dspark ? ws.alloc<float>(n * int64_t(targets.size()) * D) : nullptr;  // [n, T*D]
+  // The step's layers in segments [l0, l1): the embedding joins the first, the drafter's context rows and the MTP
+  // block the last. A layer whose experts are split with the host (its MoE waits on the host's experts inside the
+  // step) is a segment of its own that always runs eagerly; any other segment may be recorded as a CUDA graph.
   const int L = cfg_.num_hidden_layers;
   auto segment = [&](int l0, int l1) {
     if (l0 == 0) ops().embed(embed_, dp.tokens, n, int(HC), X);  // §5.1: e = embed[token]; X = [e, e, e, e]
-    for (int l = l0; l < l1; ++l) block(l, pool, plan, dp, X);
+    for (int l = l0; l < l1; ++l) {
+      if (plan.dspark)  // DSpark: the streams entering its target layers (docs/dspark.md step 1)
+        for (size_t i = 0; i < targets.size(); ++i)
+          if (targets[i] == l) dspark_capture(plan, dp, X, int(i), MH);
+      block(l, pool, plan, dp, X);
+    }
+    // DSpark: every stage's context row of every position (docs/dspark.md steps 2-3)
+    if (l1 == L && plan.dspark) dspark_context(pool, plan, dp, MH);
     // §5.9 the MTP block on every position (its window ring must hold the rows of every position a draft attends
     // to); the hidden streams of each sequence's last positions are kept as the input of the next draft
     if (l1 == L && plan.mtp) {
@@ -153,7 +162,7 @@ void Model::forward_ubatch(StepPlan plan, StatePool& pool, const BatchLogitsSink
       ops().scatter_rows(X, dp.hid_src, pool.hidden().as<float>(), dp.hid_dst, int64_t(plan.hid_src.size()), HC * D);
       float* Xm = ws.alloc<float>(n * HC * D);
       mtp_input(X, dp.next, dp.hc_rows, n, Xm);
-      block(mtp_layer_, pool, plan, dp, Xm);
+      block(draft_layer_, pool, plan, dp, Xm);
     }
   };
   auto split = [&](int l) { return lr_[size_t(l)].split.n_host > 0; };

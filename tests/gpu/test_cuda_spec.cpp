@@ -32,7 +32,7 @@ std::shared_ptr<const Model> demo_mtp(bool on_cuda, bool graphs = true) {
   auto& m = cache[{on_cuda, graphs}];
   if (!m) {
     ModelOptions o;
-    o.mtp = true;
+    o.drafter = true;
     o.backend = on_cuda ? cuda() : &gpu::cpu();
     o.cuda_graphs = graphs;
     m = Model::load(gpu::model_dir("dsv4-demo"), o);
