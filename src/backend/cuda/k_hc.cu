@@ -395,6 +395,22 @@ __device__ __forceinline__ void comb_smem(const float* mix_s, float r, float sca
   for (int e = lane; e < n; e += 32) comb_t[e] = C[e];
 }
 
+// Columns 4 d4 .. 4 d4 + 3 of the collapse u = sum_j pre_j x[j, :] of one token (x [hc, dim], float4 aligned): the
+// CPU's per-element order (sum from 0 in j order, product and sum rounded separately), before any bf16 rounding.
+__device__ __forceinline__ float4 collapse4(const float* x, int hc, int64_t dim, const float* pre_s, int64_t d4) {
+  float4 s4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+  for (int j = 0; j < hc; ++j) {
+    const float4 xv = __ldg(reinterpret_cast<const float4*>(x + int64_t(j) * dim) + d4);
+    const float pj = pre_s[j];
+    s4.x = __fadd_rn(s4.x, __fmul_rn(pj, xv.x));
+    s4.y = __fadd_rn(s4.y, __fmul_rn(pj, xv.y));
+    s4.z = __fadd_rn(s4.z, __fmul_rn(pj, xv.z));
+    s4.w = __fadd_rn(s4.w, __fmul_rn(pj, xv.w));
+  }
+  return s4;
+}
+
 // ---- kernel B: per-token coefficients, Sinkhorn and collapse ---------------------------------------------------
 // HEAD: hc_head (mix = hc rows, pre only). Else hc_pre (mix = (2+hc)*hc; pre, post, comb). have_dots: kernel A left
 // the dot products in u[t, 0..mix).
@@ -509,16 +525,7 @@ __global__ void __launch_bounds__(kThreads) hc_finish_kernel(const float* X, int
     for (int j = 0; j < NV; ++j) {
       const int64_t d4 = threadIdx.x + int64_t(j) * kThreads;
       if (d4 >= dim / 4) continue;
-      float4 s4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 4
-      for (int i = 0; i < hc; ++i) {
-        const float4 xv = __ldg(reinterpret_cast<const float4*>(x + int64_t(i) * dim) + d4);
-        const float pj = pre_s[i];
-        s4.x = __fadd_rn(s4.x, __fmul_rn(pj, xv.x));
-        s4.y = __fadd_rn(s4.y, __fmul_rn(pj, xv.y));
-        s4.z = __fadd_rn(s4.z, __fmul_rn(pj, xv.z));
-        s4.w = __fadd_rn(s4.w, __fmul_rn(pj, xv.w));
-      }
+      const float4 s4 = collapse4(x, hc, dim, pre_s, d4);
       v[j] = make_float4(maybe_bf16(s4.x, bf16), maybe_bf16(s4.y, bf16), maybe_bf16(s4.z, bf16),
                          maybe_bf16(s4.w, bf16));
       ss2 += double(v[j].x) * double(v[j].x);  // exact products (zeros past the row would add nothing)
@@ -546,16 +553,7 @@ __global__ void __launch_bounds__(kThreads) hc_finish_kernel(const float* X, int
   if (!exact_ss && dim % 4 == 0) {
 #pragma unroll 4
     for (int64_t d4 = threadIdx.x; d4 < dim / 4; d4 += kThreads) {
-      float4 s4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 4
-      for (int j = 0; j < hc; ++j) {
-        const float4 xv = __ldg(reinterpret_cast<const float4*>(x + int64_t(j) * dim) + d4);
-        const float pj = pre_s[j];
-        s4.x = __fadd_rn(s4.x, __fmul_rn(pj, xv.x));
-        s4.y = __fadd_rn(s4.y, __fmul_rn(pj, xv.y));
-        s4.z = __fadd_rn(s4.z, __fmul_rn(pj, xv.z));
-        s4.w = __fadd_rn(s4.w, __fmul_rn(pj, xv.w));
-      }
+      const float4 s4 = collapse4(x, hc, dim, pre_s, d4);
       float* o = ut + 4 * d4;
       o[0] = maybe_bf16(s4.x, bf16), o[1] = maybe_bf16(s4.y, bf16), o[2] = maybe_bf16(s4.z, bf16),
       o[3] = maybe_bf16(s4.w, bf16);
