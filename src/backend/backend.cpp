@@ -7,6 +7,7 @@
 #include "backend/cpu_backend.h"
 #include "backend/ops.h"
 #include "backend/step_graphs.h"
+#include "backend/upload_queue.h"
 #include "core/error.h"
 #ifdef DSV4_WITH_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -76,6 +77,10 @@ void* Backend::alloc_pinned(size_t bytes, const char* what) {
 }
 
 void Backend::free_pinned(void* p) noexcept { std::free(p); }
+
+std::unique_ptr<UploadQueue> Backend::make_upload_queue(int slots) {
+  return std::make_unique<InOrderUploadQueue>(*this, slots);
+}
 
 // ---- Workspace ---------------------------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ namespace dsv4 {
 
 class Ops;
 class Backend;
+class UploadQueue;
 
 // Owning device allocation (movable; copying clones the contents on the device).
 class Buffer {
@@ -127,6 +128,19 @@ class Backend {
   // copy_to_host (waits at once).
   virtual void copy_to_host_async(void* dst, const void* src, size_t bytes) { copy_to_host(dst, src, bytes); }
   virtual void wait_copies_to_host() {}
+  // Host memory streamed to the device beside the ops (backend/upload_queue.h; model/expert_staging.h): a queue of
+  // host -> device copies into `slots` staging regions. Default: InOrderUploadQueue (copies queued with the ops).
+  virtual std::unique_ptr<UploadQueue> make_upload_queue(int slots);
+  // Page-lock host memory [p, p + bytes) so that copies from it run at the bus's full speed (CUDA: cudaHostRegister).
+  // Returns false where there is nothing to gain (default, the CPU) or it cannot be done (`why` then says why);
+  // copies from memory that is not pinned still work, slower. A pinned range is released with unpin_host(p) before
+  // its memory is freed or unmapped.
+  virtual bool pin_host(const void* p, size_t bytes, std::string* why) {
+    (void)p, (void)bytes;
+    if (why) *why = "not needed on this backend";
+    return false;
+  }
+  virtual void unpin_host(const void* p) noexcept { (void)p; }
 
   // Make a checkpoint weight resident on this device (CPU: a view of the mapped bytes, no copy). The device memory
   // is appended to `storage` (the caller keeps it as long as the view is used).

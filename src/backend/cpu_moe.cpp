@@ -65,20 +65,106 @@ int64_t cpu_expert_rows(const MoeWeights& w, int64_t D, const uint8_t* use, cons
   int64_t busy = 0;  // items with rows
   for (int64_t e = 0; e < E; ++e) busy += st[e + 1] > st[e] ? 1 : 0;
   busy += shared ? 1 : 0;
-  // Fewer items with rows than threads (decode: top-k experts + shared on a many-core CPU): one item after the other,
-  // each product on the whole pool (its 64-row groups split over the threads), instead of idling the other threads.
-  // Little work in all (a small model's decode step of a few tokens: a few experts of a few 100 KB): one item after
-  // the other on the calling thread, like linear()'s small products — waking the pool would cost more than the
-  // products (with OMP_WAIT_POLICY=passive, a futex wake per region). From 2^19 multiply-adds on (the demo model's
-  // batch of 8 decodes: 24 rows of 46K, ~0.1 ms of work per layer against a wake of ~0.01 ms) the items share the
-  // pool. Items never depend on the thread running them.
+  // Many items with rows (prefill, or decode of many sequences): items in parallel, each on one thread, from 2^19
+  // multiply-adds on (the demo model's batch of 8 decodes: 24 rows of 46K, ~0.1 ms of work per layer against a wake
+  // of ~0.01 ms; below it every expert ran on the loop thread while the other one idled).
+  // Fewer items with rows than threads (decode: top-k experts + shared on a many-core CPU): the items' products in
+  // two batches on the whole pool (below). Little work in all (a small model's decode step of a few tokens: a few
+  // experts of a few 100 KB): the same batches on the calling thread (linear_batch's small-product rule) — waking the
+  // pool would cost more than the products (with OMP_WAIT_POLICY=passive, a futex wake per region). Items never depend
+  // on the thread running them.
   const int64_t threads = max_threads();
   int64_t macs = 0;  // multiply-adds of all items (w1, w3: inter x D; w2: D x inter; per row)
   for (int64_t e = 0; e < E; ++e) macs += (st[e + 1] - st[e]) * 3 * w.experts[e].w1.rows * D;
   if (shared) macs += n_tok * 3 * w.shared->w1.rows * D;
-  const bool enough = macs >= (int64_t(1) << 19);
-#pragma omp parallel for schedule(dynamic, 1) if (enough && busy >= 2 && busy >= threads)
-  for (int64_t e = 0; e < n_items; ++e) item(e);
+  const bool enough = macs >= (int64_t(1) << 21);  // the batched path's SwiGLU on the pool (as its products)
+  if (macs >= (int64_t(1) << 19) && busy >= 2 && busy >= threads) {
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t e = 0; e < n_items; ++e) item(e);
+    return m;
+  }
+  // Batched: (1) every item's w1 and w3 in one linear_batch (64-row groups of all of them split over the pool, each
+  // input quantized once), (2) SwiGLU of every row, (3) every item's w2 in one linear_batch, straight into `out`.
+  // Each product is linear()'s, so every row equals the item-by-item result bitwise.
+  static thread_local std::vector<float> xs, gs, us, rws;
+  static thread_local std::vector<LinearJob> jobs;
+  static thread_local std::vector<int64_t> goff;  // item -> offset of its rows in gs / us
+  goff.assign(static_cast<size_t>(n_items + 1), 0);
+  for (int64_t e = 0; e < n_items; ++e) {
+    const bool sh = e == E;
+    const int64_t ne = sh ? n_tok : st[e + 1] - st[e];
+    const int64_t inter = ne == 0 ? 0 : (sh ? w.shared->w1.rows : w.experts[e].w1.rows);
+    goff[size_t(e + 1)] = goff[size_t(e)] + ne * inter;
+  }
+  xs.resize(static_cast<size_t>(m * D));
+  rws.resize(static_cast<size_t>(m));
+  gs.resize(static_cast<size_t>(goff[size_t(n_items)]));
+  us.resize(gs.size());
+  for (int64_t r = 0; r < m; ++r) {  // routed rows in bucket order: their token's x and routing weight
+    const int64_t pair = pair_of_row[r];
+    std::memcpy(&xs[size_t(r * D)], x + (pair / k) * D, size_t(D) * 4);
+    rws[size_t(r)] = wts[pair];
+  }
+  auto item_rows = [&](int64_t e, const ExpertView*& ew, int64_t& ne, const float*& xin, float*& o) {
+    const bool sh = e == E;
+    ew = sh ? w.shared : &w.experts[e];
+    ne = sh ? n_tok : st[e + 1] - st[e];
+    xin = sh ? x : xs.data() + st[e] * D;
+    o = out + (sh ? m : st[e]) * D;
+  };
+  jobs.clear();
+  for (int64_t e = 0; e < n_items; ++e) {
+    const ExpertView* ew;
+    int64_t ne;
+    const float* xin;
+    float* o;
+    item_rows(e, ew, ne, xin, o);
+    if (ne == 0) continue;
+    jobs.push_back(LinearJob{ew->w1, xin, ne, gs.data() + goff[size_t(e)], q});
+    jobs.push_back(LinearJob{ew->w3, xin, ne, us.data() + goff[size_t(e)], q});
+  }
+  linear_batch(jobs);
+  // SwiGLU of every item's rows (element-wise): in pieces of up to 512 elements of one row, over the pool when the
+  // products were (a decode step's 7 x 2048 exp would otherwise run on one thread between the two batches)
+  struct Piece {
+    int64_t item, row, j0, len;
+  };
+  static thread_local std::vector<Piece> pieces;
+  pieces.clear();
+  for (int64_t e = 0; e < n_items; ++e) {
+    const bool sh = e == E;
+    const int64_t ne = sh ? n_tok : st[e + 1] - st[e];
+    const int64_t inter = ne == 0 ? 0 : (sh ? w.shared->w1.rows : w.experts[e].w1.rows);
+    for (int64_t r = 0; r < ne; ++r)
+      for (int64_t j0 = 0; j0 < inter; j0 += 512) pieces.push_back(Piece{e, r, j0, std::min<int64_t>(512, inter - j0)});
+  }
+  // (thread_local scratch: the other threads see it through these pointers only)
+  const Piece* pc = pieces.data();
+  const int64_t* go = goff.data();
+  float* gp = gs.data();
+  const float* up = us.data();
+  const float* rwp = rws.data();
+  const int64_t n_pieces = static_cast<int64_t>(pieces.size());
+#pragma omp parallel for schedule(static) if (enough && threads >= 2)
+  for (int64_t i = 0; i < n_pieces; ++i) {
+    const Piece& p = pc[i];
+    const bool sh = p.item == E;
+    const int64_t inter = sh ? w.shared->w1.rows : w.experts[p.item].w1.rows;
+    float* g = gp + go[p.item] + p.row * inter + p.j0;
+    const float* rw = sh ? nullptr : rwp + st[p.item] + p.row;
+    ops.swiglu(g, up + go[p.item] + p.row * inter + p.j0, 1, p.len, swiglu_limit, rw, bf16, g);
+  }
+  jobs.clear();
+  for (int64_t e = 0; e < n_items; ++e) {
+    const ExpertView* ew;
+    int64_t ne;
+    const float* xin;
+    float* o;
+    item_rows(e, ew, ne, xin, o);
+    if (ne == 0) continue;
+    jobs.push_back(LinearJob{ew->w2, gs.data() + goff[size_t(e)], ne, o, q});
+  }
+  linear_batch(jobs);
   return m;
 }
 

@@ -25,10 +25,13 @@
 // Kernels (gemm_kernels.h): output rows are SIMD lanes (16-row panels), so each output accumulates sequentially in k
 // whatever the vector width. One token (decode): a fused GEMV streams 64 rows at a time straight from the weight
 // bytes (32-bit-word transposes, per-code decode, four FMA chains); on AVX-512 the same kernel serves 2-8 tokens of
-// BF16 weights at once (a batch of decodes: each word decoded once for every token). Several tokens (prefill):
+// BF16 weights at once (a batch of decodes: each word decoded once for every token); while a group is computed, the
+// next group's bytes are prefetched into L2 in address order, and FP4 block scales are read 2048 columns at a time
+// (transposed like the weights, no gathers). Several tokens (prefill):
 // 16-row x 512-column weight tiles are decoded once into fp32 and reused by a 4-token x 64-row micro-kernel, over
-// tiles of <= 256 tokens. The AVX-512 FP8 decoders never form fp32 subnormals (E4M3 subnormal codes take an exact
-// integer path, gemm_avx512.cpp dec_e4m3_top): a multiply with a subnormal input costs a microcode assist on Intel.
+// tiles of <= 256 tokens. The AVX-512 FP8 decoders never form fp32 subnormals (words with E4M3 subnormal codes take an
+// exact path: gemm_avx512.cpp dec_e4m3_top, and in the quantized GEMVs the f16 route, dec_e4m3_word_f16): a multiply
+// with a subnormal input costs a microcode assist on Intel.
 // Work is split statically over (64-row group, token tile) units; scratch is per thread (thread_local).
 // A BF16 weight may come with a panel copy (WeightView::panels, pack_bf16_panels): the AVX-512 GEMVs of 1-8 tokens
 // then load each panel's column-pair words directly instead of transposing 16 rows (half the work per weight word
@@ -63,6 +66,20 @@ inline void linear(const WeightRef& W, std::span<const float> x, int64_t n_tok, 
                    const LinearOpts& opts) {
   linear(W, x.data(), n_tok, y.data(), opts);
 }
+
+// Several independent products in one parallel region (e.g. the w1 and w3 of every expert of a decode step): each is
+// exactly linear(job.W, job.x, job.n_tok, job.y, job.opts) (same results, bitwise), but their 64-row groups are split
+// over the pool together, each thread taking one contiguous run of groups across the products (with the next group's
+// weight bytes prefetched while one is computed), and products with the same x share its activation quantization.
+// No job's y may overlap another job's x or y.
+struct LinearJob {
+  GemmWeight W;
+  const float* x = nullptr;
+  int64_t n_tok = 0;
+  float* y = nullptr;
+  LinearOpts opts;
+};
+void linear_batch(std::span<const LinearJob> jobs);
 
 // Kernel selection (tests / benchmarks): the SIMD level linear() uses. Default: the best the CPU supports.
 enum class SimdLevel { scalar, avx2, avx512 };

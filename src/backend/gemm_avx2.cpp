@@ -337,7 +337,8 @@ void gemv_bf16(const PanelSrc& s, int64_t rb, const float* a, float* acc) {
   for (int sp = 0; sp < kSubs; ++sp) _mm256_storeu_ps(acc + 8 * sp, accv[sp]);
 }
 
-bool gemv_group(const PanelSrc& s, int64_t n0, const float* a, const float* sa, bool q, float* acc) {
+bool gemv_group(const PanelSrc& s, int64_t n0, int nrows, const float* a, const float* sa, bool q, float* acc) {
+  if (nrows != kGroupRows) return false;
   const int64_t K = s.cols;
   const int mode = q ? 0 : (s.round_bf16 ? 2 : 1);
   const bool fp4 = s.fmt == GemmFormat::fp4 && K % 128 == 0;

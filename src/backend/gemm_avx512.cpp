@@ -127,7 +127,7 @@ inline void transpose16(const float* tmp, int64_t ld, float* P) {
 }
 
 // In-register 16x16 transpose of 32-bit elements: r[i] = row i on entry, r[c] = column c (element i = row i) on exit.
-inline void transpose16_regs(__m512 r[16]) {
+__attribute__((always_inline)) inline void transpose16_regs(__m512 r[16]) {
   __m512 t[16];
   for (int i = 0; i < 8; ++i) {
     t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
@@ -150,6 +150,10 @@ inline void transpose16_regs(__m512 r[16]) {
   }
   for (int i = 0; i < 16; ++i) r[i] = t[i];
 }
+
+// An L2 prefetch, as asm volatile: GCC 12 deletes a call to a function whose loop only issues __builtin_prefetch (it
+// takes it for a function without side effects), and with it the whole prefetch.
+inline void prefetch_l2(const void* p) { asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p))); }
 
 // Software prefetch of the 16 rows' bytes kPrefetchBytes ahead of the 64 bytes about to be loaded: the group walks
 // 64 rows in parallel, too many streams for the hardware prefetchers. (Past a row's end it touches the next row:
@@ -409,42 +413,139 @@ void act_quant_row(const float* x, int64_t n, float* q, float* s_out) {
 // four independent accumulation chains (one per panel), exactly the order of mk_q / mk_d.
 constexpr int kG = kGroupPanels;
 
-inline void load_transposed(const uint8_t* base, int64_t row_bytes, int64_t byte_off, __m512 T[16]) {
-  prefetch_rows(base + byte_off, row_bytes, gemv_prefetch_bytes(row_bytes));
+// (Long rows: each row's bytes 512 ahead into L1 and 1024 ahead into L2 — what the first group of a thread gets, +9%
+// on one thread for 2-group calls of FP8 [*, 4096] streamed; the next groups come from prefetch_next_group. Short rows, a 64-row group <= 16 KiB, e.g. the demo lm head [129280, 96] bf16: only
+// prefetch_next_group, whose sequential L2 prefetch of the next group streamed 1.7x faster than the per-row L1
+// prefetch a group ahead, one thread on the 2-core EPYC VM.)
+__attribute__((always_inline)) inline void load_transposed(const uint8_t* base, int64_t row_bytes, int64_t byte_off,
+                                                          __m512 T[16]) {
+  if (row_bytes * kGroupRows > 16384) {
+    prefetch_rows(base + byte_off, row_bytes, kPrefetchBytes);
+    for (int i = 0; i < 16; ++i) prefetch_l2(base + i * row_bytes + byte_off + 2 * kPrefetchBytes);
+  }
   for (int i = 0; i < 16; ++i) T[i] = _mm512_loadu_ps(reinterpret_cast<const float*>(base + i * row_bytes + byte_off));
+  transpose16_regs(T);
+}
+
+// The same for the edge of a product: only `rows` (0..16) rows and `bytes` (1..64) bytes of each are read, the rest
+// of the 16 x 64 bytes is zero (the rows past a weight's last group, the columns past K).
+__attribute__((always_inline)) inline void load_transposed_part(const uint8_t* base, int64_t row_bytes, int64_t byte_off, int rows, int bytes,
+                                 __m512 T[16]) {
+  if (rows == 16 && bytes == 64) return load_transposed(base, row_bytes, byte_off, T);
+  const __mmask64 m = bytes >= 64 ? ~__mmask64{0} : (__mmask64{1} << bytes) - 1;
+  for (int i = 0; i < 16; ++i)
+    T[i] = i < rows ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi8(m, base + i * row_bytes + byte_off))
+                    : _mm512_setzero_ps();
   transpose16_regs(T);
 }
 
 // FP8 block scales of 16 rows (r0..r0+15) at scale column c: per-row, or one broadcast when the panel lies in one
 // row block.
+// (Rows past the weight's end, in a partial last group, take the last row's scale: their results are never used.)
 inline __m512 fp8_panel_scale(const PanelSrc& s, int64_t r0, int64_t c) {
-  if (r0 / s.br == (r0 + 15) / s.br) return _mm512_set1_ps(weight_scale(s, r0, c * s.bc));
+  r0 = std::min(r0, s.rows - 1);
+  const int64_t r15 = std::min(r0 + 15, s.rows - 1);
+  if (r0 / s.br == r15 / s.br) return _mm512_set1_ps(weight_scale(s, r0, c * s.bc));
   alignas(64) float v[16];
-  for (int j = 0; j < 16; ++j) v[j] = weight_scale(s, r0 + j, c * s.bc);
+  for (int j = 0; j < 16; ++j) v[j] = weight_scale(s, std::min(r0 + j, s.rows - 1), c * s.bc);
   return _mm512_load_ps(v);
+}
+
+// Sequential prefetch of the next work item's weight bytes (PanelSrc::pf_w, set by the driver: usually the next 64-row
+// group of the same weight, one contiguous block, or the first group of the next weight of a linear_batch) into L2
+// while this group is computed: at k-step `step` of `steps`, the step-th slice, so that the next group streams from
+// DRAM in address order and is in L2 when its turn comes (its scale bytes at step 0). The first item of a thread has
+// only load_transposed's per-row prefetches (512 / 1024 bytes ahead in each of the 64 rows).
+
+// Bytes of the next group to prefetch per k-step when a kernel makes `steps` steps over a group (a multiple of 64).
+inline int64_t next_group_slice(const PanelSrc& s, int64_t steps) {
+  return s.pf_w == nullptr ? 0 : ((s.pf_w_bytes + steps - 1) / steps + 63) & ~int64_t{63};
+}
+
+inline void prefetch_next_group(const PanelSrc& s, int64_t step, int64_t slice) {
+  if (s.pf_w == nullptr) return;
+  const int64_t b0 = step * slice, b1 = std::min(b0 + slice, s.pf_w_bytes);
+  for (int64_t o = b0; o < b1; o += 64) prefetch_l2(s.pf_w + o);
+  if (step == 0)
+    for (int64_t o = 0; o < s.pf_s_bytes; o += 64) prefetch_l2(s.pf_s + o);
+}
+
+// FP4 E8M0 block scales of one 16-row panel, 64 blocks (2048 columns) at a time: the 16 rows' scale bytes are loaded
+// (masked past the row's last block) and transposed like the weights, so word c holds blocks 4c..4c+3 of every row
+// (byte q = block 4c+q); rows past `rows` get scale 1 (their results are never used). Returns whether any byte is 0
+// or 255 (the E8M0 codes that do not decode as e << 23).
+inline bool fp4_scale_words(const PanelSrc& s, int64_t r0, int64_t k0, __m512 S[16], int rows = 16) {
+  const int64_t nb = std::min<int64_t>(64, s.scale_cols - k0 / 32);
+  const __mmask64 m = nb >= 64 ? ~__mmask64{0} : (__mmask64{1} << nb) - 1;
+  const uint8_t* sb = s.scale + r0 * s.scale_cols + k0 / 32;
+  __mmask64 special = 0;
+  for (int i = 0; i < 16; ++i) {
+    const __m512i v = i < rows ? _mm512_maskz_loadu_epi8(m, sb + i * s.scale_cols) : _mm512_set1_epi8(127);
+    special |= _mm512_mask_cmpeq_epi8_mask(m, v, _mm512_setzero_si512()) | _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8(-1));
+    S[i] = _mm512_castsi512_ps(v);
+  }
+  transpose16_regs(S);
+  return special != 0;
+}
+
+// Block q (0..3) of a transposed scale word as fp32, bitwise e8m0_to_float: e << 23, with e = 0 -> 2^-127
+// (0x00400000) and e = 255 -> NaN (0x7FC00000) when SPECIAL (some byte of the span is 0 or 255).
+template <int Q>
+inline __m512 fp4_word_scale(__m512i w, bool special) {
+  const __m512i m = _mm512_set1_epi32(0x7F800000);
+  __m512i x = Q == 3 ? _mm512_and_si512(_mm512_srli_epi32(w, 1), m) : _mm512_and_si512(_mm512_slli_epi32(w, 23 - 8 * Q), m);
+  if (special) {
+    x = _mm512_mask_mov_epi32(x, _mm512_testn_epi32_mask(x, x), _mm512_set1_epi32(0x00400000));
+    x = _mm512_mask_mov_epi32(x, _mm512_cmpeq_epi32_mask(x, m), _mm512_set1_epi32(0x7FC00000));
+  }
+  return _mm512_castsi512_ps(x);
+}
+
+inline __m512 fp4_word_scale_rt(__m512i w, int q, bool special) {
+  switch (q) {
+    case 0: return fp4_word_scale<0>(w, special);
+    case 1: return fp4_word_scale<1>(w, special);
+    case 2: return fp4_word_scale<2>(w, special);
+    default: return fp4_word_scale<3>(w, special);
+  }
 }
 
 // MODE: 0 = quantized (Q: block partial sums scaled by sa * sw), 1 = dense (D: one chain over K with w * sw),
 // 2 = dense with bf16(w * sw) (weight_as_bf16).
+// The single-token GEMVs take any group of nrows <= 64 rows (rows past nrows are zero, their results unused) and any
+// K that is a multiple of the codes in a 32-bit word (FP4 8, FP8 4, BF16 2): a last partial k-step loads only the
+// bytes before K and runs only its words, so no activation past K is read and the chains are the reference's.
 template <int MODE>
-void gemv_fp4(const PanelSrc& s, int64_t n0, const float* a, const float* sa, __m512 accv[kG]) {
+void gemv_fp4(const PanelSrc& s, int64_t n0, int nrows, const float* a, const float* sa, __m512 accv[kG]) {
   const int64_t K = s.cols;
   const __m512 lut = _mm512_loadu_ps(e2m1_lut());
   alignas(64) __m512 T[kG][16];
-  alignas(64) float Ps[kG][4 * kPanel];
+  alignas(64) __m512 S[kG][16];  // transposed scale words of the current 2048 columns
+  bool special = false;
   __m512 sv[kG];
-  for (int64_t k0 = 0; k0 < K; k0 += 128) {
-    for (int p = 0; p < kG; ++p) {
-      load_transposed(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, k0 / 2, T[p]);
-      fp4_panel_scales(s, n0 + p * kPanel, k0, 4, Ps[p]);
+  int prow[kG];  // rows of each panel
+  for (int p = 0; p < kG; ++p) prow[p] = std::clamp(nrows - p * kPanel, 0, kPanel);
+  const int64_t slice = next_group_slice(s, (K + 127) / 128);
+  for (int64_t k0 = 0, st = 0; k0 < K; k0 += 128, ++st) {
+    const int cols = static_cast<int>(std::min<int64_t>(128, K - k0));  // a multiple of 8
+    if (k0 % 2048 == 0) {
+      special = false;
+      for (int p = 0; p < kG; ++p) special |= fp4_scale_words(s, n0 + p * kPanel, k0, S[p], prow[p]);
     }
-    for (int blk = 0; blk < 4; ++blk) {
+    prefetch_next_group(s, st, slice);
+    for (int p = 0; p < kG; ++p)
+      load_transposed_part(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, k0 / 2, prow[p], cols / 2, T[p]);
+    __m512i sword[kG];
+    for (int p = 0; p < kG; ++p) sword[p] = _mm512_castps_si512(S[p][(k0 % 2048) / 128]);
+    auto block = [&]<int BLK>() {
+      const int words = std::min(4, cols / 8 - 4 * BLK);  // words of this 32-column block before K
+      if (words <= 0) return;
       __m512 sw[kG];
       for (int p = 0; p < kG; ++p) {
-        sw[p] = _mm512_load_ps(Ps[p] + blk * kPanel);
+        sw[p] = fp4_word_scale<BLK>(sword[p], special);
         sv[p] = MODE == 0 ? _mm512_setzero_ps() : accv[p];
       }
-      for (int c = 4 * blk; c < 4 * blk + 4; ++c) {
+      for (int c = 4 * BLK; c < 4 * BLK + words; ++c) {
         const float* ak = a + k0 + 8 * c;
         for (int qq = 0; qq < 8; ++qq) {
           const __m512 ab = _mm512_set1_ps(ak[qq]);
@@ -457,67 +558,130 @@ void gemv_fp4(const PanelSrc& s, int64_t n0, const float* a, const float* sa, __
         }
       }
       if constexpr (MODE == 0) {
-        const __m512 sab = _mm512_set1_ps(sa[(k0 + 32 * blk) / 128]);
+        const __m512 sab = _mm512_set1_ps(sa[(k0 + 32 * BLK) / 128]);
         for (int p = 0; p < kG; ++p) accv[p] = _mm512_add_ps(accv[p], _mm512_mul_ps(sv[p], _mm512_mul_ps(sab, sw[p])));
       } else {
         for (int p = 0; p < kG; ++p) accv[p] = sv[p];
       }
-    }
+    };
+    block.template operator()<0>();
+    block.template operator()<1>();
+    block.template operator()<2>();
+    block.template operator()<3>();
   }
 }
 
+// ---- E4M3 words -> fp32 values * 2^-8 (the quantized FP8 GEMVs) ----
+// The (Q) chains of the FP8 GEMVs run on w' = w * 2^-8 (s' = s * 2^-8 at every step: all values are scaled by a power
+// of two and stay normal — products >= 2^-26 — so every rounding is the same) and the block sum is scaled back
+// (s' * 2^8, exact) before the reference's acc + s * (sa * sw). Two decoders give w':
+//  - codes in the top byte of each 32-bit lane, no subnormal code among them: dec_e4m3_top's bits times 2^112;
+//  - any codes: the f16 route. A word vector (lane i = 4 codes of row i) is permuted as 16-bit halves so that its low
+//    256 bits hold codes 0/1 and its high 256 bits codes 2/3 of the 16 rows; a code in the high byte of a 16-bit
+//    element becomes the f16 (x >>a 1) & 0xBF80 (sign, the 4 exponent bits, 3 mantissa bits: f16 2^(e-15) (1 + m/8),
+//    f16 subnormal m * 2^-17 for e = 0: exactly w * 2^-8), and vcvtph2ps converts it exactly, subnormals included,
+//    without fp32 subnormals.
+inline __m512 dec_e4m3_top_q(__m512i top) {
+  const __m512i x = _mm512_and_si512(_mm512_srai_epi32(top, 4), _mm512_set1_epi32(static_cast<int>(0x87F00000u)));
+  return _mm512_mul_ps(_mm512_castsi512_ps(x), _mm512_set1_ps(0x1p112f));
+}
+
+// The 4 codes of a word vector v as w' vectors: w[q] = code q of the 16 rows.
+inline void dec_e4m3_word_f16(__m512i v, __m512 w[4]) {
+  const __m512i idx = _mm512_setr_epi32(0x00020000, 0x00060004, 0x000A0008, 0x000E000C, 0x00120010, 0x00160014,
+                                        0x001A0018, 0x001E001C, 0x00030001, 0x00070005, 0x000B0009, 0x000F000D,
+                                        0x00130011, 0x00170015, 0x001B0019, 0x001F001D);
+  const __m512i fmask = _mm512_set1_epi16(static_cast<short>(0xBF80));
+  const __m512i x = _mm512_permutexvar_epi16(idx, v);  // [codes 0,1 of rows 0..15 | codes 2,3 of rows 0..15]
+  const __m512i hi = _mm512_and_si512(_mm512_srai_epi16(x, 1), fmask);                         // codes 1, 3
+  const __m512i lo = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(x, 8), 1), fmask);  // codes 0, 2
+  w[0] = _mm512_cvtph_ps(_mm512_castsi512_si256(lo));
+  w[1] = _mm512_cvtph_ps(_mm512_castsi512_si256(hi));
+  w[2] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(lo, 1));
+  w[3] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(hi, 1));
+}
+
 template <int MODE>
-void gemv_fp8(const PanelSrc& s, int64_t n0, const float* a, const float* sa, __m512 accv[kG]) {
+void gemv_fp8(const PanelSrc& s, int64_t n0, int nrows, const float* a, const float* sa, __m512 accv[kG]) {
   const int64_t K = s.cols;
   alignas(64) __m512 T[kG][16];
   __m512 sv[kG], sw[kG];
-  for (int64_t kb = 0; kb < K; kb += 128) {
+  int prow[kG];  // rows of each panel
+  for (int p = 0; p < kG; ++p) prow[p] = std::clamp(nrows - p * kPanel, 0, kPanel);
+  const int64_t slice = next_group_slice(s, (K + 63) / 64);
+  for (int64_t kb = 0, st = 0; kb < K; kb += 128) {
     for (int p = 0; p < kG; ++p) {
       sw[p] = fp8_panel_scale(s, n0 + p * kPanel, kb / 128);
       sv[p] = MODE == 0 ? _mm512_setzero_ps() : accv[p];
     }
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < 2 && kb + 64 * h < K; ++h, ++st) {
       const int64_t k0 = kb + 64 * h;
-      for (int p = 0; p < kG; ++p) load_transposed(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, k0, T[p]);
-      for (int c = 0; c < 16; ++c) {
+      const int cols = static_cast<int>(std::min<int64_t>(64, K - k0));  // a multiple of 4
+      prefetch_next_group(s, st, slice);
+      for (int p = 0; p < kG; ++p)
+        load_transposed_part(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, k0, prow[p], cols, T[p]);
+      for (int c = 0; c < cols / 4; ++c) {
         const float* ak = a + k0 + 4 * c;
-        auto step = [&]<bool EX>() {
-          for (int qq = 0; qq < 4; ++qq) {
-            const __m512 ab = _mm512_set1_ps(ak[qq]);
-            for (int p = 0; p < kG; ++p) {
-              const __m512i top = _mm512_slli_epi32(_mm512_castps_si512(T[p][c]), 24 - 8 * qq);
-              __m512 w = dec_e4m3_top<EX>(top);
-              if constexpr (MODE >= 1) w = _mm512_mul_ps(w, sw[p]);
-              if constexpr (MODE == 2) w = round_bf16(w);
-              sv[p] = _mm512_fmadd_ps(ab, w, sv[p]);
-            }
-          }
-        };
-        // the exact decode only for the 4 panels' words with a subnormal code (a real checkpoint: ~1e-4 of codes)
+        // the f16 decode only for the 4 panels' words with a subnormal code (a real checkpoint: ~1e-4 of codes)
         __mmask64 sub = 0;
         for (int p = 0; p < kG; ++p) sub |= e4m3_subnormals(_mm512_castps_si512(T[p][c]));
-        if (sub != 0)
-          step.template operator()<true>();
-        else
-          step.template operator()<false>();
+        if constexpr (MODE == 0) {
+          if (sub != 0) {
+            for (int p = 0; p < kG; ++p) {
+              __m512 w[4];
+              dec_e4m3_word_f16(_mm512_castps_si512(T[p][c]), w);
+              for (int qq = 0; qq < 4; ++qq) sv[p] = _mm512_fmadd_ps(_mm512_set1_ps(ak[qq]), w[qq], sv[p]);
+            }
+          } else {
+            for (int qq = 0; qq < 4; ++qq) {
+              const __m512 ab = _mm512_set1_ps(ak[qq]);
+              for (int p = 0; p < kG; ++p)
+                sv[p] = _mm512_fmadd_ps(
+                    ab, dec_e4m3_top_q(_mm512_slli_epi32(_mm512_castps_si512(T[p][c]), 24 - 8 * qq)), sv[p]);
+            }
+          }
+        } else {
+          auto step = [&]<bool EX>() {
+            for (int qq = 0; qq < 4; ++qq) {
+              const __m512 ab = _mm512_set1_ps(ak[qq]);
+              for (int p = 0; p < kG; ++p) {
+                const __m512i top = _mm512_slli_epi32(_mm512_castps_si512(T[p][c]), 24 - 8 * qq);
+                __m512 w = _mm512_mul_ps(dec_e4m3_top<EX>(top), sw[p]);
+                if constexpr (MODE == 2) w = round_bf16(w);
+                sv[p] = _mm512_fmadd_ps(ab, w, sv[p]);
+              }
+            }
+          };
+          if (sub != 0)
+            step.template operator()<true>();
+          else
+            step.template operator()<false>();
+        }
       }
     }
     if constexpr (MODE == 0) {
-      const __m512 sab = _mm512_set1_ps(sa[kb / 128]);
-      for (int p = 0; p < kG; ++p) accv[p] = _mm512_add_ps(accv[p], _mm512_mul_ps(sv[p], _mm512_mul_ps(sab, sw[p])));
+      const __m512 sab = _mm512_set1_ps(sa[kb / 128]), s8 = _mm512_set1_ps(256.0f);
+      for (int p = 0; p < kG; ++p)
+        accv[p] = _mm512_add_ps(accv[p], _mm512_mul_ps(_mm512_mul_ps(sv[p], s8), _mm512_mul_ps(sab, sw[p])));
     } else {
       for (int p = 0; p < kG; ++p) accv[p] = sv[p];
     }
   }
 }
 
-void gemv_bf16(const PanelSrc& s, int64_t n0, const float* a, __m512 accv[kG]) {
+void gemv_bf16(const PanelSrc& s, int64_t n0, int nrows, const float* a, __m512 accv[kG]) {
   const int64_t K = s.cols;
   const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   alignas(64) __m512 T[kG][16];
-  for (int64_t k0 = 0; k0 < K; k0 += 32) {
-    for (int p = 0; p < kG; ++p) load_transposed(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, 2 * k0, T[p]);
-    for (int c = 0; c < 16; ++c) {
+  int prow[kG];  // rows of each panel
+  for (int p = 0; p < kG; ++p) prow[p] = std::clamp(nrows - p * kPanel, 0, kPanel);
+  const int64_t slice = next_group_slice(s, (K + 31) / 32);
+  for (int64_t k0 = 0, st = 0; k0 < K; k0 += 32, ++st) {
+    const int cols = static_cast<int>(std::min<int64_t>(32, K - k0));  // a multiple of 2
+    prefetch_next_group(s, st, slice);
+    for (int p = 0; p < kG; ++p)
+      load_transposed_part(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, 2 * k0, prow[p], 2 * cols, T[p]);
+    for (int c = 0; c < cols / 2; ++c) {
       const __m512 a0 = _mm512_set1_ps(a[k0 + 2 * c]), a1 = _mm512_set1_ps(a[k0 + 2 * c + 1]);
       for (int p = 0; p < kG; ++p)
         accv[p] =
@@ -536,6 +700,7 @@ template <int MR>
 void gemv_bf16_m2(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, float* acc, int64_t ldacc) {
   static_assert(kG % 2 == 0);
   const int64_t K = s.cols;
+  const int64_t slice = next_group_slice(s, (kG / 2) * (K / 32));
   const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   for (int p = 0; p < kG; p += 2) {
     __m512 acc0[MR], acc1[MR];
@@ -543,6 +708,7 @@ void gemv_bf16_m2(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, fl
     const uint8_t* base0 = s.w + (n0 + p * kPanel) * s.row_bytes;
     const uint8_t* base1 = base0 + kPanel * s.row_bytes;
     for (int64_t k0 = 0; k0 < K; k0 += 32) {
+      prefetch_next_group(s, (p / 2) * (K / 32) + k0 / 32, slice);
       alignas(64) __m512 T0[16], T1[16];
       load_transposed(base0, s.row_bytes, 2 * k0, T0);
       load_transposed(base1, s.row_bytes, 2 * k0, T1);
@@ -576,12 +742,14 @@ void gemv_bf16_m2(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, fl
 template <int MR>
 void gemv_bf16_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, float* acc, int64_t ldacc) {
   const int64_t K = s.cols;
+  const int64_t slice = next_group_slice(s, kG * (K / 32));
   const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   for (int p = 0; p < kG; ++p) {
     __m512 accv[MR];
     for (int m = 0; m < MR; ++m) accv[m] = _mm512_setzero_ps();
     const uint8_t* base = s.w + (n0 + p * kPanel) * s.row_bytes;
     for (int64_t k0 = 0; k0 < K; k0 += 32) {
+      prefetch_next_group(s, p * (K / 32) + k0 / 32, slice);
       __m512 T[16];
       load_transposed(base, s.row_bytes, 2 * k0, T);
       for (int c = 0; c < 16; ++c) {
@@ -642,8 +810,8 @@ void gemv_bf16_panels(const PanelSrc& s, int64_t n0, const float* a, int64_t lda
 // registers; per output the order of gemv_fp4 / gemv_fp8 / mk_q: s = fma chain over the K-block (k ascending), then
 // acc = acc + s * (sa * sw), blocks ascending (acc kept in the caller's buffer).
 // K needs only be a multiple of 32 (narrow models: the demo's 96- and 160-column linears): the last step loads the
-// row bytes present (masked), uses the words present, and a last FP8 block shorter than 128 ends at K (as mk_q's
-// partial edge block).
+// row bytes present (masked), uses the words present (FP4: the blocks of its scale word before K, which
+// fp4_scale_words loaded), and a last FP8 block shorter than 128 ends at K (as mk_q's partial edge block).
 template <int MR, bool FP4>
 void gemv_q_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, const float* sa, int64_t ldsa, float* acc,
               int64_t ldacc) {
@@ -651,6 +819,8 @@ void gemv_q_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, const 
   const int64_t K = s.cols;
   constexpr int kStep = FP4 ? 128 : 64;  // columns per 64-byte row load
   constexpr int kBlk = FP4 ? 32 : 128;   // K-block
+  const int64_t steps = (K + kStep - 1) / kStep;  // k-steps per pair of panels (the last may be partial)
+  const int64_t slice = next_group_slice(s, (kG / 2) * steps);
   const __m512 lut = _mm512_loadu_ps(e2m1_lut());
   for (int p = 0; p < kG; p += 2) {
     const int64_t r0 = n0 + p * kPanel;
@@ -662,69 +832,74 @@ void gemv_q_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, const 
       _mm512_storeu_ps(acc0 + m * ldacc + kPanel, _mm512_setzero_ps());
     }
     __m512 sv[MR][2];
-    alignas(64) float Ps[2][4 * kPanel];
-    auto flush = [&](int64_t kb, __m512 sw0, __m512 sw1) {  // end of the K-block at kb
+    alignas(64) __m512 S0[16], S1[16];  // FP4: the two panels' transposed scale words of the current 2048 columns
+    bool special = false;
+    // end of the K-block at kb; FP8 chains ran on w * 2^-8 (dec_e4m3_top_q / dec_e4m3_word_f16): s = s' * 2^8
+    auto flush = [&](int64_t kb, __m512 sw0, __m512 sw1) {
+      const __m512 back = _mm512_set1_ps(FP4 ? 1.0f : 256.0f);
       for (int m = 0; m < MR; ++m) {
         const __m512 sab = _mm512_set1_ps(sa[m * ldsa + kb / 128]);
+        const __m512 s0 = FP4 ? sv[m][0] : _mm512_mul_ps(sv[m][0], back);
+        const __m512 s1 = FP4 ? sv[m][1] : _mm512_mul_ps(sv[m][1], back);
         float* o = acc0 + m * ldacc;
-        _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_mul_ps(sv[m][0], _mm512_mul_ps(sab, sw0))));
-        _mm512_storeu_ps(o + kPanel, _mm512_add_ps(_mm512_loadu_ps(o + kPanel),
-                                                   _mm512_mul_ps(sv[m][1], _mm512_mul_ps(sab, sw1))));
+        _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_mul_ps(s0, _mm512_mul_ps(sab, sw0))));
+        _mm512_storeu_ps(o + kPanel,
+                         _mm512_add_ps(_mm512_loadu_ps(o + kPanel), _mm512_mul_ps(s1, _mm512_mul_ps(sab, sw1))));
         sv[m][0] = sv[m][1] = _mm512_setzero_ps();
       }
     };
     for (int m = 0; m < MR; ++m) sv[m][0] = sv[m][1] = _mm512_setzero_ps();
     __m512 sw0 = _mm512_setzero_ps(), sw1 = sw0;
     for (int64_t k0 = 0; k0 < K; k0 += kStep) {
+      prefetch_next_group(s, (p / 2) * steps + k0 / kStep, slice);
       alignas(64) __m512 T0[16], T1[16];
       const int64_t off = FP4 ? k0 / 2 : k0;
       constexpr int kPerWord = FP4 ? 8 : 4;
       const int kn = static_cast<int>(std::min<int64_t>(kStep, K - k0));  // columns of this step (a multiple of 32)
-      if (kn == kStep) {
-        load_transposed(base0, s.row_bytes, off, T0);
-        load_transposed(base1, s.row_bytes, off, T1);
-      } else {
-        load_rows(T0, base0 + off, s.row_bytes, FP4 ? kn / 2 : kn);
-        load_rows(T1, base1 + off, s.row_bytes, FP4 ? kn / 2 : kn);
-        transpose16_regs(T0);
-        transpose16_regs(T1);
-      }
+      // (a partial last step: only the bytes before K are loaded, the words past them are zero and not used)
+      load_transposed_part(base0, s.row_bytes, off, kPanel, FP4 ? kn / 2 : kn, T0);
+      load_transposed_part(base1, s.row_bytes, off, kPanel, FP4 ? kn / 2 : kn, T1);
       if constexpr (FP4) {
-        fp4_panel_scales(s, r0, k0, kn / 32, Ps[0]);
-        fp4_panel_scales(s, r0 + kPanel, k0, kn / 32, Ps[1]);
+        if (k0 % 2048 == 0) special = fp4_scale_words(s, r0, k0, S0) | fp4_scale_words(s, r0 + kPanel, k0, S1);
       } else if (k0 % 128 == 0) {
         sw0 = fp8_panel_scale(s, r0, k0 / 128);
         sw1 = fp8_panel_scale(s, r0 + kPanel, k0 / 128);
       }
       for (int c = 0; c < kn / kPerWord; ++c) {
+        const float* ak = a + k0 + kPerWord * c;
         if constexpr (FP4) {
           if (c % 4 == 0) {  // a new 32-column block
-            sw0 = _mm512_load_ps(Ps[0] + (c / 4) * kPanel);
-            sw1 = _mm512_load_ps(Ps[1] + (c / 4) * kPanel);
+            const int wi = static_cast<int>((k0 % 2048) / 128);
+            sw0 = fp4_word_scale_rt(_mm512_castps_si512(S0[wi]), c / 4, special);
+            sw1 = fp4_word_scale_rt(_mm512_castps_si512(S1[wi]), c / 4, special);
           }
-        }
-        const float* ak = a + k0 + kPerWord * c;
-        auto step = [&]<bool EX>() {
           for (int qq = 0; qq < kPerWord; ++qq) {
-            __m512 w0, w1;
-            if constexpr (FP4) {
-              w0 = _mm512_permutexvar_ps(_mm512_srli_epi32(_mm512_castps_si512(T0[c]), 4 * qq), lut);
-              w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(_mm512_castps_si512(T1[c]), 4 * qq), lut);
-            } else {
-              w0 = dec_e4m3_top<EX>(_mm512_slli_epi32(_mm512_castps_si512(T0[c]), 24 - 8 * qq));
-              w1 = dec_e4m3_top<EX>(_mm512_slli_epi32(_mm512_castps_si512(T1[c]), 24 - 8 * qq));
-            }
+            const __m512 w0 = _mm512_permutexvar_ps(_mm512_srli_epi32(_mm512_castps_si512(T0[c]), 4 * qq), lut);
+            const __m512 w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(_mm512_castps_si512(T1[c]), 4 * qq), lut);
             for (int m = 0; m < MR; ++m) {
               const __m512 x = _mm512_set1_ps(ak[m * lda + qq]);
               sv[m][0] = _mm512_fmadd_ps(x, w0, sv[m][0]);
               sv[m][1] = _mm512_fmadd_ps(x, w1, sv[m][1]);
             }
           }
-        };
-        if (FP4 || (e4m3_subnormals(_mm512_castps_si512(T0[c])) | e4m3_subnormals(_mm512_castps_si512(T1[c]))) != 0)
-          step.template operator()<true>();
-        else
-          step.template operator()<false>();
+        } else {
+          __m512 w0[4], w1[4];
+          if ((e4m3_subnormals(_mm512_castps_si512(T0[c])) | e4m3_subnormals(_mm512_castps_si512(T1[c]))) != 0) {
+            dec_e4m3_word_f16(_mm512_castps_si512(T0[c]), w0);
+            dec_e4m3_word_f16(_mm512_castps_si512(T1[c]), w1);
+          } else {
+            for (int qq = 0; qq < 4; ++qq) {
+              w0[qq] = dec_e4m3_top_q(_mm512_slli_epi32(_mm512_castps_si512(T0[c]), 24 - 8 * qq));
+              w1[qq] = dec_e4m3_top_q(_mm512_slli_epi32(_mm512_castps_si512(T1[c]), 24 - 8 * qq));
+            }
+          }
+          for (int qq = 0; qq < 4; ++qq)
+            for (int m = 0; m < MR; ++m) {
+              const __m512 x = _mm512_set1_ps(ak[m * lda + qq]);
+              sv[m][0] = _mm512_fmadd_ps(x, w0[qq], sv[m][0]);
+              sv[m][1] = _mm512_fmadd_ps(x, w1[qq], sv[m][1]);
+            }
+        }
         const int64_t kend = k0 + kPerWord * (c + 1);
         if (kend % kBlk == 0 || kend == K) flush((kend - 1) / kBlk * kBlk, sw0, sw1);
       }
@@ -786,25 +961,25 @@ bool gemv_group_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, co
   return true;
 }
 
-bool gemv_group(const PanelSrc& s, int64_t n0, const float* a, const float* sa, bool q, float* acc) {
+bool gemv_group(const PanelSrc& s, int64_t n0, int nrows, const float* a, const float* sa, bool q, float* acc) {
   const int64_t K = s.cols;
-  if (!q && s.fmt == GemmFormat::bf16 && K % 32 == 0 && s.panels) {
+  if (!q && s.fmt == GemmFormat::bf16 && K % 32 == 0 && s.panels && nrows == kGroupRows) {
     gemv_bf16_panels<1, kG>(s, n0, a, 0, acc, 0);
     return true;
   }
   __m512 accv[kG];
   for (int p = 0; p < kG; ++p) accv[p] = _mm512_setzero_ps();
   const int mode = q ? 0 : (s.round_bf16 ? 2 : 1);
-  if (s.fmt == GemmFormat::fp4 && K % 128 == 0) {
-    if (mode == 0) gemv_fp4<0>(s, n0, a, sa, accv);
-    if (mode == 1) gemv_fp4<1>(s, n0, a, sa, accv);
-    if (mode == 2) gemv_fp4<2>(s, n0, a, sa, accv);
-  } else if (s.fmt == GemmFormat::fp8 && K % 128 == 0 && s.bc == 128) {
-    if (mode == 0) gemv_fp8<0>(s, n0, a, sa, accv);
-    if (mode == 1) gemv_fp8<1>(s, n0, a, sa, accv);
-    if (mode == 2) gemv_fp8<2>(s, n0, a, sa, accv);
-  } else if (!q && s.fmt == GemmFormat::bf16 && K % 32 == 0) {
-    gemv_bf16(s, n0, a, accv);  // bf16(w) == w: weight_as_bf16 changes nothing
+  if (s.fmt == GemmFormat::fp4 && K % 8 == 0) {
+    if (mode == 0) gemv_fp4<0>(s, n0, nrows, a, sa, accv);
+    if (mode == 1) gemv_fp4<1>(s, n0, nrows, a, sa, accv);
+    if (mode == 2) gemv_fp4<2>(s, n0, nrows, a, sa, accv);
+  } else if (s.fmt == GemmFormat::fp8 && K % 4 == 0 && s.bc == 128) {
+    if (mode == 0) gemv_fp8<0>(s, n0, nrows, a, sa, accv);
+    if (mode == 1) gemv_fp8<1>(s, n0, nrows, a, sa, accv);
+    if (mode == 2) gemv_fp8<2>(s, n0, nrows, a, sa, accv);
+  } else if (!q && s.fmt == GemmFormat::bf16 && K % 2 == 0) {
+    gemv_bf16(s, n0, nrows, a, accv);  // bf16(w) == w: weight_as_bf16 changes nothing
   } else {
     return false;
   }

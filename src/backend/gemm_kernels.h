@@ -29,7 +29,13 @@ struct PanelSrc {
   bool scale_f32;
   int64_t br, bc;          // scale block (fp4: 1 x 32)
   int64_t scale_cols;      // columns of the scale grid
-  const uint32_t* panels;  // BF16 only: the panel copy (gemm.h pack_bf16_panels), or null
+  const uint32_t* panels = nullptr;  // BF16 only: the panel copy (gemm.h pack_bf16_panels), or null
+  // What the fused GEMVs prefetch into L2 while they compute a group (set per work item by the driver): the weight
+  // bytes of the next item this thread runs (a group is one contiguous block of rows) and its scale bytes, or null.
+  const uint8_t* pf_w = nullptr;
+  int64_t pf_w_bytes = 0;
+  const uint8_t* pf_s = nullptr;
+  int64_t pf_s_bytes = 0;
 };
 
 // Block scale of weight element (r, k) as fp32 (E8M0 decoded bitwise, or F32).
@@ -67,11 +73,11 @@ struct Kernels {
   void (*fp4_panel_scales)(const PanelSrc& s, int64_t r0, int64_t k0, int nps, float* Ps);
   // Optional (may be null): act_quant_fp8(x, n, 128, q, s) of act_quant.h, bitwise identical.
   void (*act_quant_row)(const float* x, int64_t n, float* q, float* s);
-  // Optional (may be null): one token against one full group (kGroupRows rows from n0) over all of K, fused decode +
-  // FMA without the panel tile; same semantics and order as mk_q / mk_d, accumulating from 0 into acc[kGroupRows]
-  // (written whatever it held: it may be the caller's output row).
-  // Returns false (having done nothing) when this format / mode / shape is not handled.
-  bool (*gemv_group)(const PanelSrc& s, int64_t n0, const float* a, const float* sa, bool q, float* acc);
+  // Optional (may be null): one token against one group (nrows <= kGroupRows rows from n0) over all of K, fused
+  // decode + FMA without the panel tile; same semantics and order as mk_q / mk_d, accumulating from 0 into
+  // acc[kGroupRows] (written whatever it held: for a full group it may be the caller's output row; the entries past
+  // nrows are unspecified). Returns false (having done nothing) when this format / mode / shape is not handled.
+  bool (*gemv_group)(const PanelSrc& s, int64_t n0, int nrows, const float* a, const float* sa, bool q, float* acc);
   void (*mk_q)(const MkArgs& a);   // semantics (Q) of gemm.h for this chunk
   void (*mk_d)(const MkArgs& a);   // semantics (D) of gemm.h for this chunk
   // Optional (may be null): the fused GEMV for mr (2..8) tokens at once (token m at a + m*lda, (Q) its act scales at

@@ -146,6 +146,14 @@ class Ops {
   virtual void hc_pre(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale,
                       const float* base, int sinkhorn_iters, float hc_eps, float norm_eps, bool bf16, float* u,
                       float* post, float* comb) const = 0;
+  // hc_pre, then u = rmsnorm(u) with the sublayer's norm weight norm_w [dim] and eps norm_eps: how every sublayer
+  // starts. The result is the two ops' (a backend may run them as one kernel: CUDA's decode steps).
+  virtual void hc_pre_norm(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale,
+                           const float* base, int sinkhorn_iters, float hc_eps, float norm_eps, bool bf16,
+                           const float* norm_w, float* u, float* post, float* comb) const {
+    hc_pre(X, n_tok, hc, dim, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps, bf16, u, post, comb);
+    rmsnorm(u, n_tok, dim, norm_w, norm_eps, bf16, u);
+  }
   // Xout[t,k,:] = post[t,k]·f[t,:] + Σ_j comb[t,j,k]·X[t,j,:] (bf16 when bf16). Xout may alias X.
   virtual void hc_post(const float* f, const float* X, const float* post, const float* comb, int64_t n_tok, int hc,
                        int64_t dim, bool bf16, float* Xout) const = 0;

@@ -4,6 +4,7 @@
 //   dsv4 bench model (-m DIR | --config FILE) [--load-format auto|dummy|safetensors] [--layers N] [--device D]
 //                    [--numerics reference|dense] [--batch B] [--ctx C] [--prefill T] [--steps S] [--json]
 //                    [--deterministic] [--no-cuda-graph] [--cpu-moe | --n-cpu-moe N | --gpu-experts auto|N] [--hot-experts FILE]
+//                    [--stage-tokens auto|N] [--stage-mib M]
 // --batch B > 1: B sequences decode together (one batched forward step per token of each), sharing one prefilled
 // ctx-token context (ctx a multiple of 128); decode_tok_s = B / step time.
 // --load-format dummy (the default with --config) builds weights of the config's exact shapes and formats with
@@ -12,7 +13,8 @@
 // Extrapolation: decode time scales with the weight bytes (layers x per-layer bytes + the head), prefill time with
 // the layer count. With routed experts on the CPU (issue 11, model/split_moe.h) the JSON adds the placement, the
 // weight bytes the CPU reads per decode step, and per timed run (decode_split, prefill_split) the PCIe bytes per
-// step, the CPU experts' time per step and per split layer; decode_gpu_ms_per_layer = the profiled device time of
+// step, the CPU experts' time per step and per split layer, and for calls that staged their CPU experts on the
+// device (model/expert_staging.h) the bytes and copy time (staged_*); decode_gpu_ms_per_layer = the profiled device time of
 // all ops per step / layers. The per-op breakdown comes from a separate run with a synchronization around every op
 // (backend/profiled_ops.h), so its total exceeds the timed run by the launch + sync latencies.
 #include <algorithm>
@@ -163,29 +165,56 @@ int run_model_bench(const ModelBenchOpts& o) {
     say(fmt::format("{:.2f} GiB of routed experts in host memory", double(m->host_expert_bytes()) / double(1ull << 30)));
   }
   // the split's traffic and host time over `steps` steps of the timed run just finished (per step, per split layer)
+  if (const SplitMoe* sm = m->split_moe()) {
+    out["stage_min_tokens"] = sm->stage_min_tokens();
+    out["stage_slot_bytes"] = sm->stage_slot_bytes();
+    out["host_experts_pinned"] = sm->host_experts_pinned();
+    if (sm->stage_min_tokens() > 0)
+      say(fmt::format("split layers stage their CPU experts on the device from {} tokens per call (2 x {:.0f} MiB, "
+                      "host experts {}page-locked)", sm->stage_min_tokens(), double(sm->stage_slot_bytes()) / 1048576.0,
+                      sm->host_experts_pinned() ? "" : "not "));
+  }
+  // the split's traffic and host time over `steps` steps of the timed run just finished (per step, per split layer);
+  // calls with many tokens stream the layer's CPU experts to the device instead (staged_*: their bytes, and the time
+  // the copies took on the copy queue, overlapped with the device's work)
   auto report_split = [&](const char* key, double steps, double step_s) {
     const SplitMoeStats st = m->split_stats();
     if (st.calls == 0) return;
     const double calls_per_step = double(st.calls) / steps;
+    const double cpu_calls = double(st.calls - st.staged_calls);
     nlohmann::json j;
-    j["pcie_bytes_per_step"] = double(st.to_host_bytes + st.to_device_bytes) / steps;
+    j["pcie_bytes_per_step"] = double(st.to_host_bytes + st.to_device_bytes + st.staged_bytes) / steps;
     j["to_host_bytes_per_step"] = double(st.to_host_bytes) / steps;
-    j["to_device_bytes_per_step"] = double(st.to_device_bytes) / steps;
+    j["to_device_bytes_per_step"] = double(st.to_device_bytes + st.staged_bytes) / steps;
     j["split_layer_calls_per_step"] = calls_per_step;
     j["cpu_ms_per_step"] = st.host_s * 1e3 / steps;
-    j["cpu_ms_per_split_layer"] = st.host_s * 1e3 / double(st.calls);
-    j["cpu_wait_ms_per_split_layer"] = st.wait_s * 1e3 / double(st.calls);
+    j["cpu_ms_per_split_layer"] = cpu_calls > 0 ? st.host_s * 1e3 / cpu_calls : 0.0;
+    j["cpu_wait_ms_per_split_layer"] = cpu_calls > 0 ? st.wait_s * 1e3 / cpu_calls : 0.0;
     j["cpu_pairs_per_step"] = double(st.host_pairs) / steps;
     j["device_pairs_per_step"] = double(st.device_pairs) / steps;
+    j["staged_calls_per_step"] = double(st.staged_calls) / steps;
+    j["staged_chunks_per_step"] = double(st.staged_chunks) / steps;
+    j["staged_bytes_per_step"] = double(st.staged_bytes) / steps;
+    j["staged_copy_ms_per_step"] = st.staged_copy_s * 1e3 / steps;
+    j["staged_copy_GBps"] = st.staged_copy_s > 0 ? double(st.staged_bytes) / st.staged_copy_s / 1e9 : 0.0;
+    j["staged_copy_share_of_step"] = st.staged_copy_s / steps / step_s;
     j["step_ms"] = step_s * 1e3;
     j["cpu_share_of_step"] = st.host_s / steps / step_s;
     out[key] = j;
-    say(fmt::format("  split ({}): {:.1f} KB over PCIe per step ({:.1f} KB to host, {:.1f} KB back), CPU experts "
-                    "{:.2f} ms per step = {:.3f} ms per split layer ({:.0f}% of the step), {:.1f} CPU pairs per step",
-                    key, double(st.to_host_bytes + st.to_device_bytes) / steps / 1e3, double(st.to_host_bytes) / steps / 1e3,
-                    double(st.to_device_bytes) / steps / 1e3, st.host_s * 1e3 / steps,
-                    st.host_s * 1e3 / double(st.calls), 100.0 * st.host_s / steps / step_s,
-                    double(st.host_pairs) / steps));
+    if (cpu_calls > 0)
+      say(fmt::format("  split ({}): {:.1f} KB over PCIe per step ({:.1f} KB to host, {:.1f} KB back), CPU experts "
+                      "{:.2f} ms per step = {:.3f} ms per split layer ({:.0f}% of the step), {:.1f} CPU pairs per step",
+                      key, double(st.to_host_bytes + st.to_device_bytes) / steps / 1e3,
+                      double(st.to_host_bytes) / steps / 1e3, double(st.to_device_bytes) / steps / 1e3,
+                      st.host_s * 1e3 / steps, st.host_s * 1e3 / cpu_calls, 100.0 * st.host_s / steps / step_s,
+                      double(st.host_pairs) / steps));
+    if (st.staged_calls > 0)
+      say(fmt::format("  split ({}): {:.0f} calls per step staged their CPU experts on the device: {:.1f} MB per step "
+                      "in {:.0f} chunks, copies {:.1f} ms per step ({:.1f} GB/s, {:.0f}% of the step)",
+                      key, double(st.staged_calls) / steps, double(st.staged_bytes) / steps / 1e6,
+                      double(st.staged_chunks) / steps, st.staged_copy_s * 1e3 / steps,
+                      st.staged_copy_s > 0 ? double(st.staged_bytes) / st.staged_copy_s / 1e9 : 0.0,
+                      100.0 * st.staged_copy_s / steps / step_s));
   };
 
   // prefill: a warm-up run of the same length, then the timed one (fresh sequences)

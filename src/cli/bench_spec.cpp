@@ -1,11 +1,15 @@
 // `dsv4 bench spec -m DIR | --config CFG --load-format dummy [--batch 1,8] [--draft 1,2,3,4] [-n N] [--json]`:
-// speculative decoding with the MTP module (engine/spec_decode.h) against plain decoding, through the EngineLoop:
+// speculative decoding with the checkpoint's drafter (the MTP module or the DSpark drafter, engine/spec_decode.h)
+// against plain decoding, through the EngineLoop:
 // per batch size B, B greedy requests of N tokens (EOS ignored) without speculation and with k drafts per step;
 // decode tok/s (timed from the end of the first step, which prefills the short prompts and samples every request's
 // first token; the fastest of --repeat runs), speed-up, acceptance
 // rate (accepted / drafted), tokens per target step, the measured cost of a verify step and of the drafts per step
 // (so that the speed-up at another acceptance rate can be computed), and whether the tokens equal plain decoding.
-// Dummy weights (--load-format dummy) give a random MTP module, hence a low acceptance rate.
+// Dummy weights (--load-format dummy) give a random drafter, hence a low acceptance rate.
+// Greedy tokens must equal plain decoding where the backend guarantees it (the CPU; CUDA with --deterministic): a
+// difference there is an error. CUDA's default fast mode is batch invariant only up to 8 tokens per linear (verify
+// steps of more tokens run other GEMM kernels), so there a difference is reported, not an error.
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -111,7 +115,7 @@ int run_bench(const Opts& o) {
   const auto num = parse_numerics(o.numerics);
   if (!num) fail("bench spec: --numerics must be reference or dense (got '{}')", o.numerics);
   const std::vector<int> batches = int_list(o.batch, "--batch", 1, 256);
-  const std::vector<int> drafts = int_list(o.draft, "--draft", 1, int(StateLayout::kMaxDraft));
+  const std::vector<int> drafts = int_list(o.draft, "--draft", 1, int(StateLayout::kMaxDraftLimit));
   std::string fmt_ = o.load_format;
   if (fmt_ == "auto") fmt_ = o.config.empty() ? "safetensors" : "dummy";
   if (fmt_ != "dummy" && fmt_ != "safetensors") fail("bench spec: --load-format must be auto, dummy or safetensors");
@@ -120,7 +124,7 @@ int run_bench(const Opts& o) {
   ModelOptions mo;
   mo.numerics = *num;
   mo.device = resolve_device(o.device);
-  mo.mtp = true;
+  mo.drafter = true;
   std::shared_ptr<const Model> m;
   std::shared_ptr<const Tokenizer> tok;
   if (fmt_ == "dummy") {
@@ -138,10 +142,13 @@ int run_bench(const Opts& o) {
   out["model"] = o.model.empty() ? o.config : o.model;
   out["load_format"] = fmt_;
   out["device"] = m->backend().description();
+  out["drafter"] = m->drafter() == StateLayout::Drafter::dspark ? "dspark" : "mtp";
   out["numerics"] = o.numerics;
   out["tokens_per_request"] = o.n;
   out["repeat"] = o.repeat;
   out["runs"] = nlohmann::json::array();
+  const bool exact = m->backend().device().is_cpu() || cuda_deterministic();
+  out["deterministic"] = exact;
   for (int B : batches) {
     std::vector<std::vector<int32_t>> prompts;
     for (int i = 0; i < B; ++i) {
@@ -181,7 +188,7 @@ int run_bench(const Opts& o) {
                       "step, verify step {:.2f} ms, drafts {:.2f} ms per step, tokens {}",
                       B, k, tps, tps / base_tps, r.accepted, r.drafted, 100 * acc, per_step,
                       1e3 * verify_s / double(r.steps), 1e3 * r.draft_seconds / double(r.steps),
-                      same ? "identical" : "DIFFERENT"));
+                      same ? "identical" : exact ? "DIFFERENT" : "different (fast CUDA mode: not batch invariant here)"));
       out["runs"].push_back({{"batch", B},
                              {"draft", k},
                              {"decode_tokens_per_s", tps},
@@ -194,7 +201,7 @@ int run_bench(const Opts& o) {
                              {"verify_ms_per_step", 1e3 * verify_s / double(r.steps)},
                              {"draft_ms_per_step", 1e3 * r.draft_seconds / double(r.steps)},
                              {"identical_to_plain", same}});
-      if (!same) fail("bench spec: batch {} k={}: greedy tokens differ from plain decoding", B, k);
+      if (!same && exact) fail("bench spec: batch {} k={}: greedy tokens differ from plain decoding", B, k);
     }
   }
   if (o.json) std::printf("%s\n", out.dump(2).c_str());

@@ -4,14 +4,16 @@
 //        and a parallel read-only sweep ("read"), in the same run;
 //     2. decode: one token through one V4-Flash MoE layer's active weights — 6 routed experts (FP4 w1/w3 [2048,4096],
 //        w2 [4096,2048], E8M0 per 32) + the shared expert (FP8 128x128 blocks) — with the reference quantization
-//        (act_quant per 128, bf16 outputs); reports weight-streaming GB/s and its % of the copy bandwidth;
+//        (act_quant per 128, bf16 outputs), through the CPU backend's MoE op (CpuOps::moe; also as one linear() per
+//        product, decode_moe_layer_per_linear); reports weight-streaming GB/s and its % of the copy bandwidth;
 //        plus the BF16 lm head GEMV [129280, 4096] (fp32 logits) unless --no-head;
 //     3. prefill: a T-token chunk through the same layer (T*6/256 tokens per routed expert, all 256 experts + shared),
 //        reporting tokens/s, GFLOP/s and % of the fp32 FMA peak measured in the same run (FMA chains on every thread).
 //   dsv4 bench structured -m DIR [-n N] [--threads T] [--repeat R] [--json]   (src/cli/bench_structured.cpp)
 //     decode ms/token of a real model without and with a JSON-schema constraint (cold and cached grammar).
 //   dsv4 bench spec -m DIR [--batch 1,8] [--draft 1,2,3,4] [-n N] [--json]   (src/cli/bench_spec.cpp)
-//     speculative decoding with the MTP module: acceptance rate, speed-up, verify / draft step costs.
+//     speculative decoding with the checkpoint's drafter (MTP or DSpark): acceptance rate, speed-up, verify / draft
+//     step costs.
 //   Weights are random bytes in the official formats (no checkpoint needed). Each decode token uses a different set of
 //   experts among --experts-alloc allocated ones, so weights stream from memory, not from the caches.
 // Hook: add another benchmark kind (e.g. `dsv4 bench layer`, model engineer) as one more entry of kBenchKinds below.
@@ -33,6 +35,7 @@
 
 #include "backend/act_quant.h"
 #include "backend/cpu_features.h"
+#include "backend/cpu_ops.h"
 #include "backend/gemm.h"
 #include "cli/numerics_option.h"
 #include "cli/bench_structured.h"
@@ -288,36 +291,62 @@ int run_gemm_bench(const GemmBenchOpts& o) {
   }
   std::vector<float> g, up, y, acc(static_cast<size_t>(D));
 
-  // decode: one token, 6 routed experts (a different set each step) + shared
+  // decode: one token through the CPU backend's MoE op (CpuOps::moe: the routed experts' and the shared expert's
+  // products batched over the pool, the combine), 6 routed experts (a different set each step) + shared
   const size_t layer_bytes = topk * experts[0].bytes() + shared.bytes();
-  int64_t steps = 0;
+  std::vector<ExpertView> views(static_cast<size_t>(o.experts_alloc));
+  for (int e = 0; e < o.experts_alloc; ++e) views[e] = ExpertView{experts[e].w1.g, experts[e].w2.g, experts[e].w3.g};
+  const ExpertView shared_view{shared.w1.g, shared.w2.g, shared.w3.g};
+  MoeWeights mw;
+  mw.experts = views.data();
+  mw.n_experts = o.experts_alloc;
+  mw.shared = &shared_view;
+  static const CpuOps cpu_ops;
+  auto measure = [&](auto&& step_fn) {  // seconds per token, after a 0.2 s warm-up
+    double t = 0;
+    for (int warm = 0; warm < 2; ++warm) {
+      int64_t steps = 0;
+      const auto t0 = Clock::now();
+      do step_fn(), ++steps;
+      while (seconds_since(t0) < (warm == 0 ? 0.2 : o.seconds));
+      t = seconds_since(t0) / static_cast<double>(steps);
+    }
+    return t;
+  };
   int next = 0;
-  double t_dec = 0;
-  for (int warm = 0; warm < 2; ++warm) {
-    steps = 0;
-    const auto t0 = Clock::now();
-    do {
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int k = 0; k < topk; ++k) {
-        run_expert(experts[next], x.data(), 1, lo, g, up, y);
-        next = (next + 1) % o.experts_alloc;
-        for (int64_t d = 0; d < D; ++d) acc[d] += y[d];
-      }
-      run_expert(shared, x.data(), 1, lo, g, up, y);
-      ++steps;
-    } while (seconds_since(t0) < (warm == 0 ? 0.2 : o.seconds));
-    t_dec = seconds_since(t0) / static_cast<double>(steps);
-  }
+  std::vector<int32_t> ids(topk);
+  std::vector<float> wts(topk, 1.0f / topk);
+  const double t_dec = measure([&] {
+    for (int k = 0; k < topk; ++k) ids[k] = (next + k) % o.experts_alloc;
+    next = (next + topk) % o.experts_alloc;
+    cpu_ops.moe(mw, x.data(), 1, ids.data(), wts.data(), topk, 10.0f, lo, true, acc.data());
+  });
+  // the same layer as one linear() per product (and an OpenMP SwiGLU per expert), the measure before the MoE op was
+  // batched (bench results up to a14bd3b)
+  const double t_lin = measure([&] {
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int k = 0; k < topk; ++k) {
+      run_expert(experts[next], x.data(), 1, lo, g, up, y);
+      next = (next + 1) % o.experts_alloc;
+      for (int64_t d = 0; d < D; ++d) acc[d] += y[d];
+    }
+    run_expert(shared, x.data(), 1, lo, g, up, y);
+  });
   const double dec_gbs = static_cast<double>(layer_bytes) / t_dec / 1e9;
+  const double lin_gbs = static_cast<double>(layer_bytes) / t_lin / 1e9;
   out["decode_moe_layer"] = {{"bytes", layer_bytes},
                              {"ms_per_token", t_dec * 1e3},
                              {"GBps", dec_gbs},
                              {"pct_of_copy", 100.0 * dec_gbs / bw.copy_gbs},
                              {"pct_of_read", 100.0 * dec_gbs / bw.read_gbs}};
+  out["decode_moe_layer_per_linear"] = {{"ms_per_token", t_lin * 1e3},
+                                        {"GBps", lin_gbs},
+                                        {"pct_of_copy", 100.0 * lin_gbs / bw.copy_gbs}};
   say(fmt::format(
-      "decode MoE layer (6 routed FP4 + shared FP8, {:.1f} MB/token): {:.3f} ms/token, {:.1f} GB/s "
-      "= {:.0f}% of copy, {:.0f}% of read bandwidth",
-      layer_bytes / 1e6, t_dec * 1e3, dec_gbs, 100.0 * dec_gbs / bw.copy_gbs, 100.0 * dec_gbs / bw.read_gbs));
+      "decode MoE layer (CpuOps::moe, 6 routed FP4 + shared FP8, {:.1f} MB/token): {:.3f} ms/token, {:.1f} GB/s "
+      "= {:.0f}% of copy, {:.0f}% of read bandwidth; as one linear() per product: {:.3f} ms/token, {:.1f} GB/s",
+      layer_bytes / 1e6, t_dec * 1e3, dec_gbs, 100.0 * dec_gbs / bw.copy_gbs, 100.0 * dec_gbs / bw.read_gbs,
+      t_lin * 1e3, lin_gbs));
 
   // per-format GEMV rates (same weights; FP4 routed only / FP8 shared only)
   {
@@ -476,7 +505,7 @@ const BenchKind kBenchKinds[] = {
     {"structured", "decode ms/token of a model with and without a JSON-schema constraint", setup_bench_structured},
     {"serve", "aggregate tokens/s of the HTTP server at several numbers of concurrent clients (--clients 1,8)",
      setup_bench_serve},
-    {"spec", "speculative decoding with the MTP module: acceptance rate, speed-up, verify and draft step costs",
+    {"spec", "speculative decoding with the checkpoint's drafter: acceptance rate, speed-up, verify and draft step costs",
      setup_bench_spec},
 };
 

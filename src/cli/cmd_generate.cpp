@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "engine/engine.h"
 #include "engine/model_loader.h"
+#include "model/state_layout.h"
 
 namespace {
 
@@ -82,8 +83,9 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
   dsv4::cli::add_numerics_option(app, o->numerics, "reference | dense (default reference)");
   app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")->check(CLI::Range(0, 4096));
   app.add_option("--spec-draft", o->spec_draft,
-                 "speculative decoding: draft tokens per step with the model's MTP module (1-4; default 0: off)")
-      ->check(CLI::Range(0, 4));
+                 "speculative decoding: draft tokens per step with the checkpoint's drafter (its MTP module: 1-4; a "
+                 "DSpark drafter: 1 .. its block size; default 0: off)")
+      ->check(CLI::Range(0, int(dsv4::StateLayout::kMaxDraftLimit)));
   dsv4::cli::add_device_option(app, o->device);
   dsv4::cli::add_placement_options(app, o->placement);
   app.add_option("--ctx", o->ctx, "context size in tokens (default 0: the model's maximum)")

@@ -54,7 +54,8 @@ std::string schedule_str(const ModelConfig& c) {
     s += fmt::format("{}{}{}:{}", s.empty() ? "" : " ", l, e > l ? "-" + std::to_string(e) : "", c.compress_ratios[l]);
     l = e + 1;
   }
-  for (int k = 0; k < c.num_mtp_layers(); ++k) s += fmt::format(" mtp{}:{}", k, c.compress_ratios[n + k]);
+  for (int k = 0; k < c.num_draft_layers(); ++k)
+    s += fmt::format(" {}{}:{}", c.dspark.present ? "dspark" : "mtp", k, c.compress_ratios[n + k]);
   return s;
 }
 
@@ -98,6 +99,11 @@ int run_info(const InfoOpts& o) {
   // GPU memory of the CUDA backend: the main (non-MTP) tensors as stored, tid2eid as int32, plus the workspace and
   // first-sequence allowance the loader checks for (model/model.cpp); state per sequence on top (below).
   uint64_t gpu_weights = s.bytes_main;
+  // the drafter that --spec-draft would run (model/speculation.h, docs/dspark.md)
+  const bool dspark = cfg.dspark.present && w.dspark.bound();
+  const bool mtp = !w.mtp.empty();
+  const char* drafter = dspark ? "dspark" : mtp ? "mtp" : "none";
+  const int max_draft = dspark ? cfg.dspark.block_size : mtp ? int(StateLayout::kMaxMtpDraft) : 0;
   for (const auto& L : w.layers)
     if (L.ffn.tid2eid.bound() && L.ffn.tid2eid.fmt == WeightFormat::I64) gpu_weights -= L.ffn.tid2eid.w->nbytes / 2;
   const uint64_t gpu_needed = gpu_weights + (uint64_t(1) << 30);
@@ -111,6 +117,12 @@ int run_info(const InfoOpts& o) {
     j["num_mtp_layers"] = cfg.num_mtp_layers();
     j["mtp_bound"] = !w.mtp.empty();
     j["dspark_drafter"] = cfg.dspark.present;
+    j["drafter"] = drafter;
+    j["max_spec_draft"] = max_draft;
+    if (cfg.dspark.present)
+      j["dspark"] = {{"block_size", cfg.dspark.block_size},       {"stages", cfg.dspark.n_stages},
+                     {"target_layer_ids", cfg.dspark.target_layer_ids}, {"markov_rank", cfg.dspark.markov_rank},
+                     {"noise_token_id", cfg.dspark.noise_token_id}, {"bound", w.dspark.bound()}};
     j["compress_ratios"] = cfg.compress_ratios;
     j["layer_kinds"] = {{"sliding_window", n_swa}, {"csa_ratio4", n_csa}, {"hca_ratio128", n_hca}};
     j["num_hash_layers"] = cfg.num_hash_layers;
@@ -179,10 +191,25 @@ int run_info(const InfoOpts& o) {
   std::printf("model        %s\n", dir.string().c_str());
   std::printf("architecture %s (%s)%s\n", cfg.model_type.c_str(),
               cfg.architectures.empty() ? "-" : cfg.architectures[0].c_str(),
-              cfg.dspark.present ? ", mtp.* = DSpark drafter (unused)" : "");
-  std::printf("layers       %d main + %d MTP: %d sliding-window only, %d CSA (ratio 4), %d HCA (ratio 128); "
+              cfg.dspark.present ? ", mtp.* = DSpark drafter" : "");
+  std::printf("layers       %d main + %d %s: %d sliding-window only, %d CSA (ratio 4), %d HCA (ratio 128); "
               "hash-routed: first %d\n",
-              cfg.num_hidden_layers, cfg.num_mtp_layers(), n_swa, n_csa, n_hca, cfg.num_hash_layers);
+              cfg.num_hidden_layers, cfg.num_draft_layers(), cfg.dspark.present ? "DSpark stages" : "MTP", n_swa, n_csa,
+              n_hca, cfg.num_hash_layers);
+  if (dspark) {
+    std::string t;
+    for (int id : cfg.dspark.target_layer_ids) t += (t.empty() ? "" : ",") + std::to_string(id);
+    std::printf("drafter      DSpark (mtp.*): %d stages, block %d, target layers %s, Markov rank %d, noise token %lld; "
+                "--spec-draft 1-%d\n",
+                cfg.dspark.n_stages, cfg.dspark.block_size, t.c_str(), cfg.dspark.markov_rank,
+                (long long)cfg.dspark.noise_token_id, max_draft);
+  } else if (mtp) {
+    std::printf("drafter      MTP module (mtp.0): --spec-draft 1-%d\n", max_draft);
+  } else {
+    std::printf("drafter      none (%s): no --spec-draft\n",
+                cfg.num_draft_layers() > 0 ? "the config names one but the checkpoint has no mtp.* tensors"
+                                           : "the config has no MTP layer and no dspark_* keys");
+  }
   std::printf("schedule     %s\n", schedule_str(cfg).c_str());
   std::printf("dims         hidden %lld, %d heads x %d (rope %d), q_lora %lld, o %d groups x %lld, window %d, "
               "vocab %lld, context %lld\n",
@@ -194,7 +221,8 @@ int run_info(const InfoOpts& o) {
               cfg.n_routed_experts, cfg.num_experts_per_tok, (long long)cfg.moe_intermediate_size,
               cfg.n_shared_experts, cfg.scoring_func.c_str(), cfg.routed_scaling_factor, cfg.index_n_heads,
               cfg.index_head_dim, cfg.index_topk, cfg.hc_mult);
-  std::printf("params       %s main (%s), %s with MTP (%s), %s active per token\n", gb(double(s.params_main)).c_str(),
+  std::printf("params       %s main (%s), %s with the drafter (%s), %s active per token\n",
+              gb(double(s.params_main)).c_str(),
               group3(s.params_main).c_str(), gb(double(s.params_total)).c_str(), group3(s.params_total).c_str(),
               gb(double(s.params_active)).c_str());
   std::string by;

@@ -25,10 +25,12 @@
 #include "cli/byte_size.h"
 #include "cli/command.h"
 #include "cli/device_option.h"
+#include "cli/kv_memory_check.h"
 #include "cli/placement_option.h"
 #include "core/error.h"
 #include "engine/batch_model.h"
 #include "engine/model_loader.h"
+#include "model/state_layout.h"
 #include "model/model.h"
 #include "server/auth.h"
 #include "server/server.h"
@@ -72,8 +74,9 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
   dsv4::cli::add_numerics_option(app, o->numerics, "reference | dense (default reference)");
   app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")->check(CLI::Range(0, 4096));
   app.add_option("--spec-draft", o->spec_draft,
-                 "speculative decoding: draft tokens per step with the model's MTP module (1-4; default 0: off)")
-      ->check(CLI::Range(0, 4));
+                 "speculative decoding: draft tokens per step with the checkpoint's drafter (its MTP module: 1-4; a "
+                 "DSpark drafter: 1 .. its block size; default 0: off)")
+      ->check(CLI::Range(0, int(dsv4::StateLayout::kMaxDraftLimit)));
   dsv4::cli::add_device_option(app, o->device);
   dsv4::cli::add_placement_options(app, o->placement);
   app.add_option("--model-name", o->model_name, "model id reported by the API (default: the folder name)");
@@ -107,8 +110,18 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
     // reports what changes in between.
     if (const std::string why = probe_listen(o->host, o->port); !why.empty())
       fail("cannot listen on {}:{}: {}", o->host, o->port, why);
-    std::fprintf(stderr, "loading %s ...\n", o->model.c_str());
     const Device device = dsv4::cli::resolve_device(o->device);
+    {  // an impossible absolute --kv-memory (or a CPU fraction of 1G) is an error before the model loads
+      const bool on_gpu = device.kind != DeviceKind::cpu;
+      const int64_t running = o->parallel > 0 ? o->parallel : on_gpu ? 256 : 16;
+      const cli::ByteSize kv = kv_arg ? *kv_arg : on_gpu ? cli::ByteSize(cli::Fraction{0.9}) : cli::ByteSize(uint64_t(1) << 30);
+      if (const auto* b = std::get_if<uint64_t>(&kv))
+        cli::check_kv_memory_early(o->model, *b, running, o->spec_draft > 0);
+      else if (!on_gpu)
+        cli::check_kv_memory_early(o->model, uint64_t(std::get<cli::Fraction>(kv).value * double(uint64_t(1) << 30)),
+                                   running, o->spec_draft > 0);
+    }
+    std::fprintf(stderr, "loading %s ...\n", o->model.c_str());
     LoadedModel lm = load_model(o->model, o->numerics, o->threads, device, o->spec_draft, o->placement);
     std::fprintf(stderr, "device: %s\n", lm.device.c_str());
     if (!lm.tokenizer) fail("{}: no tokenizer.json (the server needs one)", o->model);

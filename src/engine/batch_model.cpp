@@ -27,7 +27,7 @@ class ModelBatch final : public BatchModel {
   int32_t bos_id() const override { return m_->bos_id(); }
   int32_t eos_id() const override { return m_->eos_id(); }
   int64_t max_context() const override { return m_->max_context(); }
-  StateLayout state_layout(bool mtp) const override { return m_->state_layout(mtp); }
+  StateLayout state_layout(bool drafter) const override { return m_->state_layout(drafter); }
   // weights, numerics, state layout, device kind and disk format (engine/cache_identity.h): never share blocks across
   // models whose rows differ
   uint64_t state_salt() const override { return cache_identity(*m_); }

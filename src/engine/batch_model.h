@@ -39,14 +39,14 @@ class BatchModel {
   virtual int32_t eos_id() const = 0;
   virtual int64_t max_context() const = 0;
   // Bytes of a slot, a page and a snapshot as stored (pool sizing).
-  // (mtp: with the MTP module's layer, for speculative decoding)
-  virtual StateLayout state_layout(bool mtp = false) const = 0;
+  // (drafter: with the drafter's layers and speculation rows, for speculative decoding)
+  virtual StateLayout state_layout(bool drafter = false) const = 0;
   // Distinguishes models whose state rows differ (numerics, layout version): prefix-cache blocks are never shared
   // across different salts.
   virtual uint64_t state_salt() const = 0;
   // Throws dsv4::Error when the device memory does not suffice.
   virtual std::unique_ptr<BatchState> make_state(const StatePoolOptions& o) const = 0;
-  // The DeepSeek V4 model behind it (speculative decoding runs its MTP module), or nullptr (test doubles).
+  // The DeepSeek V4 model behind it (speculative decoding runs its drafter), or nullptr (test doubles).
   virtual const Model* deepseek_model() const { return nullptr; }
   // One step: the wanted logits go to `sink` (non-finite ones flagged), snapshots are taken. Throws dsv4::Error on an
   // invalid batch. Called from one thread at a time.

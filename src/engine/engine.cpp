@@ -36,7 +36,7 @@ Engine::Engine(std::shared_ptr<const LanguageModel> model, int64_t n_ctx, int64_
   if (n_ctx_ < 1 || n_ctx_ > model_->max_context())
     fail("context size {} out of range [1, {}] (the model's max_position_embeddings)", n_ctx_, model_->max_context());
   if (prefill_chunk_ < 1) fail("prefill chunk must be positive, got {}", prefill_chunk_);
-  if (const auto* m = dynamic_cast<const Model*>(model_.get()); m && m->options().spec_draft > 0 && m->has_mtp()) {
+  if (const auto* m = dynamic_cast<const Model*>(model_.get()); m && m->options().spec_draft > 0 && m->has_drafter()) {
     spec_model_ = m;
     spec_k_ = m->options().spec_draft;
   }

@@ -15,7 +15,7 @@
 // the request's TokenConstraint masks them, then the sampler picks a token, which the constraint is told about.
 //
 // Speculative decoding: a dsv4::Model loaded with ModelOptions::spec_draft > 0 drafts that many tokens per step
-// with its MTP module and verifies them in one step (engine/spec_decode.h; same tokens for greedy requests, the
+// with its drafter and verifies them in one step (engine/spec_decode.h; same tokens for greedy requests, the
 // same distribution for sampled ones; log-probabilities and constraints as without it). The speculative path
 // keeps no sequence between requests (no prefix reuse).
 //

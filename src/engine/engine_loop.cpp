@@ -106,11 +106,15 @@ EngineLoop::EngineLoop(std::shared_ptr<const BatchModel> model, const EngineLoop
   if (o.n_ctx < 0) fail("engine loop: n_ctx must be >= 0 (got {})", o.n_ctx);
   n_ctx_ = o.n_ctx == 0 ? max_ctx : std::min(o.n_ctx, max_ctx);
   if (o.max_running < 1) fail("engine loop: max_running must be >= 1 (got {})", o.max_running);
-  if (o.spec_draft < 0 || o.spec_draft > StateLayout::kMaxDraft)
-    fail("--spec-draft must be in [0, {}] (got {})", StateLayout::kMaxDraft, o.spec_draft);
+  if (o.spec_draft < 0 || o.spec_draft > StateLayout::kMaxDraftLimit)
+    fail("--spec-draft must be in [0, {}] (got {})", StateLayout::kMaxDraftLimit, o.spec_draft);
   const Model* v4 = model_->deepseek_model();
-  if (o.spec_draft > 0 && (!v4 || !v4->has_mtp()))
-    fail("--spec-draft needs the model's MTP module (loaded with ModelOptions::mtp)");
+  if (o.spec_draft > 0 && (!v4 || !v4->has_drafter()))
+    fail("--spec-draft needs the model's drafter, the MTP module or the DSpark drafter (loaded with "
+         "ModelOptions::drafter)");
+  if (o.spec_draft > 0 && o.spec_draft > v4->max_draft())
+    fail("--spec-draft {}: the model's {} drafts at most {} tokens per step", o.spec_draft,
+         v4->drafter() == StateLayout::Drafter::dspark ? "DSpark drafter" : "MTP module", v4->max_draft());
   const StateLayout L = model_->state_layout(o.spec_draft > 0);
   int64_t n_pages = o.n_pages, n_snaps = o.n_snapshots;
   if (n_pages <= 0) {
@@ -136,7 +140,7 @@ EngineLoop::EngineLoop(std::shared_ptr<const BatchModel> model, const EngineLoop
   PrefixCache::Options co;
   co.n_pages = n_pages;
   co.n_snapshots = n_snaps;
-  // snapshots with the MTP layer's row differ from those without: never share blocks across them
+  // snapshots with the drafter's rows differ from those without: never share blocks across them
   co.salt = model_->state_salt() ^ (o.spec_draft > 0 ? uint64_t(1) << 40 : 0);
   cache_ = std::make_unique<PrefixCache>(co);
   if (!o.cache_dir.empty()) {
@@ -313,7 +317,7 @@ void EngineLoop::run_step() {
         const SamplingParams& sp = smp.params();
         if (!lv.req.constraint && sp.greedy() && sp.repetition_penalty == 1.0f && sp.presence_penalty == 0.0f &&
             sp.frequency_penalty == 0.0f) {
-          o.token = argmax_no_nan(lg);  // what sample() computes for these parameters (finite logits), faster
+          o.token = argmax(lg);  // what sample() computes for these parameters, without copying the logits
         } else {
           scratch.assign(lg.begin(), lg.end());
           if (lv.req.constraint) lv.req.constraint->apply(scratch);  // the request's own mask (batch invariant)
@@ -440,7 +444,7 @@ void EngineLoop::draft_next(const std::vector<uint64_t>& ids, const std::map<uin
   const auto t0 = std::chrono::steady_clock::now();
   try {
     spec_->draft(wants, *sched_, [&](uint64_t id) { return spec_request(id); }, model_->eos_id());
-  } catch (const Error& e) {  // the MTP state of these sequences is unknown: end them
+  } catch (const Error& e) {  // the drafter state of these sequences is unknown: end them
     log::warn("draft step failed: {}", e.what());
     for (const auto& w : wants) end(w.id, StreamEnd::error, std::string("draft step failed: ") + e.what());
   }

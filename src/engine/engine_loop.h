@@ -56,8 +56,8 @@ struct EngineLoopOptions {
   // EngineLoop on the same directory. Empty: no disk tier.
   std::string cache_dir;
   uint64_t cache_size = uint64_t(16) << 30;
-  // Speculative decoding with the MTP module (--spec-draft, engine/spec_decode.h): draft tokens per step, 0 = off,
-  // 1 .. StateLayout::kMaxDraft (the model must be loaded with ModelOptions::mtp).
+  // Speculative decoding with the model's drafter (--spec-draft, engine/spec_decode.h): draft tokens per step, 0 =
+  // off, 1 .. Model::max_draft() (the model must be loaded with ModelOptions::drafter).
   int spec_draft = 0;
 };
 

@@ -1,7 +1,8 @@
 // Engine::generate with speculative decoding (engine.h, engine/spec_decode.h): one sequence in a private state
-// pool with the MTP layer; prefill in chunks of the engine's grid, then rounds of draft (MTP, up to k tokens),
-// verify (one step of 1 + k tokens, logits of all) and rollback of the rejected positions. Per emitted token the
-// same bookkeeping as the plain path: log-probabilities of the raw logits, EOS, stop strings, callbacks, limits.
+// pool with the drafter's layers; prefill in chunks of the engine's grid, then rounds of draft (MTP or DSpark, up to
+// k tokens), verify (one step of 1 + k tokens, logits of all) and rollback of the rejected positions. Per emitted
+// token the same bookkeeping as the plain path: log-probabilities of the raw logits, EOS, stop strings, callbacks,
+// limits.
 #include <algorithm>
 #include <chrono>
 #include <optional>

@@ -34,6 +34,8 @@ LoadedModel load_model(const std::filesystem::path& dir, const std::string& nume
   auto model = Model::load(dir, mo);
   out.device = model->backend().description();
   if (placement.any()) out.device += "; " + model->placement().summary();
+  if (const SplitMoe* sm = model->split_moe(); sm && sm->stage_min_tokens() > 0)
+    out.device += fmt::format("; calls of >= {} tokens run them on the device (staged)", sm->stage_min_tokens());
   out.model = std::move(model);
   const auto tj = dir / "tokenizer.json";
   if (std::filesystem::exists(tj)) {

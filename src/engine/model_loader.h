@@ -20,8 +20,8 @@ struct LoadedModel {
 };
 
 // numerics: "reference" | "dense"; threads: CPU compute threads (<= 0: all cores); device: where the model runs;
-// spec_draft: draft tokens per step of speculative decoding with the MTP module (0: off; > 0 loads the MTP module,
-// and the engines built on the model speculate); placement: routed experts on the device or the CPU
+// spec_draft: draft tokens per step of speculative decoding with the checkpoint's drafter, the MTP module or the
+// DSpark drafter (0: off; > 0 loads the drafter, and the engines built on the model speculate); placement: routed experts on the device or the CPU
 // (model/expert_placement.h).
 // Throws dsv4::Error for a missing folder, bad numerics name, an unusable device, a model that does not fit, or any
 // load failure (message names the file).

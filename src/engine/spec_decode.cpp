@@ -145,9 +145,11 @@ VerifyOutcome verify_drafts(Sampler& smp, std::span<const int32_t> drafts, const
 }
 
 SpecDecoder::SpecDecoder(const Model& model, StatePool& pool, int k) : model_(model), pool_(pool), k_(k) {
-  if (k < 1 || k > StateLayout::kMaxDraft) fail("--spec-draft must be in [0, {}] (got {})", StateLayout::kMaxDraft, k);
-  if (!model.has_mtp()) fail("speculative decoding needs the model's MTP module (load it with ModelOptions::mtp)");
-  if (!pool.layout().has_mtp()) fail("internal: speculative decoding needs a state pool with the MTP layer");
+  if (!model.has_drafter())
+    fail("speculative decoding needs the model's drafter (load it with ModelOptions::drafter)");
+  if (k < 1 || k > model.max_draft()) fail("--spec-draft must be in [0, {}] (got {})", model.max_draft(), k);
+  if (pool.layout().drafter != model.drafter())
+    fail("internal: speculative decoding needs a state pool with the drafter's layers");
   if (model.options().ubatch < k + 1)
     fail("speculative decoding with {} drafts needs a ubatch of at least {} tokens (got {})", k, k + 1,
          model.options().ubatch);

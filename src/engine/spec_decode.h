@@ -1,13 +1,14 @@
-// Speculative decoding with the MTP module inside the EngineLoop (issue 13; model side: model/speculation.h).
+// Speculative decoding with the checkpoint's drafter (the MTP module or the DSpark drafter) inside the EngineLoop
+// (issue 13; model side: model/speculation.h, docs/dspark.md).
 //
 // Per running request with --spec-draft k (EngineLoopOptions::spec_draft), after every step that gave it a token
-// x_P: draft() proposes up to k tokens d_1..d_k with the MTP module (fewer near max_tokens / n_ctx; sequences of one
+// x_P: draft() proposes up to k tokens d_1..d_k with the drafter (fewer near max_tokens / n_ctx; sequences of one
 // step may have different counts). Its next decode item becomes a verify step [x_P, d_1..d_k] (prepare()); the
 // target's k + 1 distributions decide (resolve()):
 //   greedy (temperature 0): d_{j+1} is accepted while it equals the target's argmax at P + j (penalties applied),
 //     then the target's token at the first mismatch (or after the last draft) is emitted: exactly the tokens of
 //     decoding without speculation;
-//   sampled: standard rejection sampling — d_{j+1} ~ q_j (the MTP logits under the same sampling transforms as the
+//   sampled: standard rejection sampling — d_{j+1} ~ q_j (the draft logits under the same sampling transforms as the
 //     target: penalties with the tentative history, temperature, min-p, top-k, top-p) is accepted with probability
 //     min(1, p_j(d) / q_j(d)); the first rejection emits a token of the normalized residual max(0, p_j - q_j); if all
 //     are accepted, a token of p_k. The output distribution equals sampling without speculation; the request's seed
@@ -51,12 +52,12 @@ struct DraftTokens {
   std::vector<int32_t> tokens;           // d_1, d_2, ...
   std::vector<std::vector<float>> q;     // their draft distributions (sampled requests)
   std::vector<int32_t> tentative;        // tokens the sampler holds tentatively (penalties of later drafts)
-  // A copy of the request's TokenConstraint (TokenConstraint::clone), advanced by each draft: masks the MTP logits
+  // A copy of the request's TokenConstraint (TokenConstraint::clone), advanced by each draft: masks the draft logits
   // so that the drafts follow the constraint too (more of them accepted). Null: unmasked (the verify still masks).
   std::unique_ptr<TokenConstraint> constraint;
 };
-// The next draft from MTP logits (masked by d.constraint): greedy requests the argmax after penalties, sampled ones
-// a draw from q (the MTP distribution under the request's sampling transforms, kept in d.q). The sampler accepts it
+// The next draft from draft logits (masked by d.constraint): greedy requests the argmax after penalties, sampled ones
+// a draw from q (the draft distribution under the request's sampling transforms, kept in d.q). The sampler accepts it
 // tentatively until finish_drafts(). Throws dsv4::Error when d.constraint refuses it (nothing recorded then).
 int32_t next_draft(Sampler& smp, std::span<const float> logits, DraftTokens& d);
 void finish_drafts(Sampler& smp, DraftTokens& d);
@@ -91,7 +92,7 @@ using SpecRequestOf = std::function<SpecRequest(uint64_t)>;
 
 class SpecDecoder {
  public:
-  // Throws dsv4::Error when k is outside [1, StateLayout::kMaxDraft] or the model was loaded without its MTP module.
+  // Throws dsv4::Error when k is outside [1, model.max_draft()] or the model was loaded without its drafter.
   SpecDecoder(const Model& model, StatePool& pool, int k);
   int k() const { return k_; }
 
@@ -116,7 +117,7 @@ class SpecDecoder {
 
   struct Want {
     uint64_t id = 0;
-    int n_draft = 0;               // 0: only the MTP row of the last position (no drafts)
+    int n_draft = 0;               // 0: only the MTP row of the last position (no drafts; DSpark: nothing)
     int64_t snapshot = -1;         // a snapshot the step took after the last computed position (DraftSeq)
   };
   // Drafts for sequences that just got a token (their last token not computed yet), in one batched draft() call.

@@ -138,27 +138,43 @@ ModelConfig parse_config(const json& j, const std::string& origin) {
   c.sliding_window = static_cast<int>(r.i64("sliding_window", 1, 1 << 24));
   c.num_nextn_predict_layers = static_cast<int>(r.i64_or("num_nextn_predict_layers", 0, 0, 64));
 
-  // dspark_* keys (0731 / 0813 releases): the mtp.* tensors are a DSpark drafter.
+  // dspark_* keys (0731 / 0813 releases): the mtp.* tensors are a DSpark drafter (docs/dspark.md).
   for (auto it = j.begin(); it != j.end(); ++it)
     if (it.key().rfind("dspark_", 0) == 0) c.dspark.present = true;
   if (c.dspark.present) {
-    c.dspark.block_size = static_cast<int>(r.i64_or("dspark_block_size", 0, 0, 1 << 16));
-    c.dspark.markov_rank = static_cast<int>(r.i64_or("dspark_markov_rank", 0, 0, 1 << 20));
-    c.dspark.noise_token_id = r.i64_or("dspark_noise_token_id", -1, -1, kBig);
-    if (const json* t = r.get("dspark_target_layer_ids")) {
-      if (!t->is_array()) r.bad("dspark_target_layer_ids", "expected an array of integers");
-      for (const auto& v : *t)
-        c.dspark.target_layer_ids.push_back(
-            static_cast<int>(Reader::as_int(r, "dspark_target_layer_ids", v, 0, c.num_hidden_layers - 1)));
+    c.dspark.block_size = static_cast<int>(r.i64("dspark_block_size", 1, 64));
+    c.dspark.markov_rank = static_cast<int>(r.i64("dspark_markov_rank", 1, 1 << 16));
+    c.dspark.noise_token_id = r.i64("dspark_noise_token_id", 0, c.vocab_size - 1);
+    const json& t = r.need("dspark_target_layer_ids");
+    if (!t.is_array() || t.empty()) r.bad("dspark_target_layer_ids", "expected a non-empty array of layer ids");
+    for (const auto& v : t) {
+      const int id = static_cast<int>(Reader::as_int(r, "dspark_target_layer_ids", v, 0, c.num_hidden_layers - 1));
+      if (!c.dspark.target_layer_ids.empty() && id <= c.dspark.target_layer_ids.back())
+        r.bad("dspark_target_layer_ids", "layer ids must be strictly increasing");
+      c.dspark.target_layer_ids.push_back(id);
     }
     for (auto it = j.begin(); it != j.end(); ++it)
-      if (it.key().rfind("dspark_", 0) == 0) r.used.insert(it.key());
+      if (it.key().rfind("dspark_", 0) == 0 && !r.used.count(it.key()) && it.key() != "dspark_n_routed_experts" &&
+          it.key() != "dspark_num_experts_per_tok")
+        r.bad(it.key(), "unknown DSpark key (dsv4 knows dspark_block_size, dspark_target_layer_ids, "
+                        "dspark_markov_rank, dspark_noise_token_id)");
   }
 
   {
     const json& cr = r.need("compress_ratios");
     if (!cr.is_array()) r.bad("compress_ratios", "expected an array of integers");
     for (const auto& v : cr) c.compress_ratios.push_back(static_cast<int>(Reader::as_int(r, "compress_ratios", v, 0, 1 << 20)));
+    if (c.dspark.present) {
+      // the stages follow the main layers, one entry each, window-only
+      c.dspark.n_stages = int(c.compress_ratios.size()) - c.num_hidden_layers;
+      if (c.dspark.n_stages < 1)
+        r.bad("compress_ratios", fmt::format("{} entries: a DSpark drafter needs one entry per stage after the {} main "
+                                             "layers", c.compress_ratios.size(), c.num_hidden_layers));
+      for (int s = 0; s < c.dspark.n_stages; ++s)
+        if (c.compress_ratios[size_t(c.num_hidden_layers + s)] != 0)
+          r.bad("compress_ratios", fmt::format("entry {} (DSpark stage {}) is {}: the stages are window-only (0)",
+                                               c.num_hidden_layers + s, s, c.compress_ratios[size_t(c.num_hidden_layers + s)]));
+    }
     const size_t need = size_t(c.num_hidden_layers) + size_t(c.num_mtp_layers());
     if (c.compress_ratios.size() < need)
       r.bad("compress_ratios", fmt::format("{} entries, need at least {} (num_hidden_layers {} + MTP layers {})",
@@ -170,6 +186,13 @@ ModelConfig parse_config(const json& j, const std::string& origin) {
   c.n_shared_experts = static_cast<int>(r.i64_or("n_shared_experts", 0, 0, 64));
   c.num_experts_per_tok = static_cast<int>(r.i64("num_experts_per_tok", 1, c.n_routed_experts));
   c.moe_intermediate_size = r.i64("moe_intermediate_size", 1, 1 << 20);
+  if (c.dspark.present) {  // V4.1-style stages with their own MoE size: only the main model's is supported
+    const int64_t e = r.i64_or("dspark_n_routed_experts", c.n_routed_experts, 0, 1 << 16);
+    const int64_t k = r.i64_or("dspark_num_experts_per_tok", c.num_experts_per_tok, 0, 1 << 16);
+    if ((e != 0 && e != c.n_routed_experts) || (k != 0 && k != c.num_experts_per_tok))
+      r.bad("dspark_n_routed_experts", fmt::format("DSpark stages with {} experts top-{} (the main layers: {} top-{}) "
+                                                   "are not supported", e, k, c.n_routed_experts, c.num_experts_per_tok));
+  }
   c.routed_scaling_factor = r.num_or("routed_scaling_factor", 1.0, 0.0, 1e6);
   c.scoring_func = r.str_or("scoring_func", "softmax");
   if (c.scoring_func != "sqrtsoftplus" && c.scoring_func != "softmax" && c.scoring_func != "sigmoid")
@@ -181,7 +204,7 @@ ModelConfig parse_config(const json& j, const std::string& origin) {
   if (c.hidden_act != "silu") r.bad("hidden_act", fmt::format("unsupported value '{}'", c.hidden_act));
 
   bool any_csa = false, any_compressed = false;
-  for (int l = 0; l < c.num_hidden_layers + c.num_mtp_layers(); ++l) {
+  for (int l = 0; l < c.num_hidden_layers + c.num_draft_layers(); ++l) {
     any_csa |= c.compress_ratios[l] == 4;
     any_compressed |= c.compress_ratios[l] > 0;
   }

@@ -35,14 +35,15 @@ struct QuantizationConfig {
   std::string expert_dtype;           // "fp4" | "fp8" | "" (absent: decided by the tensors' dtypes)
 };
 
-// DSpark block drafter of the 0731 / 0813 releases (spec §10.3). When present, the `mtp.*` tensors belong to the
-// drafter, which dsv4 does not run: they are accepted unchecked and not bound.
+// DSpark block drafter of the 0731 / 0813 releases (spec §10.3, docs/dspark.md). When present, the `mtp.*` tensors
+// are the drafter's `n_stages` window-only stages (no MTP module).
 struct DsparkConfig {
   bool present = false;
-  int block_size = 0;                    // dspark_block_size (5)
-  std::vector<int> target_layer_ids;     // dspark_target_layer_ids ([40,41,42])
+  int block_size = 0;                    // dspark_block_size (5): block positions per draft pass = drafts at most
+  std::vector<int> target_layer_ids;     // dspark_target_layer_ids ([40,41,42]), strictly increasing main layers
   int markov_rank = 0;                   // dspark_markov_rank (256)
-  int64_t noise_token_id = -1;           // dspark_noise_token_id (128799)
+  int64_t noise_token_id = -1;           // dspark_noise_token_id (128799), fills block positions 1 .. block_size-1
+  int n_stages = 0;                      // drafter stages: compress_ratios entries after the main layers (3)
 };
 
 struct ModelConfig {
@@ -61,8 +62,8 @@ struct ModelConfig {
   int64_t o_lora_rank = 0;               // 1024 (per output group)
   int o_groups = 0;                      // G = 8
   int sliding_window = 0;                // W = 128 raw KV rows kept per layer
-  // One ratio per layer: [0, num_hidden_layers) main layers, then one per MTP layer (Flash: 44 entries, the 0731
-  // configs 46). Values: 0 (sliding window only), 4 (CSA: overlapping compressor + indexer), 128 (HCA); any
+  // One ratio per layer: [0, num_hidden_layers) main layers, then one per drafter layer (MTP layers; the 0731
+  // configs: the 3 DSpark stages) (Flash: 44 entries, the 0731 configs 46). Values: 0 (sliding window only), 4 (CSA: overlapping compressor + indexer), 128 (HCA); any
   // positive value is accepted, the compressor overlaps iff ratio == 4 and only ratio-4 layers have an indexer.
   std::vector<int> compress_ratios;
   int num_hash_layers = 0;               // 3: layers [0, 3) route by token-id hash (ffn.gate.tid2eid)
@@ -96,7 +97,7 @@ struct ModelConfig {
   DsparkConfig dspark;
 
   // ---- derived -------------------------------------------------------------------------------------------------
-  // Ratio of layer `layer` in [0, num_hidden_layers + num_mtp_layers()); MTP layer k is index num_hidden_layers + k.
+  // Ratio of layer `layer` in [0, num_hidden_layers + num_draft_layers()); drafter layer k is num_hidden_layers + k.
   // Throws dsv4::Error for an index outside compress_ratios.
   int compress_ratio(int layer) const;
   // True for main layers < num_hash_layers (MTP layers never hash-route).
@@ -106,6 +107,8 @@ struct ModelConfig {
   bool has_indexer(int layer) const { return compress_ratio(layer) == 4; }
   // MTP layers that dsv4 binds and may run: num_nextn_predict_layers, or 0 when the mtp.* tensors are a DSpark drafter.
   int num_mtp_layers() const { return dspark.present ? 0 : num_nextn_predict_layers; }
+  // Layers after the main ones that a drafter brings: the DSpark stages, or the MTP layers.
+  int num_draft_layers() const { return dspark.present ? dspark.n_stages : num_mtp_layers(); }
   int qk_nope_head_dim() const { return head_dim - qk_rope_head_dim; }      // 448
   int heads_per_group() const { return num_attention_heads / o_groups; }    // 8
   int64_t group_in_dim() const { return int64_t(heads_per_group()) * head_dim; }  // 4096

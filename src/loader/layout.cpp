@@ -8,7 +8,7 @@ uint64_t TensorSpec::nbytes() const {
   return n * dtype_size(dtype);
 }
 
-std::vector<TensorSpec> checkpoint_layout(const ModelConfig& c, bool with_mtp) {
+std::vector<TensorSpec> checkpoint_layout(const ModelConfig& c, bool with_drafter) {
   std::vector<TensorSpec> t;
   const int64_t V = c.vocab_size, D = c.hidden_size, H = c.num_attention_heads, Dh = c.head_dim;
   const int64_t QL = c.q_lora_rank, OL = c.o_lora_rank, G = c.o_groups, E = c.n_routed_experts;
@@ -79,7 +79,22 @@ std::vector<TensorSpec> checkpoint_layout(const ModelConfig& c, bool with_mtp) {
   add("hc_head_fn", DType::F32, {HC, hcd});
   add("hc_head_base", DType::F32, {HC});
   add("hc_head_scale", DType::F32, {1});
-  if (with_mtp)
+  if (with_drafter && c.dspark.present) {  // docs/dspark.md
+    const int n = c.dspark.n_stages;
+    const int64_t T = int64_t(c.dspark.target_layer_ids.size()), r = c.dspark.markov_rank;
+    for (int k = 0; k < n; ++k) block("mtp." + std::to_string(k) + ".", c.compress_ratio(c.num_hidden_layers + k), false);
+    fp8("mtp.0.main_proj", D, T * D);
+    add("mtp.0.main_norm.weight", DType::BF16, {D});
+    const std::string p = "mtp." + std::to_string(n - 1) + ".";
+    add(p + "norm.weight", DType::BF16, {D});
+    add(p + "hc_head_fn", DType::F32, {HC, hcd});
+    add(p + "hc_head_base", DType::F32, {HC});
+    add(p + "hc_head_scale", DType::F32, {1});
+    add(p + "markov_head.markov_w1.weight", DType::BF16, {V, r});
+    add(p + "markov_head.markov_w2.weight", DType::BF16, {V, r});
+    add(p + "confidence_head.proj.weight", DType::BF16, {1, D + r});
+  }
+  if (with_drafter)
     for (int k = 0; k < c.num_mtp_layers(); ++k) {
       const std::string p = "mtp." + std::to_string(k) + ".";
       block(p, c.compress_ratio(c.num_hidden_layers + k), false);

@@ -7,7 +7,7 @@ namespace {
 
 constexpr uint64_t kF32 = 4;
 
-int n_layers(const ModelConfig& c, bool with_mtp) { return c.num_hidden_layers + (with_mtp ? c.num_mtp_layers() : 0); }
+int n_layers(const ModelConfig& c, bool with_drafter) { return c.num_hidden_layers + (with_drafter ? c.num_draft_layers() : 0); }
 
 }  // namespace
 
@@ -20,10 +20,10 @@ uint64_t state_key_row_bytes(const ModelConfig& c, bool compact) {
                                          : uint64_t(c.index_head_dim) * kF32;
 }
 
-double state_bytes_per_token(const ModelConfig& c, bool with_mtp, bool compact) {
+double state_bytes_per_token(const ModelConfig& c, bool with_drafter, bool compact) {
   const double R = double(state_kv_row_bytes(c, compact)), I = double(state_key_row_bytes(c, compact));
   double b = 0;
-  for (int l = 0; l < n_layers(c, with_mtp); ++l) {
+  for (int l = 0; l < n_layers(c, with_drafter); ++l) {
     const int m = c.compress_ratio(l);
     if (m > 0) b += R / m;
     if (m == 4) b += I / m;
@@ -31,10 +31,10 @@ double state_bytes_per_token(const ModelConfig& c, bool with_mtp, bool compact) 
   return b;
 }
 
-uint64_t state_bytes_fixed_per_sequence(const ModelConfig& c, bool with_mtp, bool compact) {
+uint64_t state_bytes_fixed_per_sequence(const ModelConfig& c, bool with_drafter, bool compact) {
   const uint64_t R = state_kv_row_bytes(c, compact);
   uint64_t b = 0;
-  for (int l = 0; l < n_layers(c, with_mtp); ++l) {
+  for (int l = 0; l < n_layers(c, with_drafter); ++l) {
     const int m = c.compress_ratio(l);
     b += uint64_t(c.sliding_window) * R;
     if (m > 0) {
@@ -46,11 +46,11 @@ uint64_t state_bytes_fixed_per_sequence(const ModelConfig& c, bool with_mtp, boo
   return b;
 }
 
-uint64_t state_bytes_growing(const ModelConfig& c, int64_t n_tokens, bool with_mtp, bool compact) {
+uint64_t state_bytes_growing(const ModelConfig& c, int64_t n_tokens, bool with_drafter, bool compact) {
   if (n_tokens <= 0) return 0;
   const uint64_t R = state_kv_row_bytes(c, compact), I = state_key_row_bytes(c, compact);
   uint64_t b = 0;
-  for (int l = 0; l < n_layers(c, with_mtp); ++l) {
+  for (int l = 0; l < n_layers(c, with_drafter); ++l) {
     const int m = c.compress_ratio(l);
     if (m > 0) b += uint64_t(n_tokens / m) * R;
     if (m == 4) b += uint64_t(n_tokens / m) * I;
@@ -58,8 +58,8 @@ uint64_t state_bytes_growing(const ModelConfig& c, int64_t n_tokens, bool with_m
   return b;
 }
 
-uint64_t state_bytes_total(const ModelConfig& c, int64_t n_tokens, bool with_mtp, bool compact) {
-  return state_bytes_fixed_per_sequence(c, with_mtp, compact) + state_bytes_growing(c, n_tokens, with_mtp, compact);
+uint64_t state_bytes_total(const ModelConfig& c, int64_t n_tokens, bool with_drafter, bool compact) {
+  return state_bytes_fixed_per_sequence(c, with_drafter, compact) + state_bytes_growing(c, n_tokens, with_drafter, compact);
 }
 
 }  // namespace dsv4

@@ -3,7 +3,7 @@
 // format/row_format.h (KV row R = 584 B for V4-Flash, indexer row I = 68 B; fp32: R = head_dim x 4, I =
 // index_head_dim x 4); compressor frontiers are always fp32.
 //
-// Per main layer L with ratio m = compress_ratio(L) (MTP layers too when with_mtp):
+// Per main layer L with ratio m = compress_ratio(L) (the drafter layers too when with_drafter):
 //   fixed per sequence:
 //     window ring            sliding_window x R                                    (all layers; 128 x 512 x 4 = 256 KiB)
 //     compressor frontier    2 x (coff*m) x (coff*head_dim) x 4 B  (kv_state + score_state, m > 0; coff = 2 iff m == 4)
@@ -22,13 +22,13 @@
 namespace dsv4 {
 
 // Asymptotic bytes per consumed token (exact: sum over layers of row_bytes / m).
-double state_bytes_per_token(const ModelConfig& cfg, bool with_mtp = false, bool compact = false);
+double state_bytes_per_token(const ModelConfig& cfg, bool with_drafter = false, bool compact = false);
 // Bytes independent of the sequence length (window rings + compressor / indexer frontier state).
-uint64_t state_bytes_fixed_per_sequence(const ModelConfig& cfg, bool with_mtp = false, bool compact = false);
+uint64_t state_bytes_fixed_per_sequence(const ModelConfig& cfg, bool with_drafter = false, bool compact = false);
 // Exact bytes of the growing part after n_tokens positions: sum over layers of floor(n_tokens / m) x row bytes.
-uint64_t state_bytes_growing(const ModelConfig& cfg, int64_t n_tokens, bool with_mtp = false, bool compact = false);
+uint64_t state_bytes_growing(const ModelConfig& cfg, int64_t n_tokens, bool with_drafter = false, bool compact = false);
 // fixed + growing(n_tokens).
-uint64_t state_bytes_total(const ModelConfig& cfg, int64_t n_tokens, bool with_mtp = false, bool compact = false);
+uint64_t state_bytes_total(const ModelConfig& cfg, int64_t n_tokens, bool with_drafter = false, bool compact = false);
 // Bytes of one stored KV row (R) and indexer key row (I) above.
 uint64_t state_kv_row_bytes(const ModelConfig& cfg, bool compact);
 uint64_t state_key_row_bytes(const ModelConfig& cfg, bool compact);

@@ -128,16 +128,6 @@ class Binder {
     return r;
   }
 
-  // Mark every tensor whose name starts with `prefix` as used; return them.
-  std::vector<const TensorInfo*> take_prefix(const std::string& prefix) {
-    std::vector<const TensorInfo*> v;
-    for (size_t i = 0; i < set_.tensors().size(); ++i)
-      if (set_.tensors()[i].name.rfind(prefix, 0) == 0) {
-        used_[i] = true;
-        v.push_back(&set_.tensors()[i]);
-      }
-    return v;
-  }
   bool any_with_prefix(const std::string& prefix) const {
     for (const auto& t : set_.tensors())
       if (t.name.rfind(prefix, 0) == 0) return true;
@@ -290,12 +280,26 @@ ModelWeights bind_weights(const SafetensorsSet& set, const ModelConfig& c) {
   for (int l = 0; l < c.num_hidden_layers; ++l)
     bind_block(b, c, "layers." + std::to_string(l) + ".", l, c.is_hash_layer(l), W.layers[l]);
 
-  if (c.dspark.present) {
-    W.drafter = b.take_prefix("mtp.");
-    log::info("{}: {} DSpark drafter tensors (mtp.*) present, not used", set.dir().string(), W.drafter.size());
-  } else if (c.num_mtp_layers() > 0 && !b.any_with_prefix("mtp.")) {
-    log::warn("{}: config has {} MTP layer(s) but the checkpoint has no mtp.* tensors; MTP disabled",
-              set.dir().string(), c.num_mtp_layers());
+  if (c.num_draft_layers() > 0 && !b.any_with_prefix("mtp.")) {
+    log::warn("{}: config has {} {} layer(s) but the checkpoint has no mtp.* tensors; speculative decoding disabled",
+              set.dir().string(), c.num_draft_layers(), c.dspark.present ? "DSpark" : "MTP");
+  } else if (c.dspark.present) {
+    DsparkWeights& S = W.dspark;
+    const int n = c.dspark.n_stages, T = int(c.dspark.target_layer_ids.size());
+    const int64_t r = c.dspark.markov_rank;
+    S.stages.resize(static_cast<size_t>(n));
+    for (int k = 0; k < n; ++k)
+      bind_block(b, c, "mtp." + std::to_string(k) + ".", c.num_hidden_layers + k, false, S.stages[size_t(k)]);
+    S.main_proj = b.fp8("mtp.0.main_proj", D, T * D);
+    S.main_norm = b.bf16("mtp.0.main_norm.weight", {D});
+    const std::string p = "mtp." + std::to_string(n - 1) + ".";
+    S.norm = b.bf16(p + "norm.weight", {D});
+    S.hc_head_fn = b.f32(p + "hc_head_fn", {HC, c.hc_dim()});
+    S.hc_head_base = b.f32(p + "hc_head_base", {HC});
+    S.hc_head_scale = b.f32(p + "hc_head_scale", {1});
+    S.markov_w1 = b.bf16(p + "markov_head.markov_w1.weight", {c.vocab_size, r});
+    S.markov_w2 = b.bf16(p + "markov_head.markov_w2.weight", {c.vocab_size, r});
+    S.confidence = b.bf16(p + "confidence_head.proj.weight", {1, D + r});
   } else {
     W.mtp.resize(static_cast<size_t>(c.num_mtp_layers()));
     for (int k = 0; k < c.num_mtp_layers(); ++k) {
@@ -455,6 +459,12 @@ void for_each_weight(const ModelWeights& W, const std::function<void(const Weigh
                                &M.hc_head_scale})
       fn(*r);
   }
+  const DsparkWeights& S = W.dspark;
+  for (const auto& L : S.stages) visit_block(L, fn);
+  if (S.bound())
+    for (const WeightRef* r : {&S.main_proj, &S.main_norm, &S.norm, &S.hc_head_fn, &S.hc_head_base, &S.hc_head_scale,
+                               &S.markov_w1, &S.markov_w2, &S.confidence})
+      fn(*r);
 }
 
 }  // namespace dsv4

@@ -95,7 +95,7 @@ struct FfnWeights {            // spec §3.2 / §5.7
   std::vector<ExpertWeights> experts;  // E routed experts, FP4 (or FP8)
 };
 
-struct LayerWeights {          // `layers.L.` or `mtp.K.` (the MTP block part)
+struct LayerWeights {          // `layers.L.` or `mtp.K.` (the MTP block part, a DSpark stage)
   int layer = 0;               // index into ModelConfig::compress_ratios
   int compress_ratio = 0;
   bool hash = false;
@@ -113,6 +113,18 @@ struct MtpWeights {            // `mtp.K.` (spec §3.5); shares embed / head wit
   WeightRef hc_head_fn, hc_head_base, hc_head_scale;  // F32 [HC, HC*D] / [HC] / [1]
 };
 
+struct DsparkWeights {         // the DSpark drafter: `mtp.K.` stages + stage 0 / last-stage extras (docs/dspark.md)
+  std::vector<LayerWeights> stages;  // n_stages window-only (ratio 0), never hash-routed blocks
+  WeightRef main_proj;         // mtp.0: FP8 [D, T*D] (T = target layers), or BF16 / F32
+  WeightRef main_norm;         // mtp.0: BF16 [D]
+  WeightRef norm;              // last stage: BF16 [D]
+  WeightRef hc_head_fn, hc_head_base, hc_head_scale;  // last stage: F32 [HC, HC*D] / [HC] / [1]
+  WeightRef markov_w1;         // last stage: BF16 or F32 [vocab, r] (embedding of the previous token)
+  WeightRef markov_w2;         // last stage: BF16 or F32 [vocab, r] (rank r -> vocab bias)
+  WeightRef confidence;        // last stage: BF16 or F32 [1, D + r] (confidence_head.proj, no bias)
+  bool bound() const { return !stages.empty(); }
+};
+
 struct ModelWeights {
   WeightRef embed;             // BF16 [vocab, D]
   WeightRef head;              // BF16 [vocab, D]
@@ -120,7 +132,7 @@ struct ModelWeights {
   WeightRef hc_head_fn, hc_head_base, hc_head_scale;  // F32 [HC, HC*D] / [HC] / [1]
   std::vector<LayerWeights> layers;  // num_hidden_layers
   std::vector<MtpWeights> mtp;       // num_mtp_layers(), or empty when the checkpoint has no mtp.* tensors at all
-  std::vector<const TensorInfo*> drafter;  // DSpark `mtp.*` tensors (config.dspark.present): present but unused
+  DsparkWeights dspark;              // config.dspark.present and the checkpoint has mtp.* tensors, else unbound
 };
 
 // Bind and check every tensor of the checkpoint (also: every tid2eid entry is a valid expert id).
@@ -130,7 +142,7 @@ struct ModelWeights {
 // F8_E8M0|F32 [8, 32]; 1 unexpected tensor(s): layers.0.attn.bogus (model-00002-of-00046.safetensors)".
 ModelWeights bind_weights(const SafetensorsSet& set, const ModelConfig& cfg);
 
-// Visit every bound WeightRef (global, layers, MTP; not the drafter) once. Scales are reached through WeightRef::scale.
+// Visit every bound WeightRef (global, layers, MTP, DSpark drafter) once. Scales are reached through WeightRef::scale.
 void for_each_weight(const ModelWeights& w, const std::function<void(const WeightRef&)>& fn);
 
 // ---- slow reference accessors (tests, oracles, one-off conversions; the fast kernels live in src/backend) ------

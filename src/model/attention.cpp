@@ -2,22 +2,82 @@
 // kv_norm, partial interleaved RoPE, FP8-simulated window KV, window + compressed candidates (HCA: all visible rows;
 // CSA: the indexer's top-k), sparse attention with sinks, inverse RoPE, grouped low-rank output projection; then the
 // step's snapshots of the window ring and the ring update. Every sequence of the step reads and writes its own rows of
-// the pool (slot ring rows, page rows) through the plan's index lists.
+// the pool (slot ring rows, page rows) through the plan's index lists. The query, window-row, ring-store and output
+// pieces are shared with the DSpark stages (dspark.cpp).
 #include "core/error.h"
 #include "model/model.h"
 
 namespace dsv4 {
+
+void Model::attn_query(const LayerResident& lp, const float* x, int64_t n, const float* cs, float* qr, float* q) const {
+  const int64_t H = cfg_.num_attention_heads, Dh = cfg_.head_dim, rd = cfg_.qk_rope_head_dim, QL = cfg_.q_lora_rank;
+  const float eps = float(cfg_.rms_norm_eps);
+  const bool bf = bf16();
+  // qr = q_norm(wq_a x); q = wq_b qr; per-head RMS; RoPE
+  ops().linear(lp.wq_a, x, n, qr, qopts());
+  ops().rmsnorm(qr, n, QL, lp.q_norm, eps, bf, qr);
+  ops().linear(lp.wq_b, qr, n, q, qopts());
+  ops().head_rms(q, n * H, Dh, eps, bf);
+  ops().rope(q, n, H, Dh, rd, cs, false, bf);
+}
+
+void Model::window_rows(const LayerResident& lp, const float* x, int64_t n, const float* cs, const RowCodec& kc,
+                        float* kv, float* kv_st) const {
+  const int64_t Dh = cfg_.head_dim, rd = cfg_.qk_rope_head_dim;
+  const bool bf = bf16();
+  // kv_norm(wkv x); RoPE; FP8 simulation of the nope dims (block 64); the same rows as the pool stores them (fp32: kv
+  // itself; compact: encoded, exact) [n, KW] words
+  ops().linear(lp.wkv, x, n, kv, qopts());
+  ops().rmsnorm(kv, n, Dh, lp.kv_norm, float(cfg_.rms_norm_eps), bf, kv);
+  ops().rope(kv, n, 1, Dh, rd, cs, false, bf);
+  if (bf) ops().fp8_sim(kv, n, Dh, Dh - rd, 64);
+  if (kc.compact()) ops().encode_rows(kv, n, kc, kv_st);
+}
+
+void Model::store_window(int l, StatePool& pool, const StepPlan& plan, const DevicePlan& dp, const float* kv_st) const {
+  StatePool::LayerBuffers& lb = pool.layer(l);
+  const int64_t W = cfg_.sliding_window, KW = pool.layout().kv_row.words();
+  float* ring = lb.ring.as<float>();
+  // snapshots of the ring at 128-aligned positions inside the step (old ring rows + this step's rows, before the
+  // update), then the window ring update (after every query of the step has read the old rows)
+  for (size_t i = 0; i < plan.snap_ids.size(); ++i)
+    ops().gather_rows(ring, plan.n_ring, kv_st, dp.snap_ring_src + int64_t(i) * W, W, KW,
+                      lb.snap_ring.as<float>() + plan.snap_ids[i] * W * KW);
+  if (!plan.spec_ring_src.empty())  // verify steps: the ring rows about to be overwritten, for a rollback
+    ops().scatter_rows(ring, dp.spec_ring_src, lb.spec_ring.as<float>(), dp.spec_ring_dst,
+                       int64_t(plan.spec_ring_src.size()), KW);
+  ops().scatter_rows(kv_st, dp.ring_src, ring, dp.ring_dst, int64_t(plan.ring_src.size()), KW);
+}
+
+void Model::attn_output(const LayerResident& lp, float* o, int64_t n, const float* cs, const int32_t* group_fwd,
+                        const int32_t* group_back, float* out) const {
+  const int64_t H = cfg_.num_attention_heads, Dh = cfg_.head_dim, rd = cfg_.qk_rope_head_dim;
+  const bool bf = bf16();
+  ops().rope(o, n, H, Dh, rd, cs, true, bf);
+  // grouped low-rank output projection: z_g = wo_a[g] · o_g (reference: bf16 weight, bf16 product); out = wo_b z
+  const int64_t G = cfg_.o_groups, R = cfg_.o_lora_rank, Dg = cfg_.group_in_dim();
+  Workspace& ws = be_->workspace();
+  Workspace::Scope scope(ws);
+  float* og = ws.alloc<float>(n * G * Dg);    // [G, n, Dg] group-major
+  float* zg = ws.alloc<float>(n * G * R);     // [G, n, R]
+  float* z = ws.alloc<float>(n * G * R);      // [n, G*R]
+  ops().gather_rows(o, n * G, nullptr, group_fwd, n * G, Dg, og);
+  LinearOpts oa;
+  oa.weight_as_bf16 = bf;
+  oa.out_bf16 = bf;
+  ops().linear_grouped(lp.wo_a, og, n, G, zg, oa);  // group g: rows [g R, (g+1) R) of wo_a
+  ops().gather_rows(zg, n * G, nullptr, group_back, n * G, R, z);
+  ops().linear(lp.wo_b, z, n, out, qopts());
+}
 
 void Model::attention(int l, StatePool& pool, const StepPlan& plan, const DevicePlan& dp, const float* x,
                       float* out) const {
   StatePool::LayerBuffers& lb = pool.layer(l);
   const LayerResident& lp = lr_[size_t(l)];
   const int64_t n = plan.n, H = cfg_.num_attention_heads, Dh = cfg_.head_dim;
-  const int64_t rd = cfg_.qk_rope_head_dim, W = cfg_.sliding_window, QL = cfg_.q_lora_rank;
+  const int64_t W = cfg_.sliding_window, QL = cfg_.q_lora_rank;
   const int ratio = lp.ratio;
-  const float eps = float(cfg_.rms_norm_eps);
   const bool bf = bf16();
-  const LinearOpts Q = qopts();
   const float* cs = ratio ? dp.cs_yarn : dp.cs_plain;
   Workspace& ws = be_->workspace();
   Workspace::Scope scope(ws);
@@ -33,13 +93,8 @@ void Model::attention(int l, StatePool& pool, const StepPlan& plan, const Device
   int32_t* sel = ratio == 4 ? ws.alloc<int32_t>(n * cfg_.index_topk) : nullptr;  // [n, topk] compressed row ids
 
   ops().branch_begin();
-  // 2. window KV: kv_norm(wkv x); RoPE; FP8 simulation of the nope dims (block 64); the same rows as the pool stores
-  // them (fp32: kv itself; compact: encoded, exact) [n, KW] words
-  ops().linear(lp.wkv, x, n, kv, Q);
-  ops().rmsnorm(kv, n, Dh, lp.kv_norm, eps, bf, kv);
-  ops().rope(kv, n, 1, Dh, rd, cs, false, bf);
-  if (bf) ops().fp8_sim(kv, n, Dh, Dh - rd, 64);
-  if (kc.compact()) ops().encode_rows(kv, n, kc, kv_st);
+  // 2. window KV
+  window_rows(lp, x, n, cs, kc, kv, kv_st);
   // 3b. this layer's compressed rows (reads x and its own state only)
   if (ratio > 0) {
     CompressorPools cp;
@@ -58,12 +113,8 @@ void Model::attention(int l, StatePool& pool, const StepPlan& plan, const Device
   }
   ops().branch_end();
 
-  // 1. query: qr = q_norm(wq_a x); q = wq_b qr; per-head RMS; RoPE
-  ops().linear(lp.wq_a, x, n, qr, Q);
-  ops().rmsnorm(qr, n, QL, lp.q_norm, eps, bf, qr);
-  ops().linear(lp.wq_b, qr, n, q, Q);
-  ops().head_rms(q, n * H, Dh, eps, bf);
-  ops().rope(q, n, H, Dh, rd, cs, false, bf);
+  // 1. query
+  attn_query(lp, x, n, cs, qr, q);
   // 3a. CSA: the indexer's top-k compressed rows (its own compressor and key pool)
   if (ratio == 4) indexer(l, pool, plan, dp, x, qr, sel);
   ops().branch_join();
@@ -85,36 +136,16 @@ void Model::attention(int l, StatePool& pool, const StepPlan& plan, const Device
     }
   }
 
-  // 4-6. sparse attention over [ring | fresh] window rows and the compressed rows; inverse RoPE on the output
-  float* ring = lb.ring.as<float>();
-  KvRows rows{ring, plan.n_ring, kv, n, ratio > 0 ? lb.comp.as<float>() : nullptr, n_comp, Dh, kc};
+  // 4-7. sparse attention over [ring | fresh] window rows and the compressed rows; inverse RoPE on the output; output
+  // projection
+  KvRows rows{lb.ring.as<float>(), plan.n_ring, kv, n, ratio > 0 ? lb.comp.as<float>() : nullptr, n_comp, Dh, kc};
   float* o = ws.alloc<float>(n * H * Dh);     // [n, H, Dh]
   ops().sparse_attention(q, n, H, rows, dp.win_idx, W, comp_idx, k_comp, lp.attn_sink, float(cfg_.softmax_scale()),
                          bf, o);
-  ops().rope(o, n, H, Dh, rd, cs, true, bf);
+  attn_output(lp, o, n, cs, dp.group_fwd, dp.group_back, out);
 
-  // 7. grouped low-rank output projection: z_g = wo_a[g] · o_g (reference: bf16 weight, bf16 product); out = wo_b z
-  const int64_t G = cfg_.o_groups, R = cfg_.o_lora_rank, Dg = cfg_.group_in_dim();
-  float* og = ws.alloc<float>(n * G * Dg);    // [G, n, Dg] group-major
-  float* zg = ws.alloc<float>(n * G * R);     // [G, n, R]
-  float* z = ws.alloc<float>(n * G * R);      // [n, G*R]
-  ops().gather_rows(o, n * G, nullptr, dp.group_fwd, n * G, Dg, og);
-  LinearOpts oa;
-  oa.weight_as_bf16 = bf;
-  oa.out_bf16 = bf;
-  ops().linear_grouped(lp.wo_a, og, n, G, zg, oa);  // group g: rows [g R, (g+1) R) of wo_a
-  ops().gather_rows(zg, n * G, nullptr, dp.group_back, n * G, R, z);
-  ops().linear(lp.wo_b, z, n, out, Q);
-
-  // 8. snapshots of the ring at 128-aligned positions inside the step (old ring rows + this step's rows, before the
-  // update), then the window ring update (after every query of the step has read the old rows)
-  for (size_t i = 0; i < plan.snap_ids.size(); ++i)
-    ops().gather_rows(ring, plan.n_ring, kv_st, dp.snap_ring_src + int64_t(i) * W, W, KW,
-                      lb.snap_ring.as<float>() + plan.snap_ids[i] * W * KW);
-  if (!plan.spec_ring_src.empty())  // verify steps: the ring rows about to be overwritten, for a rollback
-    ops().scatter_rows(ring, dp.spec_ring_src, lb.spec_ring.as<float>(), dp.spec_ring_dst,
-                       int64_t(plan.spec_ring_src.size()), KW);
-  ops().scatter_rows(kv_st, dp.ring_src, ring, dp.ring_dst, int64_t(plan.ring_src.size()), KW);
+  // 8. snapshots, verify backups and the ring update
+  store_window(l, pool, plan, dp, kv_st);
 }
 
 }  // namespace dsv4

@@ -31,9 +31,9 @@ struct BatchSeq {
     int64_t id = 0;
   };
   std::vector<Snapshot> snapshots;
-  // Speculative decoding (pools with the MTP layer, model/speculation.h):
+  // Speculative decoding (pools with a drafter's layers, model/speculation.h):
   int32_t next_token = -1;           // the token after tokens.back() if known (MTP input of the last position)
-  bool spec = false;                 // a verify step (<= StateLayout::kSpecRows tokens, snapshots only at p0 + 1):
+  bool spec = false;                 // a verify step (<= layout().spec_rows tokens, snapshots only at p0 + 1):
                                      // keep what Model::rollback needs to drop a suffix of its tokens again
 
   int64_t n() const { return int64_t(tokens.size()); }

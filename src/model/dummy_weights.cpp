@@ -43,10 +43,10 @@ bool parse_routed_expert(const std::string& name, int* layer, int64_t* expert) {
   return true;
 }
 
-DummyDeviceBytes dummy_device_bytes(const ModelConfig& cfg, bool with_mtp) {
+DummyDeviceBytes dummy_device_bytes(const ModelConfig& cfg, bool with_drafter) {
   DummyDeviceBytes b;
   uint64_t experts = 0;
-  for (const auto& t : checkpoint_layout(cfg, with_mtp)) {
+  for (const auto& t : checkpoint_layout(cfg, with_drafter)) {
     if (!device_tensor(t)) continue;
     int l = 0;
     int64_t e = 0;
@@ -65,12 +65,20 @@ ModelConfig keep_first_layers(const ModelConfig& cfg, int n) {
   c.compress_ratios = r;
   c.num_hidden_layers = n;
   c.num_hash_layers = std::min(c.num_hash_layers, n);
+  if (c.dspark.present) {
+    std::vector<int> t;
+    for (int id : cfg.dspark.target_layer_ids) {
+      const int m = std::max(0, id - (cfg.num_hidden_layers - n));
+      if (t.empty() || m > t.back()) t.push_back(m);
+    }
+    c.dspark.target_layer_ids = t;
+  }
   return c;
 }
 
-DummyCheckpoint make_dummy_checkpoint(const ModelConfig& cfg, Backend& be, uint64_t seed, bool with_mtp,
+DummyCheckpoint make_dummy_checkpoint(const ModelConfig& cfg, Backend& be, uint64_t seed, bool with_drafter,
                                       const ExpertPlacement* placement) {
-  const std::vector<TensorSpec> layout = checkpoint_layout(cfg, with_mtp);
+  const std::vector<TensorSpec> layout = checkpoint_layout(cfg, with_drafter);
   DummyCheckpoint ck;
   // routed experts placed on the CPU: host memory (on a GPU backend; on the CPU backend everything is host memory)
   auto on_host = [&](const TensorSpec& t) {

@@ -25,23 +25,25 @@ struct DummyCheckpoint {
   uint64_t device_bytes = 0, host_bytes = 0;
 };
 
-// The main model's tensors of `cfg` (no MTP). The routed experts that `placement` puts on the CPU (a GPU backend
-// only) are filled on the host, multi-threaded, with the values the device would make. Throws dsv4::Error (naming
-// the bytes) when they do not fit the backend's free memory or the host's, before allocating.
-DummyCheckpoint make_dummy_checkpoint(const ModelConfig& cfg, Backend& be, uint64_t seed, bool with_mtp = false,
+// The main model's tensors of `cfg`, plus the drafter's (MTP or DSpark) when with_drafter. The routed experts that
+// `placement` puts on the CPU (a GPU backend only) are filled on the host, multi-threaded, with the values the device
+// would make. Throws dsv4::Error (naming the bytes) when they do not fit the backend's free memory or the host's,
+// before allocating.
+DummyCheckpoint make_dummy_checkpoint(const ModelConfig& cfg, Backend& be, uint64_t seed, bool with_drafter = false,
                                       const ExpertPlacement* placement = nullptr);
 
 // Device bytes of the dummy tensors: every one but the main layers' routed experts, and one routed expert.
 struct DummyDeviceBytes {
   uint64_t non_expert = 0, one_expert = 0;
 };
-DummyDeviceBytes dummy_device_bytes(const ModelConfig& cfg, bool with_mtp);
+DummyDeviceBytes dummy_device_bytes(const ModelConfig& cfg, bool with_drafter);
 
 // "layers.L.ffn.experts.E.*" -> true with *layer = L, *expert = E.
 bool parse_routed_expert(const std::string& name, int* layer, int64_t* expert);
 
-// `cfg` keeping only its first n main layers (the MTP entries of compress_ratios stay); n >= num_hidden_layers keeps
-// everything.
+// `cfg` keeping only its first n main layers (the drafter entries of compress_ratios stay; DSpark target layers move
+// with the end of the stack: id - (num_hidden_layers - n), at least 0, duplicates dropped); n >= num_hidden_layers
+// keeps everything.
 ModelConfig keep_first_layers(const ModelConfig& cfg, int n);
 
 }  // namespace dsv4

@@ -37,6 +37,12 @@ struct PlacementOptions {
   int n_cpu_moe = -1;       // < 0: not given
   std::string gpu_experts;  // "" | "auto" | a count per layer
   std::string hot_experts;  // profile file, or ""
+  // How split layers run calls with many tokens (model/expert_staging.h; not a placement: any() ignores them):
+  // calls of at least stage_tokens tokens stream the layer's CPU experts to the device and run them there
+  // (--stage-tokens; < 0: auto, the cost model's choice on a GPU, never on the CPU backend; 0: never), through two
+  // device buffers of stage_bytes each (--stage-mib; at least one expert).
+  int64_t stage_tokens = -1;
+  int64_t stage_bytes = int64_t(256) << 20;
   bool any() const { return cpu_moe || n_cpu_moe >= 0 || !gpu_experts.empty() || !hot_experts.empty(); }
 };
 
@@ -63,7 +69,8 @@ struct ExpertPlacement {
   std::string summary() const;    // e.g. "routed experts: 9984 on the device, 1024 on the CPU (layers 39-42)"
 };
 
-// Bytes of the device that --gpu-experts auto leaves free for the state pool and the workspaces of ubatch tokens.
+// Bytes of the device that --gpu-experts auto leaves free for the state pool and the workspaces of ubatch tokens
+// (with routed experts on the CPU, the staging buffers come on top: SplitMoe::staging_device_bytes).
 uint64_t placement_reserve_bytes(const ModelConfig& cfg, int64_t ubatch);
 
 // The placement of `o` for cfg's main layers. expert_bytes: device bytes of one routed expert (w1 + w2 + w3 with

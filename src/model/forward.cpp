@@ -41,10 +41,11 @@ void Model::forward(SequenceState& st, std::span<const int32_t> tokens, const st
 
 void Model::validate(const Batch& b, const StatePool& pool) const {
   if (pool.backend() != be_) fail("internal: state pool lives on another backend");
-  const bool mtp = pool.layout().has_mtp();
-  if (pool.layout().layers.size() != size_t(cfg_.num_hidden_layers + (mtp ? 1 : 0)))
+  const StateLayout& L = pool.layout();
+  if (L.layers.size() != size_t(cfg_.num_hidden_layers + L.n_draft_layers))
     fail("internal: state pool does not match the model");
-  if (mtp && !has_mtp()) fail("internal: a state pool with the MTP layer needs a model loaded with its MTP module");
+  if (L.has_drafter() && L.drafter != drafter_)
+    fail("internal: a state pool with a drafter's layers needs a model loaded with that drafter");
   if (pool.layout().row_format == RowFormat::compact && (!bf16() || !be_->compact_state_rows()))
     fail("internal: a state pool with compact rows needs reference numerics on a backend that reads them");
   std::vector<char> used(size_t(pool.n_slots()), 0);
@@ -70,10 +71,9 @@ void Model::validate(const Batch& b, const StatePool& pool) const {
     if (s.next_token >= cfg_.vocab_size)
       fail("token id {} outside the vocabulary [0, {})", s.next_token, cfg_.vocab_size);
     if (s.spec) {
-      if (!mtp) fail("batch: a verify step (spec) needs a state pool with the MTP layer");
-      if (n > StateLayout::kSpecRows || n > opts_.ubatch)
-        fail("batch: a verify step has {} tokens (at most {} and the ubatch {})", n, StateLayout::kSpecRows,
-             opts_.ubatch);
+      if (!L.has_drafter()) fail("batch: a verify step (spec) needs a state pool with a drafter's layers");
+      if (n > L.spec_rows || n > opts_.ubatch)
+        fail("batch: a verify step has {} tokens (at most {} and the ubatch {})", n, L.spec_rows, opts_.ubatch);
       for (const auto& sn : s.snapshots)  // only states that every outcome keeps
         if (sn.at != s.p0 + 1) fail("batch: a verify step takes snapshots only after its first token");
     }
@@ -139,30 +139,42 @@ void Model::forward_ubatch(StepPlan plan, StatePool& pool, const BatchLogitsSink
   const DevicePlan dp = DevicePlan::upload(plan, *be_, ws);
 
   float* X = ws.alloc<float>(n * HC * D);
-  auto layers = [&] {
-    // §5.1: e = embed[token]; X = [e, e, e, e]
-    ops().embed(embed_, dp.tokens, n, int(HC), X);
-    for (int l = 0; l < cfg_.num_hidden_layers; ++l) block(l, pool, plan, dp, X);
-
+  const std::vector<int>& targets = cfg_.dspark.target_layer_ids;
+  float* MH = plan.dspark ? ws.alloc<float>(n * int64_t(targets.size()) * D) : nullptr;  // [n, T*D]
+  // The step's layers in segments [l0, l1): the embedding joins the first, the drafter's context rows and the MTP
+  // block the last. A layer whose experts are split with the host (its MoE waits on the host's experts inside the
+  // step) is a segment of its own that always runs eagerly; any other segment may be recorded as a CUDA graph.
+  const int L = cfg_.num_hidden_layers;
+  auto segment = [&](int l0, int l1) {
+    if (l0 == 0) ops().embed(embed_, dp.tokens, n, int(HC), X);  // §5.1: e = embed[token]; X = [e, e, e, e]
+    for (int l = l0; l < l1; ++l) {
+      if (plan.dspark)  // DSpark: the streams entering its target layers (docs/dspark.md step 1)
+        for (size_t i = 0; i < targets.size(); ++i)
+          if (targets[i] == l) dspark_capture(plan, dp, X, int(i), MH);
+      block(l, pool, plan, dp, X);
+    }
+    // DSpark: every stage's context row of every position (docs/dspark.md steps 2-3)
+    if (l1 == L && plan.dspark) dspark_context(pool, plan, dp, MH);
     // §5.9 the MTP block on every position (its window ring must hold the rows of every position a draft attends
     // to); the hidden streams of each sequence's last positions are kept as the input of the next draft
-    if (plan.mtp) {
+    if (l1 == L && plan.mtp) {
       Workspace::Scope ms(ws);
       ops().scatter_rows(X, dp.hid_src, pool.hidden().as<float>(), dp.hid_dst, int64_t(plan.hid_src.size()), HC * D);
       float* Xm = ws.alloc<float>(n * HC * D);
       mtp_input(X, dp.next, dp.hc_rows, n, Xm);
-      block(mtp_layer_, pool, plan, dp, Xm);
+      block(draft_layer_, pool, plan, dp, Xm);
     }
   };
-  // Recorded steps (CUDA graphs) for decode-sized steps (<= kGraphMaxTokens tokens, where launches dominate):
-  // everything up to the head, keyed by the plan's shape, the buffers it reaches (the pool's, the workspace mark: the
-  // plan upload and every scratch address follow from it). Verify steps and op hooks (profiling: synchronizes per
-  // op) run eagerly.
+  auto split = [&](int l) { return lr_[size_t(l)].split.n_host > 0; };
+  // Recorded steps (CUDA graphs) for decode-sized steps (<= kGraphMaxTokens tokens, where launches dominate), verify
+  // steps of speculative decoding included: each segment up to the head, keyed by the plan's shape (its sizes decide
+  // every host-side branch, the verify steps' saves of what a rollback needs too), the buffers it reaches (the
+  // pool's, the workspace mark: the plan upload and every scratch address follow from it) and its layers. Steps
+  // with an op hook (profiling: synchronizes per op) run eagerly.
   constexpr int64_t kGraphMaxTokens = 128;
-  bool spec = false;
-  for (const PlanPiece& pc : plan.pieces) spec = spec || pc.spec;
-  if (graphs_ && !hook_ && !spec && n <= kGraphMaxTokens) {
-    std::vector<int64_t> key = plan.shape_key();
+  std::vector<int64_t> key;
+  if (graphs_ && !hook_ && n <= kGraphMaxTokens) {
+    key = plan.shape_key();
     key.insert(key.end(), {int64_t(ws_at.chunk), int64_t(ws_at.offset), pool.n_slots(), pool.n_pages(),
                            pool.n_snapshots()});
     auto addr = [&](const Buffer& b) { key.push_back(int64_t(reinterpret_cast<uintptr_t>(b.data()))); };
@@ -170,12 +182,23 @@ void Model::forward_ubatch(StepPlan plan, StatePool& pool, const BatchLogitsSink
     for (int l = 0; l < int(pool.layout().layers.size()); ++l) {
       const StatePool::LayerBuffers& lb = pool.layer(l);
       for (const Buffer* b : {&lb.ring, &lb.cmp_k, &lb.cmp_s, &lb.idx_k, &lb.idx_s, &lb.comp, &lb.keys, &lb.snap_ring,
-                              &lb.snap_cmp_k, &lb.snap_cmp_s, &lb.snap_idx_k, &lb.snap_idx_s})
+                              &lb.snap_cmp_k, &lb.snap_cmp_s, &lb.snap_idx_k, &lb.snap_idx_s, &lb.spec_ring,
+                              &lb.spec_cmp_k, &lb.spec_cmp_s, &lb.spec_idx_k, &lb.spec_idx_s})
         addr(*b);
     }
-    graphs_->run(key, layers);
-  } else {
-    layers();
+  }
+  for (int l0 = 0; l0 < L;) {
+    int l1 = l0 + 1;
+    if (!split(l0))
+      while (l1 < L && !split(l1)) ++l1;
+    if (key.empty() || split(l0)) {
+      segment(l0, l1);
+    } else {
+      std::vector<int64_t> k2 = key;
+      k2.insert(k2.end(), {l0, l1});
+      graphs_->run(k2, [&] { segment(l0, l1); });
+    }
+    l0 = l1;
   }
 
   // §5.8 head for the requested positions, a few rows at a time (bounded scratch); one copy back per group.
@@ -219,15 +242,13 @@ void Model::block(int l, StatePool& pool, const StepPlan& plan, const DevicePlan
   float* comb = ws.alloc<float>(n * HC * HC);
   float* y = ws.alloc<float>(n * D);
   // §5.2 attention sublayer
-  ops().hc_pre(X, n, HC, D, p.hc_attn_fn, p.hc_attn_scale, p.hc_attn_base, cfg_.hc_sinkhorn_iters, hc_eps, eps, bf16(),
-               u, post, comb);
-  ops().rmsnorm(u, n, D, p.attn_norm, eps, bf16(), u);
+  ops().hc_pre_norm(X, n, HC, D, p.hc_attn_fn, p.hc_attn_scale, p.hc_attn_base, cfg_.hc_sinkhorn_iters, hc_eps, eps,
+                    bf16(), p.attn_norm, u, post, comb);
   attention(l, pool, plan, dp, u, y);
   ops().hc_post(y, X, post, comb, n, HC, D, bf16(), X);
   // §5.2 FFN sublayer
-  ops().hc_pre(X, n, HC, D, p.hc_ffn_fn, p.hc_ffn_scale, p.hc_ffn_base, cfg_.hc_sinkhorn_iters, hc_eps, eps, bf16(),
-               u, post, comb);
-  ops().rmsnorm(u, n, D, p.ffn_norm, eps, bf16(), u);
+  ops().hc_pre_norm(X, n, HC, D, p.hc_ffn_fn, p.hc_ffn_scale, p.hc_ffn_base, cfg_.hc_sinkhorn_iters, hc_eps, eps,
+                    bf16(), p.ffn_norm, u, post, comb);
   moe(l, dp, n, u, y);
   ops().hc_post(y, X, post, comb, n, HC, D, bf16(), X);
 }

@@ -36,8 +36,10 @@ RowFormat Model::state_rows() const {
 }
 
 Model::~Model() {
-  // Recordings and resident buffers go back to the backend before an owned backend is destroyed.
+  // Recordings and resident buffers go back to the backend before an owned backend is destroyed; the split's
+  // page-locked host experts are released before their memory (dummy_, set_) goes away.
   graphs_.reset();
+  split_.reset();
   params_.clear();
   dummy_.reset();
   if (be_) be_->synchronize();
@@ -174,7 +176,8 @@ void Model::bind_layer(const LayerWeights& lw, int l, LayerResident& p) {
     for (int64_t e = 0; e < E; ++e) resident[size_t(e)] = p.split.on_host[size_t(e)] ? 0 : 1;
     params_.push_back(be_->upload_vector(resident, "expert placement"));
     p.split.resident = params_.back().as<uint8_t>();
-    if (!split_) split_ = std::make_unique<SplitMoe>(*be_);
+    if (!split_) split_ = std::make_unique<SplitMoe>(*be_, split_options());
+    split_->attach(p.split);  // the staged path's chunks (model/expert_staging.h)
   }
 
 }
@@ -183,12 +186,18 @@ void Model::make_resident() {
   const ModelConfig& c = cfg_;
   const int64_t D = c.hidden_size, HC = c.hc_mult;
   // Fits? Weight bytes as the backend stores them, plus an allowance for small tensors, workspace and one sequence.
-  if (opts_.mtp && w_.mtp.empty())
+  if (drafter_ == StateLayout::Drafter::mtp && w_.mtp.empty())
     fail("{}: the checkpoint has no MTP module (mtp.* tensors); speculative decoding (--spec-draft) needs one",
          c.origin);
+  if (drafter_ == StateLayout::Drafter::dspark && !w_.dspark.bound())
+    fail("{}: the config describes a DSpark drafter (dspark_* keys) but the checkpoint has no mtp.* tensors; "
+         "speculative decoding (--spec-draft) needs them", c.origin);
   size_t need = 0;
   ModelWeights main = w_;
-  if (!opts_.mtp) main.mtp.clear();  // the MTP module is resident only for speculative decoding
+  if (!has_drafter()) {  // the drafter is resident only for speculative decoding
+    main.mtp.clear();
+    main.dspark = DsparkWeights{};
+  }
   for_each_weight(main, [&](const WeightRef& r) {
     if (r.fmt == WeightFormat::BF16 || r.fmt == WeightFormat::F32 || r.fmt == WeightFormat::FP8_BLOCK128 ||
         r.fmt == WeightFormat::FP4_BLOCK32)
@@ -205,6 +214,8 @@ void Model::make_resident() {
   const size_t all_experts = one_expert * size_t(c.num_hidden_layers) * size_t(c.n_routed_experts);
   if (!dummy_) place_experts(need - std::min(need, all_experts), one_expert);
   need -= std::min(need, one_expert * size_t(placement_.n_host()));
+  if (placement_.n_host() > 0 && !be_->device().is_cpu())  // the staged path's buffers (model/expert_staging.h)
+    need += SplitMoe::staging_device_bytes(split_options(), one_expert);
   if (need > 0 && !dummy_) {
     const MemoryInfo mi = be_->memory();
     const size_t slack = size_t(1) << 30;  // workspace + state of a first sequence + small tensors
@@ -231,24 +242,70 @@ void Model::make_resident() {
   hc_head_base_ = upload_f32(w_.hc_head_base, size_t(HC), "hc_head_base", -1);
   hc_head_scale_ = upload_f32(w_.hc_head_scale, 1, "hc_head_scale", -1);
 
-  lr_.reserve(static_cast<size_t>(c.num_hidden_layers) + 1);  // no reallocation: moe.shared points into elements
+  // no reallocation: moe.shared points into elements
+  lr_.reserve(static_cast<size_t>(c.num_hidden_layers + std::max(1, c.num_draft_layers())));
   lr_.resize(static_cast<size_t>(c.num_hidden_layers));
   for (int l = 0; l < c.num_hidden_layers; ++l) bind_layer(w_.layers[size_t(l)], l, lr_[size_t(l)]);
-  if (opts_.mtp) {
+  if (drafter_ != StateLayout::Drafter::none) draft_layer_ = c.num_hidden_layers;
+  if (drafter_ == StateLayout::Drafter::dspark) {  // docs/dspark.md
+    const DsparkWeights& S = w_.dspark;
+    for (size_t k = 0; k < S.stages.size(); ++k) {
+      lr_.emplace_back();
+      bind_layer(S.stages[k], draft_layer_ + int(k), lr_.back());
+    }
+    const int last = draft_layer_ + int(S.stages.size()) - 1;
+    dspark_.main_proj = res(S.main_proj);
+    dspark_.markov_w1 = res(S.markov_w1);
+    dspark_.markov_w2 = res(S.markov_w2);
+    dspark_.main_norm = upload_f32(S.main_norm, size_t(D), "mtp.main_norm", draft_layer_);
+    dspark_.norm = upload_f32(S.norm, size_t(D), "mtp.norm", last);
+    dspark_.hc_head_fn = upload_f32(S.hc_head_fn, size_t(HC * HC * D), "mtp.hc_head_fn", last);
+    dspark_.hc_head_base = upload_f32(S.hc_head_base, size_t(HC), "mtp.hc_head_base", last);
+    dspark_.hc_head_scale = upload_f32(S.hc_head_scale, 1, "mtp.hc_head_scale", last);
+    // the confidence projection [1, D + r] as two row vectors over its column ranges [0, D) and [D, D + r)
+    const WeightView cv = gemm_weight(S.confidence);
+    const int64_t esz = cv.row_bytes() / cv.cols;
+    WeightView ch = cv, ce = cv;
+    ch.cols = D;
+    ce.cols = cv.cols - D;
+    ce.w = cv.w + D * esz;
+    const bool on_device = dummy_ && dummy_->on_device.count(S.confidence.w);
+    if (!on_device) resident_bytes_ += be_->resident_bytes(ch) + be_->resident_bytes(ce);
+    dspark_.conf_h = on_device ? be_->adopt(ch, params_) : be_->upload(ch, params_);
+    dspark_.conf_e = on_device ? be_->adopt(ce, params_) : be_->upload(ce, params_);
+  }
+  if (drafter_ == StateLayout::Drafter::mtp) {
     const MtpWeights& mw = w_.mtp[0];
-    mtp_layer_ = c.num_hidden_layers;
+    const int ml = draft_layer_;
     lr_.emplace_back();
-    bind_layer(mw.block, mtp_layer_, lr_.back());
+    bind_layer(mw.block, ml, lr_.back());
     mtp_.e_proj = res(mw.e_proj);
     mtp_.h_proj = res(mw.h_proj);
-    mtp_.enorm = upload_f32(mw.enorm, size_t(D), "mtp.enorm", mtp_layer_);
-    mtp_.hnorm = upload_f32(mw.hnorm, size_t(D), "mtp.hnorm", mtp_layer_);
-    mtp_.norm = upload_f32(mw.norm, size_t(D), "mtp.norm", mtp_layer_);
-    mtp_.hc_head_fn = upload_f32(mw.hc_head_fn, size_t(HC * HC * D), "mtp.hc_head_fn", mtp_layer_);
-    mtp_.hc_head_base = upload_f32(mw.hc_head_base, size_t(HC), "mtp.hc_head_base", mtp_layer_);
-    mtp_.hc_head_scale = upload_f32(mw.hc_head_scale, 1, "mtp.hc_head_scale", mtp_layer_);
+    mtp_.enorm = upload_f32(mw.enorm, size_t(D), "mtp.enorm", ml);
+    mtp_.hnorm = upload_f32(mw.hnorm, size_t(D), "mtp.hnorm", ml);
+    mtp_.norm = upload_f32(mw.norm, size_t(D), "mtp.norm", ml);
+    mtp_.hc_head_fn = upload_f32(mw.hc_head_fn, size_t(HC * HC * D), "mtp.hc_head_fn", ml);
+    mtp_.hc_head_base = upload_f32(mw.hc_head_base, size_t(HC), "mtp.hc_head_base", ml);
+    mtp_.hc_head_scale = upload_f32(mw.hc_head_scale, 1, "mtp.hc_head_scale", ml);
+  }
+  if (split_) {
+    split_->finish(c.num_experts_per_tok);  // page-locks the host experts, picks the staging threshold
+    if (split_->stage_min_tokens() > 0)
+      log::info("split layers: calls of >= {} tokens run their CPU experts on {} (2 x {} MiB staging, host experts "
+                "{}page-locked)", split_->stage_min_tokens(), be_->device().name(),
+                split_->stage_slot_bytes() >> 20, split_->host_experts_pinned() ? "" : "not ");
   }
   be_->synchronize();
+}
+
+SplitMoeOptions Model::split_options() const {
+  SplitMoeOptions o;
+  const PlacementOptions& p = opts_.placement;
+  if (p.stage_bytes < 1) fail("the expert staging buffers need a size (got {} bytes)", p.stage_bytes);
+  o.stage_slot_bytes = size_t(p.stage_bytes);
+  // auto: the cost model on a device with its own memory; the CPU backend's "device" memory is the host's
+  o.stage_min_tokens = p.stage_tokens >= 0 ? p.stage_tokens : be_->device().is_cpu() ? 0 : -1;
+  return o;
 }
 
 void Model::place_experts(uint64_t non_expert, uint64_t expert) {
@@ -256,8 +313,12 @@ void Model::place_experts(uint64_t non_expert, uint64_t expert) {
   const int64_t budget =
       int64_t(mi.free) - int64_t(non_expert) - int64_t(placement_reserve_bytes(cfg_, opts_.ubatch));
   placement_ = resolve_placement(cfg_, opts_.placement, expert, budget);
-  // a split layer waits on the host's experts inside the step, which a CUDA graph cannot record: eager steps
-  if (placement_.n_host() > 0) graphs_.reset();
+  // experts on the CPU: the staging buffers of the staged path need device memory too (auto: fewer experts)
+  const int64_t stage = int64_t(SplitMoe::staging_device_bytes(split_options(), expert));
+  if (placement_.n_host() > 0 && stage > 0)
+    placement_ = resolve_placement(cfg_, opts_.placement, expert, budget - stage);
+  // (a split layer waits on the host's experts inside the step, which a CUDA graph cannot record: forward_ubatch runs
+  // it eagerly between the recorded segments of the other layers; the staged path's copy stream and events too)
   if (opts_.placement.any()) log::info("{}", placement_.summary());
 }
 
@@ -279,25 +340,42 @@ uint64_t Model::host_decode_weight_bytes(int64_t batch) const {
   return b;
 }
 
+int Model::max_draft() const {
+  switch (drafter_) {
+    case StateLayout::Drafter::mtp: return int(StateLayout::kMaxMtpDraft);
+    case StateLayout::Drafter::dspark: return cfg_.dspark.block_size;
+    case StateLayout::Drafter::none: break;
+  }
+  return 0;
+}
+
 std::unique_ptr<Model> Model::init(const ModelOptions& opts, ModelConfig cfg) {
   std::unique_ptr<Model> m(new Model());
   m->opts_ = opts;
-  if (opts.spec_draft < 0 || opts.spec_draft > StateLayout::kMaxDraft)
-    fail("--spec-draft must be in [0, {}] (got {})", StateLayout::kMaxDraft, opts.spec_draft);
-  if (opts.spec_draft > 0) m->opts_.mtp = true;
-  if (m->opts_.mtp) {  // before any weight is read: a clear message which drafter the checkpoint has
+  if (opts.spec_draft < 0 || opts.spec_draft > StateLayout::kMaxDraftLimit)
+    fail("--spec-draft must be in [0, {}] (got {})", StateLayout::kMaxDraftLimit, opts.spec_draft);
+  if (opts.spec_draft > 0) m->opts_.drafter = true;
+  if (m->opts_.drafter) {  // before any weight is read: a clear message which drafter the checkpoint has
     const ModelConfig& c = cfg;
-    if (c.dspark.present)
-      fail("{}: speculative decoding (--spec-draft) needs an MTP module, but the mtp.* tensors of this checkpoint "
-           "are a DSpark drafter (dspark_* config keys, block size {}), which dsv4 does not run yet; available "
-           "drafters: none (run without --spec-draft)",
-           c.origin, c.dspark.block_size);
-    if (c.num_mtp_layers() < 1)
-      fail("{}: speculative decoding (--spec-draft) needs an MTP module; the config has num_nextn_predict_layers = {}",
-           c.origin, c.num_nextn_predict_layers);
-    if (c.compress_ratio(c.num_hidden_layers) != 0)
-      fail("{}: the MTP layer has compress ratio {}; only a window-only MTP block is supported", c.origin,
-           c.compress_ratio(c.num_hidden_layers));
+    if (c.dspark.present) {
+      if (opts.spec_draft > c.dspark.block_size)
+        fail("{}: --spec-draft {}: the checkpoint's drafter is a DSpark drafter (dspark_* config keys), which drafts "
+             "at most its block size {} tokens per step",
+             c.origin, opts.spec_draft, c.dspark.block_size);
+      m->drafter_ = StateLayout::Drafter::dspark;
+    } else {
+      if (c.num_mtp_layers() < 1)
+        fail("{}: speculative decoding (--spec-draft) needs a drafter, but the checkpoint has none (no MTP module: "
+             "num_nextn_predict_layers = {}; no DSpark drafter: no dspark_* config keys)",
+             c.origin, c.num_nextn_predict_layers);
+      if (c.compress_ratio(c.num_hidden_layers) != 0)
+        fail("{}: the MTP layer has compress ratio {}; only a window-only MTP block is supported", c.origin,
+             c.compress_ratio(c.num_hidden_layers));
+      if (opts.spec_draft > StateLayout::kMaxMtpDraft)
+        fail("{}: --spec-draft {}: the checkpoint's drafter is its MTP module, which drafts at most {} tokens per step",
+             c.origin, opts.spec_draft, StateLayout::kMaxMtpDraft);
+      m->drafter_ = StateLayout::Drafter::mtp;
+    }
   }
   if (m->opts_.ubatch < 1) fail("ubatch must be >= 1 (got {})", m->opts_.ubatch);
   if (opts.n_threads < 0) fail("n_threads must be >= 0 (got {})", opts.n_threads);
@@ -337,10 +415,10 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const Model
 
 std::unique_ptr<Model> Model::load_dummy(const ModelConfig& cfg, const ModelOptions& opts, uint64_t seed) {
   std::unique_ptr<Model> m = init(opts, cfg);
-  const DummyDeviceBytes db = dummy_device_bytes(m->cfg_, m->opts_.mtp);
+  const DummyDeviceBytes db = dummy_device_bytes(m->cfg_, m->opts_.drafter);
   m->place_experts(db.non_expert, m->be_->device().is_cpu() ? 0 : db.one_expert);
   m->dummy_ = std::make_unique<DummyCheckpoint>(
-      make_dummy_checkpoint(m->cfg_, *m->be_, seed, m->opts_.mtp, &m->placement_));
+      make_dummy_checkpoint(m->cfg_, *m->be_, seed, m->opts_.drafter, &m->placement_));
   m->w_ = bind_weights(*m->dummy_->set, m->cfg_);
   m->make_resident();
   log::info("dummy {}: {} layers, {:.2f} GiB made on {}", cfg.origin, m->cfg_.num_hidden_layers,

@@ -49,10 +49,11 @@ struct ModelOptions {
   Device device{};                 // where to run (ignored when `backend` is given)
   Backend* backend = nullptr;      // run on this backend (not owned; must outlive the model), e.g. a test double
   int n_threads = 0;               // CPU backend: OpenMP threads (> 0: set at load, process-wide; 0: keep)
-  bool mtp = false;                // make the MTP module resident and run it (speculative decoding); throws when
-                                   // the checkpoint has none (e.g. a DSpark drafter, which dsv4 does not run)
+  bool drafter = false;            // make the checkpoint's drafter resident and run it (speculative decoding): the
+                                   // MTP module, or the DSpark drafter when the config has dspark_* keys; throws
+                                   // when the checkpoint has none
   int spec_draft = 0;              // draft tokens per step for the engines built on this model (--spec-draft,
-                                   // 0 = off, 1 .. StateLayout::kMaxDraft); > 0 implies mtp
+                                   // 0 = off, 1 .. max_draft(): MTP 4, DSpark its block size); > 0 implies drafter
   bool cuda_graphs = true;         // CUDA: record each forward step shape once as a CUDA graph and replay it
                                    // (backend/step_graphs.h; `dsv4 bench model --no-cuda-graph` turns it off)
   PlacementOptions placement;      // routed experts on the device or the CPU (--cpu-moe, --n-cpu-moe, --gpu-experts,
@@ -63,6 +64,16 @@ struct ModelOptions {
 struct MtpResident {
   WeightView e_proj, h_proj;          // FP8 [D, D]
   const float *enorm = nullptr, *hnorm = nullptr, *norm = nullptr;  // [D]
+  const float *hc_head_fn = nullptr, *hc_head_base = nullptr, *hc_head_scale = nullptr;
+};
+
+// The DSpark drafter outside its stages (docs/dspark.md), resident on the backend's device.
+struct DsparkResident {
+  WeightView main_proj;                // FP8 [D, T*D]
+  WeightView markov_w1;                // BF16 [vocab, r] (an embedding table)
+  WeightView markov_w2;                // BF16 [vocab, r]
+  WeightView conf_h, conf_e;           // the confidence projection [1, D + r] split into its [1, D] and [1, r] columns
+  const float *main_norm = nullptr, *norm = nullptr;  // [D]
   const float *hc_head_fn = nullptr, *hc_head_base = nullptr, *hc_head_scale = nullptr;
 };
 
@@ -124,7 +135,9 @@ class Model final : public LanguageModel {
   // numerics: rows are not quantization-simulated, so compact storage would be lossy).
   RowFormat state_rows() const;
   // The state layout of this model's pools.
-  StateLayout state_layout(bool with_mtp = false) const { return StateLayout::of(cfg_, with_mtp, state_rows()); }
+  StateLayout state_layout(bool with_drafter = false) const {
+    return StateLayout::of(cfg_, with_drafter, state_rows());
+  }
   // A fresh sequence state on this model's backend (rows as state_rows()).
   SequenceState fresh_state() const { return SequenceState::fresh(cfg_, *be_, state_rows()); }
   // A state pool for many sequences on this model's backend (model/state_pool.h), rows as state_rows() (o.rows is
@@ -153,12 +166,18 @@ class Model final : public LanguageModel {
   void forward(const Batch& batch, StatePool& pool, const BatchLogitsSink& sink) const;
 
   // ---- speculative decoding (model/speculation.h) --------------------------------------------------------------
-  bool has_mtp() const { return mtp_layer_ >= 0; }
+  // The drafter made resident (ModelOptions::drafter): none, the MTP module or the DSpark drafter.
+  StateLayout::Drafter drafter() const { return drafter_; }
+  bool has_drafter() const { return drafter_ != StateLayout::Drafter::none; }
+  // Draft tokens per verify step at most with the resident drafter (MTP: 4; DSpark: its block size; none: 0).
+  int max_draft() const;
   // Drop the last n - keep positions of verify steps (BatchSeq::spec) again: exactly the state of a run that never
-  // had them (rings, compressor frontiers, MTP ring). Throws dsv4::Error on invalid arguments.
+  // had them (rings, compressor frontiers, drafter rings). Throws dsv4::Error on invalid arguments.
   void rollback(std::span<const SpecRollback> seqs, StatePool& pool) const;
-  // Draft tokens with the MTP module (model/speculation.h).
-  void draft(std::span<const DraftSeq> seqs, StatePool& pool, const DraftSink& sink) const;
+  // Draft tokens with the resident drafter (model/speculation.h). confidence (optional; DSpark only, left empty with
+  // the MTP module): per sequence the confidence head's estimate of each draft (docs/dspark.md step 8).
+  void draft(std::span<const DraftSeq> seqs, StatePool& pool, const DraftSink& sink,
+             std::vector<std::vector<float>>* confidence = nullptr) const;
 
   // Convenience: fresh-state prefill returning the logits of every position ([n, n_vocab]).
   std::vector<float> logits_all(std::span<const int32_t> tokens) const;
@@ -185,6 +204,8 @@ class Model final : public LanguageModel {
   // Totals of the split layers since the last reset (PCIe bytes, host compute time); all zero without a split.
   SplitMoeStats split_stats() const;
   void reset_split_stats() const;
+  // The split layers' runner (null without experts on the CPU): its staging threshold and buffers.
+  const SplitMoe* split_moe() const { return split_.get(); }
   // Profiling (`dsv4 profile-experts`): called after the router of every main layer with the host copy of its
   // expert ids [n, k]; empty: none. Not thread-safe with forward steps running.
   using RouteObserver = std::function<void(int layer, const int32_t* ids, int64_t n, int64_t k)>;
@@ -210,6 +231,18 @@ class Model final : public LanguageModel {
   void block(int layer, StatePool& pool, const StepPlan& plan, const DevicePlan& dp, float* X) const;
   void attention(int layer, StatePool& pool, const StepPlan& plan, const DevicePlan& dp, const float* x,
                  float* out) const;
+  // Pieces of attention (attention.cpp), shared with the DSpark stages (dspark.cpp). cs: [n, rd] RoPE of the rows.
+  // The query q [n, H, Dh] (and its latent qr [n, q_lora]) of x [n, D].
+  void attn_query(const LayerResident& lp, const float* x, int64_t n, const float* cs, float* qr, float* q) const;
+  // Window rows of x [n, D]: kv [n, Dh] (fp32, FP8-simulated in reference numerics) and, with compact state rows,
+  // their stored form kv_st [n, KW] (else kv_st == kv).
+  void window_rows(const LayerResident& lp, const float* x, int64_t n, const float* cs, const RowCodec& kc, float* kv,
+                   float* kv_st) const;
+  // The step's snapshots of layer l's ring, the verify steps' backups and the ring update with the rows kv_st.
+  void store_window(int layer, StatePool& pool, const StepPlan& plan, const DevicePlan& dp, const float* kv_st) const;
+  // Inverse RoPE on the attention output o [n, H, Dh] (in place), grouped wo_a, wo_b -> out [n, D].
+  void attn_output(const LayerResident& lp, float* o, int64_t n, const float* cs, const int32_t* group_fwd,
+                   const int32_t* group_back, float* out) const;
   // Runs one compressor over x [n, D]: the emitted rows go to their pool rows, snapshots take their frontier rows,
   // and the frontiers of the step's slots advance.
   void compressor(const CompressorResident& w, const CompressorPools& cp, const StepPlan& plan, const DevicePlan& dp,
@@ -222,10 +255,20 @@ class Model final : public LanguageModel {
   // MTP head's logits of its block output X [n, hc, D].
   void mtp_input(const float* H, const int32_t* next, const int32_t* hc_rows, int64_t n, float* Xm) const;
   void mtp_head(const float* X, int64_t n, float* logits) const;
+  void mtp_draft(std::span<const DraftSeq> seqs, StatePool& pool, const DraftSink& sink) const;
+  // DSpark (dspark.cpp, docs/dspark.md): the mean of the streams X [n, HC, D] of target layer i into its columns of
+  // the concatenated target hiddens MH [n, T*D]; the context rows of every stage ring from MH (forward steps); the
+  // block draft.
+  void dspark_capture(const StepPlan& plan, const DevicePlan& dp, const float* X, int i, float* MH) const;
+  void dspark_context(StatePool& pool, const StepPlan& plan, const DevicePlan& dp, const float* MH) const;
+  void dspark_draft(std::span<const DraftSeq> seqs, StatePool& pool, const DraftSink& sink,
+                    std::vector<std::vector<float>>* confidence) const;
   void bind_layer(const LayerWeights& lw, int l, LayerResident& p);
   // Sets placement_ from opts_.placement: non_expert = device bytes of every weight but the main layers' routed
   // experts, expert = device bytes of one routed expert.
   void place_experts(uint64_t non_expert, uint64_t expert);
+  // The split layers' options from opts_.placement (staging threshold and slots).
+  SplitMoeOptions split_options() const;
 
   bool bf16() const { return opts_.numerics == Numerics::reference; }
   LinearOpts qopts() const { return quantized_linear_opts(opts_.numerics); }
@@ -250,7 +293,9 @@ class Model final : public LanguageModel {
   WeightView embed_, head_;
   const float *norm_ = nullptr, *hc_head_fn_ = nullptr, *hc_head_base_ = nullptr, *hc_head_scale_ = nullptr;
   MtpResident mtp_;
-  int mtp_layer_ = -1;                 // index of the MTP block in lr_ (= num_hidden_layers) when resident
+  DsparkResident dspark_;
+  StateLayout::Drafter drafter_ = StateLayout::Drafter::none;
+  int draft_layer_ = -1;               // index of the drafter's first block in lr_ (= num_hidden_layers) when resident
   RopeTable rope_plain_, rope_yarn_;
   size_t resident_bytes_ = 0;
   const Ops* hook_ = nullptr;

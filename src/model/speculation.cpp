@@ -4,37 +4,12 @@
 #include <set>
 
 #include "core/error.h"
+#include "model/device_lists.h"
 #include "model/model.h"
 
 namespace dsv4 {
 
 namespace {
-
-// int32 lists uploaded with one copy into workspace memory.
-struct DeviceLists {
-  std::vector<std::vector<int32_t>> host;
-  size_t add(std::vector<int32_t> v) {
-    host.push_back(std::move(v));
-    return host.size() - 1;
-  }
-  std::vector<const int32_t*> dev;
-  void upload(Backend& be, Workspace& ws) {
-    size_t total = 0;
-    for (const auto& v : host) total += v.size();
-    std::vector<int32_t> all;
-    all.reserve(total);
-    std::vector<size_t> off;
-    for (const auto& v : host) {
-      off.push_back(all.size());
-      all.insert(all.end(), v.begin(), v.end());
-    }
-    int32_t* d = ws.alloc<int32_t>(int64_t(std::max<size_t>(total, 1)));
-    if (total) be.copy_to_device(d, all.data(), total * 4);
-    for (size_t i = 0; i < host.size(); ++i) dev.push_back(host[i].empty() ? nullptr : d + off[i]);
-  }
-  const int32_t* operator[](size_t i) const { return dev[i]; }
-  int64_t size(size_t i) const { return int64_t(host[i].size()); }
-};
 
 // The frontier rows a step of n tokens at p0 changes (the step plan's frontier update, step_plan.cpp), as a map
 // row -> index among the changed rows (ascending row order), -1 where unchanged.
@@ -60,8 +35,9 @@ std::vector<int64_t> changed_rows(int m, int coff, int64_t p0, int64_t n) {
 
 void Model::rollback(std::span<const SpecRollback> seqs, StatePool& pool) const {
   const StateLayout& L = pool.layout();
-  if (!L.has_mtp() || pool.backend() != be_) fail("rollback: the state pool has no speculation rows of this model");
-  const int64_t R = StateLayout::kSpecRows, W = L.window;
+  if (!L.has_drafter() || pool.backend() != be_)
+    fail("rollback: the state pool has no speculation rows of this model");
+  const int64_t R = L.spec_rows, W = L.window;
   std::set<int64_t> slots;
   for (const SpecRollback& s : seqs) {
     if (s.slot < 0 || s.slot >= pool.n_slots()) fail("rollback: slot {} outside [0, {})", s.slot, pool.n_slots());
@@ -96,7 +72,7 @@ void Model::rollback(std::span<const SpecRollback> seqs, StatePool& pool) const 
       RatioLists r;
       r.m = ly.ratio;
       r.coff = ly.coff;
-      r.U = ly.changed_rows();
+      r.U = ly.changed_rows(R);
       const int64_t m = r.m, nr = int64_t(r.coff) * m, base = r.coff == 2 ? m : 0, U = r.U;
       const int64_t n_a = pool.n_slots() * (U + R);
       std::vector<int32_t> src, dst;
@@ -165,33 +141,43 @@ void Model::rollback(std::span<const SpecRollback> seqs, StatePool& pool) const 
   }
 }
 
-void Model::draft(std::span<const DraftSeq> seqs, StatePool& pool, const DraftSink& sink) const {
+void Model::draft(std::span<const DraftSeq> seqs, StatePool& pool, const DraftSink& sink,
+                  std::vector<std::vector<float>>* confidence) const {
   const StateLayout& L = pool.layout();
-  if (!L.has_mtp() || !has_mtp() || pool.backend() != be_)
-    fail("draft: needs a model loaded with its MTP module and a state pool with the MTP layer");
-  const int64_t ns = int64_t(seqs.size()), HC = cfg_.hc_mult, D = cfg_.hidden_size, W = L.window;
-  const int64_t R = StateLayout::kSpecRows, V = cfg_.vocab_size;
-  if (ns == 0) return;
+  if (!has_drafter() || L.drafter != drafter_ || pool.backend() != be_)
+    fail("draft: needs a model loaded with its drafter and a state pool with the drafter's layers");
+  if (confidence) confidence->assign(seqs.size(), {});
   std::set<int64_t> slots;
-  int max_k = 0;
   for (const DraftSeq& s : seqs) {
     if (s.slot < 0 || s.slot >= pool.n_slots()) fail("draft: slot {} outside [0, {})", s.slot, pool.n_slots());
     if (!slots.insert(s.slot).second) fail("draft: slot {} appears twice", s.slot);
-    if (s.n_draft < 0 || s.n_draft > StateLayout::kMaxDraft)
-      fail("draft: {} draft tokens (0 .. {})", s.n_draft, StateLayout::kMaxDraft);
-    if (s.token < 0 || s.token >= V) fail("token id {} outside the vocabulary [0, {})", s.token, V);
+    if (s.n_draft < 0 || s.n_draft > max_draft()) fail("draft: {} draft tokens (0 .. {})", s.n_draft, max_draft());
+    if (s.token < 0 || s.token >= cfg_.vocab_size)
+      fail("token id {} outside the vocabulary [0, {})", s.token, cfg_.vocab_size);
     if (s.pos < 0 || s.pos + s.n_draft > cfg_.max_position_embeddings) fail("draft: position {} out of range", s.pos);
     if (s.snapshot >= pool.n_snapshots()) fail("draft: snapshot {} outside [0, {})", s.snapshot, pool.n_snapshots());
-    max_k = std::max(max_k, s.n_draft);
   }
+  if (seqs.empty()) return;
+  if (drafter_ == StateLayout::Drafter::dspark) return dspark_draft(seqs, pool, sink, confidence);
+  mtp_draft(seqs, pool, sink);
+}
+
+void Model::mtp_draft(std::span<const DraftSeq> seqs, StatePool& pool, const DraftSink& sink) const {
+  const StateLayout& L = pool.layout();
+  const int64_t ns = int64_t(seqs.size()), HC = cfg_.hc_mult, D = cfg_.hidden_size, W = L.window;
+  const int64_t R = L.spec_rows, V = cfg_.vocab_size;
+  int max_k = 0;
+  for (const DraftSeq& s : seqs) max_k = std::max(max_k, s.n_draft);
   std::lock_guard<std::mutex> lock(mu_);
   Workspace& ws = be_->workspace();
   Workspace::Scope scope(ws);
-  StatePool::LayerBuffers& mb = pool.layer(mtp_layer_);
+  StatePool::LayerBuffers& mb = pool.layer(draft_layer_);
   // the plan of an MTP-only step: the MTP layer alone (window only: no pages), no hidden rows kept
   StateLayout ml = L;
-  ml.layers = {L.layers[size_t(mtp_layer_)]};
-  ml.mtp_layer = -1;
+  ml.layers = {L.layers[size_t(draft_layer_)]};
+  ml.drafter = StateLayout::Drafter::none;
+  ml.draft_layer = -1;
+  ml.n_draft_layers = 0;
   ml.any_compressed = false;
 
   // ring rows the chained drafts (positions pos + 1 .. pos + k - 1) overwrite, saved in the MTP layer's speculation
@@ -257,7 +243,7 @@ void Model::draft(std::span<const DraftSeq> seqs, StatePool& pool, const DraftSi
       ops().gather_rows(Y, ns, pool.hidden().as<float>(), sl[i_in], na, HC * D, H);
       float* Xm = ws.alloc<float>(na * HC * D);
       mtp_input(H, dp.tokens, dl[i_hc], na, Xm);
-      block(mtp_layer_, pool, plan, dp, Xm);
+      block(draft_layer_, pool, plan, dp, Xm);
       ops().scatter_rows(Xm, dl[i_iota], Y, sl[i_y], na, HC * D);
       if (j == 0 && g1 == act.size() && dl.size(i_ssrc))  // every row of pos written: patch the snapshots
         ops().scatter_rows(mb.ring.as<float>(), dl[i_ssrc], mb.snap_ring.as<float>(), dl[i_sdst], dl.size(i_ssrc),

@@ -1,8 +1,12 @@
-// Speculative decoding with the MTP module (spec §5.9) over a StatePool with the MTP layer (StatePoolOptions::mtp):
-// the model side of draft, verify and rollback. The decoding policy (how many drafts, acceptance, sampling) lives in
-// src/engine/spec_decode.h.
+// Speculative decoding with the checkpoint's drafter over a StatePool with the drafter's layers
+// (StatePoolOptions::drafter): the model side of draft, verify and rollback. Two drafters: the MTP module (spec
+// §5.9, below) and the DSpark block drafter of the 0731 checkpoints (docs/dspark.md, model/dspark.cpp: its stage
+// rings hold the context rows of every position the forward steps compute, a draft runs one block pass and a
+// sequential Markov head; nothing of a ring row depends on the next token, so no row is provisional). The decoding
+// policy (how many drafts, acceptance, sampling) lives in src/engine/spec_decode.h.
 //
-// One round of a sequence whose main state holds positions [0, P) and whose next token x_P is known:
+// With the MTP module, one round of a sequence whose main state holds positions [0, P) and whose next token x_P is
+// known:
 //   draft    Model::draft({slot, pos = P - 1, token = x_P, k}): the MTP block at position P - 1 on the main model's
 //            hidden streams of P - 1 (kept in the pool's hidden rows by every forward step) and embed[x_P] gives the
 //            draft d_1 of x_{P+1}; chained drafts j >= 2 run the MTP at P + j - 2 on its own output streams and
@@ -13,7 +17,7 @@
 //            the following draft) and saves the ring rows and frontier rows it overwrites plus its compressor
 //            projections in the slot's speculation rows.
 //   rollback Model::rollback({slot, p0 = P, n = k + 1, keep = a + 1}) after a accepted drafts: the rings (main and
-//            MTP), compressor frontiers and indexer frontiers are exactly those of a straight run over the kept
+//            drafter), compressor frontiers and indexer frontiers are exactly those of a straight run over the kept
 //            positions. Compressed rows and indexer keys of windows that end past the kept positions were written
 //            to the sequence's own pages but are invisible (visibility is by position) and are rewritten before
 //            any position sees them; nothing on the host changes (the caller owns positions and pages).
@@ -33,19 +37,22 @@ struct SpecRollback {
 };
 
 // Drafting for one sequence: its main state holds positions [0, pos + 1), `token` is x_{pos+1}; n_draft in
-// [0, StateLayout::kMaxDraft]. The MTP row of pos is provisional after the forward step that computed pos (its next
+// [0, Model::max_draft()]. MTP: the MTP row of pos is provisional after the forward step that computed pos (its next
 // token was not known there) until a draft() at pos, with any n_draft (0: only that row), rewrites it; decoding
-// with speculation calls draft() after every step that produced a token.
+// with speculation calls draft() after every step that produced a token. DSpark: n_draft 0 does nothing and the
+// snapshot is not needed (its rings are exact).
 struct DraftSeq {
   int64_t slot = 0, pos = 0;
   int32_t token = 0;
   int n_draft = 1;
   int64_t snapshot = -1;  // >= 0: a snapshot the last step took at pos + 1; its (provisional) MTP row of pos is
-                          // rewritten too, so that restoring it gives exactly the state of a straight run
+                          // rewritten too, so that restoring it gives exactly the state of a straight run (MTP)
 };
 
-// Receives the MTP logits (fp32, n_vocab, host memory) of draft j of sequence `seq` and returns the drafted token
-// (the next MTP input), or -1 to stop drafting for this sequence. finite == false: NaN/inf logits.
+// Receives the drafter's logits (fp32, n_vocab, host memory) of draft j of sequence `seq` — MTP: its head's; DSpark:
+// the block row's base logits plus the Markov bias of the previous token — and returns the drafted token (the next
+// MTP input / the next Markov step's previous token), or -1 to stop drafting for this sequence. finite == false:
+// NaN/inf logits.
 using DraftSink = std::function<int32_t(size_t seq, int j, std::span<const float> logits, bool finite)>;
 
 }  // namespace dsv4

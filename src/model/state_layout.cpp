@@ -18,7 +18,7 @@ bool StateLayout::compact_fits(const ModelConfig& cfg) {
   return nope > 0 && nope % 64 == 0 && cfg.qk_rope_head_dim >= 0 && cfg.index_head_dim % 32 == 0;
 }
 
-StateLayout StateLayout::of(const ModelConfig& cfg, bool with_mtp, RowFormat rows) {
+StateLayout StateLayout::of(const ModelConfig& cfg, bool with_drafter, RowFormat rows) {
   StateLayout s;
   s.window = cfg.sliding_window;
   s.head_dim = cfg.head_dim;
@@ -33,15 +33,25 @@ StateLayout StateLayout::of(const ModelConfig& cfg, bool with_mtp, RowFormat row
                                                 : RowCodec::f32(cfg.index_head_dim);
   const uint64_t row = 4;                                   // fp32 elements (frontiers, hidden rows)
   const uint64_t kv_b = uint64_t(s.kv_row.bytes()), key_b = uint64_t(s.key_row.bytes());  // stored rows
-  if (with_mtp) {
-    if (cfg.num_mtp_layers() < 1) fail("{}: the model has no MTP layer", cfg.origin);
-    if (cfg.compress_ratio(cfg.num_hidden_layers) != 0)
-      fail("{}: the MTP layer has compress ratio {}; only a window-only (ratio 0) MTP block is supported", cfg.origin,
-           cfg.compress_ratio(cfg.num_hidden_layers));
-    s.mtp_layer = cfg.num_hidden_layers;
-    s.hidden_width = int64_t(cfg.hc_mult) * cfg.hidden_size;
+  if (with_drafter) {
+    if (cfg.dspark.present) {  // the DSpark stages (window-only, checked by the config parser)
+      s.drafter = Drafter::dspark;
+      s.n_draft_layers = cfg.dspark.n_stages;
+      s.spec_rows = cfg.dspark.block_size + 1;
+    } else {
+      if (cfg.num_mtp_layers() < 1)
+        fail("{}: the model has no drafter (no MTP layer: num_nextn_predict_layers = 0, no dspark_* keys)", cfg.origin);
+      if (cfg.compress_ratio(cfg.num_hidden_layers) != 0)
+        fail("{}: the MTP layer has compress ratio {}; only a window-only (ratio 0) MTP block is supported",
+             cfg.origin, cfg.compress_ratio(cfg.num_hidden_layers));
+      s.drafter = Drafter::mtp;
+      s.n_draft_layers = 1;
+      s.spec_rows = kMaxMtpDraft + 1;
+      s.hidden_width = int64_t(cfg.hc_mult) * cfg.hidden_size;
+    }
+    s.draft_layer = cfg.num_hidden_layers;
   }
-  const int n_layers = cfg.num_hidden_layers + (with_mtp ? 1 : 0);
+  const int n_layers = cfg.num_hidden_layers + s.n_draft_layers;
   for (int l = 0; l < n_layers; ++l) {
     Layer L;
     L.ratio = cfg.compress_ratio(l);
@@ -70,13 +80,14 @@ StateLayout StateLayout::of(const ModelConfig& cfg, bool with_mtp, RowFormat row
     }
     s.layers.push_back(L);
   }
-  if (with_mtp) {
+  if (with_drafter) {
     // hidden rows + per layer: ring backup rows; per compressor: changed frontier rows + the step's projections
-    uint64_t b = uint64_t(kSpecRows * s.hidden_width) * row;
+    const int64_t R = s.spec_rows;
+    uint64_t b = uint64_t(R * s.hidden_width) * row;
     for (const Layer& L : s.layers) {
-      b += uint64_t(kSpecRows) * kv_b;
-      if (L.ratio > 0) b += 2 * uint64_t((L.changed_rows() + kSpecRows) * L.coff * s.head_dim) * row;
-      if (L.indexer) b += 2 * uint64_t((L.changed_rows() + kSpecRows) * L.coff * s.index_head_dim) * row;
+      b += uint64_t(R) * kv_b;
+      if (L.ratio > 0) b += 2 * uint64_t((L.changed_rows(R) + R) * L.coff * s.head_dim) * row;
+      if (L.indexer) b += 2 * uint64_t((L.changed_rows(R) + R) * L.coff * s.index_head_dim) * row;
     }
     s.spec_bytes = b;
     s.slot_bytes += b;

@@ -30,7 +30,7 @@ void copy_rows(Backend& be, Buffer& dst, int64_t d0, const Buffer& src, int64_t 
 }  // namespace
 
 StatePool::StatePool(const ModelConfig& cfg, Backend& be, const StatePoolOptions& o)
-    : layout_(StateLayout::of(cfg, o.mtp, o.rows)),
+    : layout_(StateLayout::of(cfg, o.drafter, o.rows)),
       be_(&be),
       n_slots_(o.n_slots),
       n_pages_(o.n_pages),
@@ -68,8 +68,8 @@ StatePool::StatePool(const ModelConfig& cfg, Backend& be, const StatePoolOptions
       b.snap_idx_k = rows_buffer(be, n_snapshots_ * ly.ratio, w, "snapshot frontiers");
       b.snap_idx_s = rows_buffer(be, n_snapshots_ * ly.ratio, w, "snapshot frontiers");
     }
-    if (L.has_mtp()) {
-      const int64_t R = StateLayout::kSpecRows, sr = n_slots_ * (ly.changed_rows() + R);
+    if (L.has_drafter()) {
+      const int64_t R = L.spec_rows, sr = n_slots_ * (ly.changed_rows(R) + R);
       b.spec_ring = rows_buffer(be, n_slots_ * R, KV, "speculation rows");
       if (ly.ratio > 0) {
         b.spec_cmp_k = rows_buffer(be, sr, ly.coff * L.head_dim, "speculation rows");
@@ -82,8 +82,8 @@ StatePool::StatePool(const ModelConfig& cfg, Backend& be, const StatePoolOptions
     }
   }
   if (L.has_mtp()) {
-    hidden_ = rows_buffer(be, n_slots_ * StateLayout::kSpecRows, L.hidden_width, "speculation hidden rows");
-    be.ops().fill(hidden_.as<float>(), n_slots_ * StateLayout::kSpecRows * L.hidden_width, 0.0f);
+    hidden_ = rows_buffer(be, n_slots_ * L.spec_rows, L.hidden_width, "speculation hidden rows");
+    be.ops().fill(hidden_.as<float>(), n_slots_ * L.spec_rows * L.hidden_width, 0.0f);
   }
   for (int64_t s = 0; s < n_slots_; ++s) reset_slot(s);
 }
@@ -155,7 +155,7 @@ void StatePool::copy_slot(int64_t from, int64_t to) {
     copy_rows(*be_, b.idx_k, to * fr, b.idx_k, from * fr, fr, ly.coff * layout_.index_head_dim);
     copy_rows(*be_, b.idx_s, to * fr, b.idx_s, from * fr, fr, ly.coff * layout_.index_head_dim);
   }
-  const int64_t R = StateLayout::kSpecRows;
+  const int64_t R = layout_.spec_rows;
   copy_rows(*be_, hidden_, to * R, hidden_, from * R, R, layout_.hidden_width);
 }
 

@@ -12,8 +12,8 @@
 //   keys      [n_pages * rows_per_page, K]               the same rows (ratio 4)
 //   snap_ring [n_snapshots * window, KV]                 row snapshot * window + ring slot
 //   snap_cmp_k/s, snap_idx_k/s  [n_snapshots * ratio, coff*c]  frontier rows [0, ratio) (ratio 4)
-// With the MTP layer (StatePoolOptions::mtp; R = StateLayout::kSpecRows, U = Layer::changed_rows()):
-//   hidden    [n_slots * R, hc*D]                        row slot * R + position % R: pre-head streams (MTP input)
+// With a drafter (StatePoolOptions::drafter; R = layout().spec_rows, U = Layer::changed_rows(R)):
+//   hidden    [n_slots * R, hc*D]                        (MTP only) row slot * R + position % R: pre-head streams
 //   spec_ring [n_slots * R, KV]                          row slot * R + j: ring row a verify step overwrote at p0 + j
 //   spec_cmp_k/s, spec_idx_k/s [n_slots * (U + R), coff*c]  rows [0, U): frontier rows before a verify step (in the
 //             order of the step plan's changed rows), rows [U, U + R): the step's projections of p0 + j
@@ -35,7 +35,8 @@ struct StatePoolOptions {
   int64_t n_slots = 1;
   int64_t n_pages = 0;
   int64_t n_snapshots = 0;
-  bool mtp = false;                  // the MTP layer and the speculation rows (StateLayout::of(cfg, true))
+  bool drafter = false;              // the drafter's layers (MTP or DSpark) and the speculation rows
+                                     // (StateLayout::of(cfg, true))
   RowFormat rows = RowFormat::f32;   // how ring / compressed / key rows are stored (Model::make_pool sets it)
 };
 

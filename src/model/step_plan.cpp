@@ -16,10 +16,11 @@ const RatioPlan* StepPlan::ratio(int m) const {
 }
 
 std::vector<int64_t> StepPlan::shape_key() const {
-  std::vector<int64_t> k{n, window, rd, n_ring, int64_t(mtp), int64_t(pieces.size()), int64_t(ratios.size())};
+  std::vector<int64_t> k{n, window, rd, n_ring, int64_t(mtp), int64_t(dspark), int64_t(pieces.size()),
+                         int64_t(ratios.size())};
   auto sz = [&](const auto&... v) { (k.push_back(int64_t(v.size())), ...); };
   sz(tokens, cs_plain, cs_yarn, win_idx, ring_src, ring_dst, group_fwd, group_back, iota, snap_ids, snap_ring_src,
-     next, hc_rows, hid_src, hid_dst, spec_ring_src, spec_ring_dst, logit_rows);
+     next, hc_rows, hid_src, hid_dst, stream_rows, cat_rows, spec_ring_src, spec_ring_dst, logit_rows);
   for (int64_t id : snap_ids) k.push_back(id);
   for (const RatioPlan& r : ratios) {
     k.insert(k.end(), {int64_t(r.m), int64_t(r.coff), r.rpp, r.nr, r.n_emit, r.k_all, r.max_run,
@@ -33,8 +34,9 @@ std::vector<int64_t> StepPlan::shape_key() const {
 namespace {
 
 // The compressor plan of ratio m for the pieces of a step (spec §5.5; index spaces in step_plan.h).
+// R: the layout's speculation rows (verify steps of <= R tokens).
 RatioPlan plan_ratio(int m, int64_t n, const std::vector<PlanPiece>& pieces, const std::vector<int64_t>& piece_t0,
-                     const RopeTable& yarn) {
+                     const RopeTable& yarn, int64_t R) {
   RatioPlan r;
   r.m = m;
   r.coff = ModelConfig::compressor_coff(m);
@@ -92,7 +94,7 @@ RatioPlan plan_ratio(int m, int64_t n, const std::vector<PlanPiece>& pieces, con
     }
     int64_t n_changed = 0;
     const StateLayout::Layer ly{m, r.coff, rpp, m == 4};
-    const int64_t U = ly.changed_rows(), sbase = pc.slot * (U + StateLayout::kSpecRows);
+    const int64_t U = ly.changed_rows(R), sbase = pc.slot * (U + R);
     for (int64_t j = 0; j < nr; ++j)
       if (upd[size_t(j)] != int32_t(fbase + j)) {  // rows that keep their value need no copy (decode: 1-8 rows)
         r.upd.push_back(upd[size_t(j)]);
@@ -104,7 +106,7 @@ RatioPlan plan_ratio(int m, int64_t n, const std::vector<PlanPiece>& pieces, con
         ++n_changed;
       }
     if (pc.spec) {
-      if (n_changed > U || ni > StateLayout::kSpecRows)
+      if (n_changed > U || ni > R)
         fail("internal: a verify step of {} tokens changes {} frontier rows (at most {})", ni, n_changed, U);
       for (int64_t t = 0; t < ni; ++t) {
         r.sp_src.push_back(int32_t(t0 + t));
@@ -200,10 +202,11 @@ StepPlan StepPlan::build(const ModelConfig& cfg, const StateLayout& layout, cons
     }
   }
 
-  // MTP inputs and hidden rows; verify steps' ring backups (state_pool.h, speculation rows)
+  // MTP inputs and hidden rows; DSpark capture rows; verify steps' ring backups (state_pool.h, speculation rows)
+  const int64_t R = layout.spec_rows;
   if (layout.has_mtp()) {
     p.mtp = true;
-    const int64_t HC = cfg.hc_mult, R = StateLayout::kSpecRows;
+    const int64_t HC = cfg.hc_mult;
     p.next.assign(size_t(n), 0);
     p.hc_rows.resize(size_t(n * HC));
     for (int64_t i = 0; i < n * HC; ++i) p.hc_rows[size_t(i)] = int32_t(i / HC);
@@ -216,13 +219,27 @@ StepPlan StepPlan::build(const ModelConfig& cfg, const StateLayout& layout, cons
         p.hid_src.push_back(int32_t(t0 + t));
         p.hid_dst.push_back(int32_t(pc.slot * R + (p0 + t) % R));
       }
-      if (pc.spec)
-        for (int64_t t = 0; t < ni; ++t) {
-          p.spec_ring_src.push_back(int32_t(pc.slot * W + (p0 + t) % W));
-          p.spec_ring_dst.push_back(int32_t(pc.slot * R + t));
-        }
     }
   }
+  if (layout.has_dspark()) {
+    p.dspark = true;
+    const int64_t HC = cfg.hc_mult, T = int64_t(cfg.dspark.target_layer_ids.size());
+    p.stream_rows.resize(size_t(HC * n));
+    for (int64_t j = 0; j < HC; ++j)
+      for (int64_t t = 0; t < n; ++t) p.stream_rows[size_t(j * n + t)] = int32_t(t * HC + j);
+    p.cat_rows.resize(size_t(T * n));
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t t = 0; t < n; ++t) p.cat_rows[size_t(i * n + t)] = int32_t(t * T + i);
+  }
+  if (layout.has_drafter())
+    for (size_t i = 0; i < p.pieces.size(); ++i) {
+      const PlanPiece& pc = p.pieces[i];
+      if (!pc.spec) continue;
+      for (int64_t t = 0; t < int64_t(pc.tokens.size()); ++t) {
+        p.spec_ring_src.push_back(int32_t(pc.slot * W + (pc.p0 + t) % W));
+        p.spec_ring_dst.push_back(int32_t(pc.slot * R + t));
+      }
+    }
 
   const int64_t G = cfg.o_groups;
   p.group_fwd.resize(size_t(n * G));
@@ -236,9 +253,9 @@ StepPlan StepPlan::build(const ModelConfig& cfg, const StateLayout& layout, cons
   std::set<int> ms;
   for (const auto& l : layout.layers)
     if (l.ratio > 0) ms.insert(l.ratio);
-  size_t n_iota = 1;
+  size_t n_iota = p.dspark ? size_t(std::max<int64_t>(n, 1)) : 1;
   for (int m : ms) {
-    p.ratios.push_back(plan_ratio(m, n, p.pieces, p.piece_t0, yarn));
+    p.ratios.push_back(plan_ratio(m, n, p.pieces, p.piece_t0, yarn, R));
     n_iota = std::max({n_iota, size_t(p.ratios.back().n_emit), p.ratios.back().upd.size()});
   }
   p.iota.resize(n_iota);
@@ -282,7 +299,8 @@ DevicePlan DevicePlan::upload(const StepPlan& p, Backend& be, Workspace& ws) {
                o_lr = pk.add(p.logit_rows), o_io = pk.add(p.iota), o_sr = pk.add(p.snap_ring_src),
                o_cp = pk.add(p.cs_plain), o_cy = pk.add(p.cs_yarn), o_nx = pk.add(p.next),
                o_hr = pk.add(p.hc_rows), o_hs = pk.add(p.hid_src), o_hd = pk.add(p.hid_dst),
-               o_srs = pk.add(p.spec_ring_src), o_srd = pk.add(p.spec_ring_dst);
+               o_srs = pk.add(p.spec_ring_src), o_srd = pk.add(p.spec_ring_dst), o_str = pk.add(p.stream_rows),
+               o_cat = pk.add(p.cat_rows);
   struct R {
     size_t ape, cand, edst, upd, udst, nv, all, kp, kt, ss, cs, bs, bd, ss2, sd;
   };
@@ -314,6 +332,8 @@ DevicePlan DevicePlan::upload(const StepPlan& p, Backend& be, Workspace& ws) {
   d.hid_dst = i32(o_hd);
   d.spec_ring_src = i32(o_srs);
   d.spec_ring_dst = i32(o_srd);
+  d.stream_rows = i32(o_str);
+  d.cat_rows = i32(o_cat);
   for (const auto& r : ro) {
     DeviceRatioPlan x;
     x.ape_row = i32(r.ape);

@@ -59,7 +59,7 @@ struct RatioPlan {
   std::vector<int32_t> key_table;    // (m == 4) [n] start of each token's page table in key_pages
   int64_t max_run = 0;               // most tokens of one sequence in the step
   std::vector<int32_t> snap_src;     // (coff == 2) [n_snap, m] frontier rows [0, m) at each snapshot, as sources
-  // verify steps (spec pieces, pool with the MTP layer): changed frontier rows -> speculation rows [0, U), and the
+  // verify steps (spec pieces, pool with a drafter): changed frontier rows -> speculation rows [0, U), and the
   // step's projections -> speculation rows [U, U + R) (model/speculation.h)
   std::vector<int32_t> bk_src, bk_dst;  // pool frontier rows -> speculation rows
   std::vector<int32_t> sp_src, sp_dst;  // step rows -> speculation rows
@@ -82,12 +82,18 @@ struct StepPlan {
   std::vector<int64_t> snap_ids;     // [n_snap] snapshot ids taken in this step
   std::vector<int32_t> snap_ring_src;  // [n_snap, window] ring slot r at the snapshot, in the window index space
   // MTP (pool with the MTP layer): the token after each row (embedded as the MTP input; 0 where unknown), the
-  // stream -> token row map [n*hc], the hidden rows kept per slot (step row -> pool hidden row), and for verify
-  // steps the ring rows they overwrite (pool ring row -> speculation row)
+  // stream -> token row map [n*hc], the hidden rows kept per slot (step row -> pool hidden row)
   bool mtp = false;
   std::vector<int32_t> next;
   std::vector<int32_t> hc_rows;
   std::vector<int32_t> hid_src, hid_dst;
+  // DSpark (pool with its stages, docs/dspark.md): the stream rows of the hidden streams [n, hc, D] seen as [n*hc, D],
+  // one list per stream j ([hc, n]: t*hc + j), and the rows of the concatenated target hiddens [n, T, D] seen as
+  // [n*T, D], one list per target layer i ([T, n]: t*T + i); iota covers n
+  bool dspark = false;
+  std::vector<int32_t> stream_rows;
+  std::vector<int32_t> cat_rows;
+  // verify steps (pool with a drafter): the ring rows they overwrite (pool ring row -> speculation row)
   std::vector<int32_t> spec_ring_src, spec_ring_dst;
   std::vector<int32_t> logit_rows;   // rows whose next-token logits are wanted
   std::vector<size_t> logit_seq;     // their batch sequence
@@ -122,6 +128,7 @@ struct DevicePlan {
   const int32_t *group_fwd = nullptr, *group_back = nullptr, *logit_rows = nullptr, *iota = nullptr;
   const int32_t* snap_ring_src = nullptr;
   const int32_t *next = nullptr, *hc_rows = nullptr, *hid_src = nullptr, *hid_dst = nullptr;
+  const int32_t *stream_rows = nullptr, *cat_rows = nullptr;
   const int32_t *spec_ring_src = nullptr, *spec_ring_dst = nullptr;
   const float *cs_plain = nullptr, *cs_yarn = nullptr;
   std::vector<DeviceRatioPlan> ratios;  // parallel to StepPlan::ratios

@@ -8,16 +8,13 @@
 
 namespace dsv4 {
 
-int32_t argmax(std::span<const float> logits) {
-  int32_t best = 0;
-  for (int32_t i = 1; i < static_cast<int32_t>(logits.size()); ++i)
-    if (logits[i] > logits[best]) best = i;
-  return best;
-}
-
-// 16 running maxima with the index where each was first reached (two vectors of 8 lanes: the loop carries two
-// compare-and-select chains), then the lowest index among the lanes that hold the overall maximum; elements past the
-// last full 16 (higher ids) replace it only when strictly greater. Equal to argmax() without NaN.
+// The first index of the largest logit, the result of `if (l[i] > l[best]) best = i` over i ascending (NaNs never
+// win, except a NaN at index 0, which every comparison keeps; -0 == +0), in one vectorized pass: 16 running maxima,
+// all starting at (l[0], index 0), each with the index where it was first reached (two vectors of 8 lanes: the loop
+// carries two compare-and-select chains; a NaN never compares greater, so it never enters a lane), then the lowest
+// index among the lanes that hold the overall maximum; elements past the last full 16 (higher ids) replace it only
+// when strictly greater. ~7-9 us for 129,280 logits on the 2-core EPYC VM, wherever the maximum is (a max pass and
+// then a search for the first index equal to it: 9-90 us); greedy decoding runs it for every sequence of a step.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define DSV4_ARGMAX_CLONES __attribute__((target_clones("avx2", "default")))
 #else
@@ -27,30 +24,27 @@ int32_t argmax(std::span<const float> logits) {
 typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 
-DSV4_ARGMAX_CLONES int32_t argmax_no_nan(std::span<const float> logits) {
+DSV4_ARGMAX_CLONES int32_t argmax(std::span<const float> logits) {
   const int32_t n = static_cast<int32_t>(logits.size());
   const float* x = logits.data();
+  if (n == 0 || std::isnan(x[0])) return 0;
   int32_t i = 0, best = 0;
   float mx = x[0];
   if (n >= 16) {
-    v8f m0, m1;
-    std::memcpy(&m0, x, sizeof m0);
-    std::memcpy(&m1, x + 8, sizeof m1);
-    v8i a0 = {0, 1, 2, 3, 4, 5, 6, 7}, a1 = a0 + 8, i0 = a0, i1 = a1;
-    for (i = 16; i + 16 <= n; i += 16) {
+    v8f m0 = v8f{} + mx, m1 = m0;
+    v8i a0 = {}, a1 = {}, i0 = {0, 1, 2, 3, 4, 5, 6, 7}, i1 = i0 + 8;
+    for (; i + 16 <= n; i += 16) {
       v8f v0, v1;
       std::memcpy(&v0, x + i, sizeof v0);
       std::memcpy(&v1, x + i + 8, sizeof v1);
-      i0 += 16;
-      i1 += 16;
       const v8i g0 = v0 > m0, g1 = v1 > m1;
       m0 = g0 ? v0 : m0;
       a0 = g0 ? i0 : a0;
       m1 = g1 ? v1 : m1;
       a1 = g1 ? i1 : a1;
+      i0 += 16;
+      i1 += 16;
     }
-    mx = m0[0];
-    best = a0[0];
     for (int l = 0; l < 8; ++l) {
       if (m0[l] > mx || (m0[l] == mx && a0[l] < best)) mx = m0[l], best = a0[l];
       if (m1[l] > mx || (m1[l] == mx && a1[l] < best)) mx = m1[l], best = a1[l];

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -334,6 +335,41 @@ TEST(Gemm, DecodeShapes) {
     run_case(c, rng);
 }
 
+TEST(Gemm, DecodeEdgeShapes) {
+  // One token against partial groups (fewer than 64 rows: a small weight, the last group, a row range) and K that is
+  // not a multiple of a k-step (FP4 128, FP8 64, BF16 32 columns) but of a 32-bit word's codes: the AVX-512 fused
+  // GEMVs load only the rows and bytes that exist and stop their chains at K (the demo model's decode shapes).
+  std::mt19937 rng(13);
+  for (const Case& c :
+       {Case{GemmFormat::fp4, 160, 96, 1, Q()}, Case{GemmFormat::fp4, 96, 160, 1, Q()},
+        Case{GemmFormat::fp4, 40, 200, 1, Q(false)}, Case{GemmFormat::fp4, 70, 2120, 1, Q()},
+        Case{GemmFormat::fp4, 40, 200, 1, D()}, Case{GemmFormat::fp4, 70, 264, 1, D(true, true)},
+        Case{GemmFormat::fp8, 160, 96, 1, Q()}, Case{GemmFormat::fp8, 8, 96, 1, Q()},
+        Case{GemmFormat::fp8, 100, 300, 1, Q(false)}, Case{GemmFormat::fp8, 130, 1100, 1, Q(), false, 24},
+        Case{GemmFormat::fp8, 48, 256, 1, D(true, true)}, Case{GemmFormat::fp8, 90, 196, 1, D(false, false), true},
+        Case{GemmFormat::fp8, 200, 256, 1, D(true, true, 37, 171)}, Case{GemmFormat::fp4, 200, 96, 1, D(false, false, 3, 45)},
+        Case{GemmFormat::bf16, 8, 96, 1, D()}, Case{GemmFormat::bf16, 129, 98, 1, D(true)},
+        Case{GemmFormat::bf16, 300, 34, 1, D(false, false, 10, 290)}})
+    run_case(c, rng);
+  // no activation past K is read: dense products of a token followed by NaNs (a zero-padded weight word times a NaN
+  // would give NaN)
+  LevelGuard guard;
+  for (const Case& c : {Case{GemmFormat::fp4, 40, 200, 1, D()}, Case{GemmFormat::fp8, 90, 196, 1, D()},
+                        Case{GemmFormat::bf16, 129, 98, 1, D()}}) {
+    const TestWeight W = make_weight(c.fmt, c.rows, c.cols, rng);
+    std::vector<float> x = make_x(c.cols, rng, false);
+    const std::vector<float> want = slow_linear(W, x, 1, c.opts);
+    x.resize(static_cast<size_t>(c.cols + 256), std::numeric_limits<float>::quiet_NaN());
+    for (SimdLevel l : levels()) {
+      ASSERT_EQ(set_simd_level(l), l);
+      std::vector<float> y(static_cast<size_t>(c.rows), -1.0f);
+      linear(W.view(), x.data(), 1, y.data(), c.opts);
+      expect_bitwise(want, y, fmt::format("{} [{}x{}] NaN past K, level={}", fmt_name(c.fmt), c.rows, c.cols,
+                                          simd_level_name(l)));
+    }
+  }
+}
+
 TEST(Gemm, Fp8SubnormalCodeMixes) {
   // E4M3 subnormal codes (exponent field 0: +-m * 2^-9) take a separate exact decode in the SIMD kernels (no fp32
   // subnormal intermediates), chosen per 64-code word: weights without any, with a few (most words on the plain path,
@@ -364,6 +400,33 @@ TEST(Gemm, Fp8SubnormalCodeMixes) {
       run_case_on(c, W, rng);
     }
   }
+}
+
+TEST(Gemm, Fp4ScaleSpansAndSpecialScales) {
+  // The fused FP4 GEMVs read the E8M0 scales 2048 columns (64 blocks) at a time per 16-row panel: K of one span, of
+  // more than one, and with a partial last span (masked scale loads); scale bytes 0 (2^-127, a subnormal) and 255
+  // (NaN) take a separate decode, chosen per span. Also long rows with a partial last group (the next-group prefetch
+  // stops at the weight's end), and 2-8 tokens with a partial last k-step after a span (K = 2048 + 96: the
+  // multi-token GEMV's masked last step reads blocks 64..66 from the second span's scale words).
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (int special = 0; special < 2; ++special) {
+    for (const Case& c : {Case{GemmFormat::fp4, 64, 2048, 1, Q()}, Case{GemmFormat::fp4, 128, 2176, 1, Q()},
+                          Case{GemmFormat::fp4, 64, 4224, 1, Q(false)}, Case{GemmFormat::fp4, 64, 2176, 1, D()},
+                          Case{GemmFormat::fp4, 128, 2176, 3, Q()}, Case{GemmFormat::fp4, 130, 2048, 1, Q()},
+                          Case{GemmFormat::fp4, 128, 2144, 5, Q()}, Case{GemmFormat::fp4, 64, 2144, 2, Q(false)}}) {
+      TestWeight W = make_weight(c.fmt, c.rows, c.cols, rng, c.scale_f32, c.br);
+      if (special == 1)
+        for (auto& s : W.scale) {
+          const int r = byte(rng);
+          s = r < 8 ? 0 : r < 12 ? 255 : r < 16 ? 1 : s;
+        }
+      SCOPED_TRACE(fmt::format("special scale bytes: {}", special));
+      run_case_on(c, W, rng);
+    }
+  }
+  // Fp8 long rows, partial last group
+  run_case(Case{GemmFormat::fp8, 130, 2048, 1, Q()}, rng);
 }
 
 TEST(Gemm, SmallBatchShapes) {
@@ -460,6 +523,57 @@ TEST(Gemm, Bf16PanelCopy) {
       linear(wp, x.data(), n, y.data(), D());
       expect_bitwise(slow_linear(l == SimdLevel::avx512 ? V : W, x, n, D()), y,
                      fmt::format("read the copy, n_tok={} level={}", n, simd_level_name(l)));
+    }
+  }
+}
+
+TEST(Gemm, BatchEqualsSeparateProducts) {
+  // linear_batch runs several products' row groups in one parallel region (each thread one run of groups across the
+  // products, prefetching the next group) and quantizes a shared input once: every output equals its own linear()
+  // bitwise — mixed formats and modes, shared x with fewer / more tokens, a partial group, a zero-token job, row
+  // ranges — for 1..3 threads.
+  std::mt19937 rng(12);
+  LevelGuard guard;
+  const TestWeight w1 = make_weight(GemmFormat::fp4, 192, 512, rng), w3 = make_weight(GemmFormat::fp4, 192, 512, rng);
+  const TestWeight w8 = make_weight(GemmFormat::fp8, 130, 512, rng), wb = make_weight(GemmFormat::bf16, 100, 96, rng);
+  const TestWeight w4 = make_weight(GemmFormat::fp4, 64, 256, rng), w2 = make_weight(GemmFormat::fp8, 256, 384, rng);
+  const std::vector<float> x1 = make_x(7 * 512, rng, true), xb = make_x(3 * 96, rng, false);
+  const std::vector<float> x2 = make_x(5 * 384, rng, true);
+  struct J {
+    const TestWeight* W;
+    const float* x;
+    int64_t n_tok;
+    LinearOpts o;
+  };
+  LinearOpts rr = Q();
+  rr.row_begin = 70;
+  rr.row_end = 200;
+  const std::vector<J> js = {{&w1, x1.data(), 1, Q()},  {&w3, x1.data(), 1, Q()},     {&w8, x1.data(), 2, Q(false)},
+                             {&wb, xb.data(), 3, D()},  {&w4, x1.data(), 1, Q()},     {&w2, x2.data(), 5, rr},
+                             {&w2, x2.data(), 3, Q()},  {&w1, x1.data(), 7, Q()},     {&w8, x1.data(), 0, Q()},
+                             {&w2, x2.data(), 1, D(true, true)}};
+  for (SimdLevel l : levels()) {
+    ASSERT_EQ(set_simd_level(l), l);
+    for (int th : {1, 2, 3}) {
+      omp_set_num_threads(th);
+      std::vector<std::vector<float>> want(js.size()), got(js.size());
+      std::vector<LinearJob> jobs;
+      for (size_t i = 0; i < js.size(); ++i) {
+        const J& j = js[i];
+        const int64_t nout = (j.o.row_end < 0 ? j.W->rows : j.o.row_end) - j.o.row_begin;
+        want[i].assign(static_cast<size_t>(std::max<int64_t>(1, j.n_tok * nout)), -1.0f);
+        got[i].assign(want[i].size(), -1.0f);  // (the zero-token job writes nothing)
+        linear(j.W->view(), j.x, j.n_tok, want[i].data(), j.o);
+        jobs.push_back(LinearJob{j.W->view(), j.x, j.n_tok, got[i].data(), j.o});
+      }
+      {  // leave other activations in linear()'s scratch, so that reading past a job's own tokens shows
+        const std::vector<float> other = make_x(8 * 512, rng, true);
+        std::vector<float> y(8 * 192);
+        linear(w1.view(), other.data(), 8, y.data(), Q());
+      }
+      linear_batch(jobs);
+      for (size_t i = 0; i < js.size(); ++i)
+        expect_bitwise(want[i], got[i], fmt::format("job {} level={} threads={}", i, simd_level_name(l), th));
     }
   }
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/cpu_backend.h"
+#include "backend/gemm.h"
 #include "core/error.h"
 #include "format/numeric.h"
 
@@ -460,6 +461,32 @@ TEST(Ops, MoeIndependentOfThreadCount) {
         ys.push_back(y);
       }
       omp_set_num_threads(saved);
+      {  // the op's definition, expert by expert on one thread: every pair's expert output (linear / swiglu / linear,
+         // the routing weight inside swiglu), summed per token in ascending (expert id, pair) order, + shared, bf16
+        omp_set_num_threads(1);
+        auto expert = [&](const ExpertView& ev1, const float* xt, const float* rw) {
+          std::vector<float> g(static_cast<size_t>(I)), u(static_cast<size_t>(I)), o(static_cast<size_t>(D));
+          linear(ev1.w1, xt, 1, g.data(), q);
+          linear(ev1.w3, xt, 1, u.data(), q);
+          ops().swiglu(g.data(), u.data(), 1, I, 10.0f, rw, true, g.data());
+          linear(ev1.w2, g.data(), 1, o.data(), q);
+          return o;
+        };
+        std::vector<float> want(size_t(n * D), 0.0f);
+        for (int64_t t = 0; t < n; ++t) {
+          float* yt = want.data() + t * D;
+          for (int64_t e = 0; e < E; ++e)
+            for (int64_t i = 0; i < k; ++i)
+              if (ids[size_t(t * k + i)] == e) {
+                const std::vector<float> o = expert(ev[size_t(e)], x.data() + t * D, &wts[size_t(t * k + i)]);
+                for (int64_t d = 0; d < D; ++d) yt[d] += o[size_t(d)];
+              }
+          const std::vector<float> o = expert(ev[size_t(E)], x.data() + t * D, nullptr);
+          for (int64_t d = 0; d < D; ++d) yt[d] = round_to_bf16(yt[d] + o[size_t(d)]);
+        }
+        omp_set_num_threads(saved);
+        EXPECT_EQ(0, std::memcmp(want.data(), ys[0].data(), want.size() * 4)) << "D " << D << " n_tok " << n;
+      }
       bool nonzero = false;
       for (float v : ys[0]) nonzero = nonzero || v != 0.0f;
       EXPECT_TRUE(nonzero) << n;

@@ -240,11 +240,14 @@ TEST(CliInfo, CorruptFoldersGiveOneLineErrors) {
   expect_cli_error(d.path / "absent", d.path, {"absent", "config"});
 }
 
-TEST(CliInfo, DsparkDrafterIsReportedNotBound) {
+TEST(CliInfo, DsparkDrafterIsReported) {
   TempDir d;
   auto cj = tiny_config(read_json_file(configs_dir() / "deepseek-v4-flash-config.json"));
   cj["compress_ratios"] = {0, 0, 4, 128, 4, 0, 0, 0};
   cj["dspark_block_size"] = 5;
+  cj["dspark_target_layer_ids"] = {3, 4};
+  cj["dspark_markov_rank"] = 16;
+  cj["dspark_noise_token_id"] = 299;
   ReplicaOptions o;
   o.n_shards = 2;
   write_replica(d.path / "m", cj, v4_layout(cj), o);
@@ -252,9 +255,26 @@ TEST(CliInfo, DsparkDrafterIsReportedNotBound) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["dspark_drafter"], true);
+  EXPECT_EQ(j["drafter"], "dspark");
+  EXPECT_EQ(j["max_spec_draft"], 5);
+  EXPECT_EQ(j["dspark"]["stages"], 3);
+  EXPECT_EQ(j["dspark"]["target_layer_ids"], nlohmann::json({3, 4}));
   EXPECT_EQ(j["num_mtp_layers"], 0);
   EXPECT_EQ(j["mtp_bound"], false);
   EXPECT_GT(j["params_mtp"].get<int64_t>(), 0);
+  const RunResult t = run_dsv4({"info", "-m", (d.path / "m").string()}, d.path);
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  EXPECT_NE(t.out.find("drafter      DSpark (mtp.*): 3 stages, block 5, target layers 3,4, Markov rank 16"),
+            std::string::npos)
+      << t.out;
+  EXPECT_NE(t.out.find("dspark0:0 dspark1:0 dspark2:0"), std::string::npos) << t.out;
+  // a drafter tensor missing: named
+  auto layout = v4_layout(cj);
+  layout.erase(std::remove_if(layout.begin(), layout.end(),
+                              [](const auto& x) { return x.name == "mtp.2.markov_head.markov_w1.weight"; }),
+               layout.end());
+  write_replica(d.path / "m2", cj, layout, o);
+  expect_cli_error(d.path / "m2", d.path, {"missing tensor(s): mtp.2.markov_head.markov_w1.weight"});
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // (the CPU build's fake split) prints exactly the all-device text, and bad profiles / values are one-line errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -39,13 +40,18 @@ TEST(CliPlacement, ProfileThenHotExpertsGenerateTheSameText) {
   ASSERT_EQ(plain.code, 0) << plain.err;
   for (const std::vector<std::string>& extra :
        {std::vector<std::string>{"--hot-experts", prof.string(), "--gpu-experts", "3"},
-        std::vector<std::string>{"--n-cpu-moe", "4"}, std::vector<std::string>{"--cpu-moe"}}) {
+        std::vector<std::string>{"--n-cpu-moe", "4"}, std::vector<std::string>{"--cpu-moe"},
+        // the staged path: the CPU experts of every call copied to the "device" through 1 MiB buffers
+        std::vector<std::string>{"--n-cpu-moe", "4", "--stage-tokens", "1", "--stage-mib", "1"}}) {
     auto args = base;
     args.insert(args.end(), extra.begin(), extra.end());
     ProcResult r = run_dsv4(args, "split");
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_EQ(r.out, plain.out) << extra[0];
     EXPECT_NE(r.err.find("on the CPU"), std::string::npos) << r.err;  // the device line names the split
+    const bool staged = std::find(extra.begin(), extra.end(), "--stage-tokens") != extra.end();
+    EXPECT_EQ(r.err.find("calls of >= 1 tokens run them on the device (staged)") != std::string::npos, staged)
+        << r.err;  // ... and the staged path where it is on (on the CPU backend only when asked for)
   }
 }
 

@@ -141,7 +141,11 @@ TEST(CliUsage, BadFlagValuesAreRefusedBeforeTheModelLoads) {
   for (const char* g : {"many", "-1", "3x"}) {
     cases.push_back({{"generate", "-m", none, "-p", "hi", "--gpu-experts", g}, "--gpu-experts"});
     cases.push_back({{"serve", "-m", none, "--port", "0", "--gpu-experts", g}, "--gpu-experts"});
+    cases.push_back({{"generate", "-m", none, "-p", "hi", "--stage-tokens", g}, "--stage-tokens"});
+    cases.push_back({{"bench", "model", "-m", none, "--stage-tokens", g}, "--stage-tokens"});
   }
+  for (const char* mib : {"0", "-3", "lots"})
+    cases.push_back({{"serve", "-m", none, "--port", "0", "--stage-mib", mib}, "--stage-mib"});
   for (const auto& c : cases) {
     std::string joined;
     for (const auto& a : c.args) joined += "'" + a + "' ";
@@ -187,11 +191,17 @@ TEST(CliUsage, DummyWeightsBeyondHostMemoryAreRefusedUpFront) {
 }
 
 TEST(CliUsage, TooLittleStateMemoryIsAClearError) {
-  // Known only once the model's state layout is loaded: after the loading lines, one error line and exit 1.
+  // The state layout follows from config.json: one error line and exit 1 before the model loads.
   ProcResult r = run_dsv4({"serve", "-m", kDemo, "--port", "0", "--kv-memory", "1K"});
-  EXPECT_NE(r.code, 0);
+  EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("dsv4: error: state memory of 1024 bytes cannot hold 16 sequence slots"), std::string::npos)
       << r.err;
+  EXPECT_EQ(r.err.find("loading"), std::string::npos) << "checked only after loading the model:\n" << r.err;
+  // the same with --parallel 2 and a fraction of the CPU's 1G default that is still too small
+  ProcResult f = run_dsv4({"serve", "-m", kDemo, "--port", "0", "--parallel", "2", "--kv-memory", "0.000001"});
+  EXPECT_EQ(f.code, 1);
+  EXPECT_NE(f.err.find("cannot hold 2 sequence slots"), std::string::npos) << f.err;
+  EXPECT_EQ(f.err.find("loading"), std::string::npos) << f.err;
 }
 
 TEST(CliUsage, HelpStillWorks) {

@@ -37,7 +37,9 @@ struct ReplicaTensor {
 // Tensor table of spec §3 (3.1 global, 3.2 every layer, 3.3 ratio-4 extras, 3.4 ratio-128 extras, 3.5 MTP), derived
 // from the HF config fields. FP8 linears: F8_E4M3 + F8_E8M0 scale on the weight_block_size grid (ceil division);
 // routed experts: I8 packed FP4 [out, in/2] + F8_E8M0 [out, in/32]; hash layers carry tid2eid (I64); others gate.bias.
-// When the config has dspark_* keys, the mtp.* tensors are a (made-up, small) DSpark drafter set instead of MTP.
+// When the config has dspark_* keys, the mtp.* tensors are the DSpark drafter of docs/dspark.md instead of MTP: one
+// window-only block per compress_ratios entry after the main layers, mtp.0 main_proj / main_norm, the last stage's
+// norm, hc_head_*, Markov head and confidence projection.
 inline std::vector<ReplicaTensor> v4_layout(const nlohmann::json& c) {
   std::vector<ReplicaTensor> t;
   const int64_t V = c["vocab_size"], D = c["hidden_size"], L = c["num_hidden_layers"], H = c["num_attention_heads"];
@@ -115,9 +117,19 @@ inline std::vector<ReplicaTensor> v4_layout(const nlohmann::json& c) {
   add("hc_head_base", "F32", {HC});
   add("hc_head_scale", "F32", {1});
   if (dspark) {
-    add("mtp.0.main_proj.weight", "BF16", {D, 3 * D});
-    add("mtp.2.markov_head.markov_w1.weight", "BF16", {c.value("dspark_markov_rank", 16), D});
-    add("mtp.2.markov_head.markov_w2.weight", "BF16", {V, c.value("dspark_markov_rank", 16)});
+    const int64_t S = int64_t(ratios.size()) - L, T = int64_t(c["dspark_target_layer_ids"].size());
+    const int64_t r = c["dspark_markov_rank"];
+    for (int64_t k = 0; k < S; ++k) block("mtp." + std::to_string(k) + ".", ratios.at(L + k), false);
+    fp8("mtp.0.main_proj", D, T * D);
+    add("mtp.0.main_norm.weight", "BF16", {D});
+    const std::string p = "mtp." + std::to_string(S - 1) + ".";
+    add(p + "norm.weight", "BF16", {D});
+    add(p + "hc_head_fn", "F32", {HC, hcd});
+    add(p + "hc_head_base", "F32", {HC});
+    add(p + "hc_head_scale", "F32", {1});
+    add(p + "markov_head.markov_w1.weight", "BF16", {V, r});
+    add(p + "markov_head.markov_w2.weight", "BF16", {V, r});
+    add(p + "confidence_head.proj.weight", "BF16", {1, D + r});
   } else {
     for (int64_t k = 0; k < MTP; ++k) {
       const std::string p = "mtp." + std::to_string(k) + ".";

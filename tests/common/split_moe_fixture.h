@@ -3,7 +3,9 @@
 // patterns. Used by tests/model (the CPU backend as the "device") and tests/gpu (the CUDA backend).
 #pragma once
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -105,18 +107,29 @@ class SplitMoeFixture {
       sc.resize(size_t(((rows + 127) / 128) * ((cols + 127) / 128)));
       for (auto& s : sc) s = uint8_t(127 - 7 - int(rng() % 3));
     }
-    bytes_.push_back(std::move(w));
-    v.w = bytes_.back().data();
-    bytes_.push_back(std::move(sc));
-    v.scale = bytes_.back().data();
+    v.w = keep(w);
+    v.scale = keep(sc);
     return v;
   }
+  // A copy of b in host memory of its own pages (page-aligned, padded to whole pages): expert staging page-locks
+  // whole pages, as a mapped checkpoint's or a large allocation's pages are, which small heap blocks would share
+  // with other objects.
+  const uint8_t* keep(const std::vector<uint8_t>& b) {
+    constexpr size_t kPage = 1 << 16;  // a multiple of every page size in use
+    const size_t n = (b.size() + kPage - 1) / kPage * kPage;
+    bytes_.emplace_back(static_cast<uint8_t*>(std::aligned_alloc(kPage, std::max(n, kPage))));
+    std::copy(b.begin(), b.end(), bytes_.back().get());
+    return bytes_.back().get();
+  }
+  struct FreeBytes {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
   ExpertView upload(const ExpertView& h) {
     return ExpertView{dev_.upload(h.w1, kept_), dev_.upload(h.w2, kept_), dev_.upload(h.w3, kept_)};
   }
 
   Backend& dev_;
-  std::vector<std::vector<uint8_t>> bytes_;  // host bytes (the host experts read them)
+  std::vector<std::unique_ptr<uint8_t[], FreeBytes>> bytes_;  // host bytes (the host experts read them)
   std::vector<Buffer> kept_;                 // device copies
   std::vector<ExpertView> host_, device_;
   ExpertView shared_host_, shared_dev_;

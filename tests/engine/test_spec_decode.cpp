@@ -1,7 +1,9 @@
-// Speculative decoding with the MTP module in the EngineLoop (engine/spec_decode.h, issue 13):
+// Speculative decoding with the checkpoint's drafter in the EngineLoop (engine/spec_decode.h, issue 13):
 // * greedy: 20 prompts x 128 tokens on the demo model (trained MTP: many drafts accepted) and on tiny-a / tiny-b
 //   (random MTP: most drafts rejected) give exactly the tokens of decoding without speculation, for k = 1..4, each
-//   request alone and 8 at a time, with drafted / accepted counts reported;
+//   request alone and 8 at a time, with drafted / accepted counts reported; the same with the DSpark drafter of
+//   tiny-dspark for k = 1..5 (its block size), with its random weights and with a hand-made Markov head that
+//   predicts the plain run's bigrams (most drafts accepted), also through the single-request Engine;
 // * sampled: the acceptance rule (verify_draft) on the demo model's real target and MTP distributions of a fixed
 //   context reproduces the target distribution (chi-square over 24,000 samples, p > 0.01), and seeded sampled
 //   decoding with speculation is reproducible (same seed, alone or in a batch of 8: same tokens);
@@ -20,6 +22,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "common/checkpoint_variant.h"
 #include "core/error.h"
 #include "engine/engine.h"
 #include "engine/engine_loop.h"
@@ -38,7 +41,7 @@ std::shared_ptr<const Model> load_mtp(const std::string& name) {
   auto& m = cache[name];
   if (!m) {
     ModelOptions o;
-    o.mtp = true;
+    o.drafter = true;
     m = Model::load(std::string(DSV4_SOURCE_DIR) + (name == "demo" ? "/models/dsv4-demo" : "/tests/data/" + name), o);
   }
   return m;
@@ -129,13 +132,109 @@ TEST_P(SpecGreedy, IdenticalTokensAloneAndBatched) {
   }
 }
 
+auto spec_greedy_name = [](const auto& info) {
+  std::string n = std::get<0>(info.param);
+  n.erase(std::remove(n.begin(), n.end(), '-'), n.end());
+  return n + "_k" + std::to_string(std::get<1>(info.param));
+};
 INSTANTIATE_TEST_SUITE_P(Models, SpecGreedy,
                          ::testing::Combine(::testing::Values("demo", "tiny-a", "tiny-b"), ::testing::Range(1, 5)),
-                         [](const auto& info) {
-                           std::string n = std::get<0>(info.param);
-                           n.erase(std::remove(n.begin(), n.end(), '-'), n.end());
-                           return n + "_k" + std::to_string(std::get<1>(info.param));
-                         });
+                         spec_greedy_name);
+// the DSpark drafter: up to its block size (5)
+INSTANTIATE_TEST_SUITE_P(Dspark, SpecGreedy, ::testing::Combine(::testing::Values("tiny-dspark"), ::testing::Range(1, 6)),
+                         spec_greedy_name);
+
+// tiny-dspark with a hand-made Markov head: markov_w1 maps each of the r most frequent previous tokens of the plain
+// greedy runs to a unit vector, markov_w2 turns it into a +30 logit on that token's most frequent successor; the
+// drafts then follow the plain runs' bigrams and many more are accepted than with the random head (~1% at k = 5),
+// exercising partial and full acceptance. Greedy decoding with k = 5 (alone, in a batch of 8, and through the single-request Engine) gives
+// exactly the plain tokens.
+TEST(SpecDspark, AcceptedDraftsChangeNothing) {
+  auto m0 = load_mtp("tiny-dspark");
+  const auto prompts = prompts_for("tiny-dspark", m0->n_vocab());
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  const LoopRun base = run(m0, prompts, 0, 8, greedy);
+  const ModelConfig cfg = load_config(std::string(DSV4_SOURCE_DIR) + "/tests/data/tiny-dspark/config.json");
+  const int64_t V = cfg.vocab_size, r = cfg.dspark.markov_rank;
+  std::map<int32_t, std::map<int32_t, int>> next;  // prev -> successor -> count
+  std::map<int32_t, int> from;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::vector<int32_t> all = prompts[i];
+    all.insert(all.end(), base.tokens[i].begin(), base.tokens[i].end());
+    for (size_t t = prompts[i].size(); t < all.size(); ++t) {
+      ++next[all[t - 1]][all[t]];
+      ++from[all[t - 1]];
+    }
+  }
+  std::vector<std::pair<int, int32_t>> order;
+  for (const auto& [p, n] : from) order.push_back({-n, p});
+  std::sort(order.begin(), order.end());
+  std::vector<uint16_t> w1(size_t(V * r), 0), w2(size_t(V * r), 0);  // BF16 bits: 1.0 = 0x3F80, 30.0 = 0x41F0
+  for (int64_t k = 0; k < r && k < int64_t(order.size()); ++k) {
+    const int32_t p = order[size_t(k)].second;
+    int32_t best = -1, best_n = 0;
+    for (const auto& [t, n] : next[p])
+      if (n > best_n) best = t, best_n = n;
+    w1[size_t(p * r + k)] = 0x3F80;
+    w2[size_t(best * r + k)] = 0x41F0;
+  }
+  dsv4::testing::TempDir tmp;
+  dsv4::testing::VariantEdits e;
+  e.fill = [&](const dsv4::testing::ReplicaTensor& t, uint8_t* d) {
+    const std::vector<uint16_t>* src = t.name == "mtp.2.markov_head.markov_w1.weight"   ? &w1
+                                       : t.name == "mtp.2.markov_head.markov_w2.weight" ? &w2
+                                                                                        : nullptr;
+    if (src) std::memcpy(d, src->data(), src->size() * 2);
+    return src != nullptr;
+  };
+  dsv4::testing::write_checkpoint_variant(std::string(DSV4_SOURCE_DIR) + "/tests/data/tiny-dspark", tmp.path, e);
+  ModelOptions o;
+  o.drafter = true;
+  auto m = std::shared_ptr<const Model>(Model::load(tmp.path, o));
+  for (int64_t parallel : {int64_t(1), int64_t(8)}) {
+    const LoopRun got = run(m, prompts, 5, parallel, greedy);
+    for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got.tokens[i], base.tokens[i]) << "prompt " << i;
+    const double rate = double(got.accepted) / double(std::max<int64_t>(got.drafted, 1));
+    std::printf("tiny-dspark, bigram Markov head, k=5 parallel=%lld: drafted %lld accepted %lld (%.1f%%), %lld steps "
+                "(plain: %lld)\n",
+                (long long)parallel, (long long)got.drafted, (long long)got.accepted, 100 * rate,
+                (long long)got.stats.steps, (long long)base.stats.steps);
+    EXPECT_GT(rate, 0.1) << "the hand-made Markov head should predict many plain tokens";
+    EXPECT_LT(rate, 1.0) << "some drafts must be rejected";
+  }
+  // seeded sampled decoding with the DSpark drafter: reproducible alone and in a batch (rejection sampling against
+  // the Markov-corrected draft distributions)
+  SamplingParams sp;
+  sp.temperature = 0.7f;
+  sp.top_p = 0.95f;
+  sp.repetition_penalty = 1.05f;
+  const LoopRun sa = run(m, prompts, 4, 1, sp, 48), sb = run(m, prompts, 4, 8, sp, 48);
+  EXPECT_EQ(sa.tokens, sb.tokens);
+  EXPECT_GT(sa.accepted, 0);
+  // the single-request path (generate / chat / serve)
+  ModelOptions so;
+  so.spec_draft = 5;
+  auto spec = std::shared_ptr<const Model>(Model::load(tmp.path, so));
+  ModelOptions po;
+  auto plain = std::shared_ptr<const Model>(Model::load(tmp.path, po));
+  Engine e0(plain, 4096), e1(spec, 4096);
+  ASSERT_EQ(e1.spec_draft(), 5);
+  int64_t drafted = 0, accepted = 0;
+  for (size_t i = 0; i < 6; ++i) {
+    GenerationRequest rq;
+    rq.prompt = prompts[i];
+    rq.max_tokens = 64;
+    rq.ignore_eos = true;
+    rq.sampling.temperature = 0.0f;
+    const GenerationResult a = e0.generate(rq, nullptr);
+    const GenerationResult b = e1.generate(rq, nullptr);
+    EXPECT_EQ(b.ids, a.ids) << "prompt " << i;
+    drafted += b.timings.drafted_tokens;
+    accepted += b.timings.accepted_tokens;
+  }
+  EXPECT_GT(accepted, drafted / 10);
+}
 
 // Chi-square upper tail for `dof` degrees of freedom (Wilson-Hilferty; accurate to ~1e-3 in p for dof >= 10).
 double chi2_p_value(double x, double dof) {
@@ -258,6 +357,17 @@ TEST(SpecOptions, BadValuesAreRefused) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("MTP"), std::string::npos) << e.what();
   }
+  // the DSpark drafter: up to its block size
+  auto ds = load_mtp("tiny-dspark");
+  o.spec_draft = 6;
+  try {
+    EngineLoop loop(ds, o);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("DSpark drafter drafts at most 5"), std::string::npos) << e.what();
+  }
+  o.spec_draft = 5;
+  EXPECT_NO_THROW(EngineLoop(ds, o));
 }
 
 }  // namespace

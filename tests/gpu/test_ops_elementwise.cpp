@@ -12,6 +12,7 @@
 #include <cstdarg>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <type_traits>
 
 #include "backend/cuda/gemm_path.h"
@@ -833,6 +834,50 @@ TEST(GpuOpsHc, HcPreFastMode) {
     HcDev hd = hc_to_device(hin);
     expect_close("hc_head.u", sh, cpu_hc_head(hin, 7, hc, dim, bf16), gpu_hc_head(hd, 7, hc, dim, bf16), 1e-4, rt);
   }
+}
+
+// hc_pre_norm (hc_pre, then rmsnorm of u with the sublayer's norm weight) on CUDA: bitwise what hc_pre followed by
+// rmsnorm gives on CUDA, in both modes (the fast decode path normalizes inside hc_pre's last kernel with
+// rmsnorm_vec_kernel's operations; every other shape runs the two ops), and within the fast-mode tolerance of the CPU.
+TEST(GpuOpsHc, HcPreNormEqualsHcPreThenRmsnorm) {
+  DSV4_REQUIRE_GPU();
+  for (const HcCase c : {HcCase{4, 4096, "real"}, HcCase{4, 96, "tiny-b"}, HcCase{4, 2048, "half"}})
+    for (bool det : {false, true}) {
+      std::unique_ptr<gpu::DeterministicScope> scope;
+      if (det) scope = std::make_unique<gpu::DeterministicScope>();
+      const int hc = c.hc;
+      const int64_t dim = c.dim, n_mix = (2 + hc) * hc;
+      const HcInputs in = hc_inputs(7, hc, dim, n_mix, 3, false, 5151);
+      HcDev d = hc_to_device(in);
+      const auto w = randn(size_t(dim), 5252, 1.0f);
+      Buffer dw = to_device(dev(), w);
+      for (bool bf16 : {false, true})
+        for (int64_t n_tok : {int64_t(7), int64_t(1)}) {
+          const std::string sh = strf("%s n_tok=%lld hc=%d dim=%lld %s %s", c.what, (long long)n_tok, hc,
+                                      (long long)dim, num(bf16), det ? "deterministic" : "fast");
+          HcPreOut two = gpu_hc_pre(d, n_tok, hc, dim, bf16);
+          Buffer du2 = to_device(dev(), two.u);
+          gops().rmsnorm(du2.as<float>(), n_tok, dim, dw.as<float>(), kNormEps, bf16, du2.as<float>());
+          two.u = to_host<float>(dev(), du2, size_t(n_tok * dim));
+          Buffer du = out_buffer<float>(dev(), size_t(n_tok * dim)), dp = out_buffer<float>(dev(), size_t(n_tok * hc)),
+                 dc = out_buffer<float>(dev(), size_t(n_tok * hc * hc));
+          gops().hc_pre_norm(d.X.as<float>(), n_tok, hc, dim, d.fn.as<float>(), d.scale.as<float>(),
+                             d.base.as<float>(), kSinkhorn, kHcEps, kNormEps, bf16, dw.as<float>(), du.as<float>(),
+                             dp.as<float>(), dc.as<float>());
+          const HcPreOut one{to_host<float>(dev(), du, size_t(n_tok * dim)), to_host<float>(dev(), dp, size_t(n_tok * hc)),
+                             to_host<float>(dev(), dc, size_t(n_tok * hc * hc))};
+          expect_bitwise("hc_pre_norm.u vs hc_pre + rmsnorm", sh, two.u, one.u);
+          expect_bitwise("hc_pre_norm.post", sh, two.post, one.post);
+          expect_bitwise("hc_pre_norm.comb", sh, two.comb, one.comb);
+          // the CPU's hc_pre_norm (Ops' default: the two ops)
+          HcPreOut ref = cpu_hc_pre(in, n_tok, hc, dim, bf16);
+          cops().rmsnorm(ref.u.data(), n_tok, dim, w.data(), kNormEps, bf16, ref.u.data());
+          if (det)
+            expect_bitwise("hc_pre_norm.u vs the CPU", sh, ref.u, one.u);
+          else
+            expect_close("hc_pre_norm.u vs the CPU", sh, ref.u, one.u, 1e-3, bf16 ? std::ldexp(1.0, -6) : 1e-3);
+        }
+    }
 }
 
 TEST(GpuOpsHc, HcPost) {

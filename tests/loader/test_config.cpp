@@ -120,6 +120,48 @@ TEST(Config, ProAnd0731) {
   EXPECT_EQ(d.num_nextn_predict_layers, 1);
   EXPECT_EQ(d.num_mtp_layers(), 0);
   EXPECT_EQ(d.compress_ratios.size(), 46u);
+  EXPECT_EQ(d.dspark.n_stages, 3);
+  EXPECT_EQ(d.num_draft_layers(), 3);
+}
+
+// dspark_* keys (docs/dspark.md): all four required, checked against the model; the stages are the compress_ratios
+// entries after the main layers, window-only.
+TEST(Config, RejectsBadDsparkKeys) {
+  std::ifstream f(configs_dir() / "deepseek-v4-flash-0731-config.json");
+  const nlohmann::json base = nlohmann::json::parse(f);
+  struct Case {
+    const char* field;
+    nlohmann::json value;  // null = remove
+    const char* expect;
+  };
+  const Case cases[] = {
+      {"dspark_block_size", nullptr, "field 'dspark_block_size': missing"},
+      {"dspark_block_size", 0, "field 'dspark_block_size': value 0 outside [1, 64]"},
+      {"dspark_markov_rank", nullptr, "field 'dspark_markov_rank': missing"},
+      {"dspark_noise_token_id", 129280, "field 'dspark_noise_token_id': value 129280 outside"},
+      {"dspark_target_layer_ids", nlohmann::json::array(), "field 'dspark_target_layer_ids': expected a non-empty"},
+      {"dspark_target_layer_ids", {41, 40}, "layer ids must be strictly increasing"},
+      {"dspark_target_layer_ids", {40, 43}, "field 'dspark_target_layer_ids': value 43 outside [0, 42]"},
+      {"dspark_markov_head_type", "gated", "field 'dspark_markov_head_type': unknown DSpark key"},
+      {"dspark_n_routed_experts", 128, "DSpark stages with 128 experts top-6"},
+  };
+  for (const auto& k : cases) {
+    auto j = base;
+    if (k.value.is_null()) j.erase(k.field);
+    else j[k.field] = k.value;
+    const std::string msg = parse_error(j);
+    EXPECT_NE(msg.find(k.expect), std::string::npos) << k.field << " -> '" << msg << "'";
+  }
+  auto j = base;
+  j["compress_ratios"].back() = 4;
+  EXPECT_NE(parse_error(j).find("entry 45 (DSpark stage 2) is 4: the stages are window-only"), std::string::npos);
+  j = base;
+  j["compress_ratios"] = std::vector<int>(43, 0);
+  EXPECT_NE(parse_error(j).find("a DSpark drafter needs one entry per stage"), std::string::npos);
+  j = base;
+  j["dspark_n_routed_experts"] = 256;  // the main model's values are accepted
+  j["dspark_num_experts_per_tok"] = 6;
+  EXPECT_EQ(parse_error(j), "");
 }
 
 TEST(Config, UnknownKeysIgnored) {

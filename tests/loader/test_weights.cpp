@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <cstring>
 
 #include "common/replica.h"
 #include "core/error.h"
+#include "format/dtype.h"
 #include "format/numeric.h"
 #include "loader/config.h"
 #include "loader/safetensors.h"
@@ -222,21 +224,77 @@ void check_full(const Expect& x) {
 TEST(Weights, FullFlashReplica) { check_full({"deepseek-v4-flash-config.json", 284334567511, 159609485896ull, 43, 1}); }
 TEST(Weights, FullProReplica) { check_full({"deepseek-v4-pro-config.json", 1572999528803, 864704792696ull, 61, 1}); }
 
-TEST(Weights, Dspark0731DrafterAcceptedUnbound) {
+// The full 0731 layout (sparse files): the main model is V4-Flash's, and the binder takes the drafter tensors that
+// reproduce the census of the official 0731 headers (docs/dspark.md): 4,705 mtp.* tensors, I8 2,304, F8_E4M3 25,
+// F8_E8M0 2,329, BF16 20, F32 27; 1,568 / 1,565 / 1,572 per stage.
+TEST(Weights, Full0731ReplicaDrafterCensus) {
+  TempDir d;
+  const auto cj = read_json_file(configs_dir() / "deepseek-v4-flash-0731-config.json");
+  (void)write_replica(d.path, cj, v4_layout(cj));
+  const ModelConfig cfg = load_config(d.path / "config.json");
+  const SafetensorsSet set = SafetensorsSet::open(d.path);
+  const ModelWeights w = bind_weights(set, cfg);
+  ASSERT_TRUE(w.dspark.bound());
+  EXPECT_EQ(w.dspark.stages.size(), 3u);
+  EXPECT_EQ(w.dspark.main_proj.rows, 4096);
+  EXPECT_EQ(w.dspark.main_proj.cols, 12288);
+  EXPECT_EQ(w.dspark.main_proj.scale->shape, (std::vector<int64_t>{32, 96}));
+  EXPECT_EQ(w.dspark.markov_w1.rows, 129280);
+  EXPECT_EQ(w.dspark.markov_w2.cols, 256);
+  EXPECT_EQ(w.dspark.confidence.cols, 4352);
+  std::map<std::string, int64_t> by_dtype;
+  int64_t per_stage[3] = {0, 0, 0}, n = 0;
+  for (const auto& t : set.tensors()) {
+    if (t.name.rfind("mtp.", 0) != 0) continue;
+    ++n;
+    ++by_dtype[std::string(dtype_name(t.dtype))];
+    ++per_stage[t.name[4] - '0'];
+  }
+  EXPECT_EQ(n, 4705);
+  EXPECT_EQ(by_dtype, (std::map<std::string, int64_t>{
+                          {"BF16", 20}, {"F32", 27}, {"F8_E4M3", 25}, {"F8_E8M0", 2329}, {"I8", 2304}}));
+  EXPECT_EQ(per_stage[0], 1568);
+  EXPECT_EQ(per_stage[1], 1565);
+  EXPECT_EQ(per_stage[2], 1572);
+  const CheckpointSummary s = summarize(set, cfg, w);
+  EXPECT_EQ(s.params_main, 284334567511);  // the backbone is V4-Flash's
+}
+
+TEST(Weights, Dspark0731DrafterBound) {
   TempDir d;
   auto cj = tiny_config(flash_json());
   cj["compress_ratios"] = {0, 0, 4, 128, 4, 0, 0, 0};
   cj["dspark_block_size"] = 5;
   cj["dspark_target_layer_ids"] = {2, 3, 4};
   cj["dspark_markov_rank"] = 16;
+  cj["dspark_noise_token_id"] = 299;
   ReplicaOptions o;
   o.n_shards = 2;
   write_replica(d.path, cj, v4_layout(cj), o);
   const ModelConfig cfg = load_config(d.path / "config.json");
+  EXPECT_EQ(cfg.dspark.n_stages, 3);
   const SafetensorsSet set = SafetensorsSet::open(d.path);
   const ModelWeights w = bind_weights(set, cfg);
   EXPECT_TRUE(w.mtp.empty());
-  EXPECT_EQ(w.drafter.size(), 3u);
+  ASSERT_TRUE(w.dspark.bound());
+  ASSERT_EQ(w.dspark.stages.size(), 3u);
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(w.dspark.stages[size_t(k)].layer, 5 + k);
+    EXPECT_FALSE(w.dspark.stages[size_t(k)].hash);
+    EXPECT_TRUE(w.dspark.stages[size_t(k)].ffn.gate_bias.bound());
+  }
+  EXPECT_EQ(w.dspark.main_proj.fmt, WeightFormat::FP8_BLOCK128);
+  EXPECT_EQ(w.dspark.main_proj.cols, 3 * 64);
+  EXPECT_EQ(w.dspark.markov_w1.rows, 300);
+  EXPECT_EQ(w.dspark.markov_w1.cols, 16);
+  EXPECT_EQ(w.dspark.confidence.cols, 64 + 16);
+  // 0731's census: one stage = the tensors of a ratio-0 non-hash block; stage 0 + 3, the last + 7 (docs/dspark.md)
+  int64_t n_mtp = 0;
+  for (const auto& t : set.tensors()) n_mtp += t.name.rfind("mtp.", 0) == 0;
+  int64_t per_block = 0;
+  for (const auto& t : v4_layout(cj))
+    if (t.name.rfind("layers.0.", 0) == 0 && t.name.find("tid2eid") == std::string::npos) ++per_block;
+  EXPECT_EQ(n_mtp, 3 * (per_block + 1) + 3 + 7);  // + 1: the gate bias layer 0 (hash) does not have
 }
 
 }  // namespace

@@ -1,12 +1,13 @@
 // MTP drafting and verify/rollback (model/speculation.h) on the CPU, bitwise:
 // * rollback: sequences that run verify steps of random draft counts and keep random prefixes (two of them in the
 //   same batches, plus a prefill in another slot, with draft() calls between the rounds) end in exactly the state
-//   of a straight run over the kept tokens: every kept position's logits, the next step's logits and the MTP drafts
-//   from the final position are bitwise equal (demo model, tiny-a, tiny-b; reference and dense numerics);
+//   of a straight run over the kept tokens: every kept position's logits, the next step's logits and the drafts
+//   from the final position are bitwise equal (MTP: demo model, tiny-a, tiny-b; the DSpark drafter: tiny-dspark,
+//   verify steps of up to its block size; reference and dense numerics);
 // * draft() of several sequences in one call equals each alone;
 // * the demo model's MTP drafts predict the held-out passages of tests/data/demo/prompts.json far above chance;
 // * a snapshot whose MTP row was provisional is made exact by the next draft() (restored == original, bitwise);
-// * a checkpoint without an MTP module, or with a DSpark drafter, is refused with a clear message.
+// * a checkpoint without a drafter, or --spec-draft above the drafter's limit, is refused with a clear message.
 #include <nlohmann/json.hpp>
 
 #include <fstream>
@@ -25,8 +26,9 @@ const Model& mtp_model(const std::string& name, Numerics num) {
   if (!m) {
     ModelOptions o;
     o.numerics = num;
-    o.mtp = true;
+    o.drafter = true;
     m = Model::load(name == "demo" ? std::string(DSV4_SOURCE_DIR) + "/models/dsv4-demo" : tiny_dir(name), o);
+    EXPECT_EQ(m->drafter(), name == "tiny-dspark" ? StateLayout::Drafter::dspark : StateLayout::Drafter::mtp);
   }
   return *m;
 }
@@ -61,9 +63,9 @@ void expect_same(std::span<const float> a, std::span<const float> b, const std::
   EXPECT_EQ(diff, 0u) << what;
 }
 
-class MtpRollback : public ::testing::TestWithParam<std::tuple<std::string, Numerics>> {};
+class DrafterRollback : public ::testing::TestWithParam<std::tuple<std::string, Numerics>> {};
 
-TEST_P(MtpRollback, AnyAcceptPatternEqualsStraightRun) {
+TEST_P(DrafterRollback, AnyAcceptPatternEqualsStraightRun) {
   const auto [name, num] = GetParam();
   const Model& m = mtp_model(name, num);
   const int32_t V = m.n_vocab();
@@ -93,7 +95,7 @@ TEST_P(MtpRollback, AnyAcceptPatternEqualsStraightRun) {
     });
     s.next = random_ids(1, V, 50 + uint32_t(r))[0];
   }
-  std::uniform_int_distribution<int> dk(1, int(StateLayout::kMaxDraft));
+  std::uniform_int_distribution<int> dk(1, m.max_draft());
   int rounds = 0;
   for (;;) {
     Batch b;
@@ -149,7 +151,8 @@ TEST_P(MtpRollback, AnyAcceptPatternEqualsStraightRun) {
 
   // the straight runs: one sequence alone in a fresh pool, the kept tokens in one step
   std::vector<DraftSeq> ds_batch;
-  for (const SpecRun& s : runs) ds_batch.push_back({s.slot, int64_t(s.kept.size()) - 1, s.next, 3});
+  const int kf = m.max_draft();  // drafts from the final position
+  for (const SpecRun& s : runs) ds_batch.push_back({s.slot, int64_t(s.kept.size()) - 1, s.next, kf});
   const auto batch_drafts = drafts_of(m, pool, ds_batch);
   for (size_t r = 0; r < runs.size(); ++r) {
     const SpecRun& s = runs[r];
@@ -166,11 +169,11 @@ TEST_P(MtpRollback, AnyAcceptPatternEqualsStraightRun) {
     });
     ASSERT_EQ(straight.size(), s.logits.size());
     for (const auto& [p, lg] : straight) expect_same(s.logits.at(p), lg, name + " position " + std::to_string(p));
-    // the MTP drafts from the final position (batched above, alone here)
-    const DraftSeq d{0, int64_t(s.kept.size()) - 1, s.next, 3};
+    // the drafts from the final position (batched above, alone here)
+    const DraftSeq d{0, int64_t(s.kept.size()) - 1, s.next, kf};
     const auto alone_drafts = drafts_of(m, alone, std::span<const DraftSeq>(&d, 1));
-    ASSERT_EQ(alone_drafts.size(), 3u);
-    for (size_t j = 0; j < 3; ++j)
+    ASSERT_EQ(alone_drafts.size(), size_t(kf));
+    for (size_t j = 0; j < size_t(kf); ++j)
       expect_same(batch_drafts[j * runs.size() + r], alone_drafts[j], name + " draft " + std::to_string(j));
     // and one more step of the main model
     auto step = [&](StatePool& pl, int64_t slot, std::span<const int32_t> pg) {
@@ -188,8 +191,8 @@ TEST_P(MtpRollback, AnyAcceptPatternEqualsStraightRun) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, MtpRollback,
-                         ::testing::Combine(::testing::Values("demo", "tiny-a", "tiny-b"),
+INSTANTIATE_TEST_SUITE_P(Models, DrafterRollback,
+                         ::testing::Combine(::testing::Values("demo", "tiny-a", "tiny-b", "tiny-dspark"),
                                             ::testing::Values(Numerics::reference, Numerics::dense)),
                          [](const auto& info) {
                            std::string n = std::get<0>(info.param);
@@ -316,19 +319,17 @@ TEST(Mtp, DraftMakesTheSnapshotsMtpRowExact) {
   }
 }
 
-TEST(Mtp, RefusesCheckpointsWithoutAnMtpModule) {
-  // the 0731 config: mtp.* is a DSpark drafter
-  const ModelConfig c =
-      load_config(std::string(DSV4_SOURCE_DIR) + "/tests/data/configs/deepseek-v4-flash-0731-config.json");
-  ASSERT_TRUE(c.dspark.present);
-  EXPECT_EQ(c.num_mtp_layers(), 0);
+TEST(Mtp, RefusesCheckpointsWithoutADrafter) {
+  // a config with neither an MTP layer nor dspark_* keys
+  ModelConfig c = load_config(std::string(DSV4_SOURCE_DIR) + "/tests/data/configs/deepseek-v4-flash-config.json");
+  c.num_nextn_predict_layers = 0;
   try {
     (void)StateLayout::of(c, true);
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("no MTP layer"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no drafter"), std::string::npos) << e.what();
   }
-  // loading it for speculative decoding names the drafter it has, before any weight is made or read
+  // loading it for speculative decoding says which drafters it lacks, before any weight is made or read
   ModelOptions o;
   o.spec_draft = 2;
   try {
@@ -336,9 +337,31 @@ TEST(Mtp, RefusesCheckpointsWithoutAnMtpModule) {
     FAIL() << "no error";
   } catch (const Error& e) {
     const std::string msg = e.what();
-    EXPECT_NE(msg.find("DSpark drafter"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("available drafters: none"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("the checkpoint has none (no MTP module"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("no DSpark drafter"), std::string::npos) << msg;
   }
+  // the MTP module drafts at most 4 tokens per step; the 0731 config's DSpark drafter its block size, 5
+  for (const char* name : {"deepseek-v4-flash-config.json", "deepseek-v4-flash-0731-config.json"}) {
+    const ModelConfig f = load_config(std::string(DSV4_SOURCE_DIR) + "/tests/data/configs/" + name);
+    o.spec_draft = f.dspark.present ? 6 : 5;
+    try {
+      (void)Model::load_dummy(f, o);
+      FAIL() << "no error";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(f.dspark.present ? "DSpark drafter" : "MTP module"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(f.dspark.present ? "at most its block size 5" : "at most 4 tokens"), std::string::npos)
+          << msg;
+    }
+  }
+  // the 0731 config's pool layout with its drafter: three window-only stage layers, verify steps of up to 6 tokens
+  const ModelConfig d =
+      load_config(std::string(DSV4_SOURCE_DIR) + "/tests/data/configs/deepseek-v4-flash-0731-config.json");
+  const StateLayout L = StateLayout::of(d, true);
+  EXPECT_TRUE(L.has_dspark());
+  EXPECT_EQ(L.layers.size(), 46u);
+  EXPECT_EQ(L.draft_layer, 43);
+  EXPECT_EQ(L.spec_rows, 6);
   // a model loaded without its MTP module cannot run a pool with the MTP layer
   const Model& plain = tiny("tiny-a", Numerics::reference);
   StatePool pool = plain.make_pool({1, 1, 0, true});

@@ -15,9 +15,11 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu_backend.h"
+#include "common/deferred_upload_queue.h"
 #include "common/split_moe_fixture.h"
 #include "loader/config.h"
 #include "model/expert_placement.h"
+#include "model/expert_staging.h"
 #include "model_test_util.h"
 
 namespace dsv4::test {
@@ -92,6 +94,175 @@ TEST(SplitMoe, LongPromptOfRandomRoutingEqualsTheUnsplitOp) {
                 q, true, got.as<float>());
       EXPECT_EQ(std::memcmp(ref.data(), got.data(), ref.bytes()), 0) << "host mask " << mask;
     }
+}
+
+// ---- the staged path (model/expert_staging.h): host experts streamed to the "device" in slot-sized chunks --------
+
+// One fixture expert's footprint in a staging slot: w1, w3, w2 (FP4 [128, 128]: 8 KiB + 512 B of scales each).
+constexpr size_t kFixtureExpertSlotBytes = 3 * (8192 + 512);
+
+// A staged SplitMoe: every call of >= min_tokens tokens stages; slot_bytes per slot; optionally the deferred queue.
+std::unique_ptr<SplitMoe> staged_split(Backend& be, int64_t min_tokens, size_t slot_bytes, bool deferred) {
+  SplitMoeOptions o;
+  o.stage_min_tokens = min_tokens;
+  o.stage_slot_bytes = slot_bytes;
+  auto s = std::make_unique<SplitMoe>(be, o);
+  if (deferred) s->staging()->set_upload_queue(std::make_unique<DeferredUploadQueue>(ExpertStaging::kSlots));
+  return s;
+}
+
+TEST(SplitMoe, StagedPathEqualsTheUnsplitOpBitwiseForEveryPlacementAndRouting) {
+  (void)tiny("tiny-a", Numerics::reference);
+  Backend& be = cpu_backend();
+  SplitMoeFixture fx(be);
+  const Ops& ops = be.ops();
+  // slots of one expert, of three (chunks smaller than a layer's host experts), of the whole layer; the in-order
+  // queue (copies at once) and the deferred one (copies as late as the protocol allows)
+  struct Config {
+    size_t slot;
+    bool deferred;
+    int64_t per_chunk;
+  };
+  const std::vector<Config> configs{{1, true, 1},
+                                    {3 * kFixtureExpertSlotBytes, false, 3},
+                                    {3 * kFixtureExpertSlotBytes, true, 3},
+                                    {size_t(1) << 20, false, 8}};
+  int checked = 0;
+  for (const Config& cf : configs) {
+    auto split = staged_split(be, 1, cf.slot, cf.deferred);
+    int64_t chunks_expected = 0, unsplit_calls = 0;
+    for (Numerics num : {Numerics::reference, Numerics::dense}) {
+      const LinearOpts q = quantized_linear_opts(num);
+      const bool bf = num == Numerics::reference;
+      for (auto [n, k] : {std::pair<int64_t, int64_t>{1, 1}, {3, 4}, {5, 6}}) {
+        const Buffer x = fx.input(n, 11 + uint32_t(n)), w = fx.weights(n, k, 12);
+        const auto pats = routing_patterns(n, k, SplitMoeFixture::E, 13);
+        for (size_t pi = 0; pi < pats.size(); ++pi) {
+          const Buffer ids = be.upload_vector(pats[pi], "ids");
+          Buffer ref(be, size_t(n * SplitMoeFixture::D) * 4, "ref"), got(be, size_t(n * SplitMoeFixture::D) * 4, "got");
+          ops.moe(fx.all_device(), x.as<float>(), n, ids.as<int32_t>(), w.as<float>(), k, 10.0f, q, bf,
+                  ref.as<float>());
+          for (unsigned mask = 0; mask < 256; mask += (cf.deferred ? 1 : 3)) {
+            SplitMoeFixture::Split s;
+            fx.make_split(mask, s);
+            split->attach(s.layer);
+            const int64_t nh = s.layer.n_host;
+            ASSERT_EQ(s.layer.stage != nullptr, nh > 0) << mask;
+            if (nh > 0) {
+              const int64_t want = (nh + cf.per_chunk - 1) / cf.per_chunk;
+              ASSERT_EQ(int64_t(s.layer.stage->chunks.size()), want) << "slot " << cf.slot << " mask " << mask;
+              chunks_expected += want;
+            } else {
+              ++unsplit_calls;
+            }
+            std::memset(got.data(), 0xFF, got.bytes());
+            split->run(ops, s.layer, SplitMoeFixture::D, x.as<float>(), n, ids.as<int32_t>(), w.as<float>(), k,
+                       10.0f, q, bf, got.as<float>());
+            ASSERT_EQ(std::memcmp(ref.data(), got.data(), ref.bytes()), 0)
+                << numerics_name(num) << " n " << n << " k " << k << " pattern " << pi << " host mask " << mask
+                << " slot " << cf.slot << (cf.deferred ? " deferred" : " in order");
+            ++checked;
+          }
+        }
+      }
+    }
+    const SplitMoeStats st = split->stats();
+    EXPECT_EQ(st.host_pairs, 0) << "the CPU path ran";
+    EXPECT_EQ(st.staged_calls, st.calls - unsplit_calls);  // mask 0: no host expert, nothing to stage
+    EXPECT_EQ(st.staged_chunks, chunks_expected);
+    EXPECT_GT(st.staged_bytes, 0u);
+  }
+  EXPECT_GT(checked, 2 * 3 * 4 * 256);
+}
+
+TEST(SplitMoe, StagedLongPromptAndTheThreshold) {
+  (void)tiny("tiny-a", Numerics::reference);
+  Backend& be = cpu_backend();
+  SplitMoeFixture fx(be, 9);
+  const int64_t n = 300, k = 6;
+  const Buffer x = fx.input(n, 21), w = fx.weights(n, k, 22);
+  const auto pats = routing_patterns(n, k, SplitMoeFixture::E, 23);
+  const LinearOpts q = quantized_linear_opts(Numerics::reference);
+  for (bool deferred : {false, true}) {
+    auto split = staged_split(be, 1, 2 * kFixtureExpertSlotBytes, deferred);
+    for (const auto& pat : {pats[2], pats[3]})
+      for (unsigned mask : {0x00u, 0xFFu, 0x0Fu, 0xA5u, 0x80u, 0x7Eu}) {
+        const Buffer ids = be.upload_vector(pat, "ids");
+        Buffer ref(be, size_t(n * SplitMoeFixture::D) * 4, "ref"), got(be, size_t(n * SplitMoeFixture::D) * 4, "got");
+        be.ops().moe(fx.all_device(), x.as<float>(), n, ids.as<int32_t>(), w.as<float>(), k, 10.0f, q, true,
+                     ref.as<float>());
+        SplitMoeFixture::Split s;
+        fx.make_split(mask, s);
+        split->attach(s.layer);
+        split->run(be.ops(), s.layer, SplitMoeFixture::D, x.as<float>(), n, ids.as<int32_t>(), w.as<float>(), k,
+                   10.0f, q, true, got.as<float>());
+        EXPECT_EQ(std::memcmp(ref.data(), got.data(), ref.bytes()), 0) << "host mask " << mask << " deferred "
+                                                                        << deferred;
+      }
+  }
+  // the threshold: calls below it run the host experts on the CPU, calls at it stage them
+  auto split = staged_split(be, 100, size_t(1) << 20, false);
+  SplitMoeFixture::Split s;
+  fx.make_split(0xF0u, s);
+  split->attach(s.layer);
+  for (int64_t m : {int64_t(99), int64_t(100)}) {
+    const Buffer ids = be.upload_vector(std::vector<int32_t>(pats[3].begin(), pats[3].begin() + m * k), "ids");
+    Buffer ref(be, size_t(m * SplitMoeFixture::D) * 4, "ref"), got(be, size_t(m * SplitMoeFixture::D) * 4, "got");
+    be.ops().moe(fx.all_device(), x.as<float>(), m, ids.as<int32_t>(), w.as<float>(), k, 10.0f, q, true,
+                 ref.as<float>());
+    split->reset_stats();
+    split->run(be.ops(), s.layer, SplitMoeFixture::D, x.as<float>(), m, ids.as<int32_t>(), w.as<float>(), k, 10.0f,
+               q, true, got.as<float>());
+    EXPECT_EQ(std::memcmp(ref.data(), got.data(), ref.bytes()), 0) << m;
+    const SplitMoeStats st = split->stats();
+    EXPECT_EQ(st.calls, 1);
+    EXPECT_EQ(st.staged_calls, m >= 100 ? 1 : 0) << m;
+    EXPECT_EQ(st.host_pairs > 0, m < 100) << m;
+    EXPECT_EQ(st.staged_bytes, m >= 100 ? 4 * kFixtureExpertSlotBytes : 0u) << m;
+  }
+}
+
+TEST(SplitMoe, StagingProtocolViolationsAreCaught) {
+  // a copy into a slot the device may still be reading is refused (the CPU's stand-in for a copy-stream race)
+  Backend& be = cpu_backend();
+  auto q = be.make_upload_queue(2);
+  std::vector<uint8_t> src(64, 7), dst(64, 0);
+  q->copy(0, dst.data(), src.data(), 64);
+  q->filled(0);
+  q->copy(1, dst.data(), src.data(), 32);  // the other slot: fine
+  EXPECT_THROW(q->copy(0, dst.data(), src.data(), 64), Error);
+  q->consumed(0);
+  q->copy(0, dst.data(), src.data(), 64);
+  EXPECT_THROW(q->copy(2, dst.data(), src.data(), 1), Error);
+  EXPECT_THROW(q->filled(-1), Error);
+  EXPECT_EQ(q->bytes(), 64u * 2 + 32u);
+  EXPECT_EQ(dst[0], 7);
+  // the deferred test queue copies only at filled(): what the staged tests rely on
+  DeferredUploadQueue d(2);
+  std::vector<uint8_t> out(8, 0), in(8, 5);
+  d.copy(1, out.data(), in.data(), 8);
+  EXPECT_EQ(out[0], 0);
+  d.filled(0);
+  EXPECT_EQ(out[0], 0);
+  d.filled(1);
+  EXPECT_EQ(out[0], 5);
+}
+
+TEST(SplitMoe, StagingCostModel) {
+  // V4-Flash: 256 experts, top-6, FP4 w1 / w3 [2048, 4096] and w2 [4096, 2048] with E8M0 scales per 32
+  const double bytes = 3.0 * (2048.0 * 4096 / 2 + 2048.0 * 4096 / 32), macs = 3.0 * 2048 * 4096;
+  EXPECT_EQ(auto_stage_min_tokens(256, 6, bytes, macs, kPinnedUploadBytesPerS), 227);
+  // slower uploads (memory that is not page-locked): later
+  EXPECT_GT(auto_stage_min_tokens(256, 6, bytes, macs, kPageableUploadBytesPerS), 227 * 3);
+  EXPECT_EQ(auto_stage_min_tokens(0, 6, bytes, macs, kPinnedUploadBytesPerS), 1);
+  // the device bytes of the two slots: at least one expert each
+  SplitMoeOptions o;
+  EXPECT_EQ(SplitMoe::staging_device_bytes(o, 1000), 0u);  // off
+  o.stage_min_tokens = -1;
+  o.stage_slot_bytes = 100;
+  EXPECT_EQ(SplitMoe::staging_device_bytes(o, 1000), 2u * (1000 + 6 * 256));
+  o.stage_slot_bytes = size_t(256) << 20;
+  EXPECT_EQ(SplitMoe::staging_device_bytes(o, 1000), size_t(512) << 20);
 }
 
 // ---- the demo model under every placement ------------------------------------------------------------------------
@@ -182,8 +353,52 @@ TEST(DemoPlacement, EveryPlacementGivesBitwiseEqualLogits) {
     } else {
       EXPECT_EQ(r.stats.calls, 0) << c.name;
     }
+    EXPECT_EQ(r.stats.staged_calls, 0) << c.name << ": the CPU backend stages only when told (--stage-tokens)";
   }
   std::filesystem::remove(pf);
+}
+
+TEST(DemoPlacement, StagedCallsGiveBitwiseEqualLogits) {
+  const DemoRun ref = run_demo({});
+  struct Case {
+    std::string name;
+    PlacementOptions p;
+    int64_t host_per_layer;  // host experts of every split layer
+  };
+  std::vector<Case> cases;
+  {
+    PlacementOptions p;
+    p.cpu_moe = true;
+    cases.push_back({"--cpu-moe", p, 8});
+    p = {};
+    p.n_cpu_moe = 3;
+    cases.push_back({"--n-cpu-moe 3", p, 8});
+    p = {};
+    p.gpu_experts = "5";
+    cases.push_back({"--gpu-experts 5", p, 3});
+  }
+  // every call staged, one expert per chunk (the slot is sized up to one expert) or a few; prefill ubatches
+  // (48 tokens) staged, decode on the CPU
+  struct Stage {
+    int64_t tokens, bytes;
+    bool decode_on_cpu;
+  };
+  for (const Stage& st : {Stage{1, 1, false}, Stage{1, 60000, false}, Stage{40, int64_t(1) << 20, true}})
+    for (Case c : cases) {
+      c.p.stage_tokens = st.tokens;
+      c.p.stage_bytes = st.bytes;
+      const DemoRun r = run_demo(c.p);
+      const std::string name = c.name + " --stage-tokens " + std::to_string(st.tokens) + ", " +
+                               std::to_string(st.bytes) + "-byte slots";
+      ASSERT_EQ(r.logits.size(), ref.logits.size()) << name;
+      EXPECT_EQ(std::memcmp(r.logits.data(), ref.logits.data(), ref.logits.size() * 4), 0) << name;
+      EXPECT_GT(r.stats.staged_calls, 0) << name;
+      EXPECT_GT(r.stats.staged_bytes, 0u) << name;
+      EXPECT_EQ(r.stats.host_pairs > 0, st.decode_on_cpu) << name;
+      // chunks per staged call: one per host expert with 1-byte slots, fewer with room for several
+      if (st.bytes == 1) EXPECT_EQ(r.stats.staged_chunks, c.host_per_layer * r.stats.staged_calls) << name;
+      else EXPECT_LT(r.stats.staged_chunks, c.host_per_layer * r.stats.staged_calls) << name;
+    }
 }
 
 // ---- placement resolution and errors -----------------------------------------------------------------------------

@@ -30,7 +30,7 @@ struct Demo {
   std::shared_ptr<GrammarAutomaton> automaton;
   Demo() {
     ModelOptions o;
-    o.mtp = true;
+    o.drafter = true;
     model = Model::load(kDir, o);
     vocab = std::make_shared<ConstraintVocab>(tok, model->n_vocab(), model->eos_id());
     const nlohmann::ordered_json schema = nlohmann::ordered_json::parse(R"({

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device session for the GPU speed work (issue 9), run from the repo root by the `run` tool:
 #   bash tools/device/speed_run.sh [STEPS]    STEPS: comma list of build,test,bench,prefill,dense,batch (default all)
-#   build    scripts/build-cuda.sh build (targets dsv4 + test_gpu only)
+#   build    scripts/build-cuda.sh build (targets dsv4 + test_gpu only); skipped when .scratch/devbin.tar.xz is carried
+#            (a prebuilt build-cuda/ from tools/device/pack_devbin.sh: then every step uses it)
 #   test     scripts/test-gpu.sh (every GPU test), log + gtest JSON into $OUT
 #   bench    dsv4 bench model, 24 dummy V4-Flash layers, batch-1 decode at ctx 4096: fast (default: CUDA graphs)
 #            and the same with --no-cuda-graph (every kernel launched); with `det` also --deterministic (the
@@ -15,11 +16,15 @@
 #            (issue 10), JSON into $OUT/bench-serve.json
 #   spec     dsv4 bench spec, 24 dummy V4-Flash layers with the MTP module, batch 1 and 8 (issue 13), JSON into
 #            $OUT/bench-spec.json
+#   specdet  the same at batch 8 with --deterministic (greedy tokens must equal plain decoding), $OUT/bench-spec-det.json
 #   hyb1     hybrid GPU + CPU (issue 11): all 43 dummy V4-Flash layers, --gpu-experts auto (the experts that do not
 #            fit the GPU on the CPU), batch-1 decode at ctx 1024 (32 steps, per-op profile) + prefill of 2048 tokens
 #   hyb4     the same placement, batch-4 decode at ctx 1024
 #   hyb8k    the same placement, prefill of 8192 tokens
 #   hybn     --n-cpu-moe 8 (the experts of the last 8 layers on the CPU), batch-1 decode at ctx 1024
+#   hybstage the --gpu-experts auto placement, prefill of 2048 tokens with the CPU experts staged on the GPU (the
+#            default, model/expert_staging.h) and with --stage-tokens 0 (the CPU runs them, as before), then 8192
+#            tokens staged
 #   gemm     dsv4 bench gemm on the machine's CPU (all threads), JSON into $OUT/bench-gemm.json
 #   pprof    prefill of 2048 and 8192 tokens at 4 layers with the per-op breakdown
 #   bprof    batched decode (batch 128 and 32, ctx 4096) at 4 layers with the per-op breakdown
@@ -35,7 +40,7 @@
 #   hf       tools/bench/hf_side_by_side.py (issue 9 item 5): HF transformers vs dsv4, 4 layers, into $OUT/side-by-side.json
 # Environment: OUT (results folder), DSV4_COMMIT (the commit the tree is: pass it as a literal, e.g.
 # DSV4_COMMIT=0a8d6df; `$(git rev-parse --short HEAD)` on the device resolves to main's tip, not the tree sent),
-# GTEST_FILTER (optional).
+# GTEST_FILTER (optional), LAYERS (dummy layers of the 24-layer runs; 16 fits an 80 GB H100).
 # Every step is time-limited (the whole run stays under ~560 s) so partial results still come back.
 set -u
 OUT=${OUT:-/tmp/dsv4-out}
@@ -62,14 +67,23 @@ bench_run() {  # bench_run LABEL TAIL NAME ARGS...: one dsv4 bench model run, JS
   { echo "== ${cmd[*]}"; cat /tmp/bench.err; } >> "$OUT/bench.log"
   tar -cf "$OUT/bench-json.tar" -C /tmp/benchjson .  # one file back for every run (the tool returns <= 8 files)
 }
-bench() { local name=$1; shift; bench_run bench 6 "$name" --layers 24 --device cuda "$@"; }  # 24 layers
+bench() { local name=$1; shift; bench_run bench 6 "$name" --layers "${LAYERS:-24}" --device cuda "$@"; }  # 24 layers (H100: LAYERS=16)
 hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; }  # hybrid: all 43 layers
 {
   log "start $(date -u) steps=$STEPS commit=${DSV4_COMMIT:-unknown}"
   nvidia-smi -L 2>&1 | head -2
   nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv 2>&1 | tail -1
   echo "cpus $(nproc)"
-  if has build; then
+  # a prebuilt tree may come as .scratch/devbin.tar.xz (tools/device/pack_devbin.sh: build-cuda/{dsv4,test_gpu,lib/*}
+  # built on the dev machine with the same CUDA 13.0); it names its data by the source path it was built from
+  # (DSV4_BUILT_AT, default /work/main): make that path point here
+  if [ -f .scratch/devbin.tar.xz ]; then
+    tar -xJf .scratch/devbin.tar.xz && B=build-cuda && export LD_LIBRARY_PATH=$PWD/build-cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    SRC=${DSV4_BUILT_AT:-/work/main}
+    [ -e "$SRC" ] || { mkdir -p "$(dirname "$SRC")" && ln -s "$PWD" "$SRC"; }
+    log "using the carried prebuilt build-cuda/ ($(readlink -f "$SRC"))"
+    scripts/unpack-demo.sh > /dev/null
+  elif has build; then
     log "build"
     DSV4_TARGETS="dsv4 test_gpu" timeout 330 scripts/build-cuda.sh build -DDSV4_BUILD_BENCH=OFF > /tmp/build.log 2>&1
     echo "build rc=$?"
@@ -104,6 +118,12 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
     has hyb4 && hbench hyb-b4-ctx1024 --gpu-experts auto --batch 4 --ctx 1024 --prefill 0 --steps 16 --no-profile
     has hyb8k && hbench hyb-prefill8192 --gpu-experts auto --batch 1 --ctx 0 --prefill 8192 --steps 2 --no-profile
     has hybn && hbench hyb-ncpumoe8-b1-ctx1024 --n-cpu-moe 8 --batch 1 --ctx 1024 --prefill 0 --steps 16 --no-profile
+    if has hybstage; then
+      hbench hyb-stage-prefill2048 --gpu-experts auto --batch 1 --ctx 0 --prefill 2048 --steps 2 --no-profile
+      hbench hyb-nostage-prefill2048 --gpu-experts auto --batch 1 --ctx 0 --prefill 2048 --steps 2 --no-profile \
+        --stage-tokens 0
+      hbench hyb-stage-prefill8192 --gpu-experts auto --batch 1 --ctx 0 --prefill 8192 --steps 2 --no-profile
+    fi
   fi
   if has gemm && [ -x "$B/dsv4" ] && [ "$(left)" -gt 40 ]; then
     log "bench gemm ($(nproc) threads)"
@@ -121,10 +141,17 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
   fi
   if has spec && [ -x "$B/dsv4" ] && [ "$(left)" -gt 60 ]; then
     log "bench spec"
-    timeout $(($(left) - 20)) "$B/dsv4" bench spec --config "$CFG" --load-format dummy --layers 24 --device cuda \
-      --batch 1,8 --draft 1,2 -n 32 --json > "$OUT/bench-spec.json" 2> /tmp/spec.err
+    timeout $(($(left) - 20)) "$B/dsv4" bench spec --config "$CFG" --load-format dummy --layers "${LAYERS:-24}" --device cuda \
+      --batch 1,8 --draft 1,2,3 -n 48 --json > "$OUT/bench-spec.json" 2> /tmp/spec.err
     echo "bench spec rc=$?"
     tail -8 /tmp/spec.err
+  fi
+  if has specdet && [ -x "$B/dsv4" ] && [ "$(left)" -gt 60 ]; then
+    log "bench spec (deterministic, batch 8)"
+    timeout $(($(left) - 20)) "$B/dsv4" bench spec --config "$CFG" --load-format dummy --layers "${LAYERS:-24}" --device cuda \
+      --batch 8 --draft 1,2 -n 32 --deterministic --json > "$OUT/bench-spec-det.json" 2> /tmp/specdet.err
+    echo "bench spec det rc=$?"
+    tail -8 /tmp/specdet.err
   fi
   if has pprof && [ -x "$B/dsv4" ]; then  # prefill per-op breakdown (4 layers)
     bench_run pprof 12 p4-prefill2048 --layers 4 --device cuda --ctx 0 --prefill 2048 --steps 1

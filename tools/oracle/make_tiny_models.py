@@ -9,7 +9,9 @@ Each model folder gets
       FP8 e4m3fn weights (F8_E4M3) + E8M0 128x128 block scales (F8_E8M0, ceil-sized grid) for the dense matrices,
       FP4 e2m1 routed experts packed two per byte in I8 (low nibble = even input index) + E8M0 scale per 32 inputs,
       BF16 embed / head / norms / router weight / compressor wkv+wgate / indexer weights_proj,
-      F32 hc_* / attn_sink / ape / gate.bias, I64 tid2eid, and the MTP module mtp.0.* (spec §3.5).
+      F32 hc_* / attn_sink / ape / gate.bias, I64 tid2eid, and the MTP module mtp.0.* (spec §3.5) — or, for
+      tiny-dspark, a DSpark drafter mtp.0-2.* (docs/dspark.md: three window-only stages, main_proj / main_norm,
+      norm / hc_head, Markov head, confidence head) with the dspark_* config keys of the 0731 release.
 
 Values are chosen directly as codes: random valid e4m3 codes (including +-0 and subnormals, never NaN), random e2m1
 nibbles (all 16 codes), E8M0 exponents picked per block with jitter so per-block scaling matters. Magnitudes are set
@@ -28,7 +30,8 @@ import struct
 import sys
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Model shapes.  compress_ratios has num_hidden_layers + num_nextn_predict_layers entries (last = MTP, always 0).
+# Model shapes.  compress_ratios has num_hidden_layers + num_nextn_predict_layers entries (last = MTP, always 0), or
+# num_hidden_layers + DSpark stages entries (all 0) for a model with a "dspark" entry.
 
 MODELS = {
     # Every FP8 GEMM dimension a multiple of 128 except the expert down-projection input (moe_inter 64).
@@ -49,6 +52,17 @@ MODELS = {
         num_hash_layers=1, n_routed_experts=16, num_experts_per_tok=3, n_shared_experts=1,
         moe_intermediate_size=32, index_n_heads=1, index_head_dim=128, index_topk=8, sliding_window=64,
         hc_mult=4,
+    ),
+    # A DSpark drafter (the 0731 layout, docs/dspark.md) on a 3-layer backbone: window-only hash layer 0, CSA layer 1,
+    # HCA layer 2; three window-only stages (block 5, as 0731) reading the inputs of layers 0 and 1; a window of 32
+    # so that tests cross the ring; hidden 64 (partial FP8 blocks) to stay under the size limit.
+    "tiny-dspark": dict(
+        vocab_size=256, hidden_size=64, num_attention_heads=2, head_dim=128, qk_rope_head_dim=64,
+        q_lora_rank=64, o_groups=2, o_lora_rank=32, num_hidden_layers=3, compress_ratios=[0, 4, 128, 0, 0, 0],
+        num_hash_layers=1, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+        moe_intermediate_size=64, index_n_heads=1, index_head_dim=128, index_topk=8, sliding_window=32,
+        hc_mult=4,
+        dspark=dict(block_size=5, target_layer_ids=[0, 1], markov_rank=32, noise_token_id=255, n_stages=3),
     ),
 }
 
@@ -119,7 +133,13 @@ def make_config(m):
         "compress_ratios": list(m["compress_ratios"]),
         "expert_dtype": "fp4",
     }
-    assert len(c["compress_ratios"]) == m["num_hidden_layers"] + 1
+    ds = m.get("dspark")
+    if ds:  # the 0731 keys; num_nextn_predict_layers stays 1 there too (a legacy value, not the stage count)
+        c["dspark_block_size"] = ds["block_size"]
+        c["dspark_target_layer_ids"] = list(ds["target_layer_ids"])
+        c["dspark_markov_rank"] = ds["markov_rank"]
+        c["dspark_noise_token_id"] = ds["noise_token_id"]
+    assert len(c["compress_ratios"]) == m["num_hidden_layers"] + (ds["n_stages"] if ds else 1)
     return c
 
 
@@ -305,6 +325,25 @@ def build_tensors(m, seed):
     put("hc_head_base", g.f32([hc], lambda i: g.gauss(0.8)))
     put("hc_head_scale", g.f32([1], lambda i: 0.5 + g.r.random()))
     put("head.weight", g.bf16([V, D], lambda i: g.gauss(2.0 / math.sqrt(D))))
+    ds = m.get("dspark")
+    if ds:
+        # DSpark drafter (docs/dspark.md): stages mtp.0 .. mtp.S-1 (ratio-0, non-hash blocks), stage 0's main_proj
+        # (FP8 [D, T*D]) + main_norm, the last stage's norm, hc_head_*, Markov head (BF16 [V, r] twice: the bias
+        # W2 . W1[prev] has a standard deviation of about 1) and confidence projection (BF16 [1, D + r], no bias).
+        S, nT, r = ds["n_stages"], len(ds["target_layer_ids"]), ds["markov_rank"]
+        for k in range(S):
+            block(f"mtp.{k}.", nL + k, m["compress_ratios"][nL + k], False)
+        fp8("mtp.0.main_proj", D, nT * D, 1.0 / math.sqrt(nT * D))
+        norm_w("mtp.0.main_norm.weight", D)
+        p = f"mtp.{S - 1}."
+        norm_w(p + "norm.weight", D)
+        put(p + "hc_head_fn", g.f32([hc, hc * D], lambda i: g.gauss(1.0 / math.sqrt(hc * D))))
+        put(p + "hc_head_base", g.f32([hc], lambda i: g.gauss(0.8)))
+        put(p + "hc_head_scale", g.f32([1], lambda i: 0.5 + g.r.random()))
+        put(p + "markov_head.markov_w1.weight", g.bf16([V, r], lambda i: g.gauss(1.0)))
+        put(p + "markov_head.markov_w2.weight", g.bf16([V, r], lambda i: g.gauss(1.0 / math.sqrt(r))))
+        put(p + "confidence_head.proj.weight", g.bf16([1, D + r], lambda i: g.gauss(1.0 / math.sqrt(D + r))))
+        return T
     # MTP module (spec §3.5): a ratio-0, non-hash block + e_proj/h_proj/enorm/hnorm/norm/hc_head_*.
     p = "mtp.0."
     block(p, nL, m["compress_ratios"][nL], False)

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_upload_queue.h"
 #include "backend/cuda/kernels.h"
 #include "core/error.h"
 
@@ -169,6 +170,35 @@ void CudaBackend::copy_to_host_async(void* dst, const void* src, size_t bytes) {
 void CudaBackend::wait_copies_to_host() {
   activate();
   check(cudaEventSynchronize(to_host_), "synchronize (copy to host)");
+}
+
+std::unique_ptr<UploadQueue> CudaBackend::make_upload_queue(int slots) {
+  return std::make_unique<CudaUploadQueue>(*this, slots);
+}
+
+bool CudaBackend::pin_host(const void* p, size_t bytes, std::string* why) {
+  if (p == nullptr || bytes == 0) return false;
+  activate();
+  // read-only where the device supports it: the mapped checkpoint is PROT_READ, and the device only reads
+  int ro = 0;
+  if (cudaDeviceGetAttribute(&ro, cudaDevAttrHostRegisterReadOnlySupported, index_) != cudaSuccess) {
+    (void)cudaGetLastError();
+    ro = 0;
+  }
+  const unsigned flags = cudaHostRegisterPortable | (ro ? cudaHostRegisterReadOnly : 0u);
+  const cudaError_t e = cudaHostRegister(const_cast<void*>(p), bytes, flags);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (why) *why = cudaGetErrorString(e);
+    return false;
+  }
+  return true;
+}
+
+void CudaBackend::unpin_host(const void* p) noexcept {
+  if (p == nullptr) return;
+  activate();
+  if (cudaHostUnregister(const_cast<void*>(p)) != cudaSuccess) (void)cudaGetLastError();
 }
 
 void CudaBackend::fill_random(void* p, size_t bytes, RandomFill kind, float param, uint64_t seed) {

@@ -33,6 +33,9 @@ class CudaBackend final : public Backend {
   void free_pinned(void* p) noexcept override;
   void copy_to_host_async(void* dst, const void* src, size_t bytes) override;
   void wait_copies_to_host() override;
+  std::unique_ptr<UploadQueue> make_upload_queue(int slots) override;  // cuda_upload_queue.h
+  bool pin_host(const void* p, size_t bytes, std::string* why) override;
+  void unpin_host(const void* p) noexcept override;
   void fill_random(void* p, size_t bytes, RandomFill kind, float param, uint64_t seed) override;
   WeightView upload(const WeightView& host, std::vector<Buffer>& storage) override;
   WeightView adopt(const WeightView& resident, std::vector<Buffer>& storage) override;

@@ -135,6 +135,17 @@ void CudaOps::hc_pre(const float* X, int64_t n_tok, int hc, int64_t dim, const f
   if (n_tok > 0)
     DSV4_CUDA_OP(hc_pre, X, n_tok, hc, dim, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps, bf16, u, post, comb);
 }
+// One kernel where hc_pre's fast path can normalize u itself (bitwise the same as rmsnorm after it), else the two.
+void CudaOps::hc_pre_norm(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale,
+                          const float* base, int sinkhorn_iters, float hc_eps, float norm_eps, bool bf16,
+                          const float* norm_w, float* u, float* post, float* comb) const {
+  if (n_tok <= 0) return;
+  be_.activate();
+  const bool normalized = cuda::hc_pre_norm(X, n_tok, hc, dim, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps,
+                                            bf16, norm_w, u, post, comb, stream());
+  launched("hc_pre_norm");
+  if (!normalized) rmsnorm(u, n_tok, dim, norm_w, norm_eps, bf16, u);
+}
 void CudaOps::hc_post(const float* f, const float* X, const float* post, const float* comb, int64_t n_tok, int hc,
                       int64_t dim, bool bf16, float* Xout) const {
   if (n_tok > 0) DSV4_CUDA_OP(hc_post, f, X, post, comb, n_tok, hc, dim, bf16, Xout);

@@ -38,6 +38,9 @@ class CudaOps final : public Ops {
   void hc_pre(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale,
               const float* base, int sinkhorn_iters, float hc_eps, float norm_eps, bool bf16, float* u, float* post,
               float* comb) const override;
+  void hc_pre_norm(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale,
+                   const float* base, int sinkhorn_iters, float hc_eps, float norm_eps, bool bf16, const float* norm_w,
+                   float* u, float* post, float* comb) const override;
   void hc_post(const float* f, const float* X, const float* post, const float* comb, int64_t n_tok, int hc,
                int64_t dim, bool bf16, float* Xout) const override;
   void hc_head(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale,

@@ -12,7 +12,7 @@ void DecodeGraphs::clear() {
     be_.activate();
     (void)cudaStreamSynchronize(be_.stream());  // a replay may still be running
   }
-  for (auto& [k, g] : graphs_) (void)cudaGraphExecDestroy(g);
+  for (auto& [k, g] : graphs_) (void)cudaGraphExecDestroy(g.exec);
   graphs_.clear();
   seen_.clear();
   eager_.clear();
@@ -36,7 +36,14 @@ void DecodeGraphs::run(const std::vector<int64_t>& step_key, const std::function
       seen_.emplace(key, 1);
       return;
     }
-    if (graphs_.size() >= kMaxGraphs) clear();
+    if (graphs_.size() >= kMaxGraphs) {  // replace the least recently used recording
+      auto lru = graphs_.begin();
+      for (auto g = graphs_.begin(); g != graphs_.end(); ++g)
+        if (g->second.last_use < lru->second.last_use) lru = g;
+      (void)cudaStreamSynchronize(be_.stream());  // its last replay may still be running
+      (void)cudaGraphExecDestroy(lru->second.exec);
+      graphs_.erase(lru);
+    }
     seen_.erase(key);
     const cudaStream_t s = be_.stream();
     check(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), "record forward step (begin capture)");
@@ -59,11 +66,12 @@ void DecodeGraphs::run(const std::vector<int64_t>& step_key, const std::function
       body();  // rethrows what the recording run threw
       return;
     }
-    it = graphs_.emplace(key, ex).first;
+    it = graphs_.emplace(key, Recording{ex, 0}).first;
   } else {
     ++replays_;
   }
-  check(cudaGraphLaunch(it->second, be_.stream()), "replay forward step");
+  it->second.last_use = ++use_;
+  check(cudaGraphLaunch(it->second.exec, be_.stream()), "replay forward step");
 }
 
 std::unique_ptr<StepGraphs> make_decode_graphs(CudaBackend& be) { return std::make_unique<DecodeGraphs>(be); }

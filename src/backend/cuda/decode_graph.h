@@ -22,13 +22,18 @@ class DecodeGraphs final : public StepGraphs {
   int64_t replays() const override { return replays_; }
   void clear() override;
 
-  // Recordings kept at most; a new one beyond this drops them all (shapes of a long decode come back in cycles of
-  // 4 positions; a ragged batch has more, but a bounded set).
+  // Recordings kept at most; a new one beyond this replaces the least recently used (shapes of a long decode come
+  // back in cycles of 4 positions; a ragged batch or speculative verify steps have more, but a bounded set).
   static constexpr size_t kMaxGraphs = 64;
 
  private:
+  struct Recording {
+    cudaGraphExec_t exec = nullptr;
+    int64_t last_use = 0;  // use_ at its last replay (or its recording)
+  };
   CudaBackend& be_;
-  std::map<std::vector<int64_t>, cudaGraphExec_t> graphs_;
+  std::map<std::vector<int64_t>, Recording> graphs_;
+  int64_t use_ = 0;
   std::map<std::vector<int64_t>, int> seen_;   // keys run eagerly once, not recorded yet
   std::map<std::vector<int64_t>, int> eager_;  // keys whose recording failed: always run eagerly
   int64_t replays_ = 0;

@@ -107,4 +107,31 @@ __device__ __forceinline__ float weight_code(int fmt, const uint8_t* w, int64_t 
   }
 }
 
+// ---- row reductions of the norms (k_elementwise.cu rmsnorm, k_hc.cu's fused hc_pre + rmsnorm) ---------------------
+// Sum of v over the TPR threads of one row: xor butterfly within the warp (every lane ends with the same bits), then
+// for TPR > 32 the warp sums combined in warp order by every thread. TPR is 32 (a warp per row) or blockDim.x (one
+// row per block); smem holds blockDim.x / 32 doubles.
+template <int TPR>
+__device__ __forceinline__ double row_sum(double v, double* smem) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+  if constexpr (TPR == 32) {
+    return v;
+  } else {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) smem[warp] = v;
+    __syncthreads();
+    double s = 0;
+    for (int w = 0; w < TPR / 32; ++w) s += smem[w];
+    __syncthreads();  // smem may be reused by the caller
+    return s;
+  }
+}
+
+// rmsnorm's scale of a row of `dim` elements from its sum of squares (CpuOps: 1 / sqrt(float(ss) / dim + eps)).
+__device__ __forceinline__ float rms_scale(double ss, int64_t dim, float eps) {
+  const float var = __fdiv_rn(__double2float_rn(ss), float(dim));
+  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
+}
+
 }  // namespace dsv4::cuda

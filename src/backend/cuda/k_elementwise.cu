@@ -58,27 +58,6 @@ __global__ void embed_kernel(const uint8_t* table, int64_t row_bytes, bool is_bf
   }
 }
 
-// ---- row reductions ----------------------------------------------------------------------------------------------
-// Sum of v over the TPR threads of one row: xor butterfly within the warp (every lane ends with the same bits), then
-// for TPR > 32 the warp sums combined in warp order by every thread. TPR is 32 (a warp per row) or blockDim.x (one
-// row per block); smem holds blockDim.x / 32 doubles.
-template <int TPR>
-__device__ __forceinline__ double row_sum(double v, double* smem) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-  if constexpr (TPR == 32) {
-    return v;
-  } else {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (lane == 0) smem[warp] = v;
-    __syncthreads();
-    double s = 0;
-    for (int w = 0; w < TPR / 32; ++w) s += smem[w];
-    __syncthreads();  // smem may be reused by the caller
-    return s;
-  }
-}
-
 // rmsnorm: TPR threads per row, kThreads / TPR rows per block. y may alias x: every element is read (reduction) and
 // re-read + written by the same thread after the row's reduction completed.
 template <int TPR>
@@ -98,8 +77,7 @@ __global__ void rmsnorm_kernel(const float* x, int64_t n_rows, int64_t dim, cons
     ss += v * v;  // exact product (48 significant bits)
   }
   ss = row_sum<TPR>(ss, smem);
-  const float var = __fdiv_rn(__double2float_rn(ss), float(dim));
-  const float s = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
+  const float s = rms_scale(ss, dim, eps);
 #pragma unroll 8
   for (int64_t i = lane; i < dim; i += TPR) {
     const float t = __fmul_rn(xr[i], s);
@@ -135,8 +113,7 @@ __global__ void rmsnorm_vec_kernel(const float* x, int64_t n_rows, int64_t dim, 
     ss += double(v[j].w) * double(v[j].w);
   }
   ss = row_sum<TPR>(ss, smem);
-  const float var = __fdiv_rn(__double2float_rn(ss), float(dim));
-  const float s = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
+  const float s = rms_scale(ss, dim, eps);
   float4* yr = reinterpret_cast<float4*>(y + r * dim);
   const float4* w4 = reinterpret_cast<const float4*>(w);
 #pragma unroll
@@ -177,7 +154,7 @@ __global__ void head_rms_kernel(float* x, int64_t n_rows, int64_t dim, float eps
     const float t = round_bf16(__fadd_rn(mean, eps));                               // + eps -> bf16
     rs = round_bf16(__fdiv_rn(1.0f, __fsqrt_rn(t)));                                // rsqrt -> bf16
   } else {
-    rs = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(__double2float_rn(ss), float(dim)), eps)));
+    rs = rms_scale(ss, dim, eps);
   }
 #pragma unroll 8
   for (int64_t i = lane; i < dim; i += TPR) xr[i] = maybe_bf16(__fmul_rn(xr[i], rs), bf16);

@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <string>
 
+#include "backend/cuda/device_async_copy.cuh"
 #include "backend/cuda/device_fp8_mma.cuh"
 #include "backend/cuda/device_numeric.cuh"
 #include "backend/cuda/device_swiglu.cuh"
@@ -1575,59 +1576,78 @@ __global__ void __launch_bounds__(GT_THREADS, 2) gemv_tc_kernel(const GArgs A) {
 // ---- moe_tc_small_kernel: the small segments (1..16 rows) of FP4 (Q) experts on tensor cores (fast mode) ----------
 // gemv_kernel's products for the MoE kinds (kW13: w1 and w3 of the expert, then SwiGLU; kW2) as mma.sync m16n8k32
 // e4m3: the FP4 weights' per-32 scales differ by row, so every mma covers one 32-column scale group and its result
-// is scaled in fp32 (as tc_kernel does). Lane (g, t) loads the 4-byte word 16 s + 4 t of the tile's rows g, g + 8 in
+// is scaled in fp32 (as tc_kernel does). Lane (g, t) takes the 4-byte word 16 s + 4 t of the tile's rows g, g + 8 in
 // each 64-byte (128-column) block, i.e. columns 32 s + 8 t .. + 7 of group s; fp4_as_e4m3 puts its even columns in
 // a0 / a1 and its odd ones in a2 / a3, and the activation codes are staged in shared memory in the same order (per
 // 8 columns: the 4 even ones, then the 4 odd ones). Rows of the segment are taken 8 at a time (the 8 columns of B;
 // a row's result does not depend on the others).
 // Work: blockIdx.x = bt * n_slots + slot: the block takes expert slot's 16-row output tiles bt, bt + n_bt, ...
 // (n_bt = gridDim.x / n_slots: the launcher sizes the grid to what the GPU holds at once), its 8 warps splitting K;
-// every warp streams its (tile, 128-column block) items through a ring of MT_PF items in registers (the next
-// items' weights and scales in flight while it runs the current mma), so the expert's pointers and the staged
-// activations are paid once per block. The 8 warps' sums are added in warp order (the order depends on the shape
-// only, not on the grid).
+// every warp streams its (tile, 128-column block) items through its own ring of MT_PF(KIND) stages in shared
+// memory: each stage is filled by cp.async (16 bytes per lane, whole 64-byte row blocks: one pass over the lines,
+// nothing held in registers while in flight) and read back by ldmatrix, whose fragment layout hands lane (g, t)
+// exactly word t of a row's 16-byte scale group. The rows of a stage are stored with their four 16-byte chunks
+// XOR-swizzled by (row / 2) % 4, so the 8 rows one ldmatrix phase reads hit 8 different bank groups. So the
+// expert's pointers and the staged activations are paid once per block. The 8 warps' sums are added in warp order
+// (the order depends on the shape only, not on the grid).
 constexpr int MT_THREADS = 256, MT_WARPS = 8, MT_ROWS = 16, MT_COLS = 8, MT_MAXK = 8192;
 constexpr int64_t kMtMaxTiles = 8;  // output tiles one block of moe_tc_small_kernel takes at most
+constexpr int MT_WBYTES = MT_ROWS * 64, MT_SBYTES = MT_ROWS * 4;  // a stage's weight / scale bytes per matrix
 
-size_t moe_tc_smem(int64_t K) { return size_t(MT_COLS * K) + size_t(MT_COLS * (K / 128)) * 4; }
+__host__ __device__ constexpr int mt_pf(int kind) { return kind == kW13 ? 3 : 4; }  // ring stages per warp
+__host__ __device__ constexpr int mt_stage_bytes(int kind) { return (kind == kW13 ? 2 : 1) * (MT_WBYTES + MT_SBYTES); }
 
+// Dynamic shared memory of moe_tc_small_kernel<KIND> for K: the 8 rows' activation codes [8, K] and scales
+// [8, K / 128], then the warps' rings.
+size_t moe_tc_smem(int kind, int64_t K) {
+  return size_t(MT_COLS * K) + size_t(MT_COLS * (K / 128)) * 4 + size_t(MT_WARPS * mt_pf(kind) * mt_stage_bytes(kind));
+}
 
-// The block's work on expert slot `slot` (see moe_tc_small_kernel); every weight row and scale row is 4-byte
-// aligned (MoeGemmArgs::words_ok).
+// Byte offset of 16-byte chunk c of row r (0..15) in a stage's weight block (the bank swizzle above).
+__device__ __forceinline__ int mt_chunk(int r, int c) { return r * 64 + 16 * (c ^ ((r >> 1) & 3)); }
+
+// The block's work on expert slot `slot` (see moe_tc_small_kernel); every weight row is 16-byte aligned and every
+// scale row 4-byte aligned (MoeGemmArgs::w16_ok, words_ok).
 template <int KIND>
 __device__ __forceinline__ void moe_tc_small_run(const GArgs& A, const WDesc (&wd)[KIND == kW13 ? 2 : 1], int64_t K,
                                                  int64_t n_tiles, int64_t wrow0, int64_t base, int64_t cnt,
                                                  int64_t bt, int64_t n_bt, int64_t n_mine,
                                                  float (&red)[MT_WARPS][KIND == kW13 ? 2 : 1][MT_COLS][MT_ROWS]) {
   constexpr int NW = KIND == kW13 ? 2 : 1;
-  constexpr int PF = KIND == kW13 ? 2 : 4;  // ring depth (registers: 20 / 10 per item)
+  constexpr int PF = mt_pf(KIND), SB = mt_stage_bytes(KIND);
   extern __shared__ __align__(16) uint8_t mt_smem[];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int64_t nkb = K / 128, kbw = nkb / MT_WARPS, kbs = int64_t(warp) * kbw, n_items = n_mine * kbw;
   uint8_t* xq = mt_smem;                                          // [8, K] codes, permuted per 8 columns
   float* xs = reinterpret_cast<float*>(mt_smem + MT_COLS * K);    // [8, K / 128] scales
+  uint8_t* ring = mt_smem + MT_COLS * K + MT_COLS * (K / 128) * 4 + warp * PF * SB;  // this warp's stages
+  // this lane's part of a stage fill: rows r0 and r0 + 8, chunk cc; the scale word of row `lane` (lanes < 16)
+  const int r0 = lane >> 2, cc = lane & 3;
+  const int off0 = mt_chunk(r0, cc), off8 = mt_chunk(r0 + 8, cc);
+  // this lane's ldmatrix row address inside a matrix's weight block: matrix j = lane / 8 (rows j % 2 ? 8..15 : 0..7,
+  // chunk s + j / 2 for groups s, s + 1)
+  const int lr = (lane & 7) + 8 * ((lane >> 3) & 1), lc = lane >> 4;
+  const int lm0 = mt_chunk(lr, lc), lm2 = mt_chunk(lr, lc + 2);
   for (int64_t g0 = 0; g0 < cnt; g0 += MT_COLS) {
     const int mc = static_cast<int>(imin(MT_COLS, cnt - g0));
-    uint32_t wr[PF][NW][2][4], sc[PF][NW][2];  // the ring: weight words and the 4 scales of rows g, g + 8
-    int64_t l_tile = bt, l_kb = 0;             // next item to load
-    auto load = [&](uint32_t (&w)[NW][2][4], uint32_t (&s)[NW][2]) {
+    int64_t l_tile = bt, l_kb = 0;  // next item to fill
+    auto fill = [&](uint8_t* st) {   // the next item into stage st, one commit group (empty past the last item)
       if (l_tile < n_tiles) {
 #pragma unroll
-        for (int q = 0; q < NW; ++q)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int64_t row = wrow0 + l_tile * MT_ROWS + g + 8 * h, kb = kbs + l_kb;
-            const uint8_t* rp = wd[q].w + row * wd[q].row_bytes + kb * 64 + 4 * t;
-            const uint8_t* sp = wd[q].scale + row * wd[q].scols + kb * 4;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) w[q][h][j] = __ldg(reinterpret_cast<const uint32_t*>(rp + 16 * j));
-            s[q][h] = __ldg(reinterpret_cast<const uint32_t*>(sp));
-          }
+        for (int q = 0; q < NW; ++q) {
+          const int64_t row = wrow0 + l_tile * MT_ROWS, kb = kbs + l_kb;
+          const uint8_t* src = wd[q].w + (row + r0) * wd[q].row_bytes + kb * 64 + 16 * cc;
+          uint8_t* wq = st + q * (MT_WBYTES + MT_SBYTES);
+          cp16(wq + off0, src);
+          cp16(wq + off8, src + 8 * wd[q].row_bytes);
+          if (lane < MT_ROWS) cp4(wq + MT_WBYTES + 4 * lane, wd[q].scale + (row + lane) * wd[q].scols + kb * 4);
+        }
       }
+      cp_commit();
       if (++l_kb == kbw) l_kb = 0, l_tile += n_bt;
     };
 #pragma unroll
-    for (int i = 0; i < PF; ++i) load(wr[i], sc[i]);  // in flight while the block stages the activations
+    for (int i = 0; i < PF; ++i) fill(ring + i * SB);  // in flight while the block stages the activations
     for (int64_t q = tid; q < mc * K / 4; q += MT_THREADS) {  // 4 consecutive columns per thread
       const int64_t m = q / (K / 4), c = 4 * (q % (K / 4));
       const int64_t ar = act_row<KIND>(A, base + g0 + m);
@@ -1635,8 +1655,8 @@ __device__ __forceinline__ void moe_tc_small_run(const GArgs& A, const WDesc (&w
       const float vv[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int64_t cc = c + i, o8 = cc & ~int64_t(7);
-        const int j = static_cast<int>(cc & 7);
+        const int64_t cc4 = c + i, o8 = cc4 & ~int64_t(7);
+        const int j = static_cast<int>(cc4 & 7);
         xq[m * K + o8 + ((j & 1) ? 4 + (j >> 1) : (j >> 1))] = static_cast<uint8_t>(enc_e4m3(vv[i]));
       }
       if (c % 128 == 0) xs[m * nkb + c / 128] = __ldg(A.sa + ar * A.ldsa + c / 128);
@@ -1647,87 +1667,99 @@ __device__ __forceinline__ void moe_tc_small_run(const GArgs& A, const WDesc (&w
 #pragma unroll
     for (int w = 0; w < NW; ++w) tot[w][0] = tot[w][1] = tot[w][2] = tot[w][3] = 0.0f;
     int64_t c_tile = bt, c_kb = 0;  // item being consumed
-    for (int64_t i0 = 0; i0 < n_items; i0 += PF) {
+    int slot = 0;
+    for (int64_t it = 0; it < n_items; ++it) {
+      uint8_t* st = ring + slot * SB;
+      cp_wait<PF - 1>();  // this lane's copies of item it are done ...
+      __syncwarp();       // ... and every lane's
+      const int64_t kb = kbs + c_kb;
+      // activation scales x 64 (the fp4 codes as e4m3 are the values / 64)
+      const float sa0 = m0 < mc ? __fmul_rn(xs[m0 * nkb + kb], 64.0f) : 0.0f;
+      const float sa1 = m1 < mc ? __fmul_rn(xs[m1 * nkb + kb], 64.0f) : 0.0f;
+      uint32_t wv[NW][4][2];  // [matrix][group][row g, g + 8]
+      uint32_t sc[NW][2], spc[NW][2];  // the rows' scale words and their special bytes
 #pragma unroll
-      for (int i = 0; i < PF; ++i) {
-        if (i0 + i < n_items) {  // (uniform over the block)
-          const int64_t kb = kbs + c_kb;
-          // activation scales x 64 (the fp4 codes as e4m3 are the values / 64)
-          const float sa0 = m0 < mc ? __fmul_rn(xs[m0 * nkb + kb], 64.0f) : 0.0f;
-          const float sa1 = m1 < mc ? __fmul_rn(xs[m1 * nkb + kb], 64.0f) : 0.0f;
-          uint32_t spc[NW][2];  // the scale words' special bytes
+      for (int w = 0; w < NW; ++w) {
+        const uint8_t* wb = st + w * (MT_WBYTES + MT_SBYTES);
+        uint32_t r[4];
+        ldsm_x4(wb + lm0, r);  // groups 0, 1
+        wv[w][0][0] = r[0], wv[w][0][1] = r[1], wv[w][1][0] = r[2], wv[w][1][1] = r[3];
+        ldsm_x4(wb + lm2, r);  // groups 2, 3
+        wv[w][2][0] = r[0], wv[w][2][1] = r[1], wv[w][3][0] = r[2], wv[w][3][1] = r[3];
+        sc[w][0] = *reinterpret_cast<const uint32_t*>(wb + MT_WBYTES + 4 * g);
+        sc[w][1] = *reinterpret_cast<const uint32_t*>(wb + MT_WBYTES + 4 * (g + 8));
 #pragma unroll
-          for (int w = 0; w < NW; ++w)
+        for (int h = 0; h < 2; ++h) spc[w][h] = __vcmpeq4(sc[w][h], 0u) | __vcmpeq4(sc[w][h], 0xFFFFFFFFu);
+      }
+      __syncwarp();  // every lane has read the stage: it can be refilled
+      fill(st);      // the item PF ahead into the stage just read
+      // the item's sum over its 4 groups of each mma's result times its weight scale (a power of two: exact
+      // products), then one multiply by the activation scale
+      float p[NW][4];
 #pragma unroll
-            for (int h = 0; h < 2; ++h) spc[w][h] = __vcmpeq4(sc[i][w][h], 0u) | __vcmpeq4(sc[i][w][h], 0xFFFFFFFFu);
-          // the item's sum over its 4 groups of each mma's result times its weight scale (a power of two: exact
-          // products), then one multiply by the activation scale
-          float p[NW][4];
+      for (int s = 0; s < 4; ++s) {
+        uint32_t b0 = 0u, b1 = 0u;
+        if (g < mc) {
+          const uint8_t* xp = xq + g * K + kb * 128 + 32 * s + 8 * t;
+          b0 = *reinterpret_cast<const uint32_t*>(xp);
+          b1 = *reinterpret_cast<const uint32_t*>(xp + 4);
+        }
 #pragma unroll
-          for (int s = 0; s < 4; ++s) {
-            uint32_t b0 = 0u, b1 = 0u;
-            if (g < mc) {
-              const uint8_t* xp = xq + g * K + kb * 128 + 32 * s + 8 * t;
-              b0 = *reinterpret_cast<const uint32_t*>(xp);
-              b1 = *reinterpret_cast<const uint32_t*>(xp + 4);
-            }
-#pragma unroll
-            for (int w = 0; w < NW; ++w) {
-              uint32_t ev0, od0, ev8, od8;
-              fp4_as_e4m3(wr[i][w][0][s], ev0, od0);
-              fp4_as_e4m3(wr[i][w][1][s], ev8, od8);
-              const uint32_t a[4] = {ev0, ev8, od0, od8};
-              float d[4];
-              tc_mma(a, b0, b1, d);
-              const float sg = s == 0 ? e8m0_byte<0>(sc[i][w][0], spc[w][0])
-                             : s == 1 ? e8m0_byte<1>(sc[i][w][0], spc[w][0])
-                             : s == 2 ? e8m0_byte<2>(sc[i][w][0], spc[w][0])
-                                      : e8m0_byte<3>(sc[i][w][0], spc[w][0]);
-              const float s8 = s == 0 ? e8m0_byte<0>(sc[i][w][1], spc[w][1])
-                             : s == 1 ? e8m0_byte<1>(sc[i][w][1], spc[w][1])
-                             : s == 2 ? e8m0_byte<2>(sc[i][w][1], spc[w][1])
-                                      : e8m0_byte<3>(sc[i][w][1], spc[w][1]);
-              if (s == 0) {
-                p[w][0] = __fmul_rn(d[0], sg), p[w][1] = __fmul_rn(d[1], sg);
-                p[w][2] = __fmul_rn(d[2], s8), p[w][3] = __fmul_rn(d[3], s8);
-              } else {
-                p[w][0] = __fmaf_rn(d[0], sg, p[w][0]), p[w][1] = __fmaf_rn(d[1], sg, p[w][1]);
-                p[w][2] = __fmaf_rn(d[2], s8, p[w][2]), p[w][3] = __fmaf_rn(d[3], s8, p[w][3]);
-              }
-            }
-          }
-#pragma unroll
-          for (int w = 0; w < NW; ++w) {
-            tot[w][0] = __fmaf_rn(p[w][0], sa0, tot[w][0]), tot[w][1] = __fmaf_rn(p[w][1], sa1, tot[w][1]);
-            tot[w][2] = __fmaf_rn(p[w][2], sa0, tot[w][2]), tot[w][3] = __fmaf_rn(p[w][3], sa1, tot[w][3]);
-          }
-          load(wr[i], sc[i]);  // the item PF ahead into the slot just used
-          if (++c_kb == kbw) {  // the tile is done (uniform: every warp ends its slice on the same item)
-#pragma unroll
-            for (int w = 0; w < NW; ++w) {
-              if (m0 < mc) red[warp][w][m0][g] = tot[w][0], red[warp][w][m0][g + 8] = tot[w][2];
-              if (m1 < mc) red[warp][w][m1][g] = tot[w][1], red[warp][w][m1][g + 8] = tot[w][3];
-              tot[w][0] = tot[w][1] = tot[w][2] = tot[w][3] = 0.0f;
-            }
-            __syncthreads();
-            if (tid < mc * MT_ROWS) {
-              const int m = tid / MT_ROWS, r = tid % MT_ROWS;
-              float s[NW];
-#pragma unroll
-              for (int w = 0; w < NW; ++w) {
-                s[w] = red[0][w][m][r];
-#pragma unroll
-                for (int q = 1; q < MT_WARPS; ++q) s[w] = __fadd_rn(s[w], red[q][w][m][r]);
-              }
-              store_out<KIND>(A, base + g0 + m, c_tile * MT_ROWS + r, s[0], s[NW - 1]);
-            }
-            __syncthreads();  // red (and, after the last tile, xq / xs) are reused
-            c_kb = 0;
-            c_tile += n_bt;
+        for (int w = 0; w < NW; ++w) {
+          uint32_t ev0, od0, ev8, od8;
+          fp4_as_e4m3(wv[w][s][0], ev0, od0);
+          fp4_as_e4m3(wv[w][s][1], ev8, od8);
+          const uint32_t a[4] = {ev0, ev8, od0, od8};
+          float d[4];
+          tc_mma(a, b0, b1, d);
+          const float sg = s == 0 ? e8m0_byte<0>(sc[w][0], spc[w][0])
+                         : s == 1 ? e8m0_byte<1>(sc[w][0], spc[w][0])
+                         : s == 2 ? e8m0_byte<2>(sc[w][0], spc[w][0])
+                                  : e8m0_byte<3>(sc[w][0], spc[w][0]);
+          const float s8 = s == 0 ? e8m0_byte<0>(sc[w][1], spc[w][1])
+                         : s == 1 ? e8m0_byte<1>(sc[w][1], spc[w][1])
+                         : s == 2 ? e8m0_byte<2>(sc[w][1], spc[w][1])
+                                  : e8m0_byte<3>(sc[w][1], spc[w][1]);
+          if (s == 0) {
+            p[w][0] = __fmul_rn(d[0], sg), p[w][1] = __fmul_rn(d[1], sg);
+            p[w][2] = __fmul_rn(d[2], s8), p[w][3] = __fmul_rn(d[3], s8);
+          } else {
+            p[w][0] = __fmaf_rn(d[0], sg, p[w][0]), p[w][1] = __fmaf_rn(d[1], sg, p[w][1]);
+            p[w][2] = __fmaf_rn(d[2], s8, p[w][2]), p[w][3] = __fmaf_rn(d[3], s8, p[w][3]);
           }
         }
       }
+#pragma unroll
+      for (int w = 0; w < NW; ++w) {
+        tot[w][0] = __fmaf_rn(p[w][0], sa0, tot[w][0]), tot[w][1] = __fmaf_rn(p[w][1], sa1, tot[w][1]);
+        tot[w][2] = __fmaf_rn(p[w][2], sa0, tot[w][2]), tot[w][3] = __fmaf_rn(p[w][3], sa1, tot[w][3]);
+      }
+      slot = slot + 1 == PF ? 0 : slot + 1;
+      if (++c_kb == kbw) {  // the tile is done (uniform: every warp ends its slice on the same item)
+#pragma unroll
+        for (int w = 0; w < NW; ++w) {
+          if (m0 < mc) red[warp][w][m0][g] = tot[w][0], red[warp][w][m0][g + 8] = tot[w][2];
+          if (m1 < mc) red[warp][w][m1][g] = tot[w][1], red[warp][w][m1][g + 8] = tot[w][3];
+          tot[w][0] = tot[w][1] = tot[w][2] = tot[w][3] = 0.0f;
+        }
+        __syncthreads();
+        if (tid < mc * MT_ROWS) {
+          const int m = tid / MT_ROWS, r = tid % MT_ROWS;
+          float sm[NW];
+#pragma unroll
+          for (int w = 0; w < NW; ++w) {
+            sm[w] = red[0][w][m][r];
+#pragma unroll
+            for (int q = 1; q < MT_WARPS; ++q) sm[w] = __fadd_rn(sm[w], red[q][w][m][r]);
+          }
+          store_out<KIND>(A, base + g0 + m, c_tile * MT_ROWS + r, sm[0], sm[NW - 1]);
+        }
+        __syncthreads();  // red (and, after the last tile, xq / xs) are reused
+        c_kb = 0;
+        c_tile += n_bt;
+      }
     }
+    cp_wait<0>();  // the empty groups past the last item (nothing in flight when the rings restart)
   }
 }
 
@@ -1746,23 +1778,26 @@ __global__ void __launch_bounds__(MT_THREADS, 2) moe_tc_small_kernel(const GArgs
   moe_tc_small_run<KIND>(A, wd, K, n_tiles, wrow0, base, cnt, bt, n_bt, n_mine, red);
 }
 
-// Blocks of moe_tc_small_kernel<KIND> one SM holds (its largest shared memory allowed), 0 if it cannot run.
+// Blocks of moe_tc_small_kernel<KIND> one SM holds with the shared memory of K (a multiple of 1024 up to MT_MAXK),
+// 0 if it cannot run.
 template <int KIND>
-int moe_tc_small_occ() {
+int moe_tc_small_occ(int64_t K) {
   int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
-  static int cached[64] = {};  // per device: 0 unknown, -1 no, else blocks per SM
-  if (cached[dev] == 0) {
-    const int smem = int(moe_tc_smem(MT_MAXK));
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64 || K <= 0 || K > MT_MAXK || K % 1024) return 0;
+  static int allowed[64] = {};                    // per device: 0 unknown, -1 no, 1 the largest smem allowed
+  static int cached[64][MT_MAXK / 1024 + 1] = {};  // per device and K / 1024: 0 unknown, -1 no, else blocks per SM
+  if (allowed[dev] == 0)
+    allowed[dev] = cudaFuncSetAttribute(moe_tc_small_kernel<KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(moe_tc_smem(KIND, MT_MAXK))) == cudaSuccess ? 1 : -1;
+  int& c = cached[dev][K / 1024];
+  if (c == 0) {
     int occ = 0;
-    const bool ok = cudaFuncSetAttribute(moe_tc_small_kernel<KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         smem) == cudaSuccess &&
-                    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, moe_tc_small_kernel<KIND>, MT_THREADS,
-                                                                  smem) == cudaSuccess &&
-                    occ > 0;
-    cached[dev] = ok ? occ : -1;
+    c = allowed[dev] > 0 &&
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, moe_tc_small_kernel<KIND>, MT_THREADS,
+                                                              int(moe_tc_smem(KIND, K))) == cudaSuccess && occ > 0
+            ? occ : -1;
   }
-  return cached[dev] > 0 ? cached[dev] : 0;
+  return c > 0 ? c : 0;
 }
 
 // The shapes gemv_tc_kernel takes (and a device and binary with FP8 mma, sm_89+; its shared memory allowed).
@@ -2198,7 +2233,9 @@ void launch_tc(int fmt, const GArgs& A, int64_t grid, cudaStream_t st) {
 bool moe_tc_small_ok(const MoeGemmArgs& g, int kind, const GArgs& A) {
   if (g.fmt != GemmFormat::fp4 || g.d_model % (128 * MT_WARPS) != 0 || g.inter % (128 * MT_WARPS) != 0) return false;
   if (g.d_model % MT_ROWS != 0 || g.inter % MT_ROWS != 0 || g.d_model > MT_MAXK || g.inter > MT_MAXK) return false;
-  if (!g.words_ok || (kind == kW13 ? moe_tc_small_occ<kW13>() : moe_tc_small_occ<kW2>()) <= 0) return false;
+  if (!g.words_ok || !g.w16_ok ||
+      (kind == kW13 ? moe_tc_small_occ<kW13>(g.d_model) : moe_tc_small_occ<kW2>(g.inter)) <= 0)
+    return false;
   return tc_ok(g, kind, A);
 }
 
@@ -2207,14 +2244,15 @@ void launch_small_tc(int kind, const MoeGemmArgs& g, const GArgs& As, int64_t no
   const int64_t K2 = kind == kW13 ? g.d_model : g.inter;
   // the expert slots x tile strides: about the blocks the GPU holds at once, but at most kMtMaxTiles tiles per
   // block (with many slots, e.g. 192 at batch 32, one block per slot would stream a whole expert serially)
-  const int64_t resident = int64_t(sm_count()) * (kind == kW13 ? moe_tc_small_occ<kW13>() : moe_tc_small_occ<kW2>());
+  const int64_t resident =
+      int64_t(sm_count()) * (kind == kW13 ? moe_tc_small_occ<kW13>(K2) : moe_tc_small_occ<kW2>(K2));
   const int64_t tiles = nout / MT_ROWS;
   const int64_t n_bt = std::clamp<int64_t>(std::max(resident / As.n_slots, cdiv(tiles, kMtMaxTiles)), 1, tiles);
   const int64_t gt = As.n_slots * n_bt;
   if (kind == kW13)
-    moe_tc_small_kernel<kW13><<<static_cast<unsigned>(gt), MT_THREADS, moe_tc_smem(K2), stream>>>(As);
+    moe_tc_small_kernel<kW13><<<static_cast<unsigned>(gt), MT_THREADS, moe_tc_smem(kW13, K2), stream>>>(As);
   else
-    moe_tc_small_kernel<kW2><<<static_cast<unsigned>(gt), MT_THREADS, moe_tc_smem(K2), stream>>>(As);
+    moe_tc_small_kernel<kW2><<<static_cast<unsigned>(gt), MT_THREADS, moe_tc_smem(kW2, K2), stream>>>(As);
 }
 
 void moe_launch_both(int kind, const MoeGemmArgs& g, GArgs A, int64_t nout, cudaStream_t stream) {

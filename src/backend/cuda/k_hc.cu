@@ -27,8 +27,12 @@
 //  thread recomputes the CPU's sequential sum exactly (~16k dependent double adds, ~70 us for that CTA).
 // hc_post is elementwise per (token, d) with the CPU's operation order.
 // Fast mode (the default; not deterministic(), gemm_path.h): decode calls (n_tok <= 32) compute the dots with
-// hc_dot_fast_kernel (one CTA per dot, fma chains, fixed-order reductions) and kernel B keeps its tree sum of
-// squares; everything else as above. Deterministic and batch invariant, within fp32 rounding of the CPU.
+// hc_dot_fast_kernel (one CTA per (token, dot, slice of the width): fma chains, fixed-order reductions, the slices'
+// partial sums added by kernel B in slice order; the slice count depends on the width only), kernel B keeps its
+// tree sum of squares and runs the Sinkhorn normalizations with butterfly sums and reciprocal multiplies (hc = 4);
+// everything else as above. Deterministic and batch invariant, within fp32 rounding of the CPU. Kernel B can also
+// apply the sublayer's rmsnorm to its collapse (hc_pre_norm): the same operations in the same order as
+// rmsnorm_vec_kernel<256, 8> on the stored u (k_elementwise.cu), so the fused result equals hc_pre + rmsnorm bitwise.
 //
 // Cost estimate (H200, hc 4 x dim 4096 = width 16384, mix 24): the floor is the CPU's dependency chain -- 2048
 // sequential fp32 adds per chain (~4 cycles each). n_tok = 1: 24 CTAs of 8 chains, ~11k cycles ~ 6 us for kernel A,
@@ -200,21 +204,24 @@ void launch_dots(const float* X, int64_t n_tok, int64_t width, const float* fn, 
 }
 
 // ---- kernel A, fast mode (decode; not the CPU's order) ---------------------------------------------------------
-// One CTA per (token, mix row): every thread sums its float4s of the row with 4 independent fma chains, the lanes by
-// a xor butterfly, the 8 warps in order: deterministic and batch invariant, fp32 rounding differs from the CPU's.
-// Row m == mix (the grid's last row) is the sum of squares of X[t] instead: double accumulation in a tree, written
-// as float(sum) to out[t, mix] for kernel B (whose fast mode reads it instead of summing itself).
+// One CTA per (token t, mix row m, slice z of the width): every thread sums its float4s of the slice with 4
+// independent fma chains, the lanes by a xor butterfly, the 8 warps in order; the result goes to
+// out[t, z (mix + 2) + m]. Row m == mix is the slice's sum of squares of X[t] instead: double accumulation in a tree,
+// written as two floats (hi = float(sum), lo = float(sum - hi)) to out[t, z (mix + 2) + mix, + 1]. Kernel B adds
+// the slices in order. Deterministic and batch invariant; fp32 rounding differs from the CPU's.
 __global__ void __launch_bounds__(kThreads) hc_dot_fast_kernel(const float* X, int64_t width, const float* fn,
-                                                               int mix, int64_t out_stride, float* out) {
+                                                               int mix, int slices, int64_t out_stride, float* out) {
   __shared__ float red[kWarps];
   __shared__ double redd[kWarps];
   const int64_t t = blockIdx.x;
-  const int m = int(blockIdx.y);
+  const int m = int(blockIdx.y), z = int(blockIdx.z);
+  const int64_t per = width / 4 / slices, k0 = int64_t(z) * per, k1 = k0 + per;  // this slice's float4s
   const float4* x4 = reinterpret_cast<const float4*>(X + t * width);
+  float* o = out + t * out_stride + int64_t(z) * (mix + 2);
   if (m == mix) {
     double q = 0.0;
 #pragma unroll 8  // the loads of 8 iterations in flight (the accumulation order is unchanged)
-    for (int64_t k = threadIdx.x; k < width / 4; k += kThreads) {
+    for (int64_t k = k0 + threadIdx.x; k < k1; k += kThreads) {
       const float4 xv = __ldg(x4 + k);
       q = __fma_rn(double(xv.x), double(xv.x), q);
       q = __fma_rn(double(xv.y), double(xv.y), q);
@@ -227,14 +234,16 @@ __global__ void __launch_bounds__(kThreads) hc_dot_fast_kernel(const float* X, i
     if (threadIdx.x == 0) {
       double s = redd[0];
       for (int w = 1; w < kWarps; ++w) s = __dadd_rn(s, redd[w]);
-      out[t * out_stride + mix] = __double2float_rn(s);
+      const float hi = __double2float_rn(s);
+      o[mix] = hi;
+      o[mix + 1] = __double2float_rn(__dsub_rn(s, double(hi)));
     }
     return;
   }
   const float4* f4 = reinterpret_cast<const float4*>(fn + int64_t(m) * width);
   float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
 #pragma unroll 8  // the loads of 8 iterations in flight (the accumulation order is unchanged)
-  for (int64_t k = threadIdx.x; k < width / 4; k += kThreads) {
+  for (int64_t k = k0 + threadIdx.x; k < k1; k += kThreads) {
     const float4 xv = __ldg(x4 + k), fv = __ldg(f4 + k);
     a0 = __fmaf_rn(xv.x, fv.x, a0);
     a1 = __fmaf_rn(xv.y, fv.y, a1);
@@ -243,14 +252,23 @@ __global__ void __launch_bounds__(kThreads) hc_dot_fast_kernel(const float* X, i
   }
   float a = __fadd_rn(__fadd_rn(a0, a1), __fadd_rn(a2, a3));
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) a = __fadd_rn(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
+  for (int o2 = 16; o2 > 0; o2 >>= 1) a = __fadd_rn(a, __shfl_xor_sync(0xFFFFFFFFu, a, o2));
   if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = a;
   __syncthreads();
   if (threadIdx.x == 0) {
-    float s = red[0];
-    for (int w = 1; w < kWarps; ++w) s = __fadd_rn(s, red[w]);
-    out[t * out_stride + m] = s;
+    float sm = red[0];
+    for (int w = 1; w < kWarps; ++w) sm = __fadd_rn(sm, red[w]);
+    o[m] = sm;
   }
+}
+
+// Slices of the width hc_dot_fast_kernel splits a token's dots into: the most of 8, 4, 2 that divide the width's
+// float4s and leave every thread at least one of them (a function of the width only: batch invariance).
+int dot_slices(int64_t width) {
+  const int64_t w4 = width / 4;
+  for (int z = 8; z > 1; z /= 2)
+    if (w4 % z == 0 && w4 / z >= kThreads) return z;
+  return 1;
 }
 
 // ---- the residual-mixing matrix C of one token (hc_pre): row softmax + hc_eps, then the Sinkhorn normalizations --
@@ -301,6 +319,34 @@ __device__ __forceinline__ void comb_lanes(const float* mix_s, float r, float sc
   if (lane < n) comb_t[lane] = c;
 }
 
+// Fast mode, hc = 4 (comb_lanes' layout: lane e = 4 j + k holds C[j, k]): the row sums by xor butterflies over
+// lanes 4 j .. 4 j + 3, the column sums over lanes k, k + 4, k + 8, k + 12, the divisions as reciprocal multiplies.
+// Deterministic; within fp32 rounding of the CPU's sequence.
+__device__ __forceinline__ void comb_lanes_fast4(const float* mix_s, float r, float scale2, const float* base,
+                                                 int iters, float hc_eps, int lane, float* comb_t) {
+  const int e = lane & 15;  // lanes 16..31 mirror 0..15 (their xor partners stay among them); only lanes < 16 store
+  const int mi = 8 + e;
+  float c = __fadd_rn(__fmul_rn(__fmul_rn(mix_s[mi], r), scale2), base[mi]);
+  auto row = [&](float v, bool sum) {
+    const float a = __shfl_xor_sync(0xFFFFFFFFu, v, 1);
+    v = sum ? __fadd_rn(v, a) : fmaxf(v, a);
+    const float b = __shfl_xor_sync(0xFFFFFFFFu, v, 2);
+    return sum ? __fadd_rn(v, b) : fmaxf(v, b);
+  };
+  auto col = [&](float v) {
+    v = __fadd_rn(v, __shfl_xor_sync(0xFFFFFFFFu, v, 4));
+    return __fadd_rn(v, __shfl_xor_sync(0xFFFFFFFFu, v, 8));
+  };
+  c = expf_glibc(__fsub_rn(c, row(c, false)));
+  c = __fadd_rn(__fmul_rn(c, __frcp_rn(row(c, true))), hc_eps);
+  c = __fmul_rn(c, __frcp_rn(__fadd_rn(col(c), hc_eps)));
+  for (int it = 1; it < iters; ++it) {
+    c = __fmul_rn(c, __frcp_rn(__fadd_rn(row(c, true), hc_eps)));
+    c = __fmul_rn(c, __frcp_rn(__fadd_rn(col(c), hc_eps)));
+  }
+  if (lane < 16) comb_t[lane] = c;
+}
+
 __device__ __forceinline__ void comb_smem(const float* mix_s, float r, float scale2, const float* base, int hc,
                                           int iters, float hc_eps, int lane, float* C, float* comb_t) {
   if (lane < hc) {  // softmax of row j = lane, + hc_eps
@@ -349,6 +395,22 @@ __device__ __forceinline__ void comb_smem(const float* mix_s, float r, float sca
   for (int e = lane; e < n; e += 32) comb_t[e] = C[e];
 }
 
+// Columns 4 d4 .. 4 d4 + 3 of the collapse u = sum_j pre_j x[j, :] of one token (x [hc, dim], float4 aligned): the
+// CPU's per-element order (sum from 0 in j order, product and sum rounded separately), before any bf16 rounding.
+__device__ __forceinline__ float4 collapse4(const float* x, int hc, int64_t dim, const float* pre_s, int64_t d4) {
+  float4 s4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+  for (int j = 0; j < hc; ++j) {
+    const float4 xv = __ldg(reinterpret_cast<const float4*>(x + int64_t(j) * dim) + d4);
+    const float pj = pre_s[j];
+    s4.x = __fadd_rn(s4.x, __fmul_rn(pj, xv.x));
+    s4.y = __fadd_rn(s4.y, __fmul_rn(pj, xv.y));
+    s4.z = __fadd_rn(s4.z, __fmul_rn(pj, xv.z));
+    s4.w = __fadd_rn(s4.w, __fmul_rn(pj, xv.w));
+  }
+  return s4;
+}
+
 // ---- kernel B: per-token coefficients, Sinkhorn and collapse ---------------------------------------------------
 // HEAD: hc_head (mix = hc rows, pre only). Else hc_pre (mix = (2+hc)*hc; pre, post, comb). have_dots: kernel A left
 // the dot products in u[t, 0..mix).
@@ -356,8 +418,8 @@ template <bool HEAD>
 __global__ void __launch_bounds__(kThreads) hc_finish_kernel(const float* X, int hc, int64_t dim, const float* fn,
                                                              const float* scale, const float* base, int sinkhorn_iters,
                                                              float hc_eps, float norm_eps, bool bf16, bool have_dots,
-                                                             int mix, bool exact_ss, float* u, float* post,
-                                                             float* comb) {
+                                                             int mix, bool exact_ss, int slices, const float* norm_w,
+                                                             float* u, float* post, float* comb) {
   __shared__ double red[kWarps];
   __shared__ double ss_seq;
   __shared__ float mix_s[kMaxMix];
@@ -370,7 +432,13 @@ __global__ void __launch_bounds__(kThreads) hc_finish_kernel(const float* X, int
 
   // 1. dot products (read from u[t] before the barriers that precede any write of u[t]; or computed here, in the
   //    CPU's order: 32 rows at a time, 8 chain lanes per row)
-  if (have_dots) {
+  if (have_dots && !exact_ss) {  // fast mode: the slices' partial dots, added in slice order
+    for (int m = threadIdx.x; m < mix; m += kThreads) {
+      float a = ut[m];
+      for (int z = 1; z < slices; ++z) a = __fadd_rn(a, ut[z * (mix + 2) + m]);
+      mix_s[m] = a;
+    }
+  } else if (have_dots) {
     for (int m = threadIdx.x; m < mix; m += kThreads) mix_s[m] = ut[m];
   } else {
     const int l = threadIdx.x % kChains, g = threadIdx.x / kChains;
@@ -386,8 +454,14 @@ __global__ void __launch_bounds__(kThreads) hc_finish_kernel(const float* X, int
     }
   }
 
-  // fast mode (!exact_ss): kernel A left float(sum of squares) in u[t, mix]
-  const float ss_fast = exact_ss ? 0.0f : ut[mix];
+  // fast mode (!exact_ss): kernel A left each slice's sum of squares as (hi, lo) in u[t, z (mix + 2) + mix, + 1]
+  float ss_fast = 0.0f;
+  if (!exact_ss) {
+    double q = 0.0;
+    for (int z = 0; z < slices; ++z)
+      q = __dadd_rn(q, __dadd_rn(double(ut[z * (mix + 2) + mix]), double(ut[z * (mix + 2) + mix + 1])));
+    ss_fast = __double2float_rn(q);
+  }
   // 2. sum of squares in double: tree order, exact CPU (sequential) sum where the float rounding could differ
   double ss = 0.0;
   if (exact_ss) {
@@ -431,7 +505,8 @@ __global__ void __launch_bounds__(kThreads) hc_finish_kernel(const float* X, int
       }
     }
     if (!HEAD) {
-      if (hc == 4) comb_lanes<4>(mix_s, r, scale[2], base, hc, sinkhorn_iters, hc_eps, lane, comb + t * 16);
+      if (hc == 4 && !exact_ss) comb_lanes_fast4(mix_s, r, scale[2], base, sinkhorn_iters, hc_eps, lane, comb + t * 16);
+      else if (hc == 4) comb_lanes<4>(mix_s, r, scale[2], base, hc, sinkhorn_iters, hc_eps, lane, comb + t * 16);
       else if (hc * hc <= 32)
         comb_lanes<0>(mix_s, r, scale[2], base, hc, sinkhorn_iters, hc_eps, lane, comb + t * hc * hc);
       else
@@ -442,19 +517,43 @@ __global__ void __launch_bounds__(kThreads) hc_finish_kernel(const float* X, int
 
   // 4. collapse: u[d] = sum_j pre_j x[j, d] (CPU order), bf16 when bf16; fast mode: 4 columns per float4 load
   //    (the same operations per element)
+  if (norm_w != nullptr) {  // fast mode, 1024 < dim <= 8192, dim % 4 == 0: then rmsnorm_vec_kernel<256, 8>'s steps
+    constexpr int NV = 8;
+    float4 v[NV];
+    double ss2 = 0.0;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int64_t d4 = threadIdx.x + int64_t(j) * kThreads;
+      if (d4 >= dim / 4) continue;
+      const float4 s4 = collapse4(x, hc, dim, pre_s, d4);
+      v[j] = make_float4(maybe_bf16(s4.x, bf16), maybe_bf16(s4.y, bf16), maybe_bf16(s4.z, bf16),
+                         maybe_bf16(s4.w, bf16));
+      ss2 += double(v[j].x) * double(v[j].x);  // exact products (zeros past the row would add nothing)
+      ss2 += double(v[j].y) * double(v[j].y);
+      ss2 += double(v[j].z) * double(v[j].z);
+      ss2 += double(v[j].w) * double(v[j].w);
+    }
+    ss2 = row_sum<kThreads>(ss2, red);  // (red: the sum-of-squares scratch, free by now)
+    const float sc = rms_scale(ss2, dim, norm_eps);
+    const float4* w4 = reinterpret_cast<const float4*>(norm_w);
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int64_t d4 = threadIdx.x + int64_t(j) * kThreads;
+      if (d4 >= dim / 4) continue;
+      const float4 wv = w4[d4];
+      float4 o;
+      o.x = maybe_bf16(__fmul_rn(wv.x, __fmul_rn(v[j].x, sc)), bf16);
+      o.y = maybe_bf16(__fmul_rn(wv.y, __fmul_rn(v[j].y, sc)), bf16);
+      o.z = maybe_bf16(__fmul_rn(wv.z, __fmul_rn(v[j].z, sc)), bf16);
+      o.w = maybe_bf16(__fmul_rn(wv.w, __fmul_rn(v[j].w, sc)), bf16);
+      reinterpret_cast<float4*>(ut)[d4] = o;
+    }
+    return;
+  }
   if (!exact_ss && dim % 4 == 0) {
 #pragma unroll 4
     for (int64_t d4 = threadIdx.x; d4 < dim / 4; d4 += kThreads) {
-      float4 s4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 4
-      for (int j = 0; j < hc; ++j) {
-        const float4 xv = __ldg(reinterpret_cast<const float4*>(x + int64_t(j) * dim) + d4);
-        const float pj = pre_s[j];
-        s4.x = __fadd_rn(s4.x, __fmul_rn(pj, xv.x));
-        s4.y = __fadd_rn(s4.y, __fmul_rn(pj, xv.y));
-        s4.z = __fadd_rn(s4.z, __fmul_rn(pj, xv.z));
-        s4.w = __fadd_rn(s4.w, __fmul_rn(pj, xv.w));
-      }
+      const float4 s4 = collapse4(x, hc, dim, pre_s, d4);
       float* o = ut + 4 * d4;
       o[0] = maybe_bf16(s4.x, bf16), o[1] = maybe_bf16(s4.y, bf16), o[2] = maybe_bf16(s4.z, bf16),
       o[3] = maybe_bf16(s4.w, bf16);
@@ -468,20 +567,30 @@ __global__ void __launch_bounds__(kThreads) hc_finish_kernel(const float* X, int
   }
 }
 
+// Whether hc_collapse's fast path can apply rmsnorm_vec_kernel<256, 8>'s normalization itself (rmsnorm() takes that
+// kernel for these widths; norm_w 16-byte aligned like u).
+bool fusable_norm(int64_t dim, const float* norm_w) {
+  return dim % 4 == 0 && dim > 1024 && dim <= 4 * 8 * int64_t(kThreads) && aligned16(norm_w);
+}
+
+// Returns whether norm_w (may be nullptr) was applied to u.
 template <bool HEAD>
-void hc_collapse(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale,
-                 const float* base, int sinkhorn_iters, float hc_eps, float norm_eps, bool bf16, float* u, float* post,
-                 float* comb, cudaStream_t stream) {
-  if (n_tok <= 0 || hc <= 0 || hc > kMaxHc || dim <= 0) return;
+bool hc_collapse(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale,
+                 const float* base, int sinkhorn_iters, float hc_eps, float norm_eps, bool bf16, const float* norm_w,
+                 float* u, float* post, float* comb, cudaStream_t stream) {
+  if (n_tok <= 0 || hc <= 0 || hc > kMaxHc || dim <= 0) return true;
   const int64_t width = int64_t(hc) * dim;
   const int mix = HEAD ? hc : (2 + hc) * hc;
   const bool have_dots = mix <= dim;  // the dots fit in u[t]
   const bool vec = width % 4 == 0 && aligned16(X) && aligned16(fn);
   // fast mode (not deterministic(), gemm_path.h): decode calls take the fast dot kernel and skip the exact
   // sequential sum-of-squares fallback (results differ from the CPU by fp32 rounding)
-  const bool fast = !deterministic() && n_tok <= kDecodeMaxTok && mix + 1 <= dim && vec && aligned16(u);
-  if (fast) {  // mix dot rows + the sum-of-squares row
-    hc_dot_fast_kernel<<<dim3(unsigned(n_tok), unsigned(mix + 1)), kThreads, 0, stream>>>(X, width, fn, mix, dim, u);
+  const int slices = dot_slices(width);
+  const bool fast =
+      !deterministic() && n_tok <= kDecodeMaxTok && int64_t(slices) * (mix + 2) <= dim && vec && aligned16(u);
+  if (fast) {  // mix dot rows + the sum-of-squares row, per slice of the width
+    hc_dot_fast_kernel<<<dim3(unsigned(n_tok), unsigned(mix + 1), unsigned(slices)), kThreads, 0, stream>>>(
+        X, width, fn, mix, slices, dim, u);
   } else if (have_dots) {
     if (n_tok <= kDecodeMaxTok)
       launch_dots<1, 1, 1, 1, 2048>(X, n_tok, width, fn, mix, vec, dim, u, stream);  // 1 token x 1 row
@@ -492,9 +601,11 @@ void hc_collapse(const float* X, int64_t n_tok, int hc, int64_t dim, const float
     else
       launch_dots<2, 3, 8, 4, 128>(X, n_tok, width, fn, mix, vec, dim, u, stream);  // 8 tokens x 24 rows
   }
+  const bool fuse = fast && norm_w != nullptr && fusable_norm(dim, norm_w);
   hc_finish_kernel<HEAD><<<unsigned(n_tok), kThreads, 0, stream>>>(X, hc, dim, fn, scale, base, sinkhorn_iters,
-                                                                   hc_eps, norm_eps, bf16, have_dots, mix, !fast, u,
-                                                                   post, comb);
+                                                                   hc_eps, norm_eps, bf16, have_dots, mix, !fast,
+                                                                   slices, fuse ? norm_w : nullptr, u, post, comb);
+  return fuse || norm_w == nullptr;
 }
 
 // ---- hc_post -----------------------------------------------------------------------------------------------------
@@ -565,8 +676,15 @@ void launch_hc_post(const float* f, const float* X, const float* post, const flo
 void hc_pre(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale,
             const float* base, int sinkhorn_iters, float hc_eps, float norm_eps, bool bf16, float* u, float* post,
             float* comb, cudaStream_t stream) {
-  hc_collapse<false>(X, n_tok, hc, dim, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps, bf16, u, post, comb,
-                     stream);
+  hc_collapse<false>(X, n_tok, hc, dim, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps, bf16, nullptr, u, post,
+                     comb, stream);
+}
+
+bool hc_pre_norm(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale,
+                 const float* base, int sinkhorn_iters, float hc_eps, float norm_eps, bool bf16, const float* norm_w,
+                 float* u, float* post, float* comb, cudaStream_t stream) {
+  return hc_collapse<false>(X, n_tok, hc, dim, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps, bf16, norm_w, u,
+                            post, comb, stream);
 }
 
 void hc_post(const float* f, const float* X, const float* post, const float* comb, int64_t n_tok, int hc, int64_t dim,
@@ -580,7 +698,8 @@ void hc_post(const float* f, const float* X, const float* post, const float* com
 
 void hc_head(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale,
              const float* base, float hc_eps, float norm_eps, bool bf16, float* u, cudaStream_t stream) {
-  hc_collapse<true>(X, n_tok, hc, dim, fn, scale, base, 1, hc_eps, norm_eps, bf16, u, nullptr, nullptr, stream);
+  hc_collapse<true>(X, n_tok, hc, dim, fn, scale, base, 1, hc_eps, norm_eps, bf16, nullptr, u, nullptr, nullptr,
+                    stream);
 }
 
 }  // namespace dsv4::cuda

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <string>
 
+#include "backend/cuda/device_async_copy.cuh"
 #include "backend/cuda/device_fp8_mma.cuh"
 #include "backend/cuda/device_numeric.cuh"
 #include "backend/cuda/device_swiglu.cuh"
@@ -60,30 +61,6 @@ struct BigArgs {
   float limit = 0.0f;
   bool out_bf16 = false, bf16 = false;
 };
-
-__device__ __forceinline__ void cp16(void* dst, const void* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src));
-#endif
-}
-__device__ __forceinline__ void cp4(void* dst, const void* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(src));
-#endif
-}
-__device__ __forceinline__ void cp_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-#endif
-}
 
 // out[r, 8 j ..] = e4m3 bytes of q[r, 8 j .. 8 j + 7] (exact code values): columns 0, 2, 4, 6, then 1, 3, 5, 7.
 __global__ void moe_a8_kernel(const float* q, int64_t n8, uint8_t* out) {

@@ -73,6 +73,11 @@ void swiglu(const float* g, const float* up, int64_t n_rows, int64_t dim, float 
 void hc_pre(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale,
             const float* base, int sinkhorn_iters, float hc_eps, float norm_eps, bool bf16, float* u, float* post,
             float* comb, cudaStream_t stream);
+// hc_pre, then (where its fast path can: decode calls, 1024 < dim <= 8192) the rmsnorm of u by norm_w in the same
+// kernel, bitwise what rmsnorm() would give; returns false when it did not normalize (the caller runs rmsnorm()).
+bool hc_pre_norm(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale,
+                 const float* base, int sinkhorn_iters, float hc_eps, float norm_eps, bool bf16, const float* norm_w,
+                 float* u, float* post, float* comb, cudaStream_t stream);
 void hc_post(const float* f, const float* X, const float* post, const float* comb, int64_t n_tok, int hc, int64_t dim,
              bool bf16, float* Xout, cudaStream_t stream);
 void hc_head(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale,
