@@ -363,6 +363,7 @@ void Server::Impl::setup_routes() {
   // refusals — not one per queued request (non-streamed requests beyond these wait for a thread in the transport).
   HttpTransportOptions transport = opts.http;
   if (transport.workers <= 0) transport.workers = int(opts.engine.max_running + 32);
+  transport.json_bodies = true;  // every POST route takes JSON, also when sent as curl -d's form-urlencoded
   http.set_transport(transport);
   http.set_payload_max_length(opts.max_body_bytes);
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
@@ -392,7 +393,7 @@ void Server::Impl::setup_routes() {
         res.status == 404   ? fmt::format("no route for {} {}", req.method, req.path)
         : res.status == 405 ? fmt::format("method {} is not allowed on {} (allowed: {})", req.method, req.path,
                                           allowed_methods.at(req.path))
-        : res.status == 413 ? std::string("request body too large")
+        : res.status == 413 ? fmt::format("request body too large (the limit is {} bytes)", opts.max_body_bytes)
                             : fmt::format("HTTP error {}", res.status);
     ApiError e(res.status, msg, res.status >= 500 ? "server_error" : "invalid_request_error", "", code);
     const json j = anthropic_path(req.path) ? json(e.to_anthropic_json()) : json(e.to_json());
