@@ -511,6 +511,12 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
     if (host.state() != LoopHost::State::kLoaded && !opts.auto_unpark)
       throw ApiError(503, "the model is parked; POST /admin/unpark loads it", "server_error", "", "model_parked");
     prepare(*ar);
+    if (ar->n > capacity)  // could never be admitted: not a 503 to retry
+      throw ApiError(400,
+                     fmt::format("'n' = {} is more than this server admits at once ({} sequences: --parallel {} + "
+                                 "--queue {})",
+                                 ar->n, capacity, opts.engine.max_running, opts.queue),
+                     "invalid_request_error", "n");
     std::shared_ptr<Admission> admission = admit(ar->n);
     if (!admission) {
       ++rejected;

@@ -418,6 +418,33 @@ TEST_F(ServerTest, QueueFullAnswers503AndStepsNeverOverlap) {
   wait_idle();
 }
 
+// n above --parallel + --queue could never be admitted: a 400 naming n and the capacity, not a 503 to retry.
+TEST_F(ServerTest, NAboveTheServersCapacityIsA400) {
+  TearDown();
+  start(/*queue=*/1, /*n_ctx=*/2048, /*parallel=*/1);  // admits 2 sequences at once
+  json req = chat_req("x");
+  req["max_tokens"] = 2;
+  req["n"] = 3;
+  for (const bool stream : {false, true}) {
+    req["stream"] = stream;
+    auto r = post("/v1/chat/completions", req.dump());
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << r->body;
+    EXPECT_FALSE(r->has_header("Retry-After"));
+    const json j = json::parse(r->body);
+    expect_error_shape(j, "n");
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+    const std::string msg = j["error"]["message"];
+    EXPECT_NE(msg.find("2 sequences"), std::string::npos) << msg;
+  }
+  req["n"] = 2;  // at the capacity: served
+  req["stream"] = false;
+  auto j = post_json("/v1/chat/completions", req);
+  EXPECT_EQ(j["choices"].size(), 2u);
+  auto c = post_json("/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}, {"n", 3}}, 400);
+  expect_error_shape(c, "n");
+}
+
 TEST_F(ServerTest, ClientDisconnectCancelsGeneration) {
   lm->set_script({});
   lm->set_delay(10ms);
