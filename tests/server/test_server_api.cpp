@@ -562,6 +562,19 @@ TEST_F(ServerTest, AnthropicErrorsHaveAnthropicShape) {
   EXPECT_EQ(json::parse(nf->body)["error"]["type"], "not_found_error");
 }
 
+// An unknown tool_choice name is reported with Anthropic's field name (tool_choice.name), not the OpenAI one that the
+// request is translated to.
+TEST_F(ServerTest, AnthropicUnknownToolChoiceNamesAnthropicsField) {
+  auto r = post("/v1/messages", R"({"max_tokens": 5, "tool_choice": {"type": "tool", "name": "nope"}, "tools":
+      [{"name": "a", "input_schema": {"type": "object"}}], "messages": [{"role": "user", "content": "x"}]})");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  const std::string msg = json::parse(r->body)["error"]["message"];
+  EXPECT_NE(msg.find("'tool_choice.name'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("nope"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("function"), std::string::npos) << msg;
+}
+
 TEST_F(ServerTest, InvalidJsonNamesTheParsePositionOnEveryEndpoint) {
   // The same malformed body gets the same message, with the parser's line and column, from the OpenAI and the
   // Anthropic endpoints; each in its own error shape.
