@@ -604,11 +604,11 @@ void Server::Impl::respond_whole(ApiRequest& ar, ConnectionMonitor& mon, httplib
             ar.logprobs ? chat_logprobs_json(out.answer_logprobs(), out.reasoning_logprobs(), *tok) : json(nullptr)},
            {"finish_reason", openai_finish_reason(out, r.finish)}});
     } else {
-      int64_t offset = 0;
+      TextOffsets offsets(*tok);
       choices.push_back(
           {{"index", i},
            {"text", out.text()},
-           {"logprobs", ar.logprobs ? completion_logprobs_json(out.answer_logprobs(), *tok, offset) : json(nullptr)},
+           {"logprobs", ar.logprobs ? completion_logprobs_json(out.answer_logprobs(), *tok, offsets) : json(nullptr)},
            {"finish_reason", openai_finish_reason(out, r.finish)}});
     }
   }
@@ -679,10 +679,10 @@ std::string error_text(std::exception_ptr e) {
 
 void Server::Impl::stream_openai(std::shared_ptr<ApiRequest> arp, std::shared_ptr<Admission> admission, SseWriter w,
                                  StreamLease lease) {
-  // Per choice: its parsed output and the completion text offset of its log-probabilities.
+  // Per choice: its parsed output and the completion text offsets of its log-probabilities.
   struct Choice {
     GenerationOutput out;
-    int64_t text_offset = 0;
+    TextOffsets offsets;
   };
   struct State {
     std::shared_ptr<ApiRequest> ar;
@@ -727,13 +727,13 @@ void Server::Impl::stream_openai(std::shared_ptr<ApiRequest> arp, std::shared_pt
                         {"delta", {{"role", "assistant"}, {"content", ""}}},
                         {"logprobs", nullptr},
                         {"finish_reason", nullptr}}));
-  for (int i = 0; i < ar.n; ++i) st->cs.push_back({GenerationOutput(ar.chat, ar.thinking)});
+  for (int i = 0; i < ar.n; ++i) st->cs.push_back({GenerationOutput(ar.chat, ar.thinking), TextOffsets(*tok)});
   // Log-probabilities waiting for a chunk (those of tokens whose text was held back included).
   auto take_logprobs = [this, S](Choice& c) -> json {
     const ApiRequest& ar = *S->ar;
     if (!ar.logprobs || !c.out.has_pending_logprobs()) return nullptr;
     if (ar.chat) return chat_logprobs_json(c.out.take_answer_logprobs(), c.out.take_reasoning_logprobs(), *tok);
-    return completion_logprobs_json(c.out.take_answer_logprobs(), *tok, c.text_offset);
+    return completion_logprobs_json(c.out.take_answer_logprobs(), *tok, c.offsets);
   };
   auto send_delta = [S, chunk, take_logprobs](int i, const ChatDelta& d) {
     Choice& c = S->cs[size_t(i)];

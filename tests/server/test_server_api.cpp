@@ -163,6 +163,28 @@ TEST_F(ServerTest, CompletionLogprobs) {
   EXPECT_EQ(n, 5);
 }
 
+// text_offset counts characters (code points), as clients slice the text, not UTF-8 bytes. Each CJK character is
+// three byte tokens here: a character belongs to the token that completes it, so its first two tokens share the
+// offset of the third. Whole and streamed alike.
+TEST_F(ServerTest, CompletionTextOffsetsCountCharacters) {
+  script("中文 ok");
+  const json req = {{"prompt", "Say:<｜Assistant｜>"}, {"max_tokens", 9}, {"logprobs", 0}, {"temperature", 0}};
+  const json j = post_json("/v1/completions", req);
+  const auto& c = j["choices"][0];
+  EXPECT_EQ(c["text"], "中文 ok");
+  const json want = json::array({0, 0, 0, 1, 1, 1, 2, 3, 4});
+  EXPECT_EQ(c["logprobs"]["text_offset"], want) << c.dump();
+  json streamed_req = req;
+  streamed_req["stream"] = true;
+  auto r = post("/v1/completions", streamed_req.dump());
+  ASSERT_TRUE(r);
+  json offsets = json::array();
+  for (const auto& ch : sse_json(r->body))
+    if (!ch["choices"][0]["logprobs"].is_null())
+      for (const auto& o : ch["choices"][0]["logprobs"]["text_offset"]) offsets.push_back(o);
+  EXPECT_EQ(offsets, want);
+}
+
 TEST_F(ServerTest, JsonSchemaOutputValidatesWhateverTheModelPrefers) {
   // The model wants to write "Hello world"; the grammar only lets it write JSON of the schema.
   const json schemas = json::parse(R"([
