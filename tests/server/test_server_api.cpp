@@ -185,6 +185,79 @@ TEST_F(ServerTest, CompletionTextOffsetsCountCharacters) {
   EXPECT_EQ(offsets, want);
 }
 
+// Log-probabilities list only tokens whose whole text is in the output: those whose text a stop string removed are
+// left out, including the token that holds the stop string's first character when part of its text precedes it
+// (OpenAI's rule; engine/text_output.h). Tokens held back as a possible stop string that turns out not to be one are
+// listed. Whole and streamed alike.
+TEST_F(ServerTest, LogprobsLeaveOutTokensCutByAStopString) {
+  auto tokens = [](const json& lp, bool chat) {
+    std::vector<std::string> out;
+    if (chat) {
+      for (const auto& e : lp["content"]) out.push_back(e["token"]);
+    } else {
+      for (const auto& t : lp["tokens"]) out.push_back(t);
+    }
+    return out;
+  };
+  auto streamed_tokens = [&](const std::string& path, json req, bool chat) {
+    req["stream"] = true;
+    auto r = post(path, req.dump());
+    EXPECT_TRUE(r);
+    std::vector<std::string> out;
+    std::string text;
+    for (const auto& ch : sse_json(r->body)) {
+      if (ch["choices"].empty()) continue;
+      const auto& c = ch["choices"][0];
+      if (chat ? c["delta"].contains("content") : c.contains("text"))
+        text += (chat ? c["delta"]["content"] : c["text"]).get<std::string>();
+      if (!c["logprobs"].is_null())
+        for (const auto& t : tokens(c["logprobs"], chat)) out.push_back(t);
+    }
+    return std::make_pair(text, out);
+  };
+  struct Case {
+    std::string script, stop, text;
+    std::vector<std::string> listed;
+  };
+  for (const Case& k : std::vector<Case>{
+           {"Hello world", " wor", "Hello", {"H", "e", "l", "l", "o"}},         // cut at a token boundary
+           {"Hello world", " wx", "Hello world", {"H", "e", "l", "l", "o", " ", "w", "o", "r", "l", "d"}},  // no stop
+           {"ab</think>cd", "think>", "ab</", {"a", "b"}},  // "</think>" is one token: "</" is output, not listed
+           {"a中b", "中", "a", {"a"}},                       // the stop's first character is three byte tokens
+           {"中b", "b", "中", {"\xE4", "\xB8", "\xAD"}}}) {
+    script(k.script);
+    // completions (the text as generated)
+    json req = {{"prompt", "Say:<｜Assistant｜>"}, {"max_tokens", 20}, {"logprobs", 0}, {"temperature", 0},
+                {"stop", {k.stop}}};
+    const json j = post_json("/v1/completions", req);
+    const auto& c = j["choices"][0];
+    EXPECT_EQ(c["text"], k.text) << k.script << " / " << k.stop;
+    auto listed = tokens(c["logprobs"], false);
+    std::vector<std::string> want = k.listed;
+    // (a byte token that is not valid UTF-8 on its own is shown as U+FFFD)
+    for (auto& t : want)
+      if (t.size() == 1 && static_cast<uint8_t>(t[0]) >= 0x80) t = "\xEF\xBF\xBD";
+    EXPECT_EQ(listed, want) << k.script << " / " << k.stop;
+    EXPECT_EQ(c["logprobs"]["text_offset"].size(), want.size());
+    const auto [text, streamed] = streamed_tokens("/v1/completions", req, false);
+    EXPECT_EQ(text, k.text) << k.script << " / " << k.stop;
+    EXPECT_EQ(streamed, want) << k.script << " / " << k.stop;
+  }
+  // chat: the reported case, content " and" with stop " the"
+  script(" and the rest");
+  json req = chat_req("q");
+  req["temperature"] = 0;
+  req["logprobs"] = true;
+  req["stop"] = {" the"};
+  const json j = post_json("/v1/chat/completions", req);
+  EXPECT_EQ(j["choices"][0]["message"]["content"], " and");
+  const std::vector<std::string> want = {" ", "a", "n", "d"};
+  EXPECT_EQ(tokens(j["choices"][0]["logprobs"], true), want);
+  const auto [text, streamed] = streamed_tokens("/v1/chat/completions", req, true);
+  EXPECT_EQ(text, " and");
+  EXPECT_EQ(streamed, want);
+}
+
 TEST_F(ServerTest, JsonSchemaOutputValidatesWhateverTheModelPrefers) {
   // The model wants to write "Hello world"; the grammar only lets it write JSON of the schema.
   const json schemas = json::parse(R"([
