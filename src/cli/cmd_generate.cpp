@@ -62,7 +62,7 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
   auto* p = app.add_option("-p,--prompt", o->prompt, "prompt text (BOS is prepended; special tokens are parsed)");
   auto* ids = app.add_option("--prompt-ids", o->prompt_ids, "comma-separated prompt token ids (used as given)");
   p->excludes(ids);
-  app.add_option("-n,--max-tokens", o->n, "tokens to generate at most (-1: until the context is full)")
+  app.add_option("-n,--max-tokens", o->n, "tokens to generate at most (default 128; -1: until the context is full)")
       ->check(CLI::Validator(
           [](std::string& s) -> std::string {
             int64_t v = 0;

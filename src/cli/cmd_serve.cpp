@@ -82,9 +82,18 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
   app.add_option("--model-name", o->model_name, "model id reported by the API (default: the folder name)");
   app.add_option("--keepalive", o->keepalive, "seconds between SSE keepalive comments while waiting (default 5)")
       ->check(CLI::Range(0.01, 3600.0));
+  // An empty key (--api-key "$KEY" with KEY unset) is a usage error, not a server without authentication.
   auto* key =
       app.add_option("--api-key", o->api_key,
-                     "require this key (Authorization: Bearer KEY or x-api-key: KEY) on every route but /health");
+                     "require this key (Authorization: Bearer KEY or x-api-key: KEY) on every route but /health")
+          ->check(CLI::Validator(
+              [](std::string& v) {
+                return v.find_first_not_of(" \t\r\n") == std::string::npos
+                           ? std::string("the key is empty (an unset variable?); leave the option out to serve "
+                                         "without a key")
+                           : std::string();
+              },
+              ""));
   app.add_option("--api-key-file", o->api_key_file, "read the required API key from the first line of this file")
       ->excludes(key);
   app.add_option("--reasoning-budget", o->reasoning_budget,

@@ -113,8 +113,9 @@ GenerationResult Engine::generate(const GenerationRequest& req, const Tokenizer*
         res.finish = FinishReason::stop;
         break;
       }
-      if (req.top_logprobs >= 0 && cb.on_logprobs) cb.on_logprobs(token_logprobs(raw, id, req.top_logprobs));
-      if (const auto end = text.push(id, res, cb)) {
+      std::optional<TokenLogprobs> lp;
+      if (req.top_logprobs >= 0 && cb.on_logprobs) lp = token_logprobs(raw, id, req.top_logprobs);
+      if (const auto end = text.push(id, lp ? &*lp : nullptr, res, cb)) {
         res.finish = *end;
         break;
       }

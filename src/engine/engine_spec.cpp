@@ -93,8 +93,7 @@ GenerationResult Engine::generate_spec(const GenerationRequest& req, TextOutput&
       res.finish = FinishReason::stop;
       return false;
     }
-    if (lp && cb.on_logprobs) cb.on_logprobs(*lp);
-    if (const auto end = text.push(id, res, cb)) {
+    if (const auto end = text.push(id, lp, res, cb)) {
       res.finish = *end;
       return false;
     }

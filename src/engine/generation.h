@@ -61,9 +61,11 @@ struct GenerationCallbacks {
   // held back because it may start a stop string). Return false to cancel. At the end, text still held back is
   // delivered with id -1 (its return value is then ignored).
   std::function<bool(int32_t id, std::string_view text)> on_token;
-  // With GenerationRequest::top_logprobs >= 0: called for each generated token (EOS excluded) right before its
-  // on_token, with the model's log-probabilities at that position (sampling/logprobs.h: before penalties, the
-  // constraint's mask, temperature and top-k/p).
+  // With GenerationRequest::top_logprobs >= 0: called for each generated token (EOS excluded) in order, with the
+  // model's log-probabilities at that position (sampling/logprobs.h: before penalties, the constraint's mask,
+  // temperature and top-k/p), once the token's text is settled: right before the on_token call whose text completes
+  // it (several may come before one on_token: text held back as partial UTF-8 or a possible stop string), or before
+  // the final id -1 call. Tokens whose text a stop string removed get none (engine/text_output.h states the rule).
   std::function<void(const TokenLogprobs&)> on_logprobs;
   // Polled between prefill chunks and before each decode step; true cancels (finish = cancelled).
   std::function<bool()> should_cancel;

@@ -89,8 +89,7 @@ GenerationResult generate_on_loop(EngineLoop& loop, const GenerationRequest& req
     for (size_t i = 0; i < toks.size() && !ours; ++i) {
       const int32_t id = toks[i];
       ++have;
-      if (cb.on_logprobs && i < lps.size()) cb.on_logprobs(lps[i]);
-      ours = text.push(id, res, cb);
+      ours = text.push(id, i < lps.size() ? &lps[i] : nullptr, res, cb);
     }
   }
   if (ours) loop.cancel(stream->id());
@@ -133,8 +132,7 @@ bool LoopGeneration::advance() {
     if (!t_first_) t_first_ = Clock::now();
     for (size_t i = 0; i < toks.size() && !ours_; ++i) {
       ++have_;
-      if (cb_.on_logprobs && i < lps.size()) cb_.on_logprobs(lps[i]);
-      ours_ = text_->push(toks[i], res_, cb_);
+      ours_ = text_->push(toks[i], i < lps.size() ? &lps[i] : nullptr, res_, cb_);
     }
   }
   if (ours_ && !cancel_sent_) {

@@ -209,7 +209,12 @@ ApiRequest parse_anthropic_request(std::string_view body_text, const Tokenizer& 
   try {
     r = chat_request_from_json(std::move(chat), tok, n_ctx);
   } catch (const ApiError& e) {
-    if (e.param() == "tool_choice.function.name") bad_request("tool_choice.name", e.what());
+    if (e.param() == "tool_choice.function.name") {  // Anthropic's errors have no param: the message names the field
+      std::string msg = e.what();
+      for (size_t k; (k = msg.find("tool_choice.function.name")) != std::string::npos;)
+        msg.replace(k, std::string_view("tool_choice.function.name").size(), "tool_choice.name");
+      bad_request("tool_choice.name", msg);
+    }
     if (e.param() == "stop") bad_request("stop_sequences", e.what());
     throw;
   }

@@ -5,18 +5,14 @@ namespace dsv4 {
 GenerationOutput::GenerationOutput(bool chat, bool thinking, std::string tool_id_prefix)
     : chat_(chat), thinking_(thinking), parser_(chat && thinking, std::move(tool_id_prefix)) {}
 
-void GenerationOutput::push_logprobs(const TokenLogprobs& lp) {
-  lp_ = lp;
-  have_lp_ = true;
-}
+void GenerationOutput::push_logprobs(const TokenLogprobs& lp) { next_lp_.push_back(lp); }
 
 ChatDelta GenerationOutput::push(int32_t id, std::string_view text) {
   ChatDelta d;
   const bool was_reasoning = chat_ && parser_.in_reasoning();
-  if (have_lp_) {
-    (was_reasoning ? reasoning_lp_ : answer_lp_).push_back(std::move(lp_));
-    have_lp_ = false;
-  }
+  std::vector<TokenLogprobs>& section = was_reasoning ? reasoning_lp_ : answer_lp_;
+  section.insert(section.end(), next_lp_.begin(), next_lp_.end());
+  next_lp_.clear();
   if (!chat_) {
     d.content = std::string(text);
     text_ += text;
@@ -27,7 +23,10 @@ ChatDelta GenerationOutput::push(int32_t id, std::string_view text) {
   return d;
 }
 
-ChatDelta GenerationOutput::finish(bool truncated) { return chat_ ? parser_.finish(truncated) : ChatDelta{}; }
+ChatDelta GenerationOutput::finish(bool truncated) {
+  if (!next_lp_.empty()) push(-1, "");  // (log-probabilities with no text after them: filed as for text)
+  return chat_ ? parser_.finish(truncated) : ChatDelta{};
+}
 
 std::vector<TokenLogprobs> GenerationOutput::take_reasoning_logprobs() {
   std::vector<TokenLogprobs> out(reasoning_lp_.begin() + static_cast<std::ptrdiff_t>(reasoning_taken_),

@@ -2,10 +2,10 @@
 // calls, chat/output_parser.h) or the completion text, the reasoning token count, and the per-token
 // log-probabilities split by section. Fed from the engine callbacks; shared by the OpenAI and Anthropic responders.
 //
-// Sections: a token belongs to the reasoning when the parser was still inside the reasoning before its text came
-// (the token that closes the reasoning is therefore the last reasoning token for log-probabilities, but is not
-// counted in reasoning_tokens(), which counts the tokens generated while the reasoning stayed open: with a budget B
-// it is at most B). Every other token — content and DSML tool-call markup — is an answer token.
+// Sections: a token belongs to the reasoning when the parser was still inside the reasoning before the text that
+// completes it came (the token that closes the reasoning is therefore the last reasoning token for log-probabilities,
+// but is not counted in reasoning_tokens(), which counts the tokens generated while the reasoning stayed open: with a
+// budget B it is at most B). Every other token — content and DSML tool-call markup — is an answer token.
 // Log-probabilities wait in pending lists until a response chunk takes them (take_*), so that a streamed chunk carries
 // the entries of the tokens whose text it holds, or of earlier tokens whose text was held back; the whole lists stay
 // available for a non-streamed response.
@@ -25,7 +25,8 @@ class GenerationOutput {
   // chat: parse as a chat message (else plain completion text); thinking: the output starts in the reasoning.
   GenerationOutput(bool chat, bool thinking, std::string tool_id_prefix = "");
 
-  // The log-probabilities of the token whose text comes next (call before push() of that token).
+  // The log-probabilities of a token whose text is complete with the next push() (GenerationCallbacks::on_logprobs:
+  // several may come before one push); they go to the section the parser is in before that push's text.
   void push_logprobs(const TokenLogprobs& lp);
   // Text of one token (id >= 0) or the final held-back text (id -1). Returns the deltas it completes.
   ChatDelta push(int32_t id, std::string_view text);
@@ -53,8 +54,7 @@ class GenerationOutput {
   OutputParser parser_;
   std::string text_;
   int64_t reasoning_tokens_ = 0;
-  bool have_lp_ = false;
-  TokenLogprobs lp_;
+  std::vector<TokenLogprobs> next_lp_;  // for the next push()
   std::vector<TokenLogprobs> reasoning_lp_, answer_lp_;
   size_t reasoning_taken_ = 0, answer_taken_ = 0;
 };

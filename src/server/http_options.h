@@ -14,6 +14,11 @@ struct HttpTransportOptions {
   double write_timeout_s = 10;   // one write to a client that does not read
   size_t max_header_bytes = 64 << 10;
   size_t max_stream_buffer = 1 << 20;  // bytes of a detached (streamed) response not yet written (beyond: dropped)
+  // Every request body is JSON: a Content-Type of application/x-www-form-urlencoded (curl -d's default) is rewritten
+  // to application/json before httplib parses the request. httplib would otherwise parse such a body as a query
+  // string and refuse one over 8 KiB (CPPHTTPLIB_FORM_URL_ENCODED_PAYLOAD_MAX_LENGTH, compiled into Debian's
+  // library) with a 413, whatever the server's own limit.
+  bool json_bodies = false;
 };
 
 }  // namespace dsv4

@@ -404,6 +404,7 @@ bool HttpServer::parse(Conn& c, bool& complete, const char*& reply) {
     size_t length = 0;
     bool has_length = false;
     size_t expect_at = 0, expect_len = 0;  // the Expect header line, CRLF included
+    size_t form_at = 0, form_len = 0;      // a form-urlencoded Content-Type value (json_bodies: becomes JSON)
     std::string_view head(c.buf.data(), p + 2);
     for (size_t pos = head.find("\r\n"); pos != std::string_view::npos && pos + 2 < head.size();) {
       const size_t next = head.find("\r\n", pos + 2);
@@ -419,6 +420,10 @@ bool HttpServer::parse(Conn& c, bool& complete, const char*& reply) {
         else if (iequal_prefix(line, "expect:") && lower(value) == "100-continue") {
           expect_at = pos + 2;
           expect_len = next + 2 - expect_at;
+        } else if (opts_.json_bodies && iequal_prefix(line, "content-type:") &&
+                   iequal_prefix(value, "application/x-www-form-urlencoded")) {
+          form_at = size_t(value.data() - c.buf.data());
+          form_len = value.size();
         }
       }
       pos = next;
@@ -429,12 +434,21 @@ bool HttpServer::parse(Conn& c, bool& complete, const char*& reply) {
       complete = true;
       return true;
     }
+    // Header edits, the later one first so that the earlier one's offset stays valid.
+    auto take_form_as_json = [&] {
+      if (form_len == 0) return;
+      static constexpr std::string_view kJson = "application/json";
+      c.buf.replace(form_at, form_len, kJson);
+      c.header_end = c.header_end + kJson.size() - form_len;
+    };
+    if (form_at > expect_at) take_form_as_json();
     if (expect_len > 0) {  // the client waits for "100 Continue": answer it here, and httplib never sees the Expect
       c.buf.erase(expect_at, expect_len);
       c.header_end -= expect_len;
       static const char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
       (void)!::send(c.fd, kContinue, sizeof kContinue - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
     }
+    if (form_at < expect_at) take_form_as_json();
     if (!has_length && !c.chunked) {  // no body (RFC 9112 §6.3); httplib would refuse a POST without a length
       static const char kNoBody[] = "Content-Length: 0\r\n";
       c.buf.insert(c.header_end - 2, kNoBody);

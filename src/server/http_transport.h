@@ -7,8 +7,9 @@
 // and a bounded pool is blocked by as many slowloris connections as it has threads. Here instead:
 //   - accept: the accepted socket goes to a reactor thread (epoll) and no request thread is involved;
 //   - the reactor reads the request — header and body (Content-Length, or a chunked body up to its last chunk; it
-//     answers "Expect: 100-continue" itself) — into memory, under deadlines: the first byte within idle_timeout_s (of the accept or of the previous
-//     response: keep-alive), the whole header within header_timeout_s of its first byte, the body within
+//     answers "Expect: 100-continue" itself; with json_bodies it rewrites a form-urlencoded Content-Type to JSON,
+//     http_options.h) — into memory, under deadlines: the first byte within idle_timeout_s (of the accept or of the
+//     previous response: keep-alive), the whole header within header_timeout_s of its first byte, the body within
 //     body_timeout_s of the header; a connection past its deadline is closed (408 where a request had begun);
 //   - a complete request goes to one of `workers` request threads, which runs httplib's request processing on a
 //     stream that serves the buffered bytes (Server::process_request) and writes the response to the socket with

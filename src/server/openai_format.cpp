@@ -94,7 +94,14 @@ ojson chat_logprobs_json(const std::vector<TokenLogprobs>& answer, const std::ve
   return j;
 }
 
-ojson completion_logprobs_json(const std::vector<TokenLogprobs>& tokens, const Tokenizer& tok, int64_t& text_offset) {
+int64_t TextOffsets::next(int32_t id) {
+  const int64_t at = chars_;
+  for (const char c : decoder_.push(id))  // valid UTF-8: one character per byte that is not a continuation byte
+    chars_ += (static_cast<uint8_t>(c) & 0xC0) != 0x80;
+  return at;
+}
+
+ojson completion_logprobs_json(const std::vector<TokenLogprobs>& tokens, const Tokenizer& tok, TextOffsets& offsets) {
   ojson toks = ojson::array(), lps = ojson::array(), tops = ojson::array(), offs = ojson::array();
   for (const auto& lp : tokens) {
     const std::string& b = token_text(tok, lp.id);
@@ -103,8 +110,7 @@ ojson completion_logprobs_json(const std::vector<TokenLogprobs>& tokens, const T
     ojson top = ojson::object();
     for (const auto& t : lp.top) top[token_text(tok, t.id)] = t.logprob;
     tops.push_back(std::move(top));
-    offs.push_back(text_offset);
-    text_offset += static_cast<int64_t>(b.size());
+    offs.push_back(offsets.next(lp.id));
   }
   return {{"tokens", std::move(toks)},
           {"token_logprobs", std::move(lps)},

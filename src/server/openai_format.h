@@ -7,7 +7,8 @@
 //                UTF-8 shown as U+FFFD), "bytes" the exact bytes. Answer tokens (content and tool-call markup) go to
 //                "content"; in thinking mode the reasoning tokens go to an extra "reasoning_content" list (absent
 //                when empty).
-//   completions: {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}...], "text_offset"}.
+//   completions: {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}...], "text_offset"}; text_offset in
+//                characters (code points) of the completion text, as clients slice it (TextOffsets below).
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -16,6 +17,7 @@
 #include "chat/output_parser.h"
 #include "engine/generation.h"
 #include "server/generation_output.h"
+#include "tokenizer/stream_decoder.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dsv4 {
@@ -36,7 +38,24 @@ const char* openai_finish_reason(const GenerationOutput& out, FinishReason f);
 
 ojson chat_logprobs_json(const std::vector<TokenLogprobs>& answer, const std::vector<TokenLogprobs>& reasoning,
                          const Tokenizer& tok);
-// text_offset: the offset of the first token in the completion text; advanced past the tokens.
-ojson completion_logprobs_json(const std::vector<TokenLogprobs>& tokens, const Tokenizer& tok, int64_t& text_offset);
+// The text_offset of completion tokens: where each token's text starts in the completion text, counted in
+// characters (code points: what OpenAI / vLLM clients index the text string by), not bytes. The completion text is the
+// UTF-8 decoding of the tokens' bytes (tokenizer/stream_decoder.h), so a token's offset is the number of characters
+// decoded from the tokens before it: a character split over several tokens belongs to the token that completes it
+// (the tokens holding its first bytes have the same offset as that one), and invalid bytes count as the U+FFFD the
+// text shows for them.
+class TextOffsets {
+ public:
+  explicit TextOffsets(const Tokenizer& tok) : decoder_(tok) {}
+  // The offset of token `id`, then advances past it (the tokens of a choice in order).
+  int64_t next(int32_t id);
+
+ private:
+  StreamDecoder decoder_;
+  int64_t chars_ = 0;
+};
+
+// offsets: those of this choice's tokens so far; advanced past `tokens`.
+ojson completion_logprobs_json(const std::vector<TokenLogprobs>& tokens, const Tokenizer& tok, TextOffsets& offsets);
 
 }  // namespace dsv4

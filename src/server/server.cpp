@@ -363,6 +363,7 @@ void Server::Impl::setup_routes() {
   // refusals — not one per queued request (non-streamed requests beyond these wait for a thread in the transport).
   HttpTransportOptions transport = opts.http;
   if (transport.workers <= 0) transport.workers = int(opts.engine.max_running + 32);
+  transport.json_bodies = true;  // every POST route takes JSON, also when sent as curl -d's form-urlencoded
   http.set_transport(transport);
   http.set_payload_max_length(opts.max_body_bytes);
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
@@ -392,7 +393,7 @@ void Server::Impl::setup_routes() {
         res.status == 404   ? fmt::format("no route for {} {}", req.method, req.path)
         : res.status == 405 ? fmt::format("method {} is not allowed on {} (allowed: {})", req.method, req.path,
                                           allowed_methods.at(req.path))
-        : res.status == 413 ? std::string("request body too large")
+        : res.status == 413 ? fmt::format("request body too large (the limit is {} bytes)", opts.max_body_bytes)
                             : fmt::format("HTTP error {}", res.status);
     ApiError e(res.status, msg, res.status >= 500 ? "server_error" : "invalid_request_error", "", code);
     const json j = anthropic_path(req.path) ? json(e.to_anthropic_json()) : json(e.to_json());
@@ -510,6 +511,12 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
     if (host.state() != LoopHost::State::kLoaded && !opts.auto_unpark)
       throw ApiError(503, "the model is parked; POST /admin/unpark loads it", "server_error", "", "model_parked");
     prepare(*ar);
+    if (ar->n > capacity)  // could never be admitted: not a 503 to retry
+      throw ApiError(400,
+                     fmt::format("'n' = {} is more than this server admits at once ({} sequences: --parallel {} + "
+                                 "--queue {})",
+                                 ar->n, capacity, opts.engine.max_running, opts.queue),
+                     "invalid_request_error", "n");
     std::shared_ptr<Admission> admission = admit(ar->n);
     if (!admission) {
       ++rejected;
@@ -597,11 +604,11 @@ void Server::Impl::respond_whole(ApiRequest& ar, ConnectionMonitor& mon, httplib
             ar.logprobs ? chat_logprobs_json(out.answer_logprobs(), out.reasoning_logprobs(), *tok) : json(nullptr)},
            {"finish_reason", openai_finish_reason(out, r.finish)}});
     } else {
-      int64_t offset = 0;
+      TextOffsets offsets(*tok);
       choices.push_back(
           {{"index", i},
            {"text", out.text()},
-           {"logprobs", ar.logprobs ? completion_logprobs_json(out.answer_logprobs(), *tok, offset) : json(nullptr)},
+           {"logprobs", ar.logprobs ? completion_logprobs_json(out.answer_logprobs(), *tok, offsets) : json(nullptr)},
            {"finish_reason", openai_finish_reason(out, r.finish)}});
     }
   }
@@ -672,10 +679,10 @@ std::string error_text(std::exception_ptr e) {
 
 void Server::Impl::stream_openai(std::shared_ptr<ApiRequest> arp, std::shared_ptr<Admission> admission, SseWriter w,
                                  StreamLease lease) {
-  // Per choice: its parsed output and the completion text offset of its log-probabilities.
+  // Per choice: its parsed output and the completion text offsets of its log-probabilities.
   struct Choice {
     GenerationOutput out;
-    int64_t text_offset = 0;
+    TextOffsets offsets;
   };
   struct State {
     std::shared_ptr<ApiRequest> ar;
@@ -720,13 +727,13 @@ void Server::Impl::stream_openai(std::shared_ptr<ApiRequest> arp, std::shared_pt
                         {"delta", {{"role", "assistant"}, {"content", ""}}},
                         {"logprobs", nullptr},
                         {"finish_reason", nullptr}}));
-  for (int i = 0; i < ar.n; ++i) st->cs.push_back({GenerationOutput(ar.chat, ar.thinking)});
+  for (int i = 0; i < ar.n; ++i) st->cs.push_back({GenerationOutput(ar.chat, ar.thinking), TextOffsets(*tok)});
   // Log-probabilities waiting for a chunk (those of tokens whose text was held back included).
   auto take_logprobs = [this, S](Choice& c) -> json {
     const ApiRequest& ar = *S->ar;
     if (!ar.logprobs || !c.out.has_pending_logprobs()) return nullptr;
     if (ar.chat) return chat_logprobs_json(c.out.take_answer_logprobs(), c.out.take_reasoning_logprobs(), *tok);
-    return completion_logprobs_json(c.out.take_answer_logprobs(), *tok, c.text_offset);
+    return completion_logprobs_json(c.out.take_answer_logprobs(), *tok, c.offsets);
   };
   auto send_delta = [S, chunk, take_logprobs](int i, const ChatDelta& d) {
     Choice& c = S->cs[size_t(i)];

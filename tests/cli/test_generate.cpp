@@ -37,6 +37,18 @@ TEST(CliGenerate, TinyModelGreedyJsonIsDeterministic) {
   EXPECT_EQ(a["timings"]["prompt_tokens"], 4);
 }
 
+// Without -n, generate stops after 128 tokens, and --help says so.
+TEST(CliGenerate, DefaultsTo128TokensAndHelpSaysSo) {
+  auto j = run_json({"-m", kDemo, "-p", "The Congress of the United States", "--temp", "0"});
+  EXPECT_EQ(j["ids"].size(), 128u);
+  EXPECT_EQ(j["finish_reason"], "length");
+  const ProcResult h = run_dsv4({"generate", "--help"}, "gen_help");
+  EXPECT_EQ(h.code, 0);
+  const size_t at = h.out.find("--max-tokens");
+  ASSERT_NE(at, std::string::npos) << h.out;
+  EXPECT_NE(h.out.substr(at, h.out.find('\n', at) - at).find("default 128"), std::string::npos) << h.out;
+}
+
 TEST(CliGenerate, SeededSamplingIsReproducible) {
   std::vector<std::string> base{"-m", kTiny, "--prompt-ids", "0,3", "-n", "12", "--temp", "1.5", "--top-k", "50"};
   auto with_seed = [&](const char* s) {

@@ -68,6 +68,20 @@ TEST(CliUsage, ImpossibleValuesAreRejected) {
   expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--cache-size", "0.5"});
 }
 
+// `--api-key "$KEY"` with KEY unset must not start a server without authentication: exit 2 before the model loads.
+TEST(CliUsage, AnEmptyApiKeyIsAUsageError) {
+  for (const char* key : {"", " ", "\t"}) {
+    // (without the check the server would start and serve: wait a bounded time, the child is killed after)
+    dsv4::clitest::Child c = dsv4::clitest::start_dsv4({"serve", "-m", kDemo, "--port", "0", "--api-key", key},
+                                                       dsv4::clitest::scratch_dir("empty_api_key"));
+    EXPECT_EQ(c.wait(std::chrono::seconds(20)), 2) << "--api-key '" << key << "'";
+    const std::string err = c.stderr_text();
+    EXPECT_EQ(err.rfind("dsv4: error: --api-key", 0), 0u) << err;
+    EXPECT_NE(err.find("empty"), std::string::npos) << err;
+    EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+  }
+}
+
 TEST(CliUsage, ThreadCountsOutsideTheirRangeAreOneShortLine) {
   for (const char* cmd : {"generate", "profile-experts"}) {
     for (const char* v : {"-1", "abc", "100000"}) {

@@ -98,6 +98,10 @@ TEST(JsonSchemaGrammar, NumbersAndIntegerRanges) {
   Doc bounded(J::parse(R"({"type": "number", "minimum": -2.5, "maximum": 3})"));
   for (const char* s : {"-2", "-1.999", "0", "0.5", "2.75", "3", "-0.5"}) EXPECT_TRUE(bounded.accepts(s)) << s;
   for (const char* s : {"3.5", "-3", "4", "3.01", "1e2", "-2.9"}) EXPECT_FALSE(bounded.accepts(s)) << s;
+  // The limitation the README states: only the span between the range's smallest and largest integers
+  Doc inner(J::parse(R"({"type": "number", "minimum": 0.5, "maximum": 3.5})"));
+  for (const char* s : {"1", "2.5", "3"}) EXPECT_TRUE(inner.accepts(s)) << s;
+  for (const char* s : {"0.75", "3.25"}) EXPECT_FALSE(inner.accepts(s)) << s;
 }
 
 TEST(JsonSchemaGrammar, ArraysEnumsAnyOfRefsAndAny) {
@@ -142,6 +146,7 @@ TEST(JsonSchemaGrammar, BadSchemasNameTheKeyword) {
   EXPECT_EQ(error_param(J::parse(R"({"type": "string", "minLength": 5, "maxLength": 2})")), "schema.maxLength");
   EXPECT_EQ(error_param(J::parse(R"({"type": "integer", "minimum": 5, "maximum": 4})")), "schema");
   EXPECT_EQ(error_param(J::parse(R"({"type": "number", "minimum": 0.2, "maximum": 0.4})")), "schema");
+  EXPECT_EQ(error_param(J::parse(R"({"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1})")), "schema");
   EXPECT_EQ(error_param(J::parse("false")), "schema");
   EXPECT_EQ(error_param(J::parse("[1]")), "schema");
   EXPECT_EQ(error_param(J::parse(R"({"type": "object", "required": ["x"], "additionalProperties": false})")),

@@ -82,6 +82,46 @@ TEST_F(ServerTest, WrongMethodOnAKnownPathIs405WithAllow) {
   }
 }
 
+
+// curl -d sends a JSON body as application/x-www-form-urlencoded; cpp-httplib alone parses such a body as a query
+// string and refuses it over 8 KiB with a 413. The API's routes take any body as JSON (form-urlencoded or no
+// Content-Type) up to the server's own limit (max_body_bytes), over which the 413 names that limit.
+TEST_F(ServerTest, FormEncodedBodiesOver8KiBAreJsonUpToTheServersLimit) {
+  TearDown();
+  configure = [](ServerOptions& o) { o.max_body_bytes = 64 << 10; };
+  start();
+  const std::string pad(9000, 'x');  // an ignored top-level field: a 9 KB body, a short prompt
+  json chat = chat_req("hi");
+  chat["max_tokens"] = 2;
+  chat["padding"] = pad;
+  json msgs = {{"max_tokens", 2}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"padding", pad}};
+  json completion = {{"prompt", "hi"}, {"max_tokens", 2}, {"padding", pad}};
+  for (const auto& [path, body] : std::vector<std::pair<std::string, json>>{{"/v1/chat/completions", chat},
+                                                                            {"/v1/completions", completion},
+                                                                            {"/v1/messages", msgs},
+                                                                            {"/v1/messages/count_tokens", msgs}}) {
+    for (const char* type : {"application/x-www-form-urlencoded", "application/x-www-form-urlencoded; charset=utf-8",
+                             "application/json", ""}) {
+      auto r = client().Post(path, body.dump(), type);
+      ASSERT_TRUE(r) << path << " " << type;
+      EXPECT_EQ(r->status, 200) << path << " " << type << ": " << r->body.substr(0, 300);
+    }
+    // over the server's limit: a 413 that says so, in the route's error shape
+    json big = body;
+    big["padding"] = std::string(70 << 10, 'x');
+    for (const char* type : {"application/x-www-form-urlencoded", "application/json"}) {
+      auto r = client().Post(path, big.dump(), type);
+      ASSERT_TRUE(r) << path << " " << type;
+      EXPECT_EQ(r->status, 413) << path << " " << type << ": " << r->body.substr(0, 300);
+      const json j = json::parse(r->body);
+      const std::string msg = j["error"]["message"];
+      EXPECT_NE(msg.find(std::to_string(64 << 10)), std::string::npos) << msg;
+      if (path.rfind("/v1/messages", 0) == 0) {
+        EXPECT_EQ(j["error"]["type"], "request_too_large") << r->body;
+      }
+    }
+  }
+}
 TEST_F(ServerTest, ChatCompletionWithUsageAndPrefixCache) {
   // A prompt of a few 128-token blocks (the tiny tokenizer has one token per byte): the prefix cache reuses whole
   // blocks.
@@ -376,6 +416,33 @@ TEST_F(ServerTest, QueueFullAnswers503AndStepsNeverOverlap) {
   EXPECT_GE(busy, 1);  // 7 arrive within a few ms while each takes > 100 ms
   EXPECT_EQ(lm->max_in_flight, 1);  // one forward step at a time, whatever the number of requests
   wait_idle();
+}
+
+// n above --parallel + --queue could never be admitted: a 400 naming n and the capacity, not a 503 to retry.
+TEST_F(ServerTest, NAboveTheServersCapacityIsA400) {
+  TearDown();
+  start(/*queue=*/1, /*n_ctx=*/2048, /*parallel=*/1);  // admits 2 sequences at once
+  json req = chat_req("x");
+  req["max_tokens"] = 2;
+  req["n"] = 3;
+  for (const bool stream : {false, true}) {
+    req["stream"] = stream;
+    auto r = post("/v1/chat/completions", req.dump());
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << r->body;
+    EXPECT_FALSE(r->has_header("Retry-After"));
+    const json j = json::parse(r->body);
+    expect_error_shape(j, "n");
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+    const std::string msg = j["error"]["message"];
+    EXPECT_NE(msg.find("2 sequences"), std::string::npos) << msg;
+  }
+  req["n"] = 2;  // at the capacity: served
+  req["stream"] = false;
+  auto j = post_json("/v1/chat/completions", req);
+  EXPECT_EQ(j["choices"].size(), 2u);
+  auto c = post_json("/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}, {"n", 3}}, 400);
+  expect_error_shape(c, "n");
 }
 
 TEST_F(ServerTest, ClientDisconnectCancelsGeneration) {

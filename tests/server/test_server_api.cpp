@@ -163,6 +163,101 @@ TEST_F(ServerTest, CompletionLogprobs) {
   EXPECT_EQ(n, 5);
 }
 
+// text_offset counts characters (code points), as clients slice the text, not UTF-8 bytes. Each CJK character is
+// three byte tokens here: a character belongs to the token that completes it, so its first two tokens share the
+// offset of the third. Whole and streamed alike.
+TEST_F(ServerTest, CompletionTextOffsetsCountCharacters) {
+  script("中文 ok");
+  const json req = {{"prompt", "Say:<｜Assistant｜>"}, {"max_tokens", 9}, {"logprobs", 0}, {"temperature", 0}};
+  const json j = post_json("/v1/completions", req);
+  const auto& c = j["choices"][0];
+  EXPECT_EQ(c["text"], "中文 ok");
+  const json want = json::array({0, 0, 0, 1, 1, 1, 2, 3, 4});
+  EXPECT_EQ(c["logprobs"]["text_offset"], want) << c.dump();
+  json streamed_req = req;
+  streamed_req["stream"] = true;
+  auto r = post("/v1/completions", streamed_req.dump());
+  ASSERT_TRUE(r);
+  json offsets = json::array();
+  for (const auto& ch : sse_json(r->body))
+    if (!ch["choices"][0]["logprobs"].is_null())
+      for (const auto& o : ch["choices"][0]["logprobs"]["text_offset"]) offsets.push_back(o);
+  EXPECT_EQ(offsets, want);
+}
+
+// Log-probabilities list only tokens whose whole text is in the output: those whose text a stop string removed are
+// left out, including the token that holds the stop string's first character when part of its text precedes it
+// (OpenAI's rule; engine/text_output.h). Tokens held back as a possible stop string that turns out not to be one are
+// listed. Whole and streamed alike.
+TEST_F(ServerTest, LogprobsLeaveOutTokensCutByAStopString) {
+  auto tokens = [](const json& lp, bool chat) {
+    std::vector<std::string> out;
+    if (chat) {
+      for (const auto& e : lp["content"]) out.push_back(e["token"]);
+    } else {
+      for (const auto& t : lp["tokens"]) out.push_back(t);
+    }
+    return out;
+  };
+  auto streamed_tokens = [&](const std::string& path, json req, bool chat) {
+    req["stream"] = true;
+    auto r = post(path, req.dump());
+    EXPECT_TRUE(r);
+    std::vector<std::string> out;
+    std::string text;
+    for (const auto& ch : sse_json(r->body)) {
+      if (ch["choices"].empty()) continue;
+      const auto& c = ch["choices"][0];
+      if (chat ? c["delta"].contains("content") : c.contains("text"))
+        text += (chat ? c["delta"]["content"] : c["text"]).get<std::string>();
+      if (!c["logprobs"].is_null())
+        for (const auto& t : tokens(c["logprobs"], chat)) out.push_back(t);
+    }
+    return std::make_pair(text, out);
+  };
+  struct Case {
+    std::string script, stop, text;
+    std::vector<std::string> listed;
+  };
+  for (const Case& k : std::vector<Case>{
+           {"Hello world", " wor", "Hello", {"H", "e", "l", "l", "o"}},         // cut at a token boundary
+           {"Hello world", " wx", "Hello world", {"H", "e", "l", "l", "o", " ", "w", "o", "r", "l", "d"}},  // no stop
+           {"ab</think>cd", "think>", "ab</", {"a", "b"}},  // "</think>" is one token: "</" is output, not listed
+           {"a中b", "中", "a", {"a"}},                       // the stop's first character is three byte tokens
+           {"中b", "b", "中", {"\xE4", "\xB8", "\xAD"}}}) {
+    script(k.script);
+    // completions (the text as generated)
+    json req = {{"prompt", "Say:<｜Assistant｜>"}, {"max_tokens", 20}, {"logprobs", 0}, {"temperature", 0},
+                {"stop", {k.stop}}};
+    const json j = post_json("/v1/completions", req);
+    const auto& c = j["choices"][0];
+    EXPECT_EQ(c["text"], k.text) << k.script << " / " << k.stop;
+    auto listed = tokens(c["logprobs"], false);
+    std::vector<std::string> want = k.listed;
+    // (a byte token that is not valid UTF-8 on its own is shown as U+FFFD)
+    for (auto& t : want)
+      if (t.size() == 1 && static_cast<uint8_t>(t[0]) >= 0x80) t = "\xEF\xBF\xBD";
+    EXPECT_EQ(listed, want) << k.script << " / " << k.stop;
+    EXPECT_EQ(c["logprobs"]["text_offset"].size(), want.size());
+    const auto [text, streamed] = streamed_tokens("/v1/completions", req, false);
+    EXPECT_EQ(text, k.text) << k.script << " / " << k.stop;
+    EXPECT_EQ(streamed, want) << k.script << " / " << k.stop;
+  }
+  // chat: the reported case, content " and" with stop " the"
+  script(" and the rest");
+  json req = chat_req("q");
+  req["temperature"] = 0;
+  req["logprobs"] = true;
+  req["stop"] = {" the"};
+  const json j = post_json("/v1/chat/completions", req);
+  EXPECT_EQ(j["choices"][0]["message"]["content"], " and");
+  const std::vector<std::string> want = {" ", "a", "n", "d"};
+  EXPECT_EQ(tokens(j["choices"][0]["logprobs"], true), want);
+  const auto [text, streamed] = streamed_tokens("/v1/chat/completions", req, true);
+  EXPECT_EQ(text, " and");
+  EXPECT_EQ(streamed, want);
+}
+
 TEST_F(ServerTest, JsonSchemaOutputValidatesWhateverTheModelPrefers) {
   // The model wants to write "Hello world"; the grammar only lets it write JSON of the schema.
   const json schemas = json::parse(R"([
@@ -560,6 +655,19 @@ TEST_F(ServerTest, AnthropicErrorsHaveAnthropicShape) {
   ASSERT_TRUE(nf);
   EXPECT_EQ(nf->status, 404);
   EXPECT_EQ(json::parse(nf->body)["error"]["type"], "not_found_error");
+}
+
+// An unknown tool_choice name is reported with Anthropic's field name (tool_choice.name), not the OpenAI one that the
+// request is translated to.
+TEST_F(ServerTest, AnthropicUnknownToolChoiceNamesAnthropicsField) {
+  auto r = post("/v1/messages", R"({"max_tokens": 5, "tool_choice": {"type": "tool", "name": "nope"}, "tools":
+      [{"name": "a", "input_schema": {"type": "object"}}], "messages": [{"role": "user", "content": "x"}]})");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  const std::string msg = json::parse(r->body)["error"]["message"];
+  EXPECT_NE(msg.find("'tool_choice.name'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("nope"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("function"), std::string::npos) << msg;
 }
 
 TEST_F(ServerTest, InvalidJsonNamesTheParsePositionOnEveryEndpoint) {
