@@ -173,7 +173,7 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
     if command -v nsys > /dev/null; then
       log "nsys"
       timeout $(($(left) - 30)) nsys profile -o /tmp/prof -f true --trace=cuda --cuda-graph-trace=node \
-        "$B/dsv4" bench model --config "$CFG" --load-format dummy --layers 24 --device cuda --ctx 4096 --prefill 0 \
+        "$B/dsv4" bench model --config "$CFG" --load-format dummy --layers "${LAYERS:-24}" --device cuda --ctx 4096 --prefill 0 \
         --steps 16 --no-profile > /tmp/nsys.out 2>&1
       echo "nsys rc=$?"; tail -4 /tmp/nsys.out
       nsys stats --report cuda_gpu_kern_sum --format csv -o /tmp/kern /tmp/prof.nsys-rep > /dev/null 2>&1

@@ -1583,24 +1583,34 @@ __global__ void __launch_bounds__(GT_THREADS, 2) gemv_tc_kernel(const GArgs A) {
 // a row's result does not depend on the others).
 // Work: blockIdx.x = bt * n_slots + slot: the block takes expert slot's 16-row output tiles bt, bt + n_bt, ...
 // (n_bt = gridDim.x / n_slots: the launcher sizes the grid to what the GPU holds at once), its 8 warps splitting K;
-// every warp streams its (tile, 128-column block) items through its own ring of MT_PF(KIND) stages in shared
-// memory: each stage is filled by cp.async (16 bytes per lane, whole 64-byte row blocks: one pass over the lines,
+// every warp streams its (tile, KB x 128-column blocks) items through its own ring of mt_pf(KIND, KB) stages in
+// shared memory: each stage is filled by cp.async (16 bytes per lane, whole row blocks: one pass over the lines,
 // nothing held in registers while in flight) and read back by ldmatrix, whose fragment layout hands lane (g, t)
-// exactly word t of a row's 16-byte scale group. The rows of a stage are stored with their four 16-byte chunks
-// XOR-swizzled by (row / 2) % 4, so the 8 rows one ldmatrix phase reads hit 8 different bank groups. So the
-// expert's pointers and the staged activations are paid once per block. The 8 warps' sums are added in warp order
-// (the order depends on the shape only, not on the grid).
+// exactly word t of a row's 16-byte scale group. KB = 2 (K a multiple of 2048: an item covers 128 contiguous bytes
+// of each of its 16 rows, a whole cache line) where possible: items of 64 bytes per row (half lines) streamed at
+// most ~2.0 TB/s on an H100 even without any arithmetic, whole lines at 3.0 (a microbenchmark of the two patterns);
+// KB = 1 otherwise. Each 128-column block of a stage is stored as its own 16 x 64-byte sub-block, the rows' four
+// 16-byte chunks XOR-swizzled by (row / 2) % 4, so the 8 rows one ldmatrix phase reads hit 8 different bank groups.
+// So the expert's pointers and the staged activations are paid once per block. A warp consumes its 128-column
+// blocks in the same order whatever KB, and the 8 warps' sums are added in warp order (the order depends on the
+// shape only, not on the grid or KB).
 constexpr int MT_THREADS = 256, MT_WARPS = 8, MT_ROWS = 16, MT_COLS = 8, MT_MAXK = 8192;
 constexpr int64_t kMtMaxTiles = 8;  // output tiles one block of moe_tc_small_kernel takes at most
-constexpr int MT_WBYTES = MT_ROWS * 64, MT_SBYTES = MT_ROWS * 4;  // a stage's weight / scale bytes per matrix
+constexpr int MT_WBYTES = MT_ROWS * 64, MT_SBYTES = MT_ROWS * 4;  // a 128-column block's weight / scale bytes
 
-__host__ __device__ constexpr int mt_pf(int kind) { return kind == kW13 ? 3 : 4; }  // ring stages per warp
-__host__ __device__ constexpr int mt_stage_bytes(int kind) { return (kind == kW13 ? 2 : 1) * (MT_WBYTES + MT_SBYTES); }
+// ring stages per warp; bytes of one stage (all matrices)
+__host__ __device__ constexpr int mt_pf(int kind, int kb) { return kb == 2 ? (kind == kW13 ? 2 : 3) : (kind == kW13 ? 3 : 4); }
+__host__ __device__ constexpr int mt_stage_bytes(int kind, int kb) {
+  return (kind == kW13 ? 2 : 1) * kb * (MT_WBYTES + MT_SBYTES);
+}
+// 128-column blocks per item for the product's K (see above)
+int mt_kb(int64_t K) { return (K / 128) % (2 * MT_WARPS) == 0 ? 2 : 1; }
 
-// Dynamic shared memory of moe_tc_small_kernel<KIND> for K: the 8 rows' activation codes [8, K] and scales
+// Dynamic shared memory of moe_tc_small_kernel<KIND, KB> for K: the 8 rows' activation codes [8, K] and scales
 // [8, K / 128], then the warps' rings.
-size_t moe_tc_smem(int kind, int64_t K) {
-  return size_t(MT_COLS * K) + size_t(MT_COLS * (K / 128)) * 4 + size_t(MT_WARPS * mt_pf(kind) * mt_stage_bytes(kind));
+size_t moe_tc_smem(int kind, int kb, int64_t K) {
+  return size_t(MT_COLS * K) + size_t(MT_COLS * (K / 128)) * 4 +
+         size_t(MT_WARPS * mt_pf(kind, kb) * mt_stage_bytes(kind, kb));
 }
 
 // Byte offset of 16-byte chunk c of row r (0..15) in a stage's weight block (the bank swizzle above).
@@ -1608,22 +1618,27 @@ __device__ __forceinline__ int mt_chunk(int r, int c) { return r * 64 + 16 * (c 
 
 // The block's work on expert slot `slot` (see moe_tc_small_kernel); every weight row is 16-byte aligned and every
 // scale row 4-byte aligned (MoeGemmArgs::w16_ok, words_ok).
-template <int KIND>
+template <int KIND, int KB>
 __device__ __forceinline__ void moe_tc_small_run(const GArgs& A, const WDesc (&wd)[KIND == kW13 ? 2 : 1], int64_t K,
                                                  int64_t n_tiles, int64_t wrow0, int64_t base, int64_t cnt,
                                                  int64_t bt, int64_t n_bt, int64_t n_mine,
                                                  float (&red)[MT_WARPS][KIND == kW13 ? 2 : 1][MT_COLS][MT_ROWS]) {
   constexpr int NW = KIND == kW13 ? 2 : 1;
-  constexpr int PF = mt_pf(KIND), SB = mt_stage_bytes(KIND);
+  constexpr int PF = mt_pf(KIND, KB), SB = mt_stage_bytes(KIND, KB), MB = KB * (MT_WBYTES + MT_SBYTES);
   extern __shared__ __align__(16) uint8_t mt_smem[];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int64_t nkb = K / 128, kbw = nkb / MT_WARPS, kbs = int64_t(warp) * kbw, n_items = n_mine * kbw;
+  // kbw items of KB blocks per warp and tile; the warp's blocks start at kbs
+  const int64_t nkb = K / 128, kbw = nkb / MT_WARPS / KB, kbs = int64_t(warp) * (nkb / MT_WARPS),
+                n_items = n_mine * kbw;
   uint8_t* xq = mt_smem;                                          // [8, K] codes, permuted per 8 columns
   float* xs = reinterpret_cast<float*>(mt_smem + MT_COLS * K);    // [8, K / 128] scales
   uint8_t* ring = mt_smem + MT_COLS * K + MT_COLS * (K / 128) * 4 + warp * PF * SB;  // this warp's stages
-  // this lane's part of a stage fill: rows r0 and r0 + 8, chunk cc; the scale word of row `lane` (lanes < 16)
+  // this lane's part of a stage fill. KB = 1: rows r0 and r0 + 8, chunk cc; the scale word of row `lane` (lanes
+  // < 16). KB = 2: rows fr + 4 u (u = 0..3), 16-byte chunk fc of the row's 128 bytes (block fc / 4; 8 lanes read a
+  // row's whole line), the scale word of row lane % 16, block lane / 16.
   const int r0 = lane >> 2, cc = lane & 3;
   const int off0 = mt_chunk(r0, cc), off8 = mt_chunk(r0 + 8, cc);
+  const int fr = lane >> 3, fc = lane & 7;
   // this lane's ldmatrix row address inside a matrix's weight block: matrix j = lane / 8 (rows j % 2 ? 8..15 : 0..7,
   // chunk s + j / 2 for groups s, s + 1)
   const int lr = (lane & 7) + 8 * ((lane >> 3) & 1), lc = lane >> 4;
@@ -1635,12 +1650,21 @@ __device__ __forceinline__ void moe_tc_small_run(const GArgs& A, const WDesc (&w
       if (l_tile < n_tiles) {
 #pragma unroll
         for (int q = 0; q < NW; ++q) {
-          const int64_t row = wrow0 + l_tile * MT_ROWS, kb = kbs + l_kb;
-          const uint8_t* src = wd[q].w + (row + r0) * wd[q].row_bytes + kb * 64 + 16 * cc;
-          uint8_t* wq = st + q * (MT_WBYTES + MT_SBYTES);
-          cp16(wq + off0, src);
-          cp16(wq + off8, src + 8 * wd[q].row_bytes);
-          if (lane < MT_ROWS) cp4(wq + MT_WBYTES + 4 * lane, wd[q].scale + (row + lane) * wd[q].scols + kb * 4);
+          const int64_t row = wrow0 + l_tile * MT_ROWS, kb = kbs + l_kb * KB;
+          uint8_t* wq = st + q * MB;
+          if constexpr (KB == 1) {
+            const uint8_t* src = wd[q].w + (row + r0) * wd[q].row_bytes + kb * 64 + 16 * cc;
+            cp16(wq + off0, src);
+            cp16(wq + off8, src + 8 * wd[q].row_bytes);
+            if (lane < MT_ROWS) cp4(wq + MT_WBYTES + 4 * lane, wd[q].scale + (row + lane) * wd[q].scols + kb * 4);
+          } else {
+            const uint8_t* src = wd[q].w + (row + fr) * wd[q].row_bytes + kb * 64 + 16 * fc;
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+              cp16(wq + (fc >> 2) * MT_WBYTES + mt_chunk(fr + 4 * u, fc & 3), src + 4 * u * wd[q].row_bytes);
+            cp4(wq + KB * MT_WBYTES + (lane >> 4) * MT_SBYTES + 4 * (lane & 15),
+                wd[q].scale + (row + (lane & 15)) * wd[q].scols + (kb + (lane >> 4)) * 4);
+          }
         }
       }
       cp_commit();
@@ -1672,67 +1696,73 @@ __device__ __forceinline__ void moe_tc_small_run(const GArgs& A, const WDesc (&w
       uint8_t* st = ring + slot * SB;
       cp_wait<PF - 1>();  // this lane's copies of item it are done ...
       __syncwarp();       // ... and every lane's
-      const int64_t kb = kbs + c_kb;
-      // activation scales x 64 (the fp4 codes as e4m3 are the values / 64)
-      const float sa0 = m0 < mc ? __fmul_rn(xs[m0 * nkb + kb], 64.0f) : 0.0f;
-      const float sa1 = m1 < mc ? __fmul_rn(xs[m1 * nkb + kb], 64.0f) : 0.0f;
-      uint32_t wv[NW][4][2];  // [matrix][group][row g, g + 8]
-      uint32_t sc[NW][2], spc[NW][2];  // the rows' scale words and their special bytes
 #pragma unroll
-      for (int w = 0; w < NW; ++w) {
-        const uint8_t* wb = st + w * (MT_WBYTES + MT_SBYTES);
-        uint32_t r[4];
-        ldsm_x4(wb + lm0, r);  // groups 0, 1
-        wv[w][0][0] = r[0], wv[w][0][1] = r[1], wv[w][1][0] = r[2], wv[w][1][1] = r[3];
-        ldsm_x4(wb + lm2, r);  // groups 2, 3
-        wv[w][2][0] = r[0], wv[w][2][1] = r[1], wv[w][3][0] = r[2], wv[w][3][1] = r[3];
-        sc[w][0] = *reinterpret_cast<const uint32_t*>(wb + MT_WBYTES + 4 * g);
-        sc[w][1] = *reinterpret_cast<const uint32_t*>(wb + MT_WBYTES + 4 * (g + 8));
+      for (int j = 0; j < KB; ++j) {  // the item's 128-column blocks in order
+        const int64_t kb = kbs + c_kb * KB + j;
+        // activation scales x 64 (the fp4 codes as e4m3 are the values / 64)
+        const float sa0 = m0 < mc ? __fmul_rn(xs[m0 * nkb + kb], 64.0f) : 0.0f;
+        const float sa1 = m1 < mc ? __fmul_rn(xs[m1 * nkb + kb], 64.0f) : 0.0f;
+        uint32_t wv[NW][4][2];  // [matrix][group][row g, g + 8]
+        uint32_t sc[NW][2], spc[NW][2];  // the rows' scale words and their special bytes
 #pragma unroll
-        for (int h = 0; h < 2; ++h) spc[w][h] = __vcmpeq4(sc[w][h], 0u) | __vcmpeq4(sc[w][h], 0xFFFFFFFFu);
-      }
-      __syncwarp();  // every lane has read the stage: it can be refilled
-      fill(st);      // the item PF ahead into the stage just read
-      // the item's sum over its 4 groups of each mma's result times its weight scale (a power of two: exact
-      // products), then one multiply by the activation scale
-      float p[NW][4];
+        for (int w = 0; w < NW; ++w) {
+          const uint8_t* wb = st + w * MB + j * MT_WBYTES;
+          const uint8_t* sb = st + w * MB + KB * MT_WBYTES + j * MT_SBYTES;
+          uint32_t r[4];
+          ldsm_x4(wb + lm0, r);  // groups 0, 1
+          wv[w][0][0] = r[0], wv[w][0][1] = r[1], wv[w][1][0] = r[2], wv[w][1][1] = r[3];
+          ldsm_x4(wb + lm2, r);  // groups 2, 3
+          wv[w][2][0] = r[0], wv[w][2][1] = r[1], wv[w][3][0] = r[2], wv[w][3][1] = r[3];
+          sc[w][0] = *reinterpret_cast<const uint32_t*>(sb + 4 * g);
+          sc[w][1] = *reinterpret_cast<const uint32_t*>(sb + 4 * (g + 8));
 #pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        uint32_t b0 = 0u, b1 = 0u;
-        if (g < mc) {
-          const uint8_t* xp = xq + g * K + kb * 128 + 32 * s + 8 * t;
-          b0 = *reinterpret_cast<const uint32_t*>(xp);
-          b1 = *reinterpret_cast<const uint32_t*>(xp + 4);
+          for (int h = 0; h < 2; ++h) spc[w][h] = __vcmpeq4(sc[w][h], 0u) | __vcmpeq4(sc[w][h], 0xFFFFFFFFu);
+        }
+        if (j == KB - 1) {
+          __syncwarp();  // every lane has read the stage: it can be refilled
+          fill(st);      // the item PF ahead into the stage just read
+        }
+        // the block's sum over its 4 groups of each mma's result times its weight scale (a power of two: exact
+        // products), then one multiply by the activation scale
+        float p[NW][4];
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          uint32_t b0 = 0u, b1 = 0u;
+          if (g < mc) {
+            const uint8_t* xp = xq + g * K + kb * 128 + 32 * s + 8 * t;
+            b0 = *reinterpret_cast<const uint32_t*>(xp);
+            b1 = *reinterpret_cast<const uint32_t*>(xp + 4);
+          }
+#pragma unroll
+          for (int w = 0; w < NW; ++w) {
+            uint32_t ev0, od0, ev8, od8;
+            fp4_as_e4m3(wv[w][s][0], ev0, od0);
+            fp4_as_e4m3(wv[w][s][1], ev8, od8);
+            const uint32_t a[4] = {ev0, ev8, od0, od8};
+            float d[4];
+            tc_mma(a, b0, b1, d);
+            const float sg = s == 0 ? e8m0_byte<0>(sc[w][0], spc[w][0])
+                           : s == 1 ? e8m0_byte<1>(sc[w][0], spc[w][0])
+                           : s == 2 ? e8m0_byte<2>(sc[w][0], spc[w][0])
+                                    : e8m0_byte<3>(sc[w][0], spc[w][0]);
+            const float s8 = s == 0 ? e8m0_byte<0>(sc[w][1], spc[w][1])
+                           : s == 1 ? e8m0_byte<1>(sc[w][1], spc[w][1])
+                           : s == 2 ? e8m0_byte<2>(sc[w][1], spc[w][1])
+                                    : e8m0_byte<3>(sc[w][1], spc[w][1]);
+            if (s == 0) {
+              p[w][0] = __fmul_rn(d[0], sg), p[w][1] = __fmul_rn(d[1], sg);
+              p[w][2] = __fmul_rn(d[2], s8), p[w][3] = __fmul_rn(d[3], s8);
+            } else {
+              p[w][0] = __fmaf_rn(d[0], sg, p[w][0]), p[w][1] = __fmaf_rn(d[1], sg, p[w][1]);
+              p[w][2] = __fmaf_rn(d[2], s8, p[w][2]), p[w][3] = __fmaf_rn(d[3], s8, p[w][3]);
+            }
+          }
         }
 #pragma unroll
         for (int w = 0; w < NW; ++w) {
-          uint32_t ev0, od0, ev8, od8;
-          fp4_as_e4m3(wv[w][s][0], ev0, od0);
-          fp4_as_e4m3(wv[w][s][1], ev8, od8);
-          const uint32_t a[4] = {ev0, ev8, od0, od8};
-          float d[4];
-          tc_mma(a, b0, b1, d);
-          const float sg = s == 0 ? e8m0_byte<0>(sc[w][0], spc[w][0])
-                         : s == 1 ? e8m0_byte<1>(sc[w][0], spc[w][0])
-                         : s == 2 ? e8m0_byte<2>(sc[w][0], spc[w][0])
-                                  : e8m0_byte<3>(sc[w][0], spc[w][0]);
-          const float s8 = s == 0 ? e8m0_byte<0>(sc[w][1], spc[w][1])
-                         : s == 1 ? e8m0_byte<1>(sc[w][1], spc[w][1])
-                         : s == 2 ? e8m0_byte<2>(sc[w][1], spc[w][1])
-                                  : e8m0_byte<3>(sc[w][1], spc[w][1]);
-          if (s == 0) {
-            p[w][0] = __fmul_rn(d[0], sg), p[w][1] = __fmul_rn(d[1], sg);
-            p[w][2] = __fmul_rn(d[2], s8), p[w][3] = __fmul_rn(d[3], s8);
-          } else {
-            p[w][0] = __fmaf_rn(d[0], sg, p[w][0]), p[w][1] = __fmaf_rn(d[1], sg, p[w][1]);
-            p[w][2] = __fmaf_rn(d[2], s8, p[w][2]), p[w][3] = __fmaf_rn(d[3], s8, p[w][3]);
-          }
+          tot[w][0] = __fmaf_rn(p[w][0], sa0, tot[w][0]), tot[w][1] = __fmaf_rn(p[w][1], sa1, tot[w][1]);
+          tot[w][2] = __fmaf_rn(p[w][2], sa0, tot[w][2]), tot[w][3] = __fmaf_rn(p[w][3], sa1, tot[w][3]);
         }
-      }
-#pragma unroll
-      for (int w = 0; w < NW; ++w) {
-        tot[w][0] = __fmaf_rn(p[w][0], sa0, tot[w][0]), tot[w][1] = __fmaf_rn(p[w][1], sa1, tot[w][1]);
-        tot[w][2] = __fmaf_rn(p[w][2], sa0, tot[w][2]), tot[w][3] = __fmaf_rn(p[w][3], sa1, tot[w][3]);
       }
       slot = slot + 1 == PF ? 0 : slot + 1;
       if (++c_kb == kbw) {  // the tile is done (uniform: every warp ends its slice on the same item)
@@ -1763,7 +1793,7 @@ __device__ __forceinline__ void moe_tc_small_run(const GArgs& A, const WDesc (&w
   }
 }
 
-template <int KIND>
+template <int KIND, int KB>
 __global__ void __launch_bounds__(MT_THREADS, 2) moe_tc_small_kernel(const GArgs A) {
   constexpr int NW = KIND == kW13 ? 2 : 1;
   __shared__ float red[MT_WARPS][NW][MT_COLS][MT_ROWS];
@@ -1775,29 +1805,33 @@ __global__ void __launch_bounds__(MT_THREADS, 2) moe_tc_small_kernel(const GArgs
   block_weights<KIND>(A, e, wd, K, nout, wrow0);
   const int64_t n_tiles = nout / MT_ROWS, n_mine = bt < n_tiles ? cdiv(n_tiles - bt, n_bt) : 0;
   if (cnt <= 0 || n_mine == 0) return;  // (uniform over the block)
-  moe_tc_small_run<KIND>(A, wd, K, n_tiles, wrow0, base, cnt, bt, n_bt, n_mine, red);
+  moe_tc_small_run<KIND, KB>(A, wd, K, n_tiles, wrow0, base, cnt, bt, n_bt, n_mine, red);
 }
 
-// Blocks of moe_tc_small_kernel<KIND> one SM holds with the shared memory of K (a multiple of 1024 up to MT_MAXK),
-// 0 if it cannot run.
-template <int KIND>
-int moe_tc_small_occ(int64_t K) {
+// Blocks of moe_tc_small_kernel<KIND, KB> one SM holds with the shared memory of K (a multiple of 1024 up to
+// MT_MAXK), 0 if it cannot run.
+template <int KIND, int KB>
+int moe_tc_small_occ_kb(int64_t K) {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64 || K <= 0 || K > MT_MAXK || K % 1024) return 0;
   static int allowed[64] = {};                    // per device: 0 unknown, -1 no, 1 the largest smem allowed
   static int cached[64][MT_MAXK / 1024 + 1] = {};  // per device and K / 1024: 0 unknown, -1 no, else blocks per SM
   if (allowed[dev] == 0)
-    allowed[dev] = cudaFuncSetAttribute(moe_tc_small_kernel<KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(moe_tc_smem(KIND, MT_MAXK))) == cudaSuccess ? 1 : -1;
+    allowed[dev] = cudaFuncSetAttribute(moe_tc_small_kernel<KIND, KB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(moe_tc_smem(KIND, KB, MT_MAXK))) == cudaSuccess ? 1 : -1;
   int& c = cached[dev][K / 1024];
   if (c == 0) {
     int occ = 0;
     c = allowed[dev] > 0 &&
-                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, moe_tc_small_kernel<KIND>, MT_THREADS,
-                                                              int(moe_tc_smem(KIND, K))) == cudaSuccess && occ > 0
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, moe_tc_small_kernel<KIND, KB>, MT_THREADS,
+                                                              int(moe_tc_smem(KIND, KB, K))) == cudaSuccess && occ > 0
             ? occ : -1;
   }
   return c > 0 ? c : 0;
+}
+template <int KIND>
+int moe_tc_small_occ(int64_t K) {
+  return mt_kb(K) == 2 ? moe_tc_small_occ_kb<KIND, 2>(K) : moe_tc_small_occ_kb<KIND, 1>(K);
 }
 
 // The shapes gemv_tc_kernel takes (and a device and binary with FP8 mma, sm_89+; its shared memory allowed).
@@ -2249,10 +2283,16 @@ void launch_small_tc(int kind, const MoeGemmArgs& g, const GArgs& As, int64_t no
   const int64_t tiles = nout / MT_ROWS;
   const int64_t n_bt = std::clamp<int64_t>(std::max(resident / As.n_slots, cdiv(tiles, kMtMaxTiles)), 1, tiles);
   const int64_t gt = As.n_slots * n_bt;
-  if (kind == kW13)
-    moe_tc_small_kernel<kW13><<<static_cast<unsigned>(gt), MT_THREADS, moe_tc_smem(kW13, K2), stream>>>(As);
+  const int kb = mt_kb(K2);
+  const unsigned grid = static_cast<unsigned>(gt);
+  if (kind == kW13 && kb == 2)
+    moe_tc_small_kernel<kW13, 2><<<grid, MT_THREADS, moe_tc_smem(kW13, 2, K2), stream>>>(As);
+  else if (kind == kW13)
+    moe_tc_small_kernel<kW13, 1><<<grid, MT_THREADS, moe_tc_smem(kW13, 1, K2), stream>>>(As);
+  else if (kb == 2)
+    moe_tc_small_kernel<kW2, 2><<<grid, MT_THREADS, moe_tc_smem(kW2, 2, K2), stream>>>(As);
   else
-    moe_tc_small_kernel<kW2><<<static_cast<unsigned>(gt), MT_THREADS, moe_tc_smem(kW2, K2), stream>>>(As);
+    moe_tc_small_kernel<kW2, 1><<<grid, MT_THREADS, moe_tc_smem(kW2, 1, K2), stream>>>(As);
 }
 
 void moe_launch_both(int kind, const MoeGemmArgs& g, GArgs A, int64_t nout, cudaStream_t stream) {
