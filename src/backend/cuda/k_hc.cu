@@ -567,6 +567,153 @@ __global__ void __launch_bounds__(kThreads) hc_finish_kernel(const float* X, int
   }
 }
 
+// ---- kernel B, fast mode, hc = 4 (decode calls): the same operations as hc_finish_kernel's fast path ----------
+// One CTA per token of 8 collapse warps (+ 1 coefficient warp for hc_pre). hc_finish_kernel runs its steps one after
+// the other behind block-wide barriers (dots -> r -> pre, post and the Sinkhorn in warp 0 -> collapse), ~23 us per
+// call on an H100 for one token, almost all of it latency. Here every collapse thread loads its columns of x first,
+// then sums the slices' dots of the 4 pre rows and the sum of squares itself (the same values in the same order as
+// hc_finish_kernel), so those loads are in flight together; one barrier (after which u[t], which holds the dots, may
+// be overwritten); then the collapse warps collapse (and normalize, with their own named barrier) while the
+// coefficient warp computes post and the Sinkhorn (comb_lanes_fast4). Bitwise the results of hc_finish_kernel's
+// fast path. NV: float4 columns per thread (dim / 4 <= NV * kThreads).
+__device__ __forceinline__ void bar_named(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+
+// row_sum<kThreads> of the collapse warps (0..7) with named barrier 1 (the coefficient warp does not take part).
+__device__ __forceinline__ double collapse_row_sum(double v, double* smem) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) smem[warp] = v;
+  bar_named(1, kThreads);
+  double s = 0;
+  for (int w = 0; w < kWarps; ++w) s += smem[w];
+  bar_named(1, kThreads);
+  return s;
+}
+
+template <bool HEAD, int NV>
+__global__ void __launch_bounds__(kThreads + 32) hc_finish_fast4_kernel(const float* X, int64_t dim, const float* scale,
+                                                                        const float* base, int sinkhorn_iters,
+                                                                        float hc_eps, float norm_eps, bool bf16,
+                                                                        int mix, int slices, const float* norm_w,
+                                                                        float* u, float* post, float* comb) {
+  constexpr int HC = 4, kMaxSlices = 8;
+  __shared__ double red[kWarps];
+  __shared__ float mix_s[32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t t = blockIdx.x, width = int64_t(HC) * dim, d4n = dim / 4;
+  const float* x = X + t * width;
+  float* ut = u + t * dim;
+  const int stride = mix + 2;
+  // the slices' partial dots of row m added in slice order; r = 1 / sqrt(sum_sq / width + norm_eps) (as
+  // hc_finish_kernel: the slices' (hi, lo) sums of squares added in double in slice order)
+  auto dot = [&](int m) {
+    float a = ut[m];
+#pragma unroll
+    for (int z = 1; z < kMaxSlices; ++z)
+      if (z < slices) a = __fadd_rn(a, ut[z * stride + m]);
+    return a;
+  };
+  auto rnorm = [&] {
+    double q = 0.0;
+#pragma unroll
+    for (int z = 0; z < kMaxSlices; ++z)
+      if (z < slices) q = __dadd_rn(q, __dadd_rn(double(ut[z * stride + mix]), double(ut[z * stride + mix + 1])));
+    const float ssf = __double2float_rn(q);
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ssf, float(width)), norm_eps)));
+  };
+  if (!HEAD && warp == kWarps) {  // the coefficient warp: post and comb
+    if (lane < mix) mix_s[lane] = dot(lane);
+    const float r = rnorm();
+    bar_named(2, kThreads + 32);  // (the collapse warps' barrier below: every read of the dots in u[t] is done)
+    if (lane < HC) {
+      const float mp = __fmul_rn(mix_s[HC + lane], r);
+      post[t * HC + lane] = __fmul_rn(2.0f, sigmoid_f(__fadd_rn(__fmul_rn(mp, scale[1]), base[HC + lane])));
+    }
+    comb_lanes_fast4(mix_s, r, scale[2], base, sinkhorn_iters, hc_eps, lane, comb + t * 16);
+    return;
+  }
+  float4 xv[NV][HC];  // this thread's columns d4 = threadIdx.x + j kThreads of the 4 streams
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int64_t d4 = threadIdx.x + int64_t(j) * kThreads;
+#pragma unroll
+    for (int h = 0; h < HC; ++h)
+      xv[j][h] = d4 < d4n ? __ldg(reinterpret_cast<const float4*>(x + int64_t(h) * dim) + d4) : float4{};
+  }
+  float pre[HC];
+  {
+    float dv[HC];
+#pragma unroll
+    for (int h = 0; h < HC; ++h) dv[h] = dot(h);
+    const float r = rnorm();
+#pragma unroll
+    for (int h = 0; h < HC; ++h) {
+      const float mj = __fmul_rn(dv[h], r);
+      pre[h] = __fadd_rn(sigmoid_f(__fadd_rn(__fmul_rn(mj, scale[0]), base[h])), hc_eps);
+    }
+  }
+  // every read of the dots in u[t] is done (the coefficient warp's too): u[t] may be written
+  if constexpr (HEAD) __syncthreads();
+  else bar_named(2, kThreads + 32);
+  // the collapse u[d] = sum_j pre_j x[j, d] (CPU order per element), bf16 when bf16
+  float4 v[NV];
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    float4 s4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int h = 0; h < HC; ++h) {
+      s4.x = __fadd_rn(s4.x, __fmul_rn(pre[h], xv[j][h].x));
+      s4.y = __fadd_rn(s4.y, __fmul_rn(pre[h], xv[j][h].y));
+      s4.z = __fadd_rn(s4.z, __fmul_rn(pre[h], xv[j][h].z));
+      s4.w = __fadd_rn(s4.w, __fmul_rn(pre[h], xv[j][h].w));
+    }
+    v[j] = make_float4(maybe_bf16(s4.x, bf16), maybe_bf16(s4.y, bf16), maybe_bf16(s4.z, bf16), maybe_bf16(s4.w, bf16));
+  }
+  if (norm_w == nullptr) {
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int64_t d4 = threadIdx.x + int64_t(j) * kThreads;
+      if (d4 < d4n) reinterpret_cast<float4*>(ut)[d4] = v[j];
+    }
+    return;
+  }
+  // the sublayer's rmsnorm: rmsnorm_vec_kernel<256, 8>'s steps, as hc_finish_kernel
+  double ss2 = 0.0;
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int64_t d4 = threadIdx.x + int64_t(j) * kThreads;
+    if (d4 >= d4n) continue;
+    ss2 += double(v[j].x) * double(v[j].x);
+    ss2 += double(v[j].y) * double(v[j].y);
+    ss2 += double(v[j].z) * double(v[j].z);
+    ss2 += double(v[j].w) * double(v[j].w);
+  }
+  ss2 = HEAD ? row_sum<kThreads>(ss2, red) : collapse_row_sum(ss2, red);
+  const float sc = rms_scale(ss2, dim, norm_eps);
+  const float4* w4 = reinterpret_cast<const float4*>(norm_w);
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int64_t d4 = threadIdx.x + int64_t(j) * kThreads;
+    if (d4 >= d4n) continue;
+    const float4 wv = w4[d4];
+    float4 o;
+    o.x = maybe_bf16(__fmul_rn(wv.x, __fmul_rn(v[j].x, sc)), bf16);
+    o.y = maybe_bf16(__fmul_rn(wv.y, __fmul_rn(v[j].y, sc)), bf16);
+    o.z = maybe_bf16(__fmul_rn(wv.z, __fmul_rn(v[j].z, sc)), bf16);
+    o.w = maybe_bf16(__fmul_rn(wv.w, __fmul_rn(v[j].w, sc)), bf16);
+    reinterpret_cast<float4*>(ut)[d4] = o;
+  }
+}
+
+template <bool HEAD, int NV>
+void launch_fast4(int64_t n_tok, const float* X, int64_t dim, const float* scale, const float* base, int iters,
+                  float hc_eps, float norm_eps, bool bf16, int mix, int slices, const float* norm_w, float* u,
+                  float* post, float* comb, cudaStream_t stream) {
+  hc_finish_fast4_kernel<HEAD, NV><<<unsigned(n_tok), kThreads + (HEAD ? 0 : 32), 0, stream>>>(
+      X, dim, scale, base, iters, hc_eps, norm_eps, bf16, mix, slices, norm_w, u, post, comb);
+}
+
 // Whether hc_collapse's fast path can apply rmsnorm_vec_kernel<256, 8>'s normalization itself (rmsnorm() takes that
 // kernel for these widths; norm_w 16-byte aligned like u).
 bool fusable_norm(int64_t dim, const float* norm_w) {
@@ -602,6 +749,22 @@ bool hc_collapse(const float* X, int64_t n_tok, int hc, int64_t dim, const float
       launch_dots<2, 3, 8, 4, 128>(X, n_tok, width, fn, mix, vec, dim, u, stream);  // 8 tokens x 24 rows
   }
   const bool fuse = fast && norm_w != nullptr && fusable_norm(dim, norm_w);
+  const int64_t d4n = dim / 4;
+  if (fast && hc == 4 && dim % 4 == 0 && d4n <= 8 * kThreads && slices <= 8) {  // hc_finish_fast4_kernel
+    const float* nw = fuse ? norm_w : nullptr;
+    auto go = [&](auto launch) {
+      launch(n_tok, X, dim, scale, base, sinkhorn_iters, hc_eps, norm_eps, bf16, mix, slices, nw, u, post, comb, stream);
+    };
+    if (d4n <= kThreads)
+      go(launch_fast4<HEAD, 1>);
+    else if (d4n <= 2 * kThreads)
+      go(launch_fast4<HEAD, 2>);
+    else if (d4n <= 4 * kThreads)
+      go(launch_fast4<HEAD, 4>);
+    else
+      go(launch_fast4<HEAD, 8>);
+    return fuse || norm_w == nullptr;
+  }
   hc_finish_kernel<HEAD><<<unsigned(n_tok), kThreads, 0, stream>>>(X, hc, dim, fn, scale, base, sinkhorn_iters,
                                                                    hc_eps, norm_eps, bf16, have_dots, mix, !fast,
                                                                    slices, fuse ? norm_w : nullptr, u, post, comb);
