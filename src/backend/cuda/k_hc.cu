@@ -347,60 +347,6 @@ __device__ __forceinline__ void comb_lanes_fast4(const float* mix_s, float r, fl
   if (lane < 16) comb_t[lane] = c;
 }
 
-// comb_lanes_fast4 with the whole 4 x 4 matrix in every lane's registers (no shuffles in the 2 x iters dependent
-// normalizations): row sums (C[j,0] + C[j,1]) + (C[j,2] + C[j,3]) and column sums (C[0,k] + C[1,k]) + (C[2,k] +
-// C[3,k]) are exactly what comb_lanes_fast4's butterflies add (fadd and fmaxf are commutative), so the result is
-// bitwise comb_lanes_fast4's. Lanes 0..15 store element lane.
-__device__ __forceinline__ void comb_regs_fast4(const float* mix_s, float r, float scale2, const float* base,
-                                                int iters, float hc_eps, int lane, float* comb_t) {
-  float c[16];
-#pragma unroll
-  for (int e = 0; e < 16; ++e) c[e] = __fadd_rn(__fmul_rn(__fmul_rn(mix_s[8 + e], r), scale2), base[8 + e]);
-  auto rows = [&](bool first) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      float* q = c + 4 * j;
-      const float s = __fadd_rn(__fadd_rn(q[0], q[1]), __fadd_rn(q[2], q[3]));
-      if (first) {
-        const float rs = __frcp_rn(s);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) q[k] = __fadd_rn(__fmul_rn(q[k], rs), hc_eps);
-      } else {
-        const float rs = __frcp_rn(__fadd_rn(s, hc_eps));
-#pragma unroll
-        for (int k = 0; k < 4; ++k) q[k] = __fmul_rn(q[k], rs);
-      }
-    }
-  };
-  auto cols = [&] {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float s = __fadd_rn(__fadd_rn(c[k], c[4 + k]), __fadd_rn(c[8 + k], c[12 + k]));
-      const float rs = __frcp_rn(__fadd_rn(s, hc_eps));
-#pragma unroll
-      for (int j = 0; j < 4; ++j) c[4 * j + k] = __fmul_rn(c[4 * j + k], rs);
-    }
-  };
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {  // the row softmax
-    float* q = c + 4 * j;
-    const float mx = fmaxf(fmaxf(q[0], q[1]), fmaxf(q[2], q[3]));
-#pragma unroll
-    for (int k = 0; k < 4; ++k) q[k] = expf_glibc(__fsub_rn(q[k], mx));
-  }
-  rows(true);
-  cols();
-  for (int it = 1; it < iters; ++it) {
-    rows(false);
-    cols();
-  }
-  float out = 0.0f;
-#pragma unroll
-  for (int e = 0; e < 16; ++e)
-    if (lane == e) out = c[e];
-  if (lane < 16) comb_t[lane] = out;
-}
-
 __device__ __forceinline__ void comb_smem(const float* mix_s, float r, float scale2, const float* base, int hc,
                                           int iters, float hc_eps, int lane, float* C, float* comb_t) {
   if (lane < hc) {  // softmax of row j = lane, + hc_eps
@@ -628,8 +574,9 @@ __global__ void __launch_bounds__(kThreads) hc_finish_kernel(const float* X, int
 // then sums the slices' dots of the 4 pre rows and the sum of squares itself (the same values in the same order as
 // hc_finish_kernel), so those loads are in flight together; one barrier (after which u[t], which holds the dots, may
 // be overwritten); then the collapse warps collapse (and normalize, with their own named barrier) while the
-// coefficient warp computes post and the Sinkhorn (comb_regs_fast4, no shuffles). Bitwise the results of
-// hc_finish_kernel's fast path. NV: float4 columns per thread (dim / 4 <= NV * kThreads).
+// coefficient warp computes post and the Sinkhorn (comb_lanes_fast4). Bitwise the results of hc_finish_kernel's
+// fast path. (The Sinkhorn with the whole 4 x 4 matrix in each lane's registers, no shuffles, was tried: 32 us per
+// call instead of 23: one thread then does 16 lanes' divisions in sequence.) NV: float4 columns per thread (dim / 4 <= NV * kThreads).
 __device__ __forceinline__ void bar_named(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 
 // row_sum<kThreads> of the collapse warps (0..7) with named barrier 1 (the coefficient warp does not take part).
@@ -684,7 +631,7 @@ __global__ void __launch_bounds__(kThreads + 32) hc_finish_fast4_kernel(const fl
       const float mp = __fmul_rn(mix_s[HC + lane], r);
       post[t * HC + lane] = __fmul_rn(2.0f, sigmoid_f(__fadd_rn(__fmul_rn(mp, scale[1]), base[HC + lane])));
     }
-    comb_regs_fast4(mix_s, r, scale[2], base, sinkhorn_iters, hc_eps, lane, comb + t * 16);
+    comb_lanes_fast4(mix_s, r, scale[2], base, sinkhorn_iters, hc_eps, lane, comb + t * 16);
     return;
   }
   float4 xv[NV][HC];  // this thread's columns d4 = threadIdx.x + j kThreads of the 4 streams
