@@ -179,6 +179,12 @@ void ExpertStaging::attach(SplitMoeLayer& L) {
   L.stage = std::move(plan);
 }
 
+bool pin_host_fits(double pinned_bytes, double host_bytes) {
+  if (host_bytes <= 0) return true;
+  constexpr double kKeepPageable = 16.0 * 1024 * 1024 * 1024;
+  return pinned_bytes <= host_bytes * 0.75 && host_bytes - pinned_bytes >= kKeepPageable;
+}
+
 bool ExpertStaging::pin_host() {
   if (pin_tried_) return pinned_;
   pin_tried_ = true;
@@ -201,9 +207,10 @@ bool ExpertStaging::pin_host() {
   double total = 0;
   for (const auto& x : merged) total += double(x.second - x.first);
   const double host = double(cpu_backend().memory().total);
-  if (host > 0 && total > host / 2) {
-    log::info("expert staging: the {:.2f} GiB of host experts are not page-locked (more than half of the host's "
-              "{:.2f} GiB); staged copies run at pageable speed", gib(total), gib(host));
+  if (!pin_host_fits(total, host)) {
+    log::info("expert staging: the {:.2f} GiB of host experts are not page-locked (more than 3/4 of the host's "
+              "{:.2f} GiB, or less than 16 GiB would stay pageable); staged copies run at pageable speed",
+              gib(total), gib(host));
     return false;
   }
   for (const auto& x : merged) {

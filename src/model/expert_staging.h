@@ -52,6 +52,12 @@ constexpr double kPageableUploadBytesPerS = 8e9;
 int64_t auto_stage_min_tokens(int64_t n_experts, int64_t top_k, double expert_bytes, double expert_macs,
                               double upload_bytes_per_s);
 
+// Whether `pinned_bytes` of host experts may be page-locked on a host of `host_bytes` RAM: at most three quarters of
+// it, leaving at least 16 GiB pageable for the OS and the rest of the process (page-locked memory cannot be swapped or
+// reclaimed). V4-Flash on an 80 GB GPU puts ~70-76 GiB of experts on a 125 GiB host: pinned, the staged copies run at
+// ~55 GB/s instead of ~8 (bench/results/NOTES-gpu-speed.md, 2026-12-07). host_bytes 0 (unknown): no limit.
+bool pin_host_fits(double pinned_bytes, double host_bytes);
+
 // One split layer as the staged path runs it.
 struct StagePlan {
   static constexpr int kSlots = 2;
@@ -93,8 +99,8 @@ class ExpertStaging {
   // L.stage := L's host experts in chunks. The first call allocates the slots (dsv4::Error when the device has not
   // the memory). L's views stay valid as long as this object (and L.host's memory).
   void attach(SplitMoeLayer& L);
-  // Page-locks the host memory of the attached layers' host experts (Backend::pin_host) unless it exceeds half of
-  // the host's memory or the backend is the CPU; returns whether it is pinned. Once, after the last attach().
+  // Page-locks the host memory of the attached layers' host experts (Backend::pin_host) unless pin_host_fits() says
+  // no or the backend is the CPU; returns whether it is pinned. Once, after the last attach().
   bool pin_host();
   bool pinned() const { return pinned_; }
 

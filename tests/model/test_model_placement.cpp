@@ -265,6 +265,19 @@ TEST(SplitMoe, StagingCostModel) {
   EXPECT_EQ(SplitMoe::staging_device_bytes(o, 1000), size_t(512) << 20);
 }
 
+// The page-locking budget of host experts: V4-Flash's ~70-76 GiB of host experts on the GPU machine's 125 GiB host
+// are pinned (they were not under the earlier half-of-RAM rule, and staged copies then ran at 8 GB/s); a small host
+// keeps 16 GiB pageable; an unknown host size does not limit.
+TEST(ExpertStagingPolicy, PinBudget) {
+  constexpr double G = 1024.0 * 1024 * 1024;
+  EXPECT_TRUE(pin_host_fits(75.86 * G, 125.0 * G));
+  EXPECT_TRUE(pin_host_fits(93.0 * G, 125.0 * G));
+  EXPECT_FALSE(pin_host_fits(94.0 * G, 125.0 * G));   // more than 3/4
+  EXPECT_FALSE(pin_host_fits(40.0 * G, 48.0 * G));    // 8 GiB would stay pageable
+  EXPECT_TRUE(pin_host_fits(32.0 * G, 48.0 * G));
+  EXPECT_TRUE(pin_host_fits(1e15, 0.0));
+}
+
 // ---- the demo model under every placement ------------------------------------------------------------------------
 
 struct DemoRun {
