@@ -1599,7 +1599,9 @@ constexpr int64_t kMtMaxTiles = 8;  // output tiles one block of moe_tc_small_ke
 constexpr int MT_WBYTES = MT_ROWS * 64, MT_SBYTES = MT_ROWS * 4;  // a 128-column block's weight / scale bytes
 
 // ring stages per warp; bytes of one stage (all matrices)
-__host__ __device__ constexpr int mt_pf(int kind, int kb) { return kb == 2 ? (kind == kW13 ? 2 : 3) : (kind == kW13 ? 3 : 4); }
+__host__ __device__ constexpr int mt_pf(int kind, int kb) {
+  return kb == 2 ? (kind == kW13 ? 2 : 3) : (kind == kW13 ? 3 : 4);
+}
 __host__ __device__ constexpr int mt_stage_bytes(int kind, int kb) {
   return (kind == kW13 ? 2 : 1) * kb * (MT_WBYTES + MT_SBYTES);
 }

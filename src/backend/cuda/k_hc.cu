@@ -576,8 +576,11 @@ __global__ void __launch_bounds__(kThreads) hc_finish_kernel(const float* X, int
 // be overwritten); then the collapse warps collapse (and normalize, with their own named barrier) while the
 // coefficient warp computes post and the Sinkhorn (comb_lanes_fast4). Bitwise the results of hc_finish_kernel's
 // fast path. (The Sinkhorn with the whole 4 x 4 matrix in each lane's registers, no shuffles, was tried: 32 us per
-// call instead of 23: one thread then does 16 lanes' divisions in sequence.) NV: float4 columns per thread (dim / 4 <= NV * kThreads).
-__device__ __forceinline__ void bar_named(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+// call instead of 23: one thread then does 16 lanes' divisions in sequence.) NV: float4 columns per thread
+// (dim / 4 <= NV * kThreads).
+__device__ __forceinline__ void bar_named(int id, int n) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
 
 // row_sum<kThreads> of the collapse warps (0..7) with named barrier 1 (the coefficient warp does not take part).
 __device__ __forceinline__ double collapse_row_sum(double v, double* smem) {
@@ -754,7 +757,8 @@ bool hc_collapse(const float* X, int64_t n_tok, int hc, int64_t dim, const float
   if (fast && hc == 4 && dim % 4 == 0 && d4n <= 8 * kThreads && slices <= 8) {  // hc_finish_fast4_kernel
     const float* nw = fuse ? norm_w : nullptr;
     auto go = [&](auto launch) {
-      launch(n_tok, X, dim, scale, base, sinkhorn_iters, hc_eps, norm_eps, bf16, mix, slices, nw, u, post, comb, stream);
+      launch(n_tok, X, dim, scale, base, sinkhorn_iters, hc_eps, norm_eps, bf16, mix, slices, nw, u, post, comb,
+             stream);
     };
     if (d4n <= kThreads)
       go(launch_fast4<HEAD, 1>);
