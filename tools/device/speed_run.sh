@@ -162,10 +162,10 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
     bench_run bprof 12 p4-b32-ctx4096 --layers 4 --device cuda --batch 32 --ctx 4096 --prefill 0 --steps 4
   fi
   if has ncub && [ -x "$B/dsv4" ] && command -v ncu > /dev/null && [ "$(left)" -gt 70 ]; then
-    log "ncu batch-128 decode (2 layers, ctx 4096, eager; launches 300.. skip the context prefill and the first warm-up steps)"
+    log "ncu batch-128 decode (2 layers, ctx 4096, eager; launches 1400.. skip the context prefill of 4096 tokens and the first warm-up steps)"
     timeout $(($(left) - 15)) ncu --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum,sm__cycles_elapsed.avg \
-      --kernel-name regex:'^(?!.*(fill_random|random_fill))' --launch-skip 300 --launch-count 500 "$B/dsv4" bench model --config "$CFG" --load-format dummy --layers 2 \
-      --device cuda --batch 128 --ctx 4096 --prefill 0 --steps 4 --no-cuda-graph --no-profile > "$OUT/ncu-b128.csv" 2> /tmp/ncu.err
+      --kernel-name regex:'^(?!.*(fill_random|random_fill))' --launch-skip 1400 --launch-count 300 "$B/dsv4" bench model --config "$CFG" --load-format dummy --layers 2 \
+      --device cuda --batch 128 --ctx 4096 --prefill 0 --steps 6 --no-cuda-graph --no-profile > "$OUT/ncu-b128.csv" 2> /tmp/ncu.err
     echo "ncu b128 rc=$? ($(wc -l < "$OUT/ncu-b128.csv") lines)"
     tail -3 /tmp/ncu.err
   fi
