@@ -105,6 +105,8 @@ class Backend {
   virtual std::string description() const = 0;
   virtual const Ops& ops() const = 0;
   virtual MemoryInfo memory() const = 0;
+  // The device's dense FP8 tensor-core peak in flop/s (benchmarks' denominator), 0 when not known or not applicable.
+  virtual double fp8_peak_flops() const { return 0.0; }
   // Whether this backend's ops read the compact state row formats (format/row_format.h, model/state_layout.h) in
   // reference numerics: then the model's state pools store rows compactly. Default: fp32 rows.
   virtual bool compact_state_rows() const { return false; }

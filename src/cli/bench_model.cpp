@@ -233,6 +233,19 @@ int run_model_bench(const ModelBenchOpts& o) {
         out["prefill_tok_s_full"] = double(o.prefill) / (t * layer_scale);
         say(fmt::format("prefill {} tokens: {:.1f} ms, {:.0f} tok/s ({:.0f} tok/s at {} layers)", o.prefill, t * 1e3,
                         double(o.prefill) / t, double(o.prefill) / (t * layer_scale), full.num_hidden_layers));
+        // the matrix products' work (Model::matmul_flops_per_token: linears, mHC projections, shared and top-k
+        // routed experts; not attention scores) over the time, against the device's dense FP8 tensor-core peak
+        const double tflops = m->matmul_flops_per_token() * double(o.prefill) / t / 1e12;
+        const double peak = be.fp8_peak_flops() / 1e12;
+        out["prefill_matmul_TFLOPs"] = tflops;
+        if (peak > 0) {
+          out["fp8_peak_TFLOPs"] = peak;
+          out["prefill_pct_of_fp8_peak"] = 100.0 * tflops / peak;
+        }
+        say(fmt::format("prefill matrix products: {:.3g} TFLOP/s{}", tflops,
+                        peak > 0 ? fmt::format(" = {:.1f}% of the {:.0f} TFLOP/s dense FP8 tensor-core peak",
+                                               100.0 * tflops / peak, peak)
+                                 : std::string()));
         report_split("prefill_split", 1.0, t);
       }
     }

@@ -448,6 +448,23 @@ uint64_t Model::decode_weight_bytes(uint64_t* outside_layers, int64_t batch) con
   return b;
 }
 
+double Model::matmul_flops_per_token(double* outside_layers) const {
+  const ModelConfig& c = cfg_;
+  auto el = [](const WeightView& w) { return double(w.rows) * double(w.cols); };
+  auto ex = [&](const ExpertView& e) { return el(e.w1) + el(e.w2) + el(e.w3); };
+  double f = 2.0 * double(c.hc_mult * c.hc_dim());  // hc_head's mix projection (hc_mult rows)
+  if (outside_layers) *outside_layers = f;
+  for (const LayerResident& p : lr_) {
+    f += 2.0 * 2.0 * double(c.hc_mix_dim()) * double(c.hc_dim());  // hc_attn_fn, hc_ffn_fn
+    for (const WeightView* w : {&p.wq_a, &p.wq_b, &p.wkv, &p.wo_a, &p.wo_b, &p.cmp.wkv, &p.cmp.wgate, &p.idx_cmp.wkv,
+                                &p.idx_cmp.wgate, &p.idx_wq_b, &p.idx_weights_proj, &p.gate})
+      f += 2.0 * el(*w);
+    if (p.has_shared) f += 2.0 * ex(p.shared);
+    if (!p.experts.empty()) f += 2.0 * double(c.num_experts_per_tok) * ex(p.experts[0]);
+  }
+  return f;
+}
+
 std::unique_ptr<LmSequence> Model::new_sequence() const { return std::make_unique<ModelSequence>(*this); }
 
 }  // namespace dsv4

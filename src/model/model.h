@@ -190,6 +190,11 @@ class Model final : public LanguageModel {
   // batch > 1: a decode step of `batch` sequences, whose routed experts count as the expected number of distinct
   // experts of batch * k uniform picks, E (1 - (1 - k/E)^batch) per layer (every other weight is read once).
   uint64_t decode_weight_bytes(uint64_t* outside_layers = nullptr, int64_t batch = 1) const;
+  // Multiply-add work of one prefill token through the layers' matrix products, as 2 x the weight elements it
+  // passes (every linear of every layer, the mHC mix projections, the shared expert and num_experts_per_tok routed
+  // experts per MoE layer): the numerator of `dsv4 bench model`'s prefill TFLOP/s. Attention scores and the head
+  // (one row per prompt) are not counted. `outside_layers` receives the part outside the layers (hc_head).
+  double matmul_flops_per_token(double* outside_layers = nullptr) const;
   // Benchmarks: route every op through `ops` (a decorator of backend().ops(), e.g. ProfiledOps); nullptr: direct.
   void set_op_hook(const Ops* ops) { hook_ = ops; }
   // The recorded forward steps (CUDA graphs), or nullptr (CPU backend, ModelOptions::cuda_graphs off).

@@ -25,7 +25,10 @@ TEST(CliBenchModel, JsonGoesToStdoutAndProgressToStderr) {
   EXPECT_EQ(j.at("steps").get<int>(), 2) << r.out;
   EXPECT_GT(j.at("decode_ms_per_step").get<double>(), 0.0);
   EXPECT_GT(j.at("copy_GBps").get<double>(), 0.0);
-  for (const char* progress : {"copy bandwidth", "bench model: dummy", "loaded in", "prefill 8 tokens", "decode batch"}) {
+  EXPECT_GT(j.at("prefill_matmul_TFLOPs").get<double>(), 0.0);  // the CPU has no FP8 tensor-core peak:
+  EXPECT_FALSE(j.contains("prefill_pct_of_fp8_peak"));              // no percentage
+  for (const char* progress : {"copy bandwidth", "bench model: dummy", "loaded in", "prefill 8 tokens",
+                               "prefill matrix products", "decode batch"}) {
     EXPECT_NE(r.err.find(progress), std::string::npos) << progress << ": " << r.err;
     EXPECT_EQ(r.out.find(progress), std::string::npos) << progress << ": " << r.out;
   }

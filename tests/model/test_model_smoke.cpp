@@ -2,6 +2,7 @@
 #include <limits>
 
 #include "backend/cpu_backend.h"
+#include "loader/safetensors.h"
 
 #include "model_test_util.h"
 
@@ -125,6 +126,35 @@ TEST(ModelMemory, StateBytesMatchTheLoaderFormula) {
     EXPECT_EQ(seq.state().bytes_used(m.config()), state_bytes_total(m.config(), 261, false, true)) << name;
     EXPECT_LT(state_bytes_total(m.config(), 261, false, true), state_bytes_total(m.config(), 261)) << name;
     EXPECT_GE(seq.memory_bytes(), seq.state().bytes_used(m.config()));
+  }
+}
+
+// Model::matmul_flops_per_token (the numerator of bench model's prefill TFLOP/s) against an independent count from the
+// checkpoint's tensor list: 2 x the elements of every 2-D ".weight" and "hc_*_fn" tensor of a layer (FP4 experts are
+// stored as [rows, cols / 2] bytes), the routed experts weighted by k / E, plus hc_head_fn.
+TEST(ModelFlops, MatmulFlopsPerTokenMatchTheCheckpointsTensors) {
+  for (const char* name : {"tiny-a", "tiny-b"}) {
+    const Model& m = tiny(name, Numerics::reference);
+    const SafetensorsSet set = SafetensorsSet::open(tiny_dir(name));
+    const double k = double(m.config().num_experts_per_tok), E = double(m.config().n_routed_experts);
+    double want = 0, outside = 0;
+    for (const TensorInfo& t : set.tensors()) {
+      const std::string& n = t.name;
+      const bool fn = n.size() > 3 && n.compare(n.size() - 3, 3, "_fn") == 0 && n.find("hc_") != std::string::npos;
+      const bool weight = n.size() > 7 && n.compare(n.size() - 7, 7, ".weight") == 0 && t.shape.size() == 2;
+      if (!fn && !weight) continue;
+      double el = double(t.shape[0]) * double(t.shape[1]) * (t.dtype == DType::I8 ? 2.0 : 1.0);
+      if (n.rfind("layers.", 0) != 0) {  // outside the layers: only hc_head_fn (embed and head are no products here)
+        if (n == "hc_head_fn") outside += 2.0 * el, want += 2.0 * el;
+        continue;
+      }
+      if (n.find(".ffn.experts.") != std::string::npos) el *= k / E;
+      want += 2.0 * el;
+    }
+    double got_outside = 0;
+    const double got = m.matmul_flops_per_token(&got_outside);
+    EXPECT_NEAR(got, want, 1e-9 * want) << name;
+    EXPECT_EQ(got_outside, outside) << name;
   }
 }
 

@@ -89,6 +89,19 @@ std::string CudaBackend::description() const {
 
 const Ops& CudaBackend::ops() const { return *ops_; }
 
+// Hopper (sm_90): 4,096 dense FP8 flop per clock per SM (H100 SXM: 132 SMs x 1.83 GHz = 989 TFLOP/s as NVIDIA
+// states it), at the device's peak clock as the driver reports it (1.98 GHz on the lent H100s: a stricter bound).
+// Other architectures: not known here (0).
+double CudaBackend::fp8_peak_flops() const {
+  if (cc_major_ != 9) return 0.0;
+  activate();
+  int sms = 0, khz = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, index_) != cudaSuccess ||
+      cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, index_) != cudaSuccess)
+    return 0.0;
+  return double(sms) * double(khz) * 1e3 * 4096.0;
+}
+
 MemoryInfo CudaBackend::memory() const {
   activate();
   MemoryInfo m;

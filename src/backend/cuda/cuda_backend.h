@@ -23,6 +23,7 @@ class CudaBackend final : public Backend {
   std::string description() const override;
   const Ops& ops() const override;
   MemoryInfo memory() const override;
+  double fp8_peak_flops() const override;
   void* alloc(size_t bytes, const char* what) override;
   void free(void* p) noexcept override;
   void copy_to_device(void* dst, const void* src, size_t bytes) override;
