@@ -33,6 +33,18 @@ inline bool par(int64_t work) { return work >= (int64_t(1) << 18); }
 inline float bf(float x) { return round_to_bf16(x); }
 inline float maybe_bf(float x, bool b) { return b ? round_to_bf16(x) : x; }
 
+// round_to_bf16 without a branch (NaN: the quiet bit set, the rest RNE on the bit pattern, as float_to_bf16_rne), so
+// that loops of it vectorize; bitwise round_to_bf16.
+inline float bf_nb(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  const uint32_t r = (b & 0x7FFFFFFFu) > 0x7F800000u ? (b | 0x00400000u) : (b + 0x7FFFu + ((b >> 16) & 1u));
+  const uint32_t o = r & 0xFFFF0000u;
+  float y;
+  std::memcpy(&y, &o, 4);
+  return y;
+}
+
 // Hot loops of the attention ops, compiled twice (AVX2 and the baseline ISA, chosen at load time): the same separate
 // multiplies and adds per element in the same order (no FMA contraction: the build is ISO C++), only wider vectors,
 // so results are bitwise those of the baseline build.
@@ -195,35 +207,93 @@ DSV4_CLONES void add_scaled_rows(float* acc, const float* p, const float* const*
   }
 }
 
+// t[i] = term(x[i]) for i < n (vectorized: each term is one exact operation sequence per element).
+DSV4_CLONES void square_terms(const float* x, int64_t n, bool bf_sq, double* t) {
+  if (bf_sq)
+    for (int64_t i = 0; i < n; ++i) t[i] = double(bf_nb(x[i] * x[i]));
+  else
+    for (int64_t i = 0; i < n; ++i) t[i] = double(x[i]) * double(x[i]);
+}
 // out[r] = sum_i term(x[r * stride + i]) for rows r < m, i ascending in one double chain per row: term(v) =
 // double(v) * double(v) (exact), or with bf_sq double(bf16(v * v)). Four rows' chains interleaved (independent
-// latency chains); per row the sequence of sum_sq.
-template <bool BfSq>
-inline double sq_term(float v) {
-  if constexpr (BfSq)
-    return double(round_to_bf16(v * v));
-  else
-    return double(v) * double(v);
-}
+// latency chains) over the terms of up to 256 columns at a time (square_terms); per row the sequence of sum_sq.
 template <bool BfSq>
 void square_sums(const float* x, int64_t stride, int64_t m, int64_t n, double* out) {
+  constexpr int64_t kCols = 256;  // columns per pass: the terms of four rows [4][kCols] on the stack
+  double t[4][kCols];
   int64_t r = 0;
   for (; r + 4 <= m; r += 4) {
     const float *x0 = x + r * stride, *x1 = x0 + stride, *x2 = x1 + stride, *x3 = x2 + stride;
     double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      s0 += sq_term<BfSq>(x0[i]);
-      s1 += sq_term<BfSq>(x1[i]);
-      s2 += sq_term<BfSq>(x2[i]);
-      s3 += sq_term<BfSq>(x3[i]);
+    for (int64_t c0 = 0; c0 < n; c0 += kCols) {
+      const int64_t nc = std::min(kCols, n - c0);
+      square_terms(x0 + c0, nc, BfSq, t[0]);
+      square_terms(x1 + c0, nc, BfSq, t[1]);
+      square_terms(x2 + c0, nc, BfSq, t[2]);
+      square_terms(x3 + c0, nc, BfSq, t[3]);
+      for (int64_t i = 0; i < nc; ++i) {
+        s0 += t[0][i];
+        s1 += t[1][i];
+        s2 += t[2][i];
+        s3 += t[3][i];
+      }
     }
     out[r] = s0, out[r + 1] = s1, out[r + 2] = s2, out[r + 3] = s3;
   }
   for (; r < m; ++r) {
     double s0 = 0;
-    for (int64_t i = 0; i < n; ++i) s0 += sq_term<BfSq>(x[r * stride + i]);
+    for (int64_t c0 = 0; c0 < n; c0 += kCols) {
+      const int64_t nc = std::min(kCols, n - c0);
+      square_terms(x + r * stride + c0, nc, BfSq, t[0]);
+      for (int64_t i = 0; i < nc; ++i) s0 += t[0][i];
+    }
     out[r] = s0;
   }
+}
+
+// y[i] = bf16?(w[i] * (x[i] * s)) (w null: bf16?(x[i] * s)): rmsnorm's output row (vectorized; per element the
+// scalar sequence).
+DSV4_CLONES void scale_row(const float* x, int64_t n, float s, const float* w, bool bf16, float* y) {
+  if (w) {
+    if (bf16)
+      for (int64_t i = 0; i < n; ++i) y[i] = bf_nb(w[i] * (x[i] * s));
+    else
+      for (int64_t i = 0; i < n; ++i) y[i] = w[i] * (x[i] * s);
+  } else {
+    if (bf16)
+      for (int64_t i = 0; i < n; ++i) y[i] = bf_nb(x[i] * s);
+    else
+      for (int64_t i = 0; i < n; ++i) y[i] = x[i] * s;
+  }
+}
+
+// One vector of rope: pairs (v[2i], v[2i+1]) for i < half rotated by (c, s) = (cs[2i], +-cs[2i+1]), bf16-rounded
+// when asked (per pair the scalar sequence).
+DSV4_CLONES void rope_vec(float* v, const float* cs, int64_t half, bool inverse, bool bf16) {
+  for (int64_t i = 0; i < half; ++i) {
+    const float c = cs[2 * i], s = inverse ? -cs[2 * i + 1] : cs[2 * i + 1];
+    const float a = v[2 * i], b = v[2 * i + 1];
+    const float re = a * c - b * s;
+    const float im = a * s + b * c;
+    v[2 * i] = bf16 ? bf_nb(re) : re;
+    v[2 * i + 1] = bf16 ? bf_nb(im) : im;
+  }
+}
+
+// One row of the Walsh-Hadamard transform (dim a power of two): the butterflies h = 1, 2, 4, ... in order, then
+// v[i] = bf16?(v[i] * scale).
+DSV4_CLONES void hadamard_row(float* v, int64_t dim, float scale, bool bf16) {
+  for (int64_t h = 1; h < dim; h *= 2)
+    for (int64_t i = 0; i < dim; i += 2 * h)
+      for (int64_t j = i; j < i + h; ++j) {
+        const float a = v[j], b = v[j + h];
+        v[j] = a + b;
+        v[j + h] = a - b;
+      }
+  if (bf16)
+    for (int64_t i = 0; i < dim; ++i) v[i] = bf_nb(v[i] * scale);
+  else
+    for (int64_t i = 0; i < dim; ++i) v[i] = v[i] * scale;
 }
 
 inline float sigmoidf(float x) { return 1.0f / (1.0f + std::exp(-x)); }
@@ -405,10 +475,7 @@ void CpuOps::rmsnorm(const float* x, int64_t n_rows, int64_t dim, const float* w
       float* yr = y + r * dim;
       const float var = float(ss[r - r0]) / float(dim);
       const float s = 1.0f / std::sqrt(var + eps);
-      for (int64_t i = 0; i < dim; ++i) {
-        const float t = xr[i] * s;
-        yr[i] = maybe_bf(w ? w[i] * t : t, bf16);
-      }
+      scale_row(xr, dim, s, w, bf16, yr);
     }
   }
 }
@@ -431,10 +498,10 @@ void CpuOps::head_rms(float* x, int64_t n_rows, int64_t dim, float eps, bool bf1
         const float mean = bf(float(s / double(dim)));
         const float t = bf(mean + eps);
         const float rs = bf(1.0f / std::sqrt(t));
-        for (int64_t i = 0; i < dim; ++i) xr[i] = bf(xr[i] * rs);
+        scale_row(xr, dim, rs, nullptr, true, xr);
       } else {
         const float rs = 1.0f / std::sqrt(float(s) / float(dim) + eps);
-        for (int64_t i = 0; i < dim; ++i) xr[i] = xr[i] * rs;
+        scale_row(xr, dim, rs, nullptr, false, xr);
       }
     }
   }
@@ -446,17 +513,7 @@ void CpuOps::rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, in
 #pragma omp parallel for schedule(static) if (par(n_tok * n_heads * rd))
   for (int64_t t = 0; t < n_tok; ++t) {
     const float* cs = cos_sin + t * rd;
-    for (int64_t h = 0; h < n_heads; ++h) {
-      float* v = x + (t * n_heads + h) * head_dim + off;
-      for (int64_t i = 0; i < half; ++i) {
-        const float c = cs[2 * i], s = inverse ? -cs[2 * i + 1] : cs[2 * i + 1];
-        const float a = v[2 * i], b = v[2 * i + 1];
-        const float re = a * c - b * s;
-        const float im = a * s + b * c;
-        v[2 * i] = maybe_bf(re, bf16);
-        v[2 * i + 1] = maybe_bf(im, bf16);
-      }
-    }
+    for (int64_t h = 0; h < n_heads; ++h) rope_vec(x + (t * n_heads + h) * head_dim + off, cs, half, inverse, bf16);
   }
 }
 
@@ -474,17 +531,7 @@ void CpuOps::hadamard(float* x, int64_t n_rows, int64_t dim, bool bf16) const {
   if (dim <= 0 || (dim & (dim - 1)) != 0) fail("hadamard: dimension {} is not a power of two", dim);
   const float scale = float(1.0 / std::sqrt(double(dim)));
 #pragma omp parallel for schedule(static) if (par(n_rows * dim * 8))
-  for (int64_t r = 0; r < n_rows; ++r) {
-    float* v = x + r * dim;
-    for (int64_t h = 1; h < dim; h *= 2)
-      for (int64_t i = 0; i < dim; i += 2 * h)
-        for (int64_t j = i; j < i + h; ++j) {
-          const float a = v[j], b = v[j + h];
-          v[j] = a + b;
-          v[j + h] = a - b;
-        }
-    for (int64_t i = 0; i < dim; ++i) v[i] = maybe_bf(v[i] * scale, bf16);
-  }
+  for (int64_t r = 0; r < n_rows; ++r) hadamard_row(x + r * dim, dim, scale, bf16);
 }
 
 void CpuOps::check_finite(const float* x, int64_t n_rows, int64_t dim, int32_t* bad) const {
