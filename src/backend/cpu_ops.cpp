@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/act_quant.h"
+#include "backend/exp_array.h"
 #include "backend/gemm.h"
 #include "backend/parallel.h"
 #include "core/error.h"
@@ -370,11 +371,13 @@ DSV4_CLONES void sinkhorn_lanes(float* C, int hc, int iters, float eps) {
 
 // One row of swiglu: h[i] = w * ((g' / (1 + exp(-g'))) * u') (w only with has_w), bf16-rounded when asked, where
 // g' = min(g, limit), u' = clamp(u, -limit, limit) if limit > 0 (std::min / std::max semantics). The exponentials
-// first (scratch e [dim]), then the rest 8 columns per vector. h may be g (each element read before it is written).
+// first (scratch e [dim], exp_array), then the rest 8 columns per vector. h may be g (each element read before it is
+// written).
 DSV4_CLONES void swiglu_row(const float* g, const float* up, int64_t dim, float limit, bool has_w, float w, bool bf16,
                             float* e, float* h) {
   const bool clamp = limit > 0;
-  for (int64_t i = 0; i < dim; ++i) e[i] = std::exp(-(clamp ? std::min(g[i], limit) : g[i]));
+  for (int64_t i = 0; i < dim; ++i) e[i] = -(clamp ? std::min(g[i], limit) : g[i]);
+  exp_array(e, dim, e);
   int64_t i = 0;
   const v8f lim = {limit, limit, limit, limit, limit, limit, limit, limit}, nlim = -lim;
   for (; i + 8 <= dim; i += 8) {
@@ -766,10 +769,12 @@ void CpuOps::sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, co
           if (alpha != 1.0f)
             for (int64_t d = 0; d < dim; ++d) av[hh][d] *= alpha;
           sum[hh] *= alpha;
+          float p[kBlock];
+          for (int64_t j = 0; j < nb; ++j) p[j] = sb[j] - m_new;
+          exp_array(p, nb, p);
           for (int64_t j = 0; j < nb; ++j) {
-            const float p = std::exp(sb[j] - m_new);
-            sum[hh] += p;
-            p_blk[hh][j] = maybe_bf(p, bf16);
+            sum[hh] += p[j];
+            p_blk[hh][j] = maybe_bf(p[j], bf16);
           }
           m[hh] = m_new;
         }
@@ -834,10 +839,9 @@ void CpuOps::compress_pool(const float* kv, const float* score, int64_t n_tok, c
           if (!(mx[size_t(d)] > kNegInf)) sum[size_t(d)] += std::exp(kNegInf - mx[size_t(d)]);
         continue;
       }
-      for (int64_t d = 0; d < c; ++d) {
-        xj[d] = std::exp(sj[d] - mx[size_t(d)]);
-        sum[size_t(d)] += xj[d];
-      }
+      for (int64_t d = 0; d < c; ++d) xj[d] = sj[d] - mx[size_t(d)];
+      exp_array(xj, c, xj);
+      for (int64_t d = 0; d < c; ++d) sum[size_t(d)] += xj[d];
     }
     for (int64_t j = 0; j < n_cand; ++j) {
       const float* sj = rs[size_t(j)];
