@@ -297,6 +297,30 @@ DSV4_CLONES void hadamard_row(float* v, int64_t dim, float scale, bool bf16) {
     for (int64_t i = 0; i < dim; ++i) v[i] = v[i] * scale;
 }
 
+// The indexer's scores of n keys from their head dots d [n_heads][n] (lanes = keys; per key the scalar sequence):
+// score[j] = bf16?( sum_h bf16?( relu(bf16?(d[h][j])) * w[h] ) ), h ascending from s = 0.
+DSV4_CLONES void index_scores(const float* d, int64_t n, int64_t n_heads, const float* w, bool bf16, float* score) {
+  std::fill(score, score + n, 0.0f);
+  for (int64_t h = 0; h < n_heads; ++h) {
+    const float* dh = d + h * n;
+    const float wh = w[h];
+    if (bf16) {
+      for (int64_t j = 0; j < n; ++j) {
+        float v = bf_nb(dh[j]);
+        v = v > 0.0f ? v : 0.0f;
+        score[j] += bf_nb(v * wh);
+      }
+    } else {
+      for (int64_t j = 0; j < n; ++j) {
+        const float v = dh[j] > 0.0f ? dh[j] : 0.0f;
+        score[j] += v * wh;
+      }
+    }
+  }
+  if (bf16)
+    for (int64_t j = 0; j < n; ++j) score[j] = bf_nb(score[j]);
+}
+
 inline float sigmoidf(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 // u[d] = sum_j w[j] * x[j * dim + d] (j ascending from 0), bf16-rounded when asked: u [dim], x [hc][dim].
@@ -882,7 +906,7 @@ void CpuOps::indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_
     const float* qt = q + t * n_heads * dim;
     const float* wt = w + t * n_heads;
     static thread_local std::vector<const float*> qh;
-    static thread_local std::vector<float> dots;
+    static thread_local std::vector<float> dots, dh;
     if (packed && kdec.size() < size_t(nv * dim)) kdec.resize(size_t(nv * dim));
     if (packed && kdec_row.size() < size_t(nv)) kdec_row.resize(size_t(nv), -1);
     qh.resize(size_t(n_heads));
@@ -899,30 +923,26 @@ void CpuOps::indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_
       }
       return kj;
     };
-    auto score_of = [&](const float* d_h) {
-      float s = 0;
-      for (int64_t h = 0; h < n_heads; ++h) {
-        float d = maybe_bf(d_h[h], bf16);
-        d = d > 0.0f ? d : 0.0f;
-        s += maybe_bf(d * wt[h], bf16);
-      }
-      return maybe_bf(s, bf16);
-    };
     // keys in pairs: both against the same heads (each head row loaded once for two keys); dot(k, q_h) ==
-    // dot(q_h, k): the products commute
+    // dot(q_h, k): the products commute. The dots go to dh [n_heads][nv] (head-major), then index_scores over all
+    // keys at once (lanes = keys, each key's sum over the heads in order).
     dots.resize(size_t(2 * n_heads));
+    dh.resize(size_t(n_heads * nv));
     int64_t j = 0;
     for (; j + 2 <= nv; j += 2) {
       const float* k0 = key_row(j);
       const float* k1 = key_row(j + 1);
       dot_rows2(k0, k1, qh.data(), n_heads, dim, dots.data(), dots.data() + n_heads);
-      score[size_t(j)] = score_of(dots.data());
-      score[size_t(j + 1)] = score_of(dots.data() + n_heads);
+      for (int64_t h = 0; h < n_heads; ++h) {
+        dh[size_t(h * nv + j)] = dots[size_t(h)];
+        dh[size_t(h * nv + j + 1)] = dots[size_t(n_heads + h)];
+      }
     }
     for (; j < nv; ++j) {
       dot_rows(key_row(j), qh.data(), n_heads, dim, dots.data());
-      score[size_t(j)] = score_of(dots.data());
+      for (int64_t h = 0; h < n_heads; ++h) dh[size_t(h * nv + j)] = dots[size_t(h)];
     }
+    index_scores(dh.data(), nv, n_heads, wt, bf16, score.data());
     const int64_t kk = std::min(topk, nv);
     order.resize(static_cast<size_t>(nv));
     std::iota(order.begin(), order.end(), 0);
