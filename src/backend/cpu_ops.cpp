@@ -216,40 +216,28 @@ DSV4_CLONES void square_terms(const float* x, int64_t n, bool bf_sq, double* t) 
     for (int64_t i = 0; i < n; ++i) t[i] = double(x[i]) * double(x[i]);
 }
 // out[r] = sum_i term(x[r * stride + i]) for rows r < m, i ascending in one double chain per row: term(v) =
-// double(v) * double(v) (exact), or with bf_sq double(bf16(v * v)). Four rows' chains interleaved (independent
-// latency chains) over the terms of up to 256 columns at a time (square_terms); per row the sequence of sum_sq.
+// double(v) * double(v) (exact), or with bf_sq double(bf16(v * v)). Eight (or four) rows' chains interleaved
+// (independent latency chains) over the terms of up to 256 columns at a time (square_terms); per row the sequence of
+// sum_sq.
+// R rows' chains (R = 8 or 4) side by side over the terms of kCols columns at a time.
+constexpr int64_t kSqCols = 256;
+template <int R>
+void square_sums_rows(const float* x, int64_t stride, int64_t n, bool bf_sq, double* out) {
+  double t[R][kSqCols], s[R] = {};
+  for (int64_t c0 = 0; c0 < n; c0 += kSqCols) {
+    const int64_t nc = std::min(kSqCols, n - c0);
+    for (int r = 0; r < R; ++r) square_terms(x + r * stride + c0, nc, bf_sq, t[r]);
+    for (int64_t i = 0; i < nc; ++i)
+      for (int r = 0; r < R; ++r) s[r] += t[r][i];
+  }
+  for (int r = 0; r < R; ++r) out[r] = s[r];
+}
 template <bool BfSq>
 void square_sums(const float* x, int64_t stride, int64_t m, int64_t n, double* out) {
-  constexpr int64_t kCols = 256;  // columns per pass: the terms of four rows [4][kCols] on the stack
-  double t[4][kCols];
   int64_t r = 0;
-  for (; r + 4 <= m; r += 4) {
-    const float *x0 = x + r * stride, *x1 = x0 + stride, *x2 = x1 + stride, *x3 = x2 + stride;
-    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    for (int64_t c0 = 0; c0 < n; c0 += kCols) {
-      const int64_t nc = std::min(kCols, n - c0);
-      square_terms(x0 + c0, nc, BfSq, t[0]);
-      square_terms(x1 + c0, nc, BfSq, t[1]);
-      square_terms(x2 + c0, nc, BfSq, t[2]);
-      square_terms(x3 + c0, nc, BfSq, t[3]);
-      for (int64_t i = 0; i < nc; ++i) {
-        s0 += t[0][i];
-        s1 += t[1][i];
-        s2 += t[2][i];
-        s3 += t[3][i];
-      }
-    }
-    out[r] = s0, out[r + 1] = s1, out[r + 2] = s2, out[r + 3] = s3;
-  }
-  for (; r < m; ++r) {
-    double s0 = 0;
-    for (int64_t c0 = 0; c0 < n; c0 += kCols) {
-      const int64_t nc = std::min(kCols, n - c0);
-      square_terms(x + r * stride + c0, nc, BfSq, t[0]);
-      for (int64_t i = 0; i < nc; ++i) s0 += t[0][i];
-    }
-    out[r] = s0;
-  }
+  for (; r + 8 <= m; r += 8) square_sums_rows<8>(x + r * stride, stride, n, BfSq, out + r);
+  for (; r + 4 <= m; r += 4) square_sums_rows<4>(x + r * stride, stride, n, BfSq, out + r);
+  for (; r < m; ++r) square_sums_rows<1>(x + r * stride, stride, n, BfSq, out + r);
 }
 
 // y[i] = bf16?(w[i] * (x[i] * s)) (w null: bf16?(x[i] * s)): rmsnorm's output row (vectorized; per element the
@@ -491,11 +479,11 @@ void CpuOps::embed(const WeightView& table, const int32_t* ids, int64_t n_tok, i
 
 void CpuOps::rmsnorm(const float* x, int64_t n_rows, int64_t dim, const float* w, float eps, bool bf16,
                      float* y) const {
-  const int64_t n_grp = (n_rows + 3) / 4;  // rows in groups of four (square_sums)
+  const int64_t n_grp = (n_rows + 7) / 8;  // rows in groups of eight (square_sums)
 #pragma omp parallel for schedule(static) if (par(n_rows * dim))
   for (int64_t g = 0; g < n_grp; ++g) {
-    const int64_t r0 = g * 4, m = std::min<int64_t>(4, n_rows - r0);
-    double ss[4];
+    const int64_t r0 = g * 8, m = std::min<int64_t>(8, n_rows - r0);
+    double ss[8];
     square_sums<false>(x + r0 * dim, dim, m, dim, ss);
     for (int64_t r = r0; r < r0 + m; ++r) {
       const float* xr = x + r * dim;
@@ -508,11 +496,11 @@ void CpuOps::rmsnorm(const float* x, int64_t n_rows, int64_t dim, const float* w
 }
 
 void CpuOps::head_rms(float* x, int64_t n_rows, int64_t dim, float eps, bool bf16) const {
-  const int64_t n_grp = (n_rows + 3) / 4;  // rows in groups of four (square_sums)
+  const int64_t n_grp = (n_rows + 7) / 8;  // rows in groups of eight (square_sums)
 #pragma omp parallel for schedule(static) if (par(n_rows * dim))
   for (int64_t g = 0; g < n_grp; ++g) {
-    const int64_t r0 = g * 4, m = std::min<int64_t>(4, n_rows - r0);
-    double ss[4];
+    const int64_t r0 = g * 8, m = std::min<int64_t>(8, n_rows - r0);
+    double ss[8];
     if (bf16)
       square_sums<true>(x + r0 * dim, dim, m, dim, ss);
     else
