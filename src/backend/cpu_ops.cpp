@@ -326,7 +326,7 @@ DSV4_CLONES void hc_weighted_sum(const float* w, const float* x, int hc, int64_t
     u[d] = s;
   }
   if (bf16)
-    for (d = 0; d < dim; ++d) u[d] = round_to_bf16(u[d]);
+    for (d = 0; d < dim; ++d) u[d] = bf_nb(u[d]);
 }
 
 // One token of hc_post: o[k][d] = post[k] * f[d] + sum_j C[j][k] * x[j][d] (j ascending), bf16-rounded when asked;
@@ -348,7 +348,7 @@ DSV4_CLONES void hc_post_token(const float* f, const float* x, const float* post
       ok[d] = pk * f[d] + s;
     }
     if (bf16)
-      for (d = 0; d < dim; ++d) ok[d] = round_to_bf16(ok[d]);
+      for (d = 0; d < dim; ++d) ok[d] = bf_nb(ok[d]);
   }
 }
 
@@ -414,7 +414,7 @@ DSV4_CLONES void swiglu_row(const float* g, const float* up, int64_t dim, float 
     h[i] = v;
   }
   if (bf16)
-    for (i = 0; i < dim; ++i) h[i] = round_to_bf16(h[i]);
+    for (i = 0; i < dim; ++i) h[i] = bf_nb(h[i]);
 }
 
 // 1 when any of x[0, n) is NaN or inf (exponent bits all ones), else 0: branch-free, so that it vectorizes (a logits
