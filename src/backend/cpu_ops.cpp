@@ -216,10 +216,9 @@ DSV4_CLONES void square_terms(const float* x, int64_t n, bool bf_sq, double* t) 
     for (int64_t i = 0; i < n; ++i) t[i] = double(x[i]) * double(x[i]);
 }
 // out[r] = sum_i term(x[r * stride + i]) for rows r < m, i ascending in one double chain per row: term(v) =
-// double(v) * double(v) (exact), or with bf_sq double(bf16(v * v)). Eight (or four) rows' chains interleaved
-// (independent latency chains) over the terms of up to 256 columns at a time (square_terms); per row the sequence of
+// double(v) * double(v) (exact), or with bf_sq double(bf16(v * v)). Eight (or four) rows' chains side by side
+// (independent latency chains) over the terms of kSqCols columns at a time (square_terms); per row the sequence of
 // sum_sq.
-// R rows' chains (R = 8 or 4) side by side over the terms of kCols columns at a time.
 constexpr int64_t kSqCols = 256;
 template <int R>
 void square_sums_rows(const float* x, int64_t stride, int64_t n, bool bf_sq, double* out) {
