@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "backend/exp_array.h"
 #include "backend/gemm.h"
 #include "backend/random_fill.h"
 #include "backend/parallel.h"
@@ -17,6 +18,7 @@ namespace dsv4 {
 
 CpuBackend::CpuBackend(int n_threads) {
   if (n_threads > 0) set_num_threads(n_threads);
+  exp_array_vectorized();  // its one-time self-check (~2 ms) at load rather than in the first forward step
 }
 
 CpuBackend::~CpuBackend() { release_workspace(); }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/act_quant.h"
+#include "backend/exp_array.h"
 #include "backend/gemm.h"
 #include "backend/parallel.h"
 #include "core/error.h"
@@ -32,6 +33,18 @@ inline bool par(int64_t work) { return work >= (int64_t(1) << 18); }
 
 inline float bf(float x) { return round_to_bf16(x); }
 inline float maybe_bf(float x, bool b) { return b ? round_to_bf16(x) : x; }
+
+// round_to_bf16 without a branch (NaN: the quiet bit set, the rest RNE on the bit pattern, as float_to_bf16_rne), so
+// that loops of it vectorize; bitwise round_to_bf16.
+inline float bf_nb(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  const uint32_t r = (b & 0x7FFFFFFFu) > 0x7F800000u ? (b | 0x00400000u) : (b + 0x7FFFu + ((b >> 16) & 1u));
+  const uint32_t o = r & 0xFFFF0000u;
+  float y;
+  std::memcpy(&y, &o, 4);
+  return y;
+}
 
 // Hot loops of the attention ops, compiled twice (AVX2 and the baseline ISA, chosen at load time): the same separate
 // multiplies and adds per element in the same order (no FMA contraction: the build is ISO C++), only wider vectors,
@@ -195,35 +208,104 @@ DSV4_CLONES void add_scaled_rows(float* acc, const float* p, const float* const*
   }
 }
 
-// out[r] = sum_i term(x[r * stride + i]) for rows r < m, i ascending in one double chain per row: term(v) =
-// double(v) * double(v) (exact), or with bf_sq double(bf16(v * v)). Four rows' chains interleaved (independent
-// latency chains); per row the sequence of sum_sq.
-template <bool BfSq>
-inline double sq_term(float v) {
-  if constexpr (BfSq)
-    return double(round_to_bf16(v * v));
+// t[i] = term(x[i]) for i < n (vectorized: each term is one exact operation sequence per element).
+DSV4_CLONES void square_terms(const float* x, int64_t n, bool bf_sq, double* t) {
+  if (bf_sq)
+    for (int64_t i = 0; i < n; ++i) t[i] = double(bf_nb(x[i] * x[i]));
   else
-    return double(v) * double(v);
+    for (int64_t i = 0; i < n; ++i) t[i] = double(x[i]) * double(x[i]);
+}
+// out[r] = sum_i term(x[r * stride + i]) for rows r < m, i ascending in one double chain per row: term(v) =
+// double(v) * double(v) (exact), or with bf_sq double(bf16(v * v)). Eight (or four) rows' chains side by side
+// (independent latency chains) over the terms of kSqCols columns at a time (square_terms); per row the sequence of
+// sum_sq.
+constexpr int64_t kSqCols = 256;
+template <int R>
+void square_sums_rows(const float* x, int64_t stride, int64_t n, bool bf_sq, double* out) {
+  double t[R][kSqCols], s[R] = {};
+  for (int64_t c0 = 0; c0 < n; c0 += kSqCols) {
+    const int64_t nc = std::min(kSqCols, n - c0);
+    for (int r = 0; r < R; ++r) square_terms(x + r * stride + c0, nc, bf_sq, t[r]);
+    for (int64_t i = 0; i < nc; ++i)
+      for (int r = 0; r < R; ++r) s[r] += t[r][i];
+  }
+  for (int r = 0; r < R; ++r) out[r] = s[r];
 }
 template <bool BfSq>
 void square_sums(const float* x, int64_t stride, int64_t m, int64_t n, double* out) {
   int64_t r = 0;
-  for (; r + 4 <= m; r += 4) {
-    const float *x0 = x + r * stride, *x1 = x0 + stride, *x2 = x1 + stride, *x3 = x2 + stride;
-    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      s0 += sq_term<BfSq>(x0[i]);
-      s1 += sq_term<BfSq>(x1[i]);
-      s2 += sq_term<BfSq>(x2[i]);
-      s3 += sq_term<BfSq>(x3[i]);
+  for (; r + 8 <= m; r += 8) square_sums_rows<8>(x + r * stride, stride, n, BfSq, out + r);
+  for (; r + 4 <= m; r += 4) square_sums_rows<4>(x + r * stride, stride, n, BfSq, out + r);
+  for (; r < m; ++r) square_sums_rows<1>(x + r * stride, stride, n, BfSq, out + r);
+}
+
+// y[i] = bf16?(w[i] * (x[i] * s)) (w null: bf16?(x[i] * s)): rmsnorm's output row (vectorized; per element the
+// scalar sequence).
+DSV4_CLONES void scale_row(const float* x, int64_t n, float s, const float* w, bool bf16, float* y) {
+  if (w) {
+    if (bf16)
+      for (int64_t i = 0; i < n; ++i) y[i] = bf_nb(w[i] * (x[i] * s));
+    else
+      for (int64_t i = 0; i < n; ++i) y[i] = w[i] * (x[i] * s);
+  } else {
+    if (bf16)
+      for (int64_t i = 0; i < n; ++i) y[i] = bf_nb(x[i] * s);
+    else
+      for (int64_t i = 0; i < n; ++i) y[i] = x[i] * s;
+  }
+}
+
+// One vector of rope: pairs (v[2i], v[2i+1]) for i < half rotated by (c, s) = (cs[2i], +-cs[2i+1]), bf16-rounded
+// when asked (per pair the scalar sequence).
+DSV4_CLONES void rope_vec(float* v, const float* cs, int64_t half, bool inverse, bool bf16) {
+  for (int64_t i = 0; i < half; ++i) {
+    const float c = cs[2 * i], s = inverse ? -cs[2 * i + 1] : cs[2 * i + 1];
+    const float a = v[2 * i], b = v[2 * i + 1];
+    const float re = a * c - b * s;
+    const float im = a * s + b * c;
+    v[2 * i] = bf16 ? bf_nb(re) : re;
+    v[2 * i + 1] = bf16 ? bf_nb(im) : im;
+  }
+}
+
+// One row of the Walsh-Hadamard transform (dim a power of two): the butterflies h = 1, 2, 4, ... in order, then
+// v[i] = bf16?(v[i] * scale).
+DSV4_CLONES void hadamard_row(float* v, int64_t dim, float scale, bool bf16) {
+  for (int64_t h = 1; h < dim; h *= 2)
+    for (int64_t i = 0; i < dim; i += 2 * h)
+      for (int64_t j = i; j < i + h; ++j) {
+        const float a = v[j], b = v[j + h];
+        v[j] = a + b;
+        v[j + h] = a - b;
+      }
+  if (bf16)
+    for (int64_t i = 0; i < dim; ++i) v[i] = bf_nb(v[i] * scale);
+  else
+    for (int64_t i = 0; i < dim; ++i) v[i] = v[i] * scale;
+}
+
+// The indexer's scores of n keys from their head dots d [n_heads][n] (lanes = keys; per key the scalar sequence):
+// score[j] = bf16?( sum_h bf16?( relu(bf16?(d[h][j])) * w[h] ) ), h ascending from s = 0.
+DSV4_CLONES void index_scores(const float* d, int64_t n, int64_t n_heads, const float* w, bool bf16, float* score) {
+  std::fill(score, score + n, 0.0f);
+  for (int64_t h = 0; h < n_heads; ++h) {
+    const float* dh = d + h * n;
+    const float wh = w[h];
+    if (bf16) {
+      for (int64_t j = 0; j < n; ++j) {
+        float v = bf_nb(dh[j]);
+        v = v > 0.0f ? v : 0.0f;
+        score[j] += bf_nb(v * wh);
+      }
+    } else {
+      for (int64_t j = 0; j < n; ++j) {
+        const float v = dh[j] > 0.0f ? dh[j] : 0.0f;
+        score[j] += v * wh;
+      }
     }
-    out[r] = s0, out[r + 1] = s1, out[r + 2] = s2, out[r + 3] = s3;
   }
-  for (; r < m; ++r) {
-    double s0 = 0;
-    for (int64_t i = 0; i < n; ++i) s0 += sq_term<BfSq>(x[r * stride + i]);
-    out[r] = s0;
-  }
+  if (bf16)
+    for (int64_t j = 0; j < n; ++j) score[j] = bf_nb(score[j]);
 }
 
 inline float sigmoidf(float x) { return 1.0f / (1.0f + std::exp(-x)); }
@@ -243,7 +325,7 @@ DSV4_CLONES void hc_weighted_sum(const float* w, const float* x, int hc, int64_t
     u[d] = s;
   }
   if (bf16)
-    for (d = 0; d < dim; ++d) u[d] = round_to_bf16(u[d]);
+    for (d = 0; d < dim; ++d) u[d] = bf_nb(u[d]);
 }
 
 // One token of hc_post: o[k][d] = post[k] * f[d] + sum_j C[j][k] * x[j][d] (j ascending), bf16-rounded when asked;
@@ -265,7 +347,7 @@ DSV4_CLONES void hc_post_token(const float* f, const float* x, const float* post
       ok[d] = pk * f[d] + s;
     }
     if (bf16)
-      for (d = 0; d < dim; ++d) ok[d] = round_to_bf16(ok[d]);
+      for (d = 0; d < dim; ++d) ok[d] = bf_nb(ok[d]);
   }
 }
 
@@ -300,11 +382,13 @@ DSV4_CLONES void sinkhorn_lanes(float* C, int hc, int iters, float eps) {
 
 // One row of swiglu: h[i] = w * ((g' / (1 + exp(-g'))) * u') (w only with has_w), bf16-rounded when asked, where
 // g' = min(g, limit), u' = clamp(u, -limit, limit) if limit > 0 (std::min / std::max semantics). The exponentials
-// first (scratch e [dim]), then the rest 8 columns per vector. h may be g (each element read before it is written).
+// first (scratch e [dim], exp_array), then the rest 8 columns per vector. h may be g (each element read before it is
+// written).
 DSV4_CLONES void swiglu_row(const float* g, const float* up, int64_t dim, float limit, bool has_w, float w, bool bf16,
                             float* e, float* h) {
   const bool clamp = limit > 0;
-  for (int64_t i = 0; i < dim; ++i) e[i] = std::exp(-(clamp ? std::min(g[i], limit) : g[i]));
+  for (int64_t i = 0; i < dim; ++i) e[i] = -(clamp ? std::min(g[i], limit) : g[i]);
+  exp_array(e, dim, e);
   int64_t i = 0;
   const v8f lim = {limit, limit, limit, limit, limit, limit, limit, limit}, nlim = -lim;
   for (; i + 8 <= dim; i += 8) {
@@ -329,7 +413,7 @@ DSV4_CLONES void swiglu_row(const float* g, const float* up, int64_t dim, float 
     h[i] = v;
   }
   if (bf16)
-    for (i = 0; i < dim; ++i) h[i] = round_to_bf16(h[i]);
+    for (i = 0; i < dim; ++i) h[i] = bf_nb(h[i]);
 }
 
 // 1 when any of x[0, n) is NaN or inf (exponent bits all ones), else 0: branch-free, so that it vectorizes (a logits
@@ -394,31 +478,28 @@ void CpuOps::embed(const WeightView& table, const int32_t* ids, int64_t n_tok, i
 
 void CpuOps::rmsnorm(const float* x, int64_t n_rows, int64_t dim, const float* w, float eps, bool bf16,
                      float* y) const {
-  const int64_t n_grp = (n_rows + 3) / 4;  // rows in groups of four (square_sums)
+  const int64_t n_grp = (n_rows + 7) / 8;  // rows in groups of eight (square_sums)
 #pragma omp parallel for schedule(static) if (par(n_rows * dim))
   for (int64_t g = 0; g < n_grp; ++g) {
-    const int64_t r0 = g * 4, m = std::min<int64_t>(4, n_rows - r0);
-    double ss[4];
+    const int64_t r0 = g * 8, m = std::min<int64_t>(8, n_rows - r0);
+    double ss[8];
     square_sums<false>(x + r0 * dim, dim, m, dim, ss);
     for (int64_t r = r0; r < r0 + m; ++r) {
       const float* xr = x + r * dim;
       float* yr = y + r * dim;
       const float var = float(ss[r - r0]) / float(dim);
       const float s = 1.0f / std::sqrt(var + eps);
-      for (int64_t i = 0; i < dim; ++i) {
-        const float t = xr[i] * s;
-        yr[i] = maybe_bf(w ? w[i] * t : t, bf16);
-      }
+      scale_row(xr, dim, s, w, bf16, yr);
     }
   }
 }
 
 void CpuOps::head_rms(float* x, int64_t n_rows, int64_t dim, float eps, bool bf16) const {
-  const int64_t n_grp = (n_rows + 3) / 4;  // rows in groups of four (square_sums)
+  const int64_t n_grp = (n_rows + 7) / 8;  // rows in groups of eight (square_sums)
 #pragma omp parallel for schedule(static) if (par(n_rows * dim))
   for (int64_t g = 0; g < n_grp; ++g) {
-    const int64_t r0 = g * 4, m = std::min<int64_t>(4, n_rows - r0);
-    double ss[4];
+    const int64_t r0 = g * 8, m = std::min<int64_t>(8, n_rows - r0);
+    double ss[8];
     if (bf16)
       square_sums<true>(x + r0 * dim, dim, m, dim, ss);
     else
@@ -431,10 +512,10 @@ void CpuOps::head_rms(float* x, int64_t n_rows, int64_t dim, float eps, bool bf1
         const float mean = bf(float(s / double(dim)));
         const float t = bf(mean + eps);
         const float rs = bf(1.0f / std::sqrt(t));
-        for (int64_t i = 0; i < dim; ++i) xr[i] = bf(xr[i] * rs);
+        scale_row(xr, dim, rs, nullptr, true, xr);
       } else {
         const float rs = 1.0f / std::sqrt(float(s) / float(dim) + eps);
-        for (int64_t i = 0; i < dim; ++i) xr[i] = xr[i] * rs;
+        scale_row(xr, dim, rs, nullptr, false, xr);
       }
     }
   }
@@ -446,17 +527,7 @@ void CpuOps::rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, in
 #pragma omp parallel for schedule(static) if (par(n_tok * n_heads * rd))
   for (int64_t t = 0; t < n_tok; ++t) {
     const float* cs = cos_sin + t * rd;
-    for (int64_t h = 0; h < n_heads; ++h) {
-      float* v = x + (t * n_heads + h) * head_dim + off;
-      for (int64_t i = 0; i < half; ++i) {
-        const float c = cs[2 * i], s = inverse ? -cs[2 * i + 1] : cs[2 * i + 1];
-        const float a = v[2 * i], b = v[2 * i + 1];
-        const float re = a * c - b * s;
-        const float im = a * s + b * c;
-        v[2 * i] = maybe_bf(re, bf16);
-        v[2 * i + 1] = maybe_bf(im, bf16);
-      }
-    }
+    for (int64_t h = 0; h < n_heads; ++h) rope_vec(x + (t * n_heads + h) * head_dim + off, cs, half, inverse, bf16);
   }
 }
 
@@ -474,17 +545,7 @@ void CpuOps::hadamard(float* x, int64_t n_rows, int64_t dim, bool bf16) const {
   if (dim <= 0 || (dim & (dim - 1)) != 0) fail("hadamard: dimension {} is not a power of two", dim);
   const float scale = float(1.0 / std::sqrt(double(dim)));
 #pragma omp parallel for schedule(static) if (par(n_rows * dim * 8))
-  for (int64_t r = 0; r < n_rows; ++r) {
-    float* v = x + r * dim;
-    for (int64_t h = 1; h < dim; h *= 2)
-      for (int64_t i = 0; i < dim; i += 2 * h)
-        for (int64_t j = i; j < i + h; ++j) {
-          const float a = v[j], b = v[j + h];
-          v[j] = a + b;
-          v[j + h] = a - b;
-        }
-    for (int64_t i = 0; i < dim; ++i) v[i] = maybe_bf(v[i] * scale, bf16);
-  }
+  for (int64_t r = 0; r < n_rows; ++r) hadamard_row(x + r * dim, dim, scale, bf16);
 }
 
 void CpuOps::check_finite(const float* x, int64_t n_rows, int64_t dim, int32_t* bad) const {
@@ -719,10 +780,12 @@ void CpuOps::sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, co
           if (alpha != 1.0f)
             for (int64_t d = 0; d < dim; ++d) av[hh][d] *= alpha;
           sum[hh] *= alpha;
+          float p[kBlock];
+          for (int64_t j = 0; j < nb; ++j) p[j] = sb[j] - m_new;
+          exp_array(p, nb, p);
           for (int64_t j = 0; j < nb; ++j) {
-            const float p = std::exp(sb[j] - m_new);
-            sum[hh] += p;
-            p_blk[hh][j] = maybe_bf(p, bf16);
+            sum[hh] += p[j];
+            p_blk[hh][j] = maybe_bf(p[j], bf16);
           }
           m[hh] = m_new;
         }
@@ -787,10 +850,9 @@ void CpuOps::compress_pool(const float* kv, const float* score, int64_t n_tok, c
           if (!(mx[size_t(d)] > kNegInf)) sum[size_t(d)] += std::exp(kNegInf - mx[size_t(d)]);
         continue;
       }
-      for (int64_t d = 0; d < c; ++d) {
-        xj[d] = std::exp(sj[d] - mx[size_t(d)]);
-        sum[size_t(d)] += xj[d];
-      }
+      for (int64_t d = 0; d < c; ++d) xj[d] = sj[d] - mx[size_t(d)];
+      exp_array(xj, c, xj);
+      for (int64_t d = 0; d < c; ++d) sum[size_t(d)] += xj[d];
     }
     for (int64_t j = 0; j < n_cand; ++j) {
       const float* sj = rs[size_t(j)];
@@ -831,7 +893,7 @@ void CpuOps::indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_
     const float* qt = q + t * n_heads * dim;
     const float* wt = w + t * n_heads;
     static thread_local std::vector<const float*> qh;
-    static thread_local std::vector<float> dots;
+    static thread_local std::vector<float> dots, dh;
     if (packed && kdec.size() < size_t(nv * dim)) kdec.resize(size_t(nv * dim));
     if (packed && kdec_row.size() < size_t(nv)) kdec_row.resize(size_t(nv), -1);
     qh.resize(size_t(n_heads));
@@ -848,30 +910,26 @@ void CpuOps::indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_
       }
       return kj;
     };
-    auto score_of = [&](const float* d_h) {
-      float s = 0;
-      for (int64_t h = 0; h < n_heads; ++h) {
-        float d = maybe_bf(d_h[h], bf16);
-        d = d > 0.0f ? d : 0.0f;
-        s += maybe_bf(d * wt[h], bf16);
-      }
-      return maybe_bf(s, bf16);
-    };
     // keys in pairs: both against the same heads (each head row loaded once for two keys); dot(k, q_h) ==
-    // dot(q_h, k): the products commute
+    // dot(q_h, k): the products commute. The dots go to dh [n_heads][nv] (head-major), then index_scores over all
+    // keys at once (lanes = keys, each key's sum over the heads in order).
     dots.resize(size_t(2 * n_heads));
+    dh.resize(size_t(n_heads * nv));
     int64_t j = 0;
     for (; j + 2 <= nv; j += 2) {
       const float* k0 = key_row(j);
       const float* k1 = key_row(j + 1);
       dot_rows2(k0, k1, qh.data(), n_heads, dim, dots.data(), dots.data() + n_heads);
-      score[size_t(j)] = score_of(dots.data());
-      score[size_t(j + 1)] = score_of(dots.data() + n_heads);
+      for (int64_t h = 0; h < n_heads; ++h) {
+        dh[size_t(h * nv + j)] = dots[size_t(h)];
+        dh[size_t(h * nv + j + 1)] = dots[size_t(n_heads + h)];
+      }
     }
     for (; j < nv; ++j) {
       dot_rows(key_row(j), qh.data(), n_heads, dim, dots.data());
-      score[size_t(j)] = score_of(dots.data());
+      for (int64_t h = 0; h < n_heads; ++h) dh[size_t(h * nv + j)] = dots[size_t(h)];
     }
+    index_scores(dh.data(), nv, n_heads, wt, bf16, score.data());
     const int64_t kk = std::min(topk, nv);
     order.resize(static_cast<size_t>(nv));
     std::iota(order.begin(), order.end(), 0);
