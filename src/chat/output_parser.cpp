@@ -209,11 +209,30 @@ void OutputParser::step(ChatDelta& out, bool at_end) {
         const size_t p = std::min({p_think, p_block, p_eos});
         const auto emit = [&](std::string_view s) { reasoning ? emit_reasoning(out, s) : emit_content(out, s); };
         if (p == std::string::npos) {
+          const auto partial = [&](std::string_view s) {  // the longest suffix of s that may begin a marker
+            size_t h = std::max({partial_suffix(s, kBlockNl), partial_suffix(s, fmtc::kToolCallsOpen),
+                                 partial_suffix(s, fmtc::kEos)});
+            return reasoning ? std::max(h, partial_suffix(s, fmtc::kThinkEnd)) : h;
+          };
+          // buf_ without its trailing U+FFFD characters (the engine's stand-in for a character the end cut in two),
+          // the last of which may still be arriving byte by byte
+          std::string_view s = buf_;
+          if (s.ends_with("\xEF\xBF")) s.remove_suffix(2);
+          else if (s.ends_with("\xEF")) s.remove_suffix(1);
+          while (s.ends_with("\xEF\xBF\xBD")) s.remove_suffix(3);
           size_t hold = 0;
           if (!at_end) {
-            hold = std::max({partial_suffix(buf_, kBlockNl), partial_suffix(buf_, fmtc::kToolCallsOpen),
-                             partial_suffix(buf_, fmtc::kEos)});
-            if (reasoning) hold = std::max(hold, partial_suffix(buf_, fmtc::kThinkEnd));
+            const size_t h = partial(s);  // a marker's beginning, perhaps followed by such stand-ins: held back too
+            hold = std::max(h > 0 ? h + (buf_.size() - s.size()) : 0, partial(buf_));
+          } else if (truncated_) {
+            // cut off by the token limit inside a marker: its beginning is not content (nor the U+FFFD that stands
+            // for a character of it the cut split)
+            const size_t h = partial(s);
+            if (h > 0) {
+              emit(s.substr(0, s.size() - h));
+              buf_.clear();
+              return;
+            }
           }
           emit(std::string_view(buf_).substr(0, buf_.size() - hold));
           buf_.erase(0, buf_.size() - hold);

@@ -54,7 +54,8 @@ class OutputParser {
   ChatDelta push(std::string_view text);  // feed decoded text as it streams
   // Flush held-back bytes (e.g. a trailing prefix of a marker); call once. truncated: the generation was cut off (the
   // token limit), so a tool-call block still open at the end is dropped (the calls completed before it are kept)
-  // instead of going to content as raw markup.
+  // instead of going to content as raw markup, and so is a trailing beginning of a marker ("\n\n<｜DSML｜to", also
+  // when the cut split one of its characters into U+FFFD).
   ChatDelta finish(bool truncated = false);
 
   // Accumulated so far (everything emitted by push/finish).

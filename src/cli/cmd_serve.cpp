@@ -188,7 +188,7 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
     std::fprintf(stderr,
                  "dsv4 serve: model '%s' on http://%s:%d (ctx %lld, parallel %lld, batch tokens %lld, kv memory %.0f "
                  "MiB, queue %d)\n",
-                 so.model_name.c_str(), so.host.c_str(), port, static_cast<long long>(server.n_ctx()),
+                 so.model_name.c_str(), url_host(so.host).c_str(), port, static_cast<long long>(server.n_ctx()),
                  static_cast<long long>(eo.max_running), static_cast<long long>(eo.batch_tokens),
                  double(eo.state_bytes) / double(1 << 20), so.queue);
     server.serve();

@@ -122,8 +122,10 @@ std::string ExpertPlacement::summary() const {
   std::string all, part;
   for (size_t l = 0; l < on_device.size(); ++l) {
     const int64_t nh = n_host(int(l));
-    if (nh == int64_t(on_device[l].size())) all += (all.empty() ? "" : ",") + std::to_string(l);
-    else if (nh > 0) part += (part.empty() ? "" : ",") + std::to_string(l);
+    std::string* list = nh == int64_t(on_device[l].size()) ? &all : nh > 0 ? &part : nullptr;
+    if (list == nullptr) continue;
+    if (!list->empty()) *list += ',';
+    *list += std::to_string(l);  // (appended piecewise: "," + to_string() trips GCC 12's -Wrestrict)
   }
   std::string where;
   if (!all.empty()) where += "all of layers " + all;

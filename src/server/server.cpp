@@ -928,10 +928,14 @@ int Server::bind() {
   return p;
 }
 
+std::string url_host(const std::string& host) {
+  return host.find(':') != std::string::npos && host.front() != '[' ? "[" + host + "]" : host;
+}
+
 void Server::serve() {
   bind();
   log::info("listening on http://{}:{} (model '{}', n_ctx {}, parallel {}, batch tokens {}, queue {}{})",
-            impl_->opts.host, impl_->port, impl_->opts.model_name, impl_->host.n_ctx(),
+            url_host(impl_->opts.host), impl_->port, impl_->opts.model_name, impl_->host.n_ctx(),
             impl_->opts.engine.max_running, impl_->opts.engine.batch_tokens, impl_->opts.queue,
             impl_->opts.api_key.empty() ? "" : ", API key required");
   if (!impl_->stopping) impl_->http.listen_after_bind();

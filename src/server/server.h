@@ -95,4 +95,7 @@ class Server {
   std::unique_ptr<Impl> impl_;
 };
 
+// The host part of a URL for the address the server listens on: IPv6 literals in brackets ("::1" -> "[::1]").
+std::string url_host(const std::string& host);
+
 }  // namespace dsv4

@@ -395,7 +395,9 @@ TEST(Gemm, Fp8SubnormalCodeMixes) {
         b = sub ? sub_code() : normal_code();
         n_sub += (b & 0x78) == 0 && (b & 0x07) != 0;
       }
-      if (mix > 0) ASSERT_GT(n_sub, 0) << mix;
+      if (mix > 0) {
+        ASSERT_GT(n_sub, 0) << mix;
+      }
       SCOPED_TRACE(fmt::format("mix {} ({} subnormal codes of {})", mix, n_sub, W.w.size()));
       run_case_on(c, W, rng);
     }

@@ -426,7 +426,7 @@ TEST(Ops, MoeIndependentOfThreadCount) {
   // (items in parallel) and more threads than items (items one after the other, each product on the whole pool:
   // the experts' products are big enough to fork): bitwise the same output. Small experts (D 128, I 64: a demo
   // model's decode) run their items on the calling thread whatever the pool: the same output again.
-  for (const auto [D, I] : {std::pair<int64_t, int64_t>{2048, 1024}, std::pair<int64_t, int64_t>{128, 64}}) {
+  for (const auto& [D, I] : {std::pair<int64_t, int64_t>{2048, 1024}, std::pair<int64_t, int64_t>{128, 64}}) {
     const int64_t E = 4, k = 2;
     std::vector<Fp4Weight> keep;
     std::vector<ExpertView> ev(size_t(E + 1));

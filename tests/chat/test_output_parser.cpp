@@ -303,5 +303,35 @@ TEST(OutputParser, TruncatedInsideToolCallsDropsTheOpenCall) {
   EXPECT_NE(kept.find("<｜DSML｜invoke name=\"get_weather\">"), std::string::npos);
 }
 
+// Cut off at the token limit inside the block marker itself (max_tokens of a few tokens with a forced tool call):
+// the marker's beginning is not content, also when the cut split a character (the engine's U+FFFD), streamed
+// byte by byte or whole; a normal end keeps such text.
+TEST(OutputParser, TruncatedInsideTheBlockMarkerLeaksNoMarkup) {
+  const std::string marker = "\n\n<｜DSML｜tool_calls>";
+  const std::string fffd = "\xEF\xBF\xBD";
+  for (size_t cut = 1; cut < marker.size(); ++cut) {
+    for (const bool split_char : {false, true}) {
+      std::string text = "Sure." + marker.substr(0, cut);
+      if (split_char) text += fffd;  // a character of the marker cut in two
+      for (const size_t step : {size_t(1), text.size()}) {
+        OutputParser p(false, "id_");
+        std::string content;
+        for (size_t i = 0; i < text.size(); i += step) content += p.push(std::string_view(text).substr(i, step)).content;
+        content += p.finish(true).content;
+        EXPECT_EQ(content, "Sure.") << "cut " << cut << " split " << split_char << " step " << step;
+        EXPECT_TRUE(p.tool_calls().empty());
+      }
+    }
+  }
+  OutputParser q(false, "id_");
+  std::string kept = q.push("Sure.\n\n<｜DSML").content;
+  kept += q.finish().content;
+  EXPECT_EQ(kept, "Sure.\n\n<｜DSML");
+  OutputParser r(false, "id_");  // truncated plain text ending in an ordinary character is kept whole
+  std::string plain = r.push("Sure" + fffd).content;
+  plain += r.finish(true).content;
+  EXPECT_EQ(plain, "Sure" + fffd);
+}
+
 }  // namespace
 }  // namespace dsv4

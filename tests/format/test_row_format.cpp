@@ -73,7 +73,9 @@ TEST(RowFormat, EveryE4m3CodeAtEveryScaleRoundTrips) {
       for (int blk = 0; blk < 7; ++blk) {
         float amax = 0;
         for (int i = 0; i < 64; ++i) amax = std::max(amax, std::fabs(x[size_t(blk * 64 + i)]));
-        if (amax == 448.0f * std::ldexp(1.0f, k)) EXPECT_EQ(int(b[448 + 128 + size_t(blk)]), k + 127);
+        if (amax == 448.0f * std::ldexp(1.0f, k)) {
+          EXPECT_EQ(int(b[448 + 128 + size_t(blk)]), k + 127);
+        }
       }
     }
   }

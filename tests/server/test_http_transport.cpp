@@ -299,8 +299,9 @@ TEST(HttpTransport, FormUrlencodedBodiesAreTakenAsJson) {
       const int fd = connect_to(s.port);
       bool closed = false;
       send_all(fd, head);
-      if (head.find("Expect") != std::string::npos)
+      if (head.find("Expect") != std::string::npos) {
         EXPECT_EQ(read_until_closed(fd, 300ms, closed), "HTTP/1.1 100 Continue\r\n\r\n");
+      }
       send_all(fd, body);
       const std::string got = read_until_closed(fd, 500ms, closed);
       if (json_bodies) {

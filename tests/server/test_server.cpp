@@ -19,6 +19,15 @@ using dsv4::test::expect_error_shape;
 using dsv4::test::kDsmlCall;
 
 
+// The address in the startup lines as a URL: IPv6 literals bracketed (http://[::1]:8080), others as given.
+TEST(ServerUrl, Ipv6HostsAreBracketed) {
+  EXPECT_EQ(url_host("::1"), "[::1]");
+  EXPECT_EQ(url_host("fe80::1%eth0"), "[fe80::1%eth0]");
+  EXPECT_EQ(url_host("[::1]"), "[::1]");
+  EXPECT_EQ(url_host("127.0.0.1"), "127.0.0.1");
+  EXPECT_EQ(url_host("localhost"), "localhost");
+}
+
 TEST_F(ServerTest, HealthAndModels) {
   auto h = client().Get("/health");
   ASSERT_TRUE(h);

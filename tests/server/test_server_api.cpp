@@ -523,7 +523,9 @@ TEST_F(ServerTest, AnthropicStopSequenceBeforeAnyText) {
     EXPECT_EQ(last, json({{"type", "text"}, {"text", ""}})) << what << ": " << j.dump();
     for (const auto& b : j["content"]) {
       ASSERT_TRUE(b.contains("type")) << j.dump();
-      if (b["type"] == "thinking") EXPECT_TRUE(b["thinking"].is_string() && b["signature"].is_string()) << j.dump();
+      if (b["type"] == "thinking") {
+        EXPECT_TRUE(b["thinking"].is_string() && b["signature"].is_string()) << j.dump();
+      }
     }
     EXPECT_EQ(j["stop_reason"], "stop_sequence") << what << ": " << j.dump();
     EXPECT_EQ(j["stop_sequence"], "Hel") << what;
@@ -548,10 +550,14 @@ TEST_F(ServerTest, AnthropicStopSequenceBeforeAnyText) {
         EXPECT_EQ(d["index"], next) << r->body;
         open = d["index"];
         last_type = d["content_block"]["type"];
-        if (last_type == "text") EXPECT_EQ(d["content_block"]["text"], "");
+        if (last_type == "text") {
+          EXPECT_EQ(d["content_block"]["text"], "");
+        }
       } else if (t == "content_block_delta") {
         EXPECT_EQ(d["index"], open) << r->body;
-        if (d["delta"]["type"] == "text_delta") EXPECT_FALSE(d["delta"]["text"].get<std::string>().empty());
+        if (d["delta"]["type"] == "text_delta") {
+          EXPECT_FALSE(d["delta"]["text"].get<std::string>().empty());
+        }
       } else if (t == "content_block_stop") {
         EXPECT_EQ(d["index"], open) << r->body;
         open = -1;
@@ -687,7 +693,9 @@ TEST_F(ServerTest, InvalidJsonNamesTheParsePositionOnEveryEndpoint) {
     EXPECT_NE(msg.find("line 2, column 15"), std::string::npos) << path << ": " << msg;
     if (openai_msg.empty()) openai_msg = msg;
     EXPECT_EQ(msg, openai_msg) << path;
-    if (std::string(path).rfind("/v1/messages", 0) == 0) EXPECT_EQ(j["type"], "error") << r->body;
+    if (std::string(path).rfind("/v1/messages", 0) == 0) {
+      EXPECT_EQ(j["type"], "error") << r->body;
+    }
   }
 }
 
