@@ -29,6 +29,7 @@
 #include "cli/placement_option.h"
 #include "core/error.h"
 #include "engine/batch_model.h"
+#include "engine/disk_cache.h"
 #include "engine/model_loader.h"
 #include "model/state_layout.h"
 #include "model/model.h"
@@ -115,6 +116,9 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
         o->kv_memory.empty() ? std::nullopt
                              : std::optional<cli::ByteSize>(cli::parse_byte_size(o->kv_memory, "--kv-memory", true));
     const uint64_t cache_size = std::get<uint64_t>(cli::parse_byte_size(o->cache_size, "--cache-size", false));
+    if (!o->cache_dir.empty())  // an unusable disk tier is an error here, not a warning after the model loaded
+      if (const std::string why = DiskCache::unusable_reason(o->cache_dir); !why.empty())
+        fail("--cache-dir {}: {}", o->cache_dir, why);
     // A port in use is reported before the model loads (minutes on a large model); Server::bind() below still
     // reports what changes in between.
     if (const std::string why = probe_listen(o->host, o->port); !why.empty())

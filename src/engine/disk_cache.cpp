@@ -98,21 +98,7 @@ DiskCache::DiskCache(const DiskCacheOptions& o, StatePool& pool, uint64_t identi
     for (const Segment& s : segments(k, 0)) n += s.bytes;
     (k == Kind::page ? page_payload_ : snap_payload_) = n;
   }
-  std::error_code ec;
-  std::string why;
-  if (opts_.dir.empty()) why = "no directory given";
-  else if (fs::create_directories(opts_.dir, ec); ec) why = ec.message();
-  else if (!fs::is_directory(opts_.dir, ec)) why = "not a directory";
-  else {  // can files be created there?
-    const fs::path probe = opts_.dir / fmt::format(".probe.{}.tmp", ::getpid());
-    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) why = errno_text(errno);
-    else {
-      ::close(fd);
-      ::unlink(probe.c_str());
-    }
-  }
-  if (!why.empty()) {
+  if (const std::string why = unusable_reason(opts_.dir); !why.empty()) {
     log::warn("disk cache: cannot use {} ({}): running without the disk tier of the prefix cache",
               opts_.dir.string(), why);
     return;
@@ -122,6 +108,19 @@ DiskCache::DiskCache(const DiskCacheOptions& o, StatePool& pool, uint64_t identi
   log::info("disk cache: {}: {} files, {:.1f} MiB (limit {:.1f} MiB)", opts_.dir.string(), files_.size(),
             double(stats_.bytes) / double(1 << 20), double(opts_.max_bytes) / double(1 << 20));
   if (opts_.start_writer) writer_ = std::thread([this] { writer_loop(); });
+}
+
+std::string DiskCache::unusable_reason(const fs::path& dir) {
+  std::error_code ec;
+  if (dir.empty()) return "no directory given";
+  if (fs::create_directories(dir, ec); ec) return ec.message();
+  if (!fs::is_directory(dir, ec)) return "not a directory";
+  const fs::path probe = dir / fmt::format(".probe.{}.tmp", ::getpid());  // can files be created there?
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return errno_text(errno);
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return {};
 }
 
 DiskCache::~DiskCache() {

@@ -69,6 +69,9 @@ class DiskCache final : public PrefixCache::Tier {
   // deletes the oldest when they exceed max_bytes. `pool` (the rows' storage) and the model behind `identity` must
   // outlive the cache.
   DiskCache(const DiskCacheOptions& opts, StatePool& pool, uint64_t identity);
+  // Why `dir` cannot hold the cache (created if missing, then a file created and removed there), or "" when it can.
+  // The constructor runs without the disk tier in that case; `dsv4 serve` refuses such a --cache-dir up front.
+  static std::string unusable_reason(const std::filesystem::path& dir);
   // Writes what is queued, then stops the writer.
   ~DiskCache() override;
   DiskCache(const DiskCache&) = delete;

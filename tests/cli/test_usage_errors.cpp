@@ -63,6 +63,8 @@ TEST(CliUsage, ImpossibleValuesAreRejected) {
   expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--parallel", "0"});
   expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--batch-tokens", "0"});
   expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--kv-memory", "lots"});
+  expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--cache-dir", "/proc/dsv4-cache"});  // cannot create
+  expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--cache-dir", "/dev/null"});         // not a folder
   expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--kv-memory", "8X"});
   expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--kv-memory", "-1G"});
   expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--cache-size", "0.5"});
