@@ -170,11 +170,11 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
     }
     std::fflush(stdout);
     std::fprintf(stderr,
-                 "prefill: %lld tokens in %.1f ms (%.2f tok/s); decode: %lld steps in %.1f ms (%.2f tok/s); "
+                 "prefill: %lld tokens in %.1f ms (%.2f tok/s); decode: %lld step%s in %.1f ms (%.2f tok/s); "
                  "generated %zu tokens, finish: %s\n",
                  static_cast<long long>(t.prefill_tokens), t.prefill_ms, t.prefill_tokens_per_s(),
-                 static_cast<long long>(t.decode_tokens), t.decode_ms, t.decode_tokens_per_s(), r.ids.size(),
-                 to_string(r.finish));
+                 static_cast<long long>(t.decode_tokens), t.decode_tokens == 1 ? "" : "s", t.decode_ms,
+                 t.decode_tokens_per_s(), r.ids.size(), to_string(r.finish));
     if (t.drafted_tokens > 0)
       std::fprintf(stderr, "speculative decoding: %lld of %lld draft tokens accepted (%.1f%%)\n",
                    static_cast<long long>(t.accepted_tokens), static_cast<long long>(t.drafted_tokens),

@@ -209,8 +209,9 @@ SafetensorsSet SafetensorsSet::open(const fs::path& path) {
       size_t count = 0;
       for (const auto& [name, s] : index_map)
         if (s == shard && (count++ == 0 || name < first_tensor)) first_tensor = name;
-      fail("{}: tensor '{}' (and {} more) mapped to shard {}, which does not exist",
-           (set.dir_ / "model.safetensors.index.json").string(), first_tensor, count - 1, shard);
+      fail("{}: tensor '{}'{} mapped to shard {}, which does not exist",
+           (set.dir_ / "model.safetensors.index.json").string(), first_tensor,
+           count > 1 ? fmt::format(" (and {} more)", count - 1) : std::string(), shard);
     }
   }
   for (const auto& shard : shards) {
