@@ -413,6 +413,13 @@ bool HttpServer::parse(Conn& c, bool& complete, const char*& reply) {
       if (colon != std::string_view::npos) {
         const std::string_view value = trim(line.substr(colon + 1));
         if (iequal_prefix(line, "content-length:")) {
+          // 1*DIGIT (RFC 9110 §8.6); a sign, other characters or more than 19 digits: 400, the connection closed
+          if (value.empty() || value.size() > 19 || value.find_first_not_of("0123456789") != std::string_view::npos) {
+            reply = "HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Type: application/json\r\n"
+                    "Content-Length: 82\r\n\r\n"
+                    "{\"error\": {\"message\": \"invalid Content-Length\", \"type\": \"invalid_request_error\"}}\n";
+            return false;
+          }
           length = size_t(std::strtoull(std::string(value).c_str(), nullptr, 10));
           has_length = true;
         }

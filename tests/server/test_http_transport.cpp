@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "core/error.h"
@@ -410,4 +411,24 @@ TEST(HttpTransport, APostWithoutALengthHasAnEmptyBody) {
   EXPECT_NE(got.find("3:abc"), std::string::npos) << got;
   EXPECT_EQ(got.find("400"), std::string::npos) << got;
   ::close(fd);
+}
+
+// A Content-Length that is not 1*DIGIT (a sign, letters, more digits than any length) is a 400 with a JSON error,
+// answered at once (not a 413 after the body timeout); the connection is closed.
+TEST(HttpTransport, AnInvalidContentLengthIsA400) {
+  TestServer s(small(1));
+  for (const char* len : {"-5", "12abc", "99999999999999999999", "+3", ""}) {
+    const int fd = connect_to(s.port);
+    send_all(fd, std::string("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: ") + len + "\r\n\r\n{}");
+    bool closed = false;
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string got = read_until_closed(fd, 2000ms, closed);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 1500ms) << len;
+    EXPECT_EQ(got.rfind("HTTP/1.1 400 Bad Request\r\n", 0), 0u) << len << ": " << got;
+    const size_t body = got.find("\r\n\r\n");
+    ASSERT_NE(body, std::string::npos) << got;
+    EXPECT_EQ(nlohmann::json::parse(got.substr(body + 4))["error"]["message"], "invalid Content-Length") << got;
+    EXPECT_TRUE(closed) << len;
+    ::close(fd);
+  }
 }
