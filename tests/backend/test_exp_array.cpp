@@ -29,7 +29,9 @@ TEST(ExpArray, BitwiseStdExpOverAStrideOfAllFloats) {
   EXPECT_EQ(bad, 0);
 #if defined(__x86_64__) && defined(__GLIBC__)
   // glibc on an AVX2 + FMA CPU: the self-check must have accepted the vector path (else it silently runs scalar)
-  if (cpu_features().avx2 && cpu_features().fma) EXPECT_TRUE(exp_array_vectorized());
+  if (cpu_features().avx2 && cpu_features().fma) {
+    EXPECT_TRUE(exp_array_vectorized());
+  }
 #endif
 }
 
