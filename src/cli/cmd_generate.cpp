@@ -73,7 +73,8 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
           },
           "INT"));
   dsv4::cli::add_sampling_options(app, o->sampling);
-  app.add_option("--stop", o->stop, "stop string (repeatable); not printed");
+  app.add_option("--stop", o->stop, "stop string (repeatable); not printed")
+      ->check([](const std::string& s) { return s.empty() ? "stop strings must not be empty" : std::string(); });
   app.add_option("--repeat-penalty", o->repeat, "repetition penalty on prompt + output tokens (default 1 = off)")
       ->check(dsv4::cli::sampling_range(&dsv4::SamplingParams::repetition_penalty));
   app.add_option("--presence-penalty", o->presence, "presence penalty on output tokens (default 0)")

@@ -56,6 +56,8 @@ TEST(CliUsage, UnknownCommandListsTheValidOnes) {
 TEST(CliUsage, ImpossibleValuesAreRejected) {
   expect_one_line_error({"generate", "-m", kDemo, "-p", "hi", "-n", "3", "--top-k", "-5"});
   expect_one_line_error({"generate", "-m", kDemo, "-p", "hi", "-n", "3", "--threads", "-3"});
+  expect_one_line_error({"generate", "-m", kDemo, "-p", "hi", "-n", "3", "--stop", ""});  // before the model loads
+  EXPECT_EQ(run_dsv4({"generate", "-m", kDemo, "-p", "hi", "-n", "3", "--stop", ""}).code, 2);
   expect_one_line_error({"chat", "-m", kDemo, "--ctx", "0"});
   expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--reasoning-budget", "0"});
   expect_one_line_error({"serve", "-m", kDemo, "--port", "0", "--api-key-file", "/nonexistent/key"});
