@@ -56,6 +56,7 @@ constexpr int kMaxMix = (2 + kMaxHc) * kMaxHc;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kChains = 8;  // CpuOps dot(): 8 partial sums
+constexpr int kMaxSlices = 8;  // slices of the width hc_dot_fast_kernel splits a dot into (dot_slices)
 
 // Tile shape of kernel A by n_tok (results do not depend on it).
 constexpr int64_t kDecodeMaxTok = 32;   // n_tok <= this: one (token, mix row) per CTA
@@ -262,11 +263,11 @@ __global__ void __launch_bounds__(kThreads) hc_dot_fast_kernel(const float* X, i
   }
 }
 
-// Slices of the width hc_dot_fast_kernel splits a token's dots into: the most of 8, 4, 2 that divide the width's
-// float4s and leave every thread at least one of them (a function of the width only: batch invariance).
+// Slices of the width hc_dot_fast_kernel splits a token's dots into: the most of 8 (kMaxSlices), 4, 2 that divide the
+// width's float4s and leave every thread at least one of them (a function of the width only: batch invariance).
 int dot_slices(int64_t width) {
   const int64_t w4 = width / 4;
-  for (int z = 8; z > 1; z /= 2)
+  for (int z = kMaxSlices; z > 1; z /= 2)
     if (w4 % z == 0 && w4 / z >= kThreads) return z;
   return 1;
 }
@@ -397,18 +398,83 @@ __device__ __forceinline__ void comb_smem(const float* mix_s, float r, float sca
 
 // Columns 4 d4 .. 4 d4 + 3 of the collapse u = sum_j pre_j x[j, :] of one token (x [hc, dim], float4 aligned): the
 // CPU's per-element order (sum from 0 in j order, product and sum rounded separately), before any bf16 rounding.
+// s += p * x per column, product and sum rounded separately (one step of the collapse in the CPU's order).
+__device__ __forceinline__ void add_weighted4(float4& s, float p, const float4& x) {
+  s.x = __fadd_rn(s.x, __fmul_rn(p, x.x));
+  s.y = __fadd_rn(s.y, __fmul_rn(p, x.y));
+  s.z = __fadd_rn(s.z, __fmul_rn(p, x.z));
+  s.w = __fadd_rn(s.w, __fmul_rn(p, x.w));
+}
+
 __device__ __forceinline__ float4 collapse4(const float* x, int hc, int64_t dim, const float* pre_s, int64_t d4) {
   float4 s4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 4
-  for (int j = 0; j < hc; ++j) {
-    const float4 xv = __ldg(reinterpret_cast<const float4*>(x + int64_t(j) * dim) + d4);
-    const float pj = pre_s[j];
-    s4.x = __fadd_rn(s4.x, __fmul_rn(pj, xv.x));
-    s4.y = __fadd_rn(s4.y, __fmul_rn(pj, xv.y));
-    s4.z = __fadd_rn(s4.z, __fmul_rn(pj, xv.z));
-    s4.w = __fadd_rn(s4.w, __fmul_rn(pj, xv.w));
-  }
+  for (int j = 0; j < hc; ++j)
+    add_weighted4(s4, pre_s[j], __ldg(reinterpret_cast<const float4*>(x + int64_t(j) * dim) + d4));
   return s4;
+}
+
+// Fast mode: hc_dot_fast_kernel leaves, per slice z of the width, the partial dots of the mix rows in
+// ut[z * (mix + 2) + m] and the slice's sum of squares as (hi, lo) in ut[z * (mix + 2) + mix, + 1]. The dot of row m:
+// the slices added in slice order; the sum of squares: the (hi + lo) pairs added in double in slice order, as a float.
+__device__ __forceinline__ float slice_dot(const float* ut, int mix, int slices, int m) {
+  float a = ut[m];
+#pragma unroll
+  for (int z = 1; z < kMaxSlices; ++z)
+    if (z < slices) a = __fadd_rn(a, ut[z * (mix + 2) + m]);
+  return a;
+}
+__device__ __forceinline__ float slice_sum_sq(const float* ut, int mix, int slices) {
+  double q = 0.0;
+#pragma unroll
+  for (int z = 0; z < kMaxSlices; ++z)
+    if (z < slices) q = __dadd_rn(q, __dadd_rn(double(ut[z * (mix + 2) + mix]), double(ut[z * (mix + 2) + mix + 1])));
+  return __double2float_rn(q);
+}
+// CpuOps hc_mix's r = 1 / sqrt(sum_sq / width + norm_eps) (mix[m] = dot * r), and the coefficients from a mix row's
+// dot: pre_j = sigmoid(mix scale0 + base_j) + hc_eps, post_j = 2 sigmoid(mix scale1 + base_{hc + j}).
+__device__ __forceinline__ float mix_rnorm(float sum_sq, int64_t width, float norm_eps) {
+  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum_sq, float(width)), norm_eps)));
+}
+__device__ __forceinline__ float pre_coef(float dot, float r, float scale0, float base, float hc_eps) {
+  return __fadd_rn(sigmoid_f(__fadd_rn(__fmul_rn(__fmul_rn(dot, r), scale0), base)), hc_eps);
+}
+__device__ __forceinline__ float post_coef(float dot, float r, float scale1, float base) {
+  return __fmul_rn(2.0f, sigmoid_f(__fadd_rn(__fmul_rn(__fmul_rn(dot, r), scale1), base)));
+}
+
+// The sublayer's rmsnorm of the collapsed row, fused (hc_pre_norm), then u written: rmsnorm_vec_kernel<256, 8>'s
+// steps on this thread's columns v[j] (d4 = threadIdx.x + j kThreads, those < dim / 4): the squares summed exactly in
+// double in j order, the row's sum by block_sum (row_sum<kThreads>'s order), then (w * (v * scale)), bf16 when bf16.
+// So the fused result equals hc_pre + rmsnorm bitwise.
+template <int NV, class BlockSum>
+__device__ __forceinline__ void norm_store4(const float4 (&v)[NV], int64_t dim, float norm_eps, const float* norm_w,
+                                            bool bf16, float* ut, BlockSum block_sum) {
+  double ss2 = 0.0;
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int64_t d4 = threadIdx.x + int64_t(j) * kThreads;
+    if (d4 >= dim / 4) continue;
+    ss2 += double(v[j].x) * double(v[j].x);  // exact products
+    ss2 += double(v[j].y) * double(v[j].y);
+    ss2 += double(v[j].z) * double(v[j].z);
+    ss2 += double(v[j].w) * double(v[j].w);
+  }
+  ss2 = block_sum(ss2);
+  const float sc = rms_scale(ss2, dim, norm_eps);
+  const float4* w4 = reinterpret_cast<const float4*>(norm_w);
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int64_t d4 = threadIdx.x + int64_t(j) * kThreads;
+    if (d4 >= dim / 4) continue;
+    const float4 wv = w4[d4];
+    float4 o;
+    o.x = maybe_bf16(__fmul_rn(wv.x, __fmul_rn(v[j].x, sc)), bf16);
+    o.y = maybe_bf16(__fmul_rn(wv.y, __fmul_rn(v[j].y, sc)), bf16);
+    o.z = maybe_bf16(__fmul_rn(wv.z, __fmul_rn(v[j].z, sc)), bf16);
+    o.w = maybe_bf16(__fmul_rn(wv.w, __fmul_rn(v[j].w, sc)), bf16);
+    reinterpret_cast<float4*>(ut)[d4] = o;
+  }
 }
 
 // ---- kernel B: per-token coefficients, Sinkhorn and collapse ---------------------------------------------------
@@ -433,11 +499,7 @@ __global__ void __launch_bounds__(kThreads) hc_finish_kernel(const float* X, int
   // 1. dot products (read from u[t] before the barriers that precede any write of u[t]; or computed here, in the
   //    CPU's order: 32 rows at a time, 8 chain lanes per row)
   if (have_dots && !exact_ss) {  // fast mode: the slices' partial dots, added in slice order
-    for (int m = threadIdx.x; m < mix; m += kThreads) {
-      float a = ut[m];
-      for (int z = 1; z < slices; ++z) a = __fadd_rn(a, ut[z * (mix + 2) + m]);
-      mix_s[m] = a;
-    }
+    for (int m = threadIdx.x; m < mix; m += kThreads) mix_s[m] = slice_dot(ut, mix, slices, m);
   } else if (have_dots) {
     for (int m = threadIdx.x; m < mix; m += kThreads) mix_s[m] = ut[m];
   } else {
@@ -455,13 +517,7 @@ __global__ void __launch_bounds__(kThreads) hc_finish_kernel(const float* X, int
   }
 
   // fast mode (!exact_ss): kernel A left each slice's sum of squares as (hi, lo) in u[t, z (mix + 2) + mix, + 1]
-  float ss_fast = 0.0f;
-  if (!exact_ss) {
-    double q = 0.0;
-    for (int z = 0; z < slices; ++z)
-      q = __dadd_rn(q, __dadd_rn(double(ut[z * (mix + 2) + mix]), double(ut[z * (mix + 2) + mix + 1])));
-    ss_fast = __double2float_rn(q);
-  }
+  const float ss_fast = exact_ss ? 0.0f : slice_sum_sq(ut, mix, slices);
   // 2. sum of squares in double: tree order, exact CPU (sequential) sum where the float rounding could differ
   double ss = 0.0;
   if (exact_ss) {
@@ -491,18 +547,13 @@ __global__ void __launch_bounds__(kThreads) hc_finish_kernel(const float* X, int
     __syncthreads();  // mix_s complete
   }
   // CpuOps hc_mix: r = 1 / sqrt(sum_sq / width + norm_eps); mix[m] = dot * r
-  const float ssf = exact_ss ? __double2float_rn(ss) : ss_fast;
-  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ssf, float(width)), norm_eps)));
+  const float r = mix_rnorm(exact_ss ? __double2float_rn(ss) : ss_fast, width, norm_eps);
 
   // 3. coefficients (warp 0)
   if (warp == 0) {
     if (lane < hc) {
-      const float mj = __fmul_rn(mix_s[lane], r);
-      pre_s[lane] = __fadd_rn(sigmoid_f(__fadd_rn(__fmul_rn(mj, scale[0]), base[lane])), hc_eps);
-      if (!HEAD) {
-        const float mp = __fmul_rn(mix_s[hc + lane], r);
-        post[t * hc + lane] = __fmul_rn(2.0f, sigmoid_f(__fadd_rn(__fmul_rn(mp, scale[1]), base[hc + lane])));
-      }
+      pre_s[lane] = pre_coef(mix_s[lane], r, scale[0], base[lane], hc_eps);
+      if (!HEAD) post[t * hc + lane] = post_coef(mix_s[hc + lane], r, scale[1], base[hc + lane]);
     }
     if (!HEAD) {
       if (hc == 4 && !exact_ss) comb_lanes_fast4(mix_s, r, scale[2], base, sinkhorn_iters, hc_eps, lane, comb + t * 16);
@@ -520,7 +571,6 @@ __global__ void __launch_bounds__(kThreads) hc_finish_kernel(const float* X, int
   if (norm_w != nullptr) {  // fast mode, 1024 < dim <= 8192, dim % 4 == 0: then rmsnorm_vec_kernel<256, 8>'s steps
     constexpr int NV = 8;
     float4 v[NV];
-    double ss2 = 0.0;
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
       const int64_t d4 = threadIdx.x + int64_t(j) * kThreads;
@@ -528,26 +578,9 @@ __global__ void __launch_bounds__(kThreads) hc_finish_kernel(const float* X, int
       const float4 s4 = collapse4(x, hc, dim, pre_s, d4);
       v[j] = make_float4(maybe_bf16(s4.x, bf16), maybe_bf16(s4.y, bf16), maybe_bf16(s4.z, bf16),
                          maybe_bf16(s4.w, bf16));
-      ss2 += double(v[j].x) * double(v[j].x);  // exact products (zeros past the row would add nothing)
-      ss2 += double(v[j].y) * double(v[j].y);
-      ss2 += double(v[j].z) * double(v[j].z);
-      ss2 += double(v[j].w) * double(v[j].w);
     }
-    ss2 = row_sum<kThreads>(ss2, red);  // (red: the sum-of-squares scratch, free by now)
-    const float sc = rms_scale(ss2, dim, norm_eps);
-    const float4* w4 = reinterpret_cast<const float4*>(norm_w);
-#pragma unroll
-    for (int j = 0; j < NV; ++j) {
-      const int64_t d4 = threadIdx.x + int64_t(j) * kThreads;
-      if (d4 >= dim / 4) continue;
-      const float4 wv = w4[d4];
-      float4 o;
-      o.x = maybe_bf16(__fmul_rn(wv.x, __fmul_rn(v[j].x, sc)), bf16);
-      o.y = maybe_bf16(__fmul_rn(wv.y, __fmul_rn(v[j].y, sc)), bf16);
-      o.z = maybe_bf16(__fmul_rn(wv.z, __fmul_rn(v[j].z, sc)), bf16);
-      o.w = maybe_bf16(__fmul_rn(wv.w, __fmul_rn(v[j].w, sc)), bf16);
-      reinterpret_cast<float4*>(ut)[d4] = o;
-    }
+    // (red: the sum-of-squares scratch, free by now)
+    norm_store4(v, dim, norm_eps, norm_w, bf16, ut, [&](double q) { return row_sum<kThreads>(q, red); });
     return;
   }
   if (!exact_ss && dim % 4 == 0) {
@@ -601,39 +634,18 @@ __global__ void __launch_bounds__(kThreads + 32) hc_finish_fast4_kernel(const fl
                                                                         float hc_eps, float norm_eps, bool bf16,
                                                                         int mix, int slices, const float* norm_w,
                                                                         float* u, float* post, float* comb) {
-  constexpr int HC = 4, kMaxSlices = 8;
+  constexpr int HC = 4;
   __shared__ double red[kWarps];
   __shared__ float mix_s[32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t = blockIdx.x, width = int64_t(HC) * dim, d4n = dim / 4;
   const float* x = X + t * width;
   float* ut = u + t * dim;
-  const int stride = mix + 2;
-  // the slices' partial dots of row m added in slice order; r = 1 / sqrt(sum_sq / width + norm_eps) (as
-  // hc_finish_kernel: the slices' (hi, lo) sums of squares added in double in slice order)
-  auto dot = [&](int m) {
-    float a = ut[m];
-#pragma unroll
-    for (int z = 1; z < kMaxSlices; ++z)
-      if (z < slices) a = __fadd_rn(a, ut[z * stride + m]);
-    return a;
-  };
-  auto rnorm = [&] {
-    double q = 0.0;
-#pragma unroll
-    for (int z = 0; z < kMaxSlices; ++z)
-      if (z < slices) q = __dadd_rn(q, __dadd_rn(double(ut[z * stride + mix]), double(ut[z * stride + mix + 1])));
-    const float ssf = __double2float_rn(q);
-    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ssf, float(width)), norm_eps)));
-  };
   if (!HEAD && warp == kWarps) {  // the coefficient warp: post and comb
-    if (lane < mix) mix_s[lane] = dot(lane);
-    const float r = rnorm();
+    if (lane < mix) mix_s[lane] = slice_dot(ut, mix, slices, lane);
+    const float r = mix_rnorm(slice_sum_sq(ut, mix, slices), width, norm_eps);
     bar_named(2, kThreads + 32);  // (the collapse warps' barrier below: every read of the dots in u[t] is done)
-    if (lane < HC) {
-      const float mp = __fmul_rn(mix_s[HC + lane], r);
-      post[t * HC + lane] = __fmul_rn(2.0f, sigmoid_f(__fadd_rn(__fmul_rn(mp, scale[1]), base[HC + lane])));
-    }
+    if (lane < HC) post[t * HC + lane] = post_coef(mix_s[HC + lane], r, scale[1], base[HC + lane]);
     comb_lanes_fast4(mix_s, r, scale[2], base, sinkhorn_iters, hc_eps, lane, comb + t * 16);
     return;
   }
@@ -649,13 +661,10 @@ __global__ void __launch_bounds__(kThreads + 32) hc_finish_fast4_kernel(const fl
   {
     float dv[HC];
 #pragma unroll
-    for (int h = 0; h < HC; ++h) dv[h] = dot(h);
-    const float r = rnorm();
+    for (int h = 0; h < HC; ++h) dv[h] = slice_dot(ut, mix, slices, h);
+    const float r = mix_rnorm(slice_sum_sq(ut, mix, slices), width, norm_eps);
 #pragma unroll
-    for (int h = 0; h < HC; ++h) {
-      const float mj = __fmul_rn(dv[h], r);
-      pre[h] = __fadd_rn(sigmoid_f(__fadd_rn(__fmul_rn(mj, scale[0]), base[h])), hc_eps);
-    }
+    for (int h = 0; h < HC; ++h) pre[h] = pre_coef(dv[h], r, scale[0], base[h], hc_eps);
   }
   // every read of the dots in u[t] is done (the coefficient warp's too): u[t] may be written
   if constexpr (HEAD) __syncthreads();
@@ -666,12 +675,7 @@ __global__ void __launch_bounds__(kThreads + 32) hc_finish_fast4_kernel(const fl
   for (int j = 0; j < NV; ++j) {
     float4 s4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-    for (int h = 0; h < HC; ++h) {
-      s4.x = __fadd_rn(s4.x, __fmul_rn(pre[h], xv[j][h].x));
-      s4.y = __fadd_rn(s4.y, __fmul_rn(pre[h], xv[j][h].y));
-      s4.z = __fadd_rn(s4.z, __fmul_rn(pre[h], xv[j][h].z));
-      s4.w = __fadd_rn(s4.w, __fmul_rn(pre[h], xv[j][h].w));
-    }
+    for (int h = 0; h < HC; ++h) add_weighted4(s4, pre[h], xv[j][h]);
     v[j] = make_float4(maybe_bf16(s4.x, bf16), maybe_bf16(s4.y, bf16), maybe_bf16(s4.z, bf16), maybe_bf16(s4.w, bf16));
   }
   if (norm_w == nullptr) {
@@ -682,32 +686,11 @@ __global__ void __launch_bounds__(kThreads + 32) hc_finish_fast4_kernel(const fl
     }
     return;
   }
-  // the sublayer's rmsnorm: rmsnorm_vec_kernel<256, 8>'s steps, as hc_finish_kernel
-  double ss2 = 0.0;
-#pragma unroll
-  for (int j = 0; j < NV; ++j) {
-    const int64_t d4 = threadIdx.x + int64_t(j) * kThreads;
-    if (d4 >= d4n) continue;
-    ss2 += double(v[j].x) * double(v[j].x);
-    ss2 += double(v[j].y) * double(v[j].y);
-    ss2 += double(v[j].z) * double(v[j].z);
-    ss2 += double(v[j].w) * double(v[j].w);
-  }
-  ss2 = HEAD ? row_sum<kThreads>(ss2, red) : collapse_row_sum(ss2, red);
-  const float sc = rms_scale(ss2, dim, norm_eps);
-  const float4* w4 = reinterpret_cast<const float4*>(norm_w);
-#pragma unroll
-  for (int j = 0; j < NV; ++j) {
-    const int64_t d4 = threadIdx.x + int64_t(j) * kThreads;
-    if (d4 >= d4n) continue;
-    const float4 wv = w4[d4];
-    float4 o;
-    o.x = maybe_bf16(__fmul_rn(wv.x, __fmul_rn(v[j].x, sc)), bf16);
-    o.y = maybe_bf16(__fmul_rn(wv.y, __fmul_rn(v[j].y, sc)), bf16);
-    o.z = maybe_bf16(__fmul_rn(wv.z, __fmul_rn(v[j].z, sc)), bf16);
-    o.w = maybe_bf16(__fmul_rn(wv.w, __fmul_rn(v[j].w, sc)), bf16);
-    reinterpret_cast<float4*>(ut)[d4] = o;
-  }
+  // the sublayer's rmsnorm, as hc_finish_kernel (the coefficient warp takes no part in the block sum)
+  norm_store4(v, dim, norm_eps, norm_w, bf16, ut, [&](double q) {
+    if constexpr (HEAD) return row_sum<kThreads>(q, red);
+    else return collapse_row_sum(q, red);
+  });
 }
 
 template <bool HEAD, int NV>
@@ -754,7 +737,7 @@ bool hc_collapse(const float* X, int64_t n_tok, int hc, int64_t dim, const float
   }
   const bool fuse = fast && norm_w != nullptr && fusable_norm(dim, norm_w);
   const int64_t d4n = dim / 4;
-  if (fast && hc == 4 && dim % 4 == 0 && d4n <= 8 * kThreads && slices <= 8) {  // hc_finish_fast4_kernel
+  if (fast && hc == 4 && dim % 4 == 0 && d4n <= 8 * kThreads) {  // hc_finish_fast4_kernel
     const float* nw = fuse ? norm_w : nullptr;
     auto go = [&](auto launch) {
       launch(n_tok, X, dim, scale, base, sinkhorn_iters, hc_eps, norm_eps, bf16, mix, slices, nw, u, post, comb,
