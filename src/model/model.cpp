@@ -435,9 +435,7 @@ uint64_t Model::decode_weight_bytes(uint64_t* outside_layers, int64_t batch) con
   if (outside_layers) *outside_layers = b;
   for (const LayerResident& p : lr_) {
     b += 2 * uint64_t(c.hc_mix_dim() * c.hc_dim()) * f32;          // hc_attn_fn, hc_ffn_fn
-    for (const WeightView* w : {&p.wq_a, &p.wq_b, &p.wkv, &p.wo_a, &p.wo_b, &p.cmp.wkv, &p.cmp.wgate, &p.idx_cmp.wkv,
-                                &p.idx_cmp.wgate, &p.idx_wq_b, &p.idx_weights_proj, &p.gate})
-      b += view_bytes(*w);
+    for (const WeightView* w : p.dense_linears()) b += view_bytes(*w);
     if (p.has_shared) b += expert_bytes(p.shared);
     if (!p.experts.empty()) {
       const double E = double(p.experts.size()), k = double(c.num_experts_per_tok);
@@ -456,9 +454,7 @@ double Model::matmul_flops_per_token(double* outside_layers) const {
   if (outside_layers) *outside_layers = f;
   for (const LayerResident& p : lr_) {
     f += 2.0 * 2.0 * double(c.hc_mix_dim()) * double(c.hc_dim());  // hc_attn_fn, hc_ffn_fn
-    for (const WeightView* w : {&p.wq_a, &p.wq_b, &p.wkv, &p.wo_a, &p.wo_b, &p.cmp.wkv, &p.cmp.wgate, &p.idx_cmp.wkv,
-                                &p.idx_cmp.wgate, &p.idx_wq_b, &p.idx_weights_proj, &p.gate})
-      f += 2.0 * el(*w);
+    for (const WeightView* w : p.dense_linears()) f += 2.0 * el(*w);
     if (p.has_shared) f += 2.0 * ex(p.shared);
     if (!p.experts.empty()) f += 2.0 * double(c.num_experts_per_tok) * ex(p.experts[0]);
   }

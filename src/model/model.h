@@ -15,6 +15,7 @@
 // Memory: resident weights (CPU: the mapped checkpoint; CUDA: a device copy) + small fp32 copies of norms / hc / ape /
 // sinks / biases + per-sequence state (sequence_state.h) + a workspace bounded by the ubatch size.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -103,6 +104,13 @@ struct LayerResident {
   bool has_shared = false;
   MoeWeights moe;                     // views of `experts` / `shared` + their device table
   std::vector<ExpertView> host_experts;  // host views of the experts the CPU runs (the others unbound)
+
+  // Every linear a token of this layer passes besides the experts (attention, compressors, indexer, router gate);
+  // unbound ones (a layer without a compressor) have no rows.
+  std::array<const WeightView*, 12> dense_linears() const {
+    return {&wq_a, &wq_b, &wkv, &wo_a, &wo_b, &cmp.wkv, &cmp.wgate, &idx_cmp.wkv, &idx_cmp.wgate, &idx_wq_b,
+            &idx_weights_proj, &gate};
+  }
   SplitMoeLayer split;                // the layer's split (split.n_host > 0: some experts on the host)
 };
 
