@@ -25,6 +25,10 @@
 #   hybstage the --gpu-experts auto placement, prefill of 2048 tokens with the CPU experts staged on the GPU (the
 #            default, model/expert_staging.h) and with --stage-tokens 0 (the CPU runs them, as before), then 8192
 #            tokens staged
+#   cpuserve dsv4 bench serve on the demo model on the machine's CPU (issue 10's 8-vs-1 clients benchmark) with 16,
+#            8 and 4 threads, 3 rounds each, JSON lines into $OUT/bench-serve-cpu.jsonl
+#   prefpow  prefill of 8192 tokens (as `prefill`) with the GPU's SM clock, power and temperature sampled every
+#            100 ms (nvidia-smi), CSV into $OUT/prefill-power.csv
 #   gemm     dsv4 bench gemm on the machine's CPU (all threads), JSON into $OUT/bench-gemm.json
 #   pprof    prefill of 2048 and 8192 tokens at 4 layers with the per-op breakdown
 #   bprof    batched decode (batch 128 and 32, ctx 4096) at 4 layers with the per-op breakdown
@@ -138,6 +142,23 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
       --tokens 64 --requests 2 --json > "$OUT/bench-serve.json" 2> /tmp/serve.err
     echo "bench serve rc=$?"
     tail -8 /tmp/serve.err
+  fi
+  if has cpuserve && [ -x "$B/dsv4" ]; then
+    for r in 1 2 3; do for t in 16 8 4; do
+      [ "$(left)" -gt 40 ] || break 2
+      log "bench serve cpu threads $t round $r"
+      timeout $(($(left) - 20)) "$B/dsv4" bench serve -m models/dsv4-demo --clients 1,8 --tokens 64 --requests 3 \
+        --threads $t --json > /tmp/serve-cpu.json 2> /tmp/serve-cpu.err
+      echo "bench serve cpu rc=$?"; tail -3 /tmp/serve-cpu.err
+      { printf '{"threads": %s, "round": %s, "result": ' $t $r; tr -d '\n' < /tmp/serve-cpu.json; echo '}'; } >> "$OUT/bench-serve-cpu.jsonl"
+    done; done
+  fi
+  if has prefpow && [ -x "$B/dsv4" ]; then
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+      --format=csv -lms 100 > "$OUT/prefill-power.csv" 2>&1 &
+    SMI=$!
+    bench prefill8192-pow --ctx 0 --prefill 8192 --steps 1 --no-profile
+    kill $SMI
   fi
   if has spec && [ -x "$B/dsv4" ] && [ "$(left)" -gt 60 ]; then
     log "bench spec"
