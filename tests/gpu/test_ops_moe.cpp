@@ -710,5 +710,87 @@ TEST(CudaMoe, MoeDecodeBatchInvarianceFast) {
                  std::vector<float>(all.y.begin(), all.y.begin() + 3 * MoeModel::D), three.y);
 }
 
+TEST(CudaMoe, TcMmaBEqualsTcMma) {
+  DSV4_REQUIRE_GPU();
+  // moe_tc_small_kernel's mma (tc_mma_b: on sm_90 the two f16 mmas that ptxas makes of the FP8 mma, written out)
+  // against the FP8 mma itself on 64 x 256 lanes x 64 rounds of random operands: equal but for a zero's sign
+  const int64_t bad = cuda::tc_mma_b_mismatches(77, 64);
+  if (bad < 0) GTEST_SKIP() << "no FP8 mma on this device / in this binary";
+  std::printf("[tc_mma_b] %lld of %lld outputs differ from tc_mma\n", (long long)bad, 64LL * 256 * 64 * 4);
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(CudaMoe, MoeDecodeSpecialScaleCodes) {
+  DSV4_REQUIRE_GPU();
+  // moe_tc_small_kernel decodes the E8M0 scales of an item without the special-code masks when none of the item's
+  // scale bytes is 0 or 0xFF (a warp vote), with them otherwise: the same values either way. Two layers of 4 experts
+  // (w1 / w3 [1024, 2048]: 2-block items, w2 [2048, 1024]: 1-block items) that differ only in a few 32-column groups
+  // whose weights are all zero: scale 2^-6..2^-4 in one, code 0 (2^-127) in the other. Those groups add zero in both,
+  // so every output must be bitwise equal, while the second layer's items around those groups take the masked
+  // decoding for all of their 16 rows.
+  constexpr int64_t E = 4, D = 2048, I = 1024, k = 4;
+  Rng rng(4242);
+  std::vector<HostWeight> plain[3], special[3];  // w1, w2, w3
+  for (int64_t e = 0; e < E; ++e)
+    for (int m = 0; m < 3; ++m) plain[m].push_back(m == 1 ? fp4_weight(D, I, rng) : fp4_weight(I, D, rng));
+  int64_t n_groups = 0;
+  for (int m = 0; m < 3; ++m)
+    for (int64_t e = 0; e < E; ++e) {
+      HostWeight& h = plain[m][size_t(e)];
+      const int64_t rows = h.view.rows, cols = h.view.cols, sc = cols / 32;
+      special[m].push_back(h);
+      HostWeight& s = special[m].back();
+      s.view.w = s.w.data();
+      s.view.scale = s.scale.data();
+      for (int64_t r = (7 * e + 3 * m) % 16; r < rows; r += 173) {  // a row of every ~11th tile, a group per row
+        const int64_t grp = (r * 7 + e) % sc;
+        for (HostWeight* v : {&h, &s})
+          std::fill_n(v->w.begin() + r * cols / 2 + grp * 16, 16, uint8_t((r & 1) ? 0x88 : 0x00));  // +-0 codes
+        s.scale[size_t(r * sc + grp)] = 0;
+        ++n_groups;
+      }
+    }
+  std::vector<Buffer> storage;
+  auto upload = [&](std::vector<HostWeight>(&w)[3], std::vector<ExpertView>& host, std::vector<ExpertView>& dev) {
+    for (int64_t e = 0; e < E; ++e) {
+      const ExpertView h{w[0][size_t(e)].view, w[1][size_t(e)].view, w[2][size_t(e)].view};
+      host.push_back(h);
+      dev.push_back(ExpertView{cuda()->upload(h.w1, storage), cuda()->upload(h.w2, storage),
+                               cuda()->upload(h.w3, storage)});
+    }
+    return cuda()->upload_bytes(dev.data(), dev.size() * sizeof(ExpertView), "expert table");
+  };
+  std::vector<ExpertView> hp, dp, hs, ds;
+  const Buffer tp = upload(plain, hp, dp), ts = upload(special, hs, ds);
+  const MoeWeights wp{dp.data(), E, tp.data(), nullptr}, ws{ds.data(), E, ts.data(), nullptr};
+  const MoeWeights cs{hs.data(), E, nullptr, nullptr};
+  for (const int64_t n : {int64_t(1), int64_t(3), int64_t(8)}) {
+    std::vector<int32_t> ids(size_t(n * k));
+    std::vector<float> wts(size_t(n * k));
+    for (int64_t i = 0; i < n * k; ++i) ids[size_t(i)] = int32_t(i % k), wts[size_t(i)] = 0.2f + 0.1f * float(i % 3);
+    const std::vector<float> x = make_x(n, D, 500 + uint64_t(n), true);
+    const Buffer xd = to_device(*cuda(), x), idd = to_device(*cuda(), ids), wd = to_device(*cuda(), wts);
+    auto run = [&](const MoeWeights& w) {
+      Buffer yd = out_buffer<float>(*cuda(), size_t(n * D));
+      gops().moe(w, xd.as<float>(), n, idd.as<int32_t>(), wd.as<float>(), k, 10.0f, opts(true), true,
+                 yd.as<float>());
+      return to_host<float>(*cuda(), yd, size_t(n * D));
+    };
+    const int64_t before = cuda::moe_tc_small_launches();
+    const std::vector<float> yp = run(wp), ys = run(ws);
+    EXPECT_EQ(cuda::moe_tc_small_launches() - before, 4) << "w1|w3 and w2 of both calls on moe_tc_small_kernel";
+    expect_bitwise("moe special scale codes",
+                   strf("E=4 D=%lld I=%lld n_tok=%lld: %lld zero groups with scale code 0 vs 2^-6..2^-4",
+                        (long long)D, (long long)I, (long long)n, (long long)n_groups),
+                   yp, ys);
+    // and the CPU on the layer with code 0 (fast-mode tolerance, as check_moe_fast)
+    std::vector<float> ref(size_t(n * D));
+    cops().moe(cs, x.data(), n, ids.data(), wts.data(), k, 10.0f, opts(true), true, ref.data());
+    double e2 = 0, r2 = 0;
+    for (size_t i = 0; i < ref.size(); ++i) e2 += double(ys[i] - ref[i]) * (ys[i] - ref[i]), r2 += double(ref[i]) * ref[i];
+    EXPECT_LE(std::sqrt(e2 / std::max(r2, 1e-300)), std::ldexp(1.0, -5)) << "n_tok " << n;
+  }
+}
+
 }  // namespace
 }  // namespace dsv4::test::gpu

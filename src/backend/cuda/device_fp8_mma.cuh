@@ -1,5 +1,6 @@
 // FP8 tensor-core building blocks shared by the expert kernels (k_gemm.cu, k_moe_tc.cu): FP4 nibbles placed as e4m3
-// bytes, four E8M0 scale bytes of a word as floats, and one mma.sync m16n8k32 e4m3 x e4m3 -> fp32 (sm_89+).
+// bytes, four E8M0 scale bytes of a word as floats, and one mma.sync m16n8k32 e4m3 x e4m3 -> fp32 (sm_89+), also
+// as the two f16 mmas sm_90 runs it as (tc_mma_b).
 #pragma once
 #include <cstdint>
 
@@ -13,6 +14,18 @@ __device__ __forceinline__ void fp4_as_e4m3(uint32_t w, uint32_t& ev, uint32_t& 
   od = ((o << 4) & 0x80808080u) | ((o << 2) & 0x1C1C1C1Cu);
 }
 
+// fp4_as_e4m3 with part of the work on the multiply-add pipe (for kernels whose integer ALU pipe is the limit): the
+// same bytes. Even columns: low nibble magnitude x 4 + sign bit x 16 (one IMAD); odd: high nibble magnitude / 4 (the
+// high word of x 2^30) + the sign bit in place (one IMAD.HI); 4 ALU operations (the masks) instead of 5.
+// (ptxas turns a multiply-high by a known 2^30 back into a shift on the ALU pipe, so the factor is read from
+// constant memory, whose value it cannot assume.)
+static __constant__ uint32_t kFp4OddShift = 1u << 30;
+__device__ __forceinline__ void fp4_as_e4m3_imad(uint32_t w, uint32_t& ev, uint32_t& od) {
+  const uint32_t lo = w & 0x07070707u, ls = w & 0x08080808u, hi = w & 0x70707070u, hs = w & 0x80808080u;
+  ev = ls * 16u + lo * 4u;  // fields do not overlap: no carries between bytes
+  od = __umulhi(hi, kFp4OddShift) + hs;
+}
+
 // Byte s of four E8M0 scales (w) as a float, e8m0_to_float's special codes (0: 2^-127, 0xFF: NaN) from sp (bytes
 // 0xFF where w's byte is 0 or 0xFF: __vcmpeq4, once per word).
 template <int S>
@@ -20,6 +33,18 @@ __device__ __forceinline__ float e8m0_byte(uint32_t w, uint32_t sp) {
   const uint32_t e = S <= 2 ? w << (23 - 8 * S) : w >> (8 * S - 23);    // byte S at the exponent field
   const uint32_t q = S <= 2 ? sp << (22 - 8 * S) : sp >> (8 * S - 22);  // its special flag at bit 22
   return __uint_as_float((e & 0x7F800000u) | (q & 0x00400000u));
+}
+
+// Nonzero iff a byte of w is 0 or 0xFF (an E8M0 special code): bit 7 of (x - 1) & ~x per byte finds a zero byte of
+// x (a borrow only moves past a zero byte, so the word is nonzero exactly when one is there), for x = w and ~w.
+__device__ __forceinline__ uint32_t e8m0_specials(uint32_t w) {
+  return (((w - 0x01010101u) & ~w) | ((~w - 0x01010101u) & w)) & 0x80808080u;
+}
+// e8m0_byte<S> of a word without special codes (e8m0_specials(w) == 0): the byte at the exponent field, nothing else.
+template <int S>
+__device__ __forceinline__ float e8m0_byte_plain(uint32_t w) {
+  const uint32_t e = S <= 2 ? w << (23 - 8 * S) : w >> (8 * S - 23);
+  return __uint_as_float(e & 0x7F800000u);
 }
 
 __device__ __forceinline__ void tc_mma(const uint32_t a[4], uint32_t b0, uint32_t b1, float d[4]) {
@@ -32,6 +57,64 @@ __device__ __forceinline__ void tc_mma(const uint32_t a[4], uint32_t b0, uint32_
 #else
   d[0] = d[1] = d[2] = d[3] = 0.0f;
   __trap();  // the launchers check the device and the binary first
+#endif
+}
+
+// tc_mma with B given once for several A's (mma_b_e4m3), in the form the target's mma takes. sm_90 has no FP8
+// mma.sync: ptxas (CUDA 13.0, sm_90a) runs tc_mma there as two m16n8k16 f16 mmas with fp32 accumulation over the
+// codes converted to f16 (exact): first bytes 0, 1 of every A and B register (with a zero accumulator), then bytes
+// 2, 3 onto that result, then d = 0 + d (an FADD per element: it only turns a -0 sum into +0). tc_mma_b issues the
+// same two mmas on the same f16 registers without that add, and converts B once per call of mma_b_e4m3 instead of
+// per A. So its d equals tc_mma's bit for bit except that a zero may keep its sign -0; callers that add d (times
+// anything finite) into sums that start at +0 give identical results (x + -0 == x + +0 for every x but -0, and such a
+// sum is never -0). Elsewhere (sm_89, sm_100+: FP8 mma.sync in hardware) it is tc_mma itself.
+struct MmaB {
+  uint32_t r[4];  // sm_90: f16 pairs of b0 bytes 0-1, b1 bytes 0-1, b0 bytes 2-3, b1 bytes 2-3; else b0, b1, -, -
+};
+
+// Bytes 0, 1 (HI: 2, 3) of four e4m3 codes as an f16 pair (exact; sm_89+).
+template <bool HI>
+__device__ __forceinline__ uint32_t e4m3x2_as_f16x2(uint32_t w) {
+  uint32_t h = 0u;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  // the half taken by splitting the register (ptxas reads it in place: no shift)
+  if constexpr (HI)
+    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; cvt.rn.f16x2.e4m3x2 %0, h; }\n" : "=r"(h) : "r"(w));
+  else
+    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; cvt.rn.f16x2.e4m3x2 %0, l; }\n" : "=r"(h) : "r"(w));
+#endif
+  return h;
+}
+
+__device__ __forceinline__ MmaB mma_b_e4m3(uint32_t b0, uint32_t b1) {
+  MmaB b;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
+  b.r[0] = e4m3x2_as_f16x2<false>(b0), b.r[1] = e4m3x2_as_f16x2<false>(b1);
+  b.r[2] = e4m3x2_as_f16x2<true>(b0), b.r[3] = e4m3x2_as_f16x2<true>(b1);
+#else
+  b.r[0] = b0, b.r[1] = b1, b.r[2] = b.r[3] = 0u;
+#endif
+  return b;
+}
+
+// d = A (e4m3, tc_mma's layout) x B over 32 columns (see MmaB).
+__device__ __forceinline__ void tc_mma_b(const uint32_t a[4], const MmaB& b, float d[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
+  uint32_t lo[4], hi[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) lo[i] = e4m3x2_as_f16x2<false>(a[i]), hi[i] = e4m3x2_as_f16x2<true>(a[i]);
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%10,%10,%10,%10};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(lo[0]), "r"(lo[1]), "r"(lo[2]), "r"(lo[3]), "r"(b.r[0]), "r"(b.r[1]), "f"(0.0f));
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(hi[0]), "r"(hi[1]), "r"(hi[2]), "r"(hi[3]), "r"(b.r[2]), "r"(b.r[3]));
+#else
+  tc_mma(a, b.r[0], b.r[1], d);
 #endif
 }
 

@@ -124,6 +124,13 @@ struct MoePrefillTcStats {
 MoePrefillTcStats moe_prefill_tc_stats();
 // How many MoE calls of this process ran their big expert segments on moe_tc_big_kernel (k_moe_tc.cu; for tests).
 int64_t moe_tc_big_calls();
+// How many launches of moe_tc_small_kernel (the small expert segments in the fast mode, k_gemm.cu: one per MoE
+// product) this process queued (for tests).
+int64_t moe_tc_small_launches();
+// How many of the fp32 outputs of rounds x 64 x 256 lanes' random mma operands tc_mma_b and tc_mma disagree on
+// (other than a zero's sign or a NaN's bits); -1 where the device or the binary has no FP8 mma (k_mma_check.cu;
+// for tests).
+int64_t tc_mma_b_mismatches(uint64_t seed, int rounds);
 // Ops::moe_resident / moe_combine (scratch: moe_scratch_bytes).
 void moe_resident(const MoeWeights& w, const uint8_t* resident, const float* x, int64_t n_tok, const int32_t* ids,
                   const float* wts, int64_t k, float swiglu_limit, const LinearOpts& q, bool bf16, float* o_pairs,
