@@ -91,6 +91,11 @@ class Ops {
   // group is exactly linear() with that row range (o's own row range must be the whole of W). Default: that loop.
   virtual void linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int64_t groups, float* y,
                               const LinearOpts& o) const;
+  // Two linears of the same x (attention's wq_a and wkv): ya = linear(Wa, x), yb = linear(Wb, x) with the same
+  // options, o's row range the whole of both weights; Wa and Wb have the same cols, their rows may differ. Each
+  // output is exactly its linear() (a backend may run both in one kernel: CUDA's decode steps). Default: the two calls.
+  virtual void linear_pair(const WeightView& Wa, const WeightView& Wb, const float* x, int64_t n_tok, float* ya,
+                           float* yb, const LinearOpts& o) const;
 
   // ---- elementwise / per-row -----------------------------------------------------------------------------------
   // x <- value.

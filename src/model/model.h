@@ -245,11 +245,14 @@ class Model final : public LanguageModel {
   void attention(int layer, StatePool& pool, const StepPlan& plan, const DevicePlan& dp, const float* x,
                  float* out) const;
   // Pieces of attention (attention.cpp), shared with the DSpark stages (dspark.cpp). cs: [n, rd] RoPE of the rows.
-  // The query q [n, H, Dh] (and its latent qr [n, q_lora]) of x [n, D].
-  void attn_query(const LayerResident& lp, const float* x, int64_t n, const float* cs, float* qr, float* q) const;
-  // Window rows of x [n, D]: kv [n, Dh] (fp32, FP8-simulated in reference numerics) and, with compact state rows,
-  // their stored form kv_st [n, KW] (else kv_st == kv).
-  void window_rows(const LayerResident& lp, const float* x, int64_t n, const float* cs, const RowCodec& kc, float* kv,
+  // The two projections of x [n, D] (one Ops::linear_pair): the query's latent qr = wq_a x [n, q_lora] and the
+  // window rows' kv = wkv x [n, Dh], as attn_query and window_rows take them.
+  void attn_project(const LayerResident& lp, const float* x, int64_t n, float* qr, float* kv) const;
+  // The query q [n, H, Dh] of qr = wq_a x (normalized in place: the latent the indexer reads).
+  void attn_query(const LayerResident& lp, float* qr, int64_t n, const float* cs, float* q) const;
+  // Window rows from kv = wkv x (in place): kv [n, Dh] (fp32, FP8-simulated in reference numerics) and, with compact
+  // state rows, their stored form kv_st [n, KW] (else kv_st == kv).
+  void window_rows(const LayerResident& lp, float* kv, int64_t n, const float* cs, const RowCodec& kc,
                    float* kv_st) const;
   // The step's snapshots of layer l's ring, the verify steps' backups and the ring update with the rows kv_st.
   void store_window(int layer, StatePool& pool, const StepPlan& plan, const DevicePlan& dp, const float* kv_st) const;

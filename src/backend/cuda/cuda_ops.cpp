@@ -62,6 +62,18 @@ void CudaOps::linear(const WeightView& W, const float* x, int64_t n_tok, float* 
   DSV4_CUDA_OP(linear, W, x, n_tok, y, o, scratch);
 }
 
+// One tensor-core launch for both where linear() would run gemv_tc_kernel for each (decode), else the two linears.
+void CudaOps::linear_pair(const WeightView& Wa, const WeightView& Wb, const float* x, int64_t n_tok, float* ya,
+                          float* yb, const LinearOpts& o) const {
+  if (n_tok <= 0) return;
+  if (Wa.cols != Wb.cols || o.row_begin != 0 || (o.row_end != -1 && (o.row_end != Wa.rows || o.row_end != Wb.rows)))
+    return Ops::linear_pair(Wa, Wb, x, n_tok, ya, yb, o);  // (fails with the shapes)
+  Workspace::Scope scope(be_.workspace());
+  void* scratch =
+      be_.workspace().alloc_bytes(std::max(linear_scratch_bytes(Wa, n_tok, o), linear_scratch_bytes(Wb, n_tok, o)));
+  DSV4_CUDA_OP(linear_pair, Wa, Wb, x, n_tok, ya, yb, o, scratch);
+}
+
 // One launch for all groups where the decode kernel runs (the same kernel and per-row operations as one linear()
 // per group), else the group loop.
 void CudaOps::linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int64_t groups, float* y,

@@ -42,8 +42,9 @@ bool linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int64_t 
 bool linear_grouped_tc(const WeightView& W, int64_t n_tok, int64_t groups, const float* x, const LinearOpts& o);
 void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o, void* scratch,
             cudaStream_t stream);
-// y1 = linear(W1, x), y3 = linear(W3, x) (the same o; W1 and W3 of one shape and format): one tensor-core launch
-// where linear() would run gemv_tc_kernel for each, else the two calls. (Each output as a linear of twice the rows.)
+// Ops::linear_pair: y1 = linear(W1, x), y3 = linear(W3, x) (the same o; W1 and W3 of one K and format, rows may
+// differ): one tensor-core launch where linear() would run gemv_tc_kernel for each with the same K slices (o's row
+// range the whole of both), else the two calls; each output bitwise its linear().
 void linear_pair(const WeightView& W1, const WeightView& W3, const float* x, int64_t n_tok, float* y1, float* y3,
                  const LinearOpts& o, void* scratch, cudaStream_t stream);
 
