@@ -219,6 +219,17 @@ class Ops {
   virtual void moe(const MoeWeights& w, const float* x, int64_t n_tok, const int32_t* ids, const float* wts, int64_t k,
                    float swiglu_limit, const LinearOpts& q, bool bf16, float* y) const = 0;
 
+  // route, then moe with the ids and weights it wrote (ids, wts: [n_tok, k], outputs as route writes them; y: moe's
+  // output), for a layer whose experts are all on the device. A backend may compute the routing inside the MoE's
+  // dispatch (CUDA's decode steps: one kernel routes and plans). Default: the two calls.
+  virtual void route_moe(const float* logits, int64_t n_experts, const float* bias, const int32_t* tid2eid,
+                         const int32_t* tokens, float route_scale, const MoeWeights& w, const float* x, int64_t n_tok,
+                         int64_t k, float swiglu_limit, const LinearOpts& q, bool bf16, int32_t* ids, float* wts,
+                         float* y) const {
+    route(logits, n_tok, n_experts, k, bias, tid2eid, tokens, route_scale, ids, wts);
+    moe(w, x, n_tok, ids, wts, k, swiglu_limit, q, bf16, y);
+  }
+
   // ---- MoE split between the device and the host (model/split_moe.h) ---------------------------------------------
   // The two halves of `moe` for a layer whose routed experts are partly elsewhere (on the host CPU). Device half:
   // for every pair p = t * k + i whose expert is resident (resident[ids[p]] != 0; resident: [n_experts] bytes on

@@ -266,6 +266,8 @@ class Model final : public LanguageModel {
   void indexer(int layer, StatePool& pool, const StepPlan& plan, const DevicePlan& dp, const float* x,
                const float* qr, int32_t* sel) const;
   void moe(int layer, const DevicePlan& dp, int64_t n, const float* x, float* out) const;
+  // The route observer (set_route_observer) of layer l's ids [n, k] (device), when one is set.
+  void observe_route(int layer, const int32_t* ids, int64_t n, int64_t k) const;
   void head(const float* X, int64_t n, float* logits) const;
   // MTP (mtp.cpp): the block input e_proj(enorm(embed[next])) + h_proj(hnorm(H)) of H [n, hc, D] into Xm, and the
   // MTP head's logits of its block output X [n, hc, D].

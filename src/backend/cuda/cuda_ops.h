@@ -63,6 +63,10 @@ class CudaOps final : public Ops {
               bool bf16, float* h) const override;
   void moe(const MoeWeights& w, const float* x, int64_t n_tok, const int32_t* ids, const float* wts, int64_t k,
            float swiglu_limit, const LinearOpts& q, bool bf16, float* y) const override;
+  void route_moe(const float* logits, int64_t n_experts, const float* bias, const int32_t* tid2eid,
+                 const int32_t* tokens, float route_scale, const MoeWeights& w, const float* x, int64_t n_tok, int64_t k,
+                 float swiglu_limit, const LinearOpts& q, bool bf16, int32_t* ids, float* wts,
+                 float* y) const override;
   void moe_resident(const MoeWeights& w, const uint8_t* resident, const float* x, int64_t n_tok, const int32_t* ids,
                     const float* wts, int64_t k, float swiglu_limit, const LinearOpts& q, bool bf16, float* o_pairs,
                     float* o_shared) const override;

@@ -116,6 +116,14 @@ size_t moe_scratch_bytes(const MoeWeights& w, int64_t n_tok, int64_t k, const Li
 void moe(const MoeWeights& w, const float* x, int64_t n_tok, const int32_t* ids, const float* wts, int64_t k,
          float swiglu_limit, const LinearOpts& q, bool bf16, float* y, void* scratch, const SideStream* side,
          cudaStream_t stream);
+// Ops::route_moe: route (ids, wts written as route() writes them), then moe on them (scratch: moe_scratch_bytes).
+// Calls of at most 8 tokens run the router inside the MoE's plan kernel (one launch less; the same ids and weights).
+void route_moe(const float* logits, int64_t n_experts, const float* bias, const int32_t* tid2eid,
+               const int32_t* tokens, float route_scale, const MoeWeights& w, const float* x, int64_t n_tok, int64_t k,
+               float swiglu_limit, const LinearOpts& q, bool bf16, int32_t* ids, float* wts, float* y, void* scratch,
+               const SideStream* side, cudaStream_t stream);
+// How many route_moe calls of this process routed inside the plan kernel (for tests).
+int64_t route_plan_calls();
 // Large (prefill) FP4 calls in the fast (Q) mode on cuBLAS BF16 tensor cores (k_bf16_tc.cu): how many calls took
 // that path in this process, and why the last call of >= 4096 pairs that did not take it was refused (for tests).
 struct MoePrefillTcStats {
