@@ -119,6 +119,13 @@ class Ops {
   // inverse: multiply by the conjugate. Pairs (x[2i], x[2i+1]) of the rotated slice are complex numbers.
   virtual void rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, int64_t rd, const float* cos_sin,
                     bool inverse, bool bf16) const = 0;
+  // head_rms of every head of x [n_tok, n_heads, head_dim], then the forward rope of its last rd dims (the query
+  // after wq_b): the two ops' result (a backend may run them as one kernel: CUDA). Default: the two calls.
+  virtual void head_rms_rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, float eps, int64_t rd,
+                             const float* cos_sin, bool bf16) const {
+    head_rms(x, n_tok * n_heads, head_dim, eps, bf16);
+    rope(x, n_tok, n_heads, head_dim, rd, cos_sin, false, bf16);
+  }
   // In-place FP8 e4m3 "QAT" simulation (spec §4.3, act_quant inplace=True): per row of x [n_rows, row_stride],
   // columns [0, n_cols) in blocks of `block`; x <- bf16(e4m3(clamp(x/s)) · s) with s = 2^ceil(log2(max(amax,1e-4)/448)).
   virtual void fp8_sim(float* x, int64_t n_rows, int64_t row_stride, int64_t n_cols, int64_t block) const = 0;

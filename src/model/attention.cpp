@@ -20,8 +20,7 @@ void Model::attn_query(const LayerResident& lp, float* qr, int64_t n, const floa
   // qr = q_norm(qr); q = wq_b qr; per-head RMS; RoPE
   ops().rmsnorm(qr, n, QL, lp.q_norm, eps, bf, qr);
   ops().linear(lp.wq_b, qr, n, q, qopts());
-  ops().head_rms(q, n * H, Dh, eps, bf);
-  ops().rope(q, n, H, Dh, rd, cs, false, bf);
+  ops().head_rms_rope(q, n, H, Dh, eps, rd, cs, bf);
 }
 
 void Model::window_rows(const LayerResident& lp, float* kv, int64_t n, const float* cs, const RowCodec& kc,

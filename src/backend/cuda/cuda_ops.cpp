@@ -118,6 +118,10 @@ void CudaOps::rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, i
                    bool inverse, bool bf16) const {
   if (n_tok > 0) DSV4_CUDA_OP(rope, x, n_tok, n_heads, head_dim, rd, cos_sin, inverse, bf16);
 }
+void CudaOps::head_rms_rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, float eps, int64_t rd,
+                            const float* cos_sin, bool bf16) const {
+  if (n_tok > 0) DSV4_CUDA_OP(head_rms_rope, x, n_tok, n_heads, head_dim, eps, rd, cos_sin, bf16);
+}
 void CudaOps::fp8_sim(float* x, int64_t n_rows, int64_t row_stride, int64_t n_cols, int64_t block) const {
   if (n_rows > 0) DSV4_CUDA_OP(fp8_sim, x, n_rows, row_stride, n_cols, block);
 }

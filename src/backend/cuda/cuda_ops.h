@@ -28,6 +28,8 @@ class CudaOps final : public Ops {
   void head_rms(float* x, int64_t n_rows, int64_t dim, float eps, bool bf16) const override;
   void rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, int64_t rd, const float* cos_sin,
             bool inverse, bool bf16) const override;
+  void head_rms_rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, float eps, int64_t rd,
+                     const float* cos_sin, bool bf16) const override;
   void fp8_sim(float* x, int64_t n_rows, int64_t row_stride, int64_t n_cols, int64_t block) const override;
   void fp4_sim(float* x, int64_t n_rows, int64_t dim) const override;
   void hadamard(float* x, int64_t n_rows, int64_t dim, bool bf16) const override;

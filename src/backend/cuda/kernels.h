@@ -58,6 +58,9 @@ void rmsnorm(const float* x, int64_t n_rows, int64_t dim, const float* w, float 
 void head_rms(float* x, int64_t n_rows, int64_t dim, float eps, bool bf16, cudaStream_t stream);
 void rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, int64_t rd, const float* cos_sin, bool inverse,
           bool bf16, cudaStream_t stream);
+// Ops::head_rms_rope in one kernel (each head's row normalized, then its rope pairs; bitwise the two launchers).
+void head_rms_rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, float eps, int64_t rd,
+                   const float* cos_sin, bool bf16, cudaStream_t stream);
 void fp8_sim(float* x, int64_t n_rows, int64_t row_stride, int64_t n_cols, int64_t block, cudaStream_t stream);
 void fp4_sim(float* x, int64_t n_rows, int64_t dim, cudaStream_t stream);
 void hadamard(float* x, int64_t n_rows, int64_t dim, bool bf16, cudaStream_t stream);
