@@ -137,6 +137,15 @@ void Ops::linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int
   }
 }
 
+void Ops::linear_pair(const WeightView& Wa, const WeightView& Wb, const float* x, int64_t n_tok, float* ya, float* yb,
+                      const LinearOpts& o) const {
+  if (Wa.cols != Wb.cols || o.row_begin != 0 || (o.row_end != -1 && (o.row_end != Wa.rows || o.row_end != Wb.rows)))
+    fail("internal: linear_pair: [{}, {}] and [{}, {}] (row range {}..{})", Wa.rows, Wa.cols, Wb.rows, Wb.cols,
+         o.row_begin, o.row_end);
+  linear(Wa, x, n_tok, ya, o);
+  linear(Wb, x, n_tok, yb, o);
+}
+
 void Ops::encode_rows(const float*, int64_t, const RowCodec& c, float*) const {
   fail("internal: this backend does not store compact state rows ({})", row_kind_name(c.kind));
 }

@@ -91,6 +91,11 @@ class Ops {
   // group is exactly linear() with that row range (o's own row range must be the whole of W). Default: that loop.
   virtual void linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int64_t groups, float* y,
                               const LinearOpts& o) const;
+  // Two linears of the same x (attention's wq_a and wkv): ya = linear(Wa, x), yb = linear(Wb, x) with the same
+  // options, o's row range the whole of both weights; Wa and Wb have the same cols, their rows may differ. Each
+  // output is exactly its linear() (a backend may run both in one kernel: CUDA's decode steps). Default: the two calls.
+  virtual void linear_pair(const WeightView& Wa, const WeightView& Wb, const float* x, int64_t n_tok, float* ya,
+                           float* yb, const LinearOpts& o) const;
 
   // ---- elementwise / per-row -----------------------------------------------------------------------------------
   // x <- value.
@@ -114,6 +119,13 @@ class Ops {
   // inverse: multiply by the conjugate. Pairs (x[2i], x[2i+1]) of the rotated slice are complex numbers.
   virtual void rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, int64_t rd, const float* cos_sin,
                     bool inverse, bool bf16) const = 0;
+  // head_rms of every head of x [n_tok, n_heads, head_dim], then the forward rope of its last rd dims (the query
+  // after wq_b): the two ops' result (a backend may run them as one kernel: CUDA). Default: the two calls.
+  virtual void head_rms_rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, float eps, int64_t rd,
+                             const float* cos_sin, bool bf16) const {
+    head_rms(x, n_tok * n_heads, head_dim, eps, bf16);
+    rope(x, n_tok, n_heads, head_dim, rd, cos_sin, false, bf16);
+  }
   // In-place FP8 e4m3 "QAT" simulation (spec §4.3, act_quant inplace=True): per row of x [n_rows, row_stride],
   // columns [0, n_cols) in blocks of `block`; x <- bf16(e4m3(clamp(x/s)) · s) with s = 2^ceil(log2(max(amax,1e-4)/448)).
   virtual void fp8_sim(float* x, int64_t n_rows, int64_t row_stride, int64_t n_cols, int64_t block) const = 0;
@@ -213,6 +225,17 @@ class Ops {
   // fp32; bf16(y) when bf16. x, y: [n_tok, D]; ids, wts: [n_tok, k].
   virtual void moe(const MoeWeights& w, const float* x, int64_t n_tok, const int32_t* ids, const float* wts, int64_t k,
                    float swiglu_limit, const LinearOpts& q, bool bf16, float* y) const = 0;
+
+  // route, then moe with the ids and weights it wrote (ids, wts: [n_tok, k], outputs as route writes them; y: moe's
+  // output), for a layer whose experts are all on the device. A backend may compute the routing inside the MoE's
+  // dispatch (CUDA's decode steps: one kernel routes and plans). Default: the two calls.
+  virtual void route_moe(const float* logits, int64_t n_experts, const float* bias, const int32_t* tid2eid,
+                         const int32_t* tokens, float route_scale, const MoeWeights& w, const float* x, int64_t n_tok,
+                         int64_t k, float swiglu_limit, const LinearOpts& q, bool bf16, int32_t* ids, float* wts,
+                         float* y) const {
+    route(logits, n_tok, n_experts, k, bias, tid2eid, tokens, route_scale, ids, wts);
+    moe(w, x, n_tok, ids, wts, k, swiglu_limit, q, bf16, y);
+  }
 
   // ---- MoE split between the device and the host (model/split_moe.h) ---------------------------------------------
   // The two halves of `moe` for a layer whose routed experts are partly elsewhere (on the host CPU). Device half:

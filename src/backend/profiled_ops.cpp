@@ -25,6 +25,13 @@ void ProfiledOps::linear_grouped(const WeightView& W, const float* x, int64_t n_
   timed(kind, [&] { inner_.linear_grouped(W, x, n_tok, groups, y, o); });
 }
 
+void ProfiledOps::linear_pair(const WeightView& Wa, const WeightView& Wb, const float* x, int64_t n_tok, float* ya,
+                              float* yb, const LinearOpts& o) const {
+  const char* kind = Wa.fmt == GemmFormat::fp4 ? "linear fp4" : Wa.fmt == GemmFormat::fp8 ? "linear fp8"
+                     : Wa.fmt == GemmFormat::bf16 ? "linear bf16" : "linear f32";
+  timed(kind, [&] { inner_.linear_pair(Wa, Wb, x, n_tok, ya, yb, o); });
+}
+
 void ProfiledOps::fill(float* x, int64_t n, float value) const {
   timed("fill", [&] { inner_.fill(x, n, value); });
 }

@@ -24,6 +24,8 @@ class ProfiledOps final : public Ops {
   void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o) const override;
   void linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int64_t groups, float* y,
                       const LinearOpts& o) const override;
+  void linear_pair(const WeightView& Wa, const WeightView& Wb, const float* x, int64_t n_tok, float* ya, float* yb,
+                   const LinearOpts& o) const override;
   void fill(float* x, int64_t n, float value) const override;
   void round_bf16(float* x, int64_t n) const override;
   void scale(float* x, int64_t n, float alpha, bool bf16) const override;

@@ -9,25 +9,26 @@
 
 namespace dsv4 {
 
-void Model::attn_query(const LayerResident& lp, const float* x, int64_t n, const float* cs, float* qr, float* q) const {
+void Model::attn_project(const LayerResident& lp, const float* x, int64_t n, float* qr, float* kv) const {
+  ops().linear_pair(lp.wq_a, lp.wkv, x, n, qr, kv, qopts());  // qr = wq_a x, kv = wkv x: one op, the same x
+}
+
+void Model::attn_query(const LayerResident& lp, float* qr, int64_t n, const float* cs, float* q) const {
   const int64_t H = cfg_.num_attention_heads, Dh = cfg_.head_dim, rd = cfg_.qk_rope_head_dim, QL = cfg_.q_lora_rank;
   const float eps = float(cfg_.rms_norm_eps);
   const bool bf = bf16();
-  // qr = q_norm(wq_a x); q = wq_b qr; per-head RMS; RoPE
-  ops().linear(lp.wq_a, x, n, qr, qopts());
+  // qr = q_norm(qr); q = wq_b qr; per-head RMS; RoPE
   ops().rmsnorm(qr, n, QL, lp.q_norm, eps, bf, qr);
   ops().linear(lp.wq_b, qr, n, q, qopts());
-  ops().head_rms(q, n * H, Dh, eps, bf);
-  ops().rope(q, n, H, Dh, rd, cs, false, bf);
+  ops().head_rms_rope(q, n, H, Dh, eps, rd, cs, bf);
 }
 
-void Model::window_rows(const LayerResident& lp, const float* x, int64_t n, const float* cs, const RowCodec& kc,
-                        float* kv, float* kv_st) const {
+void Model::window_rows(const LayerResident& lp, float* kv, int64_t n, const float* cs, const RowCodec& kc,
+                        float* kv_st) const {
   const int64_t Dh = cfg_.head_dim, rd = cfg_.qk_rope_head_dim;
   const bool bf = bf16();
-  // kv_norm(wkv x); RoPE; FP8 simulation of the nope dims (block 64); the same rows as the pool stores them (fp32: kv
+  // kv_norm(kv); RoPE; FP8 simulation of the nope dims (block 64); the same rows as the pool stores them (fp32: kv
   // itself; compact: encoded, exact) [n, KW] words
-  ops().linear(lp.wkv, x, n, kv, qopts());
   ops().rmsnorm(kv, n, Dh, lp.kv_norm, float(cfg_.rms_norm_eps), bf, kv);
   ops().rope(kv, n, 1, Dh, rd, cs, false, bf);
   if (bf) ops().fp8_sim(kv, n, Dh, Dh - rd, 64);
@@ -82,8 +83,9 @@ void Model::attention(int l, StatePool& pool, const StepPlan& plan, const Device
   Workspace& ws = be_->workspace();
   Workspace::Scope scope(ws);
 
-  // Two independent chains from x, concurrently where the backend can (Ops::branch_*): the window KV and the
-  // compressor on one side; the query and the indexer (which reads qr) on the other.
+  // The two projections of x that start the query and the window KV (one op), then two independent chains,
+  // concurrently where the backend can (Ops::branch_*): the window KV and the compressor on one side; the query and
+  // the indexer (which reads qr) on the other.
   float* qr = ws.alloc<float>(n * QL);        // [n, q_lora]
   float* q = ws.alloc<float>(n * H * Dh);     // [n, H, Dh]
   float* kv = ws.alloc<float>(n * Dh);        // [n, Dh] this step's window rows
@@ -92,9 +94,10 @@ void Model::attention(int l, StatePool& pool, const StepPlan& plan, const Device
   float* kv_st = kc.compact() ? ws.alloc<float>(n * KW) : kv;
   int32_t* sel = ratio == 4 ? ws.alloc<int32_t>(n * cfg_.index_topk) : nullptr;  // [n, topk] compressed row ids
 
+  attn_project(lp, x, n, qr, kv);
   ops().branch_begin();
   // 2. window KV
-  window_rows(lp, x, n, cs, kc, kv, kv_st);
+  window_rows(lp, kv, n, cs, kc, kv_st);
   // 3b. this layer's compressed rows (reads x and its own state only)
   if (ratio > 0) {
     CompressorPools cp;
@@ -114,7 +117,7 @@ void Model::attention(int l, StatePool& pool, const StepPlan& plan, const Device
   ops().branch_end();
 
   // 1. query
-  attn_query(lp, x, n, cs, qr, q);
+  attn_query(lp, qr, n, cs, q);
   // 3a. CSA: the indexer's top-k compressed rows (its own compressor and key pool)
   if (ratio == 4) indexer(l, pool, plan, dp, x, qr, sel);
   ops().branch_join();

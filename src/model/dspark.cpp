@@ -47,7 +47,9 @@ void Model::dspark_context(StatePool& pool, const StepPlan& plan, const DevicePl
   float* kv_st = kc.compact() ? ws.alloc<float>(n * kc.words()) : kv;
   for (int s = 0; s < cfg_.dspark.n_stages; ++s) {
     const int l = draft_layer_ + s;
-    window_rows(lr_[size_t(l)], x, n, dp.cs_plain, kc, kv, kv_st);
+    const LayerResident& lp = lr_[size_t(l)];
+    ops().linear(lp.wkv, x, n, kv, qopts());
+    window_rows(lp, kv, n, dp.cs_plain, kc, kv_st);
     store_window(l, pool, plan, dp, kv_st);
   }
 }
@@ -146,8 +148,9 @@ void Model::dspark_draft(std::span<const DraftSeq> seqs, StatePool& pool, const 
         float* q = ws.alloc<float>(n * H * Dh);
         float* kv = ws.alloc<float>(n * Dh);
         float* o = ws.alloc<float>(n * H * Dh);
-        attn_query(p, u, n, bp.cs, qr, q);
-        window_rows(p, u, n, bp.cs, RowCodec::f32(Dh), kv, kv);  // fresh fp32 rows, not stored
+        attn_project(p, u, n, qr, kv);
+        attn_query(p, qr, n, bp.cs, q);
+        window_rows(p, kv, n, bp.cs, RowCodec::f32(Dh), kv);  // fresh fp32 rows, not stored
         KvRows rows{pool.layer(l).ring.as<float>(), n_ring, kv, n, nullptr, 0, Dh, L.kv_row};
         ops().sparse_attention(q, n, H, rows, bp.cand, bp.k_cand, nullptr, 0, p.attn_sink,
                                float(cfg_.softmax_scale()), bf, o);

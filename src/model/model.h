@@ -245,11 +245,14 @@ class Model final : public LanguageModel {
   void attention(int layer, StatePool& pool, const StepPlan& plan, const DevicePlan& dp, const float* x,
                  float* out) const;
   // Pieces of attention (attention.cpp), shared with the DSpark stages (dspark.cpp). cs: [n, rd] RoPE of the rows.
-  // The query q [n, H, Dh] (and its latent qr [n, q_lora]) of x [n, D].
-  void attn_query(const LayerResident& lp, const float* x, int64_t n, const float* cs, float* qr, float* q) const;
-  // Window rows of x [n, D]: kv [n, Dh] (fp32, FP8-simulated in reference numerics) and, with compact state rows,
-  // their stored form kv_st [n, KW] (else kv_st == kv).
-  void window_rows(const LayerResident& lp, const float* x, int64_t n, const float* cs, const RowCodec& kc, float* kv,
+  // The two projections of x [n, D] (one Ops::linear_pair): the query's latent qr = wq_a x [n, q_lora] and the
+  // window rows' kv = wkv x [n, Dh], as attn_query and window_rows take them.
+  void attn_project(const LayerResident& lp, const float* x, int64_t n, float* qr, float* kv) const;
+  // The query q [n, H, Dh] of qr = wq_a x (normalized in place: the latent the indexer reads).
+  void attn_query(const LayerResident& lp, float* qr, int64_t n, const float* cs, float* q) const;
+  // Window rows from kv = wkv x (in place): kv [n, Dh] (fp32, FP8-simulated in reference numerics) and, with compact
+  // state rows, their stored form kv_st [n, KW] (else kv_st == kv).
+  void window_rows(const LayerResident& lp, float* kv, int64_t n, const float* cs, const RowCodec& kc,
                    float* kv_st) const;
   // The step's snapshots of layer l's ring, the verify steps' backups and the ring update with the rows kv_st.
   void store_window(int layer, StatePool& pool, const StepPlan& plan, const DevicePlan& dp, const float* kv_st) const;
@@ -263,6 +266,8 @@ class Model final : public LanguageModel {
   void indexer(int layer, StatePool& pool, const StepPlan& plan, const DevicePlan& dp, const float* x,
                const float* qr, int32_t* sel) const;
   void moe(int layer, const DevicePlan& dp, int64_t n, const float* x, float* out) const;
+  // The route observer (set_route_observer) of layer l's ids [n, k] (device), when one is set.
+  void observe_route(int layer, const int32_t* ids, int64_t n, int64_t k) const;
   void head(const float* X, int64_t n, float* logits) const;
   // MTP (mtp.cpp): the block input e_proj(enorm(embed[next])) + h_proj(hnorm(H)) of H [n, hc, D] into Xm, and the
   // MTP head's logits of its block output X [n, hc, D].

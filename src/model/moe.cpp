@@ -16,18 +16,26 @@ void Model::moe(int l, const DevicePlan& dp, int64_t n, const float* x, float* o
   ops().linear(lp.gate, x, n, logits, bf16_weight_opts());  // fp32(x) @ fp32(gate)ᵀ
   int32_t* ids = ws.alloc<int32_t>(n * k);    // [n, k]
   float* wts = ws.alloc<float>(n * k);
-  ops().route(logits, n, E, k, lp.hash ? nullptr : lp.gate_bias, lp.hash ? lp.tid2eid : nullptr, dp.tokens,
-              float(cfg_.routed_scaling_factor), ids, wts);
-  if (route_observer_ && l < cfg_.num_hidden_layers) {
-    route_host_.resize(size_t(n * k));
-    be_->copy_to_host(route_host_.data(), ids, size_t(n * k) * 4);
-    route_observer_(l, route_host_.data(), n, k);
-  }
+  const float* bias = lp.hash ? nullptr : lp.gate_bias;
+  const int32_t* tid2eid = lp.hash ? lp.tid2eid : nullptr;
+  const float scale = float(cfg_.routed_scaling_factor);
   if (lp.split.n_host > 0) {  // some routed experts on the CPU (model/split_moe.h)
+    ops().route(logits, n, E, k, bias, tid2eid, dp.tokens, scale, ids, wts);
+    observe_route(l, ids, n, k);
     split_->run(ops(), lp.split, cfg_.hidden_size, x, n, ids, wts, k, float(cfg_.swiglu_limit), qopts(), bf16(), out);
     return;
   }
-  ops().moe(lp.moe, x, n, ids, wts, k, float(cfg_.swiglu_limit), qopts(), bf16(), out);
+  // the router and the experts in one op (a backend may route inside the MoE's dispatch)
+  ops().route_moe(logits, E, bias, tid2eid, dp.tokens, scale, lp.moe, x, n, k, float(cfg_.swiglu_limit), qopts(),
+                  bf16(), ids, wts, out);
+  observe_route(l, ids, n, k);
+}
+
+void Model::observe_route(int l, const int32_t* ids, int64_t n, int64_t k) const {
+  if (!route_observer_ || l >= cfg_.num_hidden_layers) return;
+  route_host_.resize(size_t(n * k));
+  be_->copy_to_host(route_host_.data(), ids, size_t(n * k) * 4);
+  route_observer_(l, route_host_.data(), n, k);
 }
 
 }  // namespace dsv4

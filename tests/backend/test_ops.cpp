@@ -421,6 +421,28 @@ Fp4Weight fp4_weight(int64_t rows, int64_t cols, uint32_t seed) {
   return f;
 }
 
+TEST(Ops, LinearPairIsTheTwoLinears) {
+  // wq_a / wkv-like: one x, two weights of the same K and different rows; each output bitwise its own linear()
+  const int64_t K = 256;
+  const Fp4Weight a = fp4_weight(96, K, 71), b = fp4_weight(32, K, 72), c = fp4_weight(32, 2 * K, 73);
+  const LinearOpts q = quantized_linear_opts(Numerics::reference);
+  for (int64_t n : {1, 5}) {
+    std::vector<float> x = randv(size_t(n * K), 80 + uint32_t(n));
+    std::vector<float> ya(size_t(n * 96), -1.0f), yb(size_t(n * 32), -1.0f), wa(ya.size()), wb(yb.size());
+    ops().linear_pair(a.v, b.v, x.data(), n, ya.data(), yb.data(), q);
+    ops().linear(a.v, x.data(), n, wa.data(), q);
+    ops().linear(b.v, x.data(), n, wb.data(), q);
+    EXPECT_EQ(0, std::memcmp(ya.data(), wa.data(), ya.size() * 4)) << n;
+    EXPECT_EQ(0, std::memcmp(yb.data(), wb.data(), yb.size() * 4)) << n;
+  }
+  // different K, or a row range that is not the whole of both: an internal error, nothing computed
+  std::vector<float> x(2 * K), ya(96), yb(32);
+  EXPECT_THROW(ops().linear_pair(a.v, c.v, x.data(), 1, ya.data(), yb.data(), q), Error);
+  LinearOpts part = q;
+  part.row_end = 32;
+  EXPECT_THROW(ops().linear_pair(a.v, b.v, x.data(), 1, ya.data(), yb.data(), part), Error);
+}
+
 TEST(Ops, MoeIndependentOfThreadCount) {
   // Decode (1 token: 3 items with rows) and a small prefill, on 1 thread (items and products sequential), 2 threads
   // (items in parallel) and more threads than items (items one after the other, each product on the whole pool:

@@ -444,6 +444,34 @@ TEST(GpuOpsRows, Rope) {
         }
 }
 
+// head_rms then rope in one kernel (Ops::head_rms_rope, the query after wq_b): bitwise the two ops on the GPU, for
+// V4-Flash's query (64 heads x 512, rd 64), tiny-a's (2 x 128) and a head wider than one warp's path (2048).
+TEST(GpuOpsRows, HeadRmsRope) {
+  DSV4_REQUIRE_GPU();
+  struct Case {
+    int64_t heads, head_dim, rd;
+  };
+  const Case cases[] = {{64, 512, 64}, {2, 128, 64}, {2, 2048, 64}};
+  for (const Case& c : cases)
+    for (int64_t n_tok : kNTok)
+      for (bool bf16 : {false, true}) {
+        const auto x = randn(size_t(n_tok * c.heads * c.head_dim), 60 + uint32_t(n_tok + c.heads), 3.0f, bf16);
+        const auto cs = rope_cos_sin(n_tok, c.rd, 61 + uint32_t(n_tok));
+        Buffer dcs = to_device(dev(), cs);
+        const auto two = on_gpu_inplace(x, [&](float* p) {
+          gops().head_rms(p, n_tok * c.heads, c.head_dim, 1e-6f, bf16);
+          gops().rope(p, n_tok, c.heads, c.head_dim, c.rd, dcs.as<float>(), false, bf16);
+        });
+        const auto one = on_gpu_inplace(x, [&](float* p) {
+          gops().head_rms_rope(p, n_tok, c.heads, c.head_dim, 1e-6f, c.rd, dcs.as<float>(), bf16);
+        });
+        expect_bitwise("head_rms_rope",
+                       strf("n_tok=%lld heads=%lld head_dim=%lld rd=%lld %s vs head_rms + rope", (long long)n_tok,
+                            (long long)c.heads, (long long)c.head_dim, (long long)c.rd, num(bf16)),
+                       two, one);
+      }
+}
+
 // ---- FP8 / FP4 simulation ----------------------------------------------------------------------------------------
 // bf16 activations with a different magnitude per block of 32 (2^-24 .. 2^12) and a spread of 2^-12 inside a block
 // (so small elements land on the e4m3 / e2m1 subnormal grids), one all-zero block per row (amax 0 -> the 1e-4 /

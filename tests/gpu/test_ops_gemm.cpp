@@ -750,7 +750,8 @@ TEST(CudaGemm, GroupedWoAPrefillBf16TensorCores) {
 }
 
 // The shared expert's w1 and w3 in one tensor-core launch (cuda::linear_pair, (Q), 1..8 tokens) vs the CPU's two
-// linears: the gemv tolerance; token t of an 8-token call == alone, bitwise.
+// linears: the gemv tolerance; each output == its linear() on the GPU and token t of an 8-token call == alone,
+// bitwise.
 TEST(CudaGemm, LinearPairSharedExpert) {
   DSV4_REQUIRE_GPU();
   const int64_t N = 2048, K = 4096;
@@ -780,6 +781,13 @@ TEST(CudaGemm, LinearPairSharedExpert) {
                  std::ldexp(1.0, -7));
     expect_close("linear_pair", base + " w3", run_cpu(h3, x, n, N, o), y3, 2.0 * double(K) * u * Bx * B3,
                  std::ldexp(1.0, -7));
+    {  // each output bitwise its own linear() (the same K slices)
+      const Buffer xd = to_device(*cuda(), x);
+      expect_bitwise("linear_pair", base + " w1 vs linear()",
+                     run_gpu(d1->v, xd.as<float>(), n, N, o, GemmPath::auto_, nullptr), y1);
+      expect_bitwise("linear_pair", base + " w3 vs linear()",
+                     run_gpu(d3->v, xd.as<float>(), n, N, o, GemmPath::auto_, nullptr), y3);
+    }
     if (n == 8) {
       for (const int64_t t : {int64_t(0), int64_t(5)}) {
         const std::vector<float> xt(x.begin() + t * K, x.begin() + (t + 1) * K);
@@ -789,6 +797,52 @@ TEST(CudaGemm, LinearPairSharedExpert) {
         expect_bitwise("linear_pair batch invariance", strf("w3 token %lld of 8 vs alone", (long long)t),
                        rows_of(y3, t, 1, N), a3);
       }
+    }
+  }
+}
+
+// Ops::linear_pair at attention's wq_a [1024, 4096] and wkv [512, 4096] (FP8 e8m0, (Q), 1..8 tokens): one
+// tensor-core launch (cuda::linear_pair) whose outputs are bitwise what two linear() calls give in the fast mode,
+// within the gemv tolerance of the CPU, and bitwise the CPU's in the deterministic mode. A pair whose matrices would
+// take different K slices alone (8192 rows: 4, 512 rows: 8) runs as the two linears: bitwise again.
+TEST(CudaGemm, LinearPairWqAWkv) {
+  DSV4_REQUIRE_GPU();
+  const int64_t K = 4096;
+  LinearOpts o;
+  o.act_quant_fp8 = true;
+  o.out_bf16 = true;
+  const double u = std::ldexp(1.0, -24);
+  for (const auto& shape : {std::pair<int64_t, int64_t>{1024, 512}, std::pair<int64_t, int64_t>{8192, 512}}) {
+    const int64_t Na = shape.first, Nb = shape.second;
+    const HostWeight ha = make_weight(kFp8, Na, K, 51), hb = make_weight(kFp8, Nb, K, 52);
+    const auto da = upload(ha), db = upload(hb);
+    const double Ba = max_row_norm_w(ha.view, 0, Na), Bb = max_row_norm_w(hb.view, 0, Nb);
+    PathScope ps(GemmPath::auto_);
+    for (const int64_t n : {1, 2, 5, 8}) {
+      const std::vector<float> x = make_x(n, K, 640 + n, true);
+      const Buffer xd = to_device(*cuda(), x);
+      auto pair = [&]() {
+        Buffer ya = out_buffer<float>(*cuda(), size_t(n * Na)), yb = out_buffer<float>(*cuda(), size_t(n * Nb));
+        gops().linear_pair(da->v, db->v, xd.as<float>(), n, ya.as<float>(), yb.as<float>(), o);
+        return std::make_pair(to_host<float>(*cuda(), ya, size_t(n * Na)), to_host<float>(*cuda(), yb, size_t(n * Nb)));
+      };
+      const std::string base = strf("[%lld|%lld, 4096] fp8/e8m0 n_tok=%lld Q out_bf16", (long long)Na, (long long)Nb,
+                                    (long long)n);
+      const auto [ya, yb] = pair();
+      EXPECT_EQ(cuda::last_gemm_path(), GemmPath::gemv) << base;
+      expect_bitwise("linear_pair", base + " a vs linear()", run_gpu(da->v, xd.as<float>(), n, Na, o,
+                                                                     GemmPath::auto_, nullptr), ya);
+      expect_bitwise("linear_pair", base + " b vs linear()", run_gpu(db->v, xd.as<float>(), n, Nb, o,
+                                                                     GemmPath::auto_, nullptr), yb);
+      const double Bx = max_row_norm_x(x, n, K) * 1.1;
+      const std::vector<float> ra = run_cpu(ha, x, n, Na, o), rb = run_cpu(hb, x, n, Nb, o);
+      expect_close("linear_pair", base + " a vs CPU", ra, ya, 2.0 * double(K) * u * Bx * Ba, std::ldexp(1.0, -7));
+      expect_close("linear_pair", base + " b vs CPU", rb, yb, 2.0 * double(K) * u * Bx * Bb, std::ldexp(1.0, -7));
+      cuda::set_deterministic(true);
+      const auto [da_y, db_y] = pair();
+      cuda::set_deterministic(false);
+      expect_bitwise("linear_pair", base + " a deterministic vs CPU", ra, da_y);
+      expect_bitwise("linear_pair", base + " b deterministic vs CPU", rb, db_y);
     }
   }
 }

@@ -641,6 +641,69 @@ TEST(CudaMoe, RouteExtremesAndMaxShape) {
   check_route("E=384 k=8 bias, logits incl. >20, =20, -88..-110, +-0, tiny, n_tok=40", c, g);
 }
 
+// Ops::route_moe at V4-Flash shapes (E = 256, top-6, FP4 experts + FP8 shared expert): calls of <= 8 tokens route
+// inside the MoE's plan kernel (route_plan_kernel), larger ones run route_kernel first. ids and weights bitwise
+// route()'s and the CPU's, y bitwise moe() on route()'s ids, in the fast and the deterministic mode (there y is also
+// bitwise the CPU's route_moe); biased top-k and hash layers (duplicate ids).
+TEST(CudaMoe, RouteMoeEqualsRouteThenMoe) {
+  DSV4_REQUIRE_GPU();
+  const MoeModel& m = model();
+  const int64_t E = MoeModel::E, k = kK, D = MoeModel::D, vocab = 1000;
+  const float scale = 2.5f, limit = 10.0f;
+  for (const int64_t n : {1, 3, 8, 9, 40}) {
+    for (const bool hash : {false, true}) {
+      Rng rng(uint64_t(900 + 2 * n + (hash ? 1 : 0)));
+      std::vector<float> logits(size_t(n * E)), bias(static_cast<size_t>(E));
+      for (auto& v : logits) v = 2.0f * rng.normal();
+      for (auto& v : bias) v = 0.1f * rng.normal();
+      std::vector<int32_t> tid2eid(size_t(vocab * k)), tokens(static_cast<size_t>(n));
+      for (int64_t v = 0; v < vocab; ++v)
+        for (int64_t i = 0; i < k; ++i)
+          tid2eid[size_t(v * k + i)] = int32_t(i % 3 == 2 ? tid2eid[size_t(v * k + i - 1)] : rng.below(E));
+      for (auto& t : tokens) t = int32_t(rng.below(vocab));
+      const std::vector<float> x = make_x(n, D, uint64_t(950 + n), true);
+      const std::string base = strf("E=256 top-6 %s n_tok=%lld", hash ? "hash" : "bias", (long long)n);
+
+      std::vector<int32_t> cid(size_t(n * k));
+      std::vector<float> cw(size_t(n * k)), cy(size_t(n * D));
+      cops().route_moe(logits.data(), E, hash ? nullptr : bias.data(), hash ? tid2eid.data() : nullptr, tokens.data(),
+                       scale, m.cpu_weights(true), x.data(), n, k, limit, opts(true), true, cid.data(), cw.data(),
+                       cy.data());
+      const Buffer ld = to_device(*cuda(), logits), bd = to_device(*cuda(), bias), td = to_device(*cuda(), tid2eid),
+                   tkd = to_device(*cuda(), tokens), xd = to_device(*cuda(), x);
+      const float* b = hash ? nullptr : bd.as<float>();
+      const int32_t* h = hash ? td.as<int32_t>() : nullptr;
+      for (const bool det : {false, true}) {
+        if (det) ::dsv4::cuda::set_deterministic(true);
+        const std::string label = base + (det ? " deterministic" : " fast");
+        Buffer id1 = out_buffer<int32_t>(*cuda(), size_t(n * k)), w1 = out_buffer<float>(*cuda(), size_t(n * k));
+        Buffer y1 = out_buffer<float>(*cuda(), size_t(n * D));
+        const int64_t before = ::dsv4::cuda::route_plan_calls();
+        gops().route_moe(ld.as<float>(), E, b, h, tkd.as<int32_t>(), scale, m.gpu_weights(true), xd.as<float>(), n, k,
+                         limit, opts(true), true, id1.as<int32_t>(), w1.as<float>(), y1.as<float>());
+        EXPECT_EQ(::dsv4::cuda::route_plan_calls() - before, n <= 8 ? 1 : 0) << label << ": routed in the plan kernel?";
+        Buffer id2 = out_buffer<int32_t>(*cuda(), size_t(n * k)), w2 = out_buffer<float>(*cuda(), size_t(n * k));
+        Buffer y2 = out_buffer<float>(*cuda(), size_t(n * D));
+        gops().route(ld.as<float>(), n, E, k, b, h, tkd.as<int32_t>(), scale, id2.as<int32_t>(), w2.as<float>());
+        gops().moe(m.gpu_weights(true), xd.as<float>(), n, id2.as<int32_t>(), w2.as<float>(), k, limit, opts(true),
+                   true, y2.as<float>());
+        const auto gid = to_host<int32_t>(*cuda(), id1, size_t(n * k));
+        const auto gw = to_host<float>(*cuda(), w1, size_t(n * k));
+        const auto gy = to_host<float>(*cuda(), y1, size_t(n * D));
+        expect_bitwise("route_moe ids", label + " vs route()", to_host<int32_t>(*cuda(), id2, size_t(n * k)), gid);
+        expect_bitwise("route_moe weights", label + " vs route()", to_host<float>(*cuda(), w2, size_t(n * k)), gw);
+        expect_bitwise("route_moe y", label + " vs route() + moe()", to_host<float>(*cuda(), y2, size_t(n * D)), gy);
+        expect_bitwise("route_moe ids", label + " vs CPU", cid, gid);
+        expect_bitwise("route_moe weights", label + " vs CPU", cw, gw);
+        if (det) {
+          expect_bitwise("route_moe y", label + " vs CPU", cy, gy);
+          ::dsv4::cuda::set_deterministic(false);
+        }
+      }
+    }
+  }
+}
+
 // ---- moe -----------------------------------------------------------------------------------------------------------
 TEST(CudaMoe, MoeDecodeShapes) {
   DSV4_REQUIRE_GPU();

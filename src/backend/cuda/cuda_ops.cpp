@@ -62,6 +62,18 @@ void CudaOps::linear(const WeightView& W, const float* x, int64_t n_tok, float* 
   DSV4_CUDA_OP(linear, W, x, n_tok, y, o, scratch);
 }
 
+// One tensor-core launch for both where linear() would run gemv_tc_kernel for each (decode), else the two linears.
+void CudaOps::linear_pair(const WeightView& Wa, const WeightView& Wb, const float* x, int64_t n_tok, float* ya,
+                          float* yb, const LinearOpts& o) const {
+  if (n_tok <= 0) return;
+  if (Wa.cols != Wb.cols || o.row_begin != 0 || (o.row_end != -1 && (o.row_end != Wa.rows || o.row_end != Wb.rows)))
+    return Ops::linear_pair(Wa, Wb, x, n_tok, ya, yb, o);  // (fails with the shapes)
+  Workspace::Scope scope(be_.workspace());
+  void* scratch =
+      be_.workspace().alloc_bytes(std::max(linear_scratch_bytes(Wa, n_tok, o), linear_scratch_bytes(Wb, n_tok, o)));
+  DSV4_CUDA_OP(linear_pair, Wa, Wb, x, n_tok, ya, yb, o, scratch);
+}
+
 // One launch for all groups where the decode kernel runs (the same kernel and per-row operations as one linear()
 // per group), else the group loop.
 void CudaOps::linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int64_t groups, float* y,
@@ -105,6 +117,10 @@ void CudaOps::head_rms(float* x, int64_t n_rows, int64_t dim, float eps, bool bf
 void CudaOps::rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, int64_t rd, const float* cos_sin,
                    bool inverse, bool bf16) const {
   if (n_tok > 0) DSV4_CUDA_OP(rope, x, n_tok, n_heads, head_dim, rd, cos_sin, inverse, bf16);
+}
+void CudaOps::head_rms_rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, float eps, int64_t rd,
+                            const float* cos_sin, bool bf16) const {
+  if (n_tok > 0) DSV4_CUDA_OP(head_rms_rope, x, n_tok, n_heads, head_dim, eps, rd, cos_sin, bf16);
 }
 void CudaOps::fp8_sim(float* x, int64_t n_rows, int64_t row_stride, int64_t n_cols, int64_t block) const {
   if (n_rows > 0) DSV4_CUDA_OP(fp8_sim, x, n_rows, row_stride, n_cols, block);
@@ -191,6 +207,30 @@ void CudaOps::swiglu(const float* g, const float* up, int64_t n_rows, int64_t di
                      bool bf16, float* h) const {
   if (n_rows > 0) DSV4_CUDA_OP(swiglu, g, up, n_rows, dim, limit, row_w, bf16, h);
 }
+namespace {
+// Which kernels a large MoE call ran (prefill; debug log).
+void log_moe_path(int64_t pairs, int64_t tc_before, int64_t big_before) {
+  if (pairs < 4096) return;
+  const MoePrefillTcStats st = moe_prefill_tc_stats();
+  if (moe_tc_big_calls() > big_before)
+    log::debug("moe: {} (token, slot) pairs, big segments on FP8 tensor cores (FP4 converted in the kernel)", pairs);
+  else if (st.calls > tc_before) log::debug("moe: {} (token, slot) pairs on BF16 tensor cores", pairs);
+  else log::debug("moe: {} (token, slot) pairs on the FP4 kernels ({})", pairs, st.last_refusal);
+}
+}  // namespace
+
+void CudaOps::route_moe(const float* logits, int64_t n_experts, const float* bias, const int32_t* tid2eid,
+                        const int32_t* tokens, float route_scale, const MoeWeights& w, const float* x, int64_t n_tok,
+                        int64_t k, float swiglu_limit, const LinearOpts& q, bool bf16, int32_t* ids, float* wts,
+                        float* y) const {
+  if (n_tok <= 0) return;
+  Workspace::Scope scope(be_.workspace());
+  void* scratch = be_.workspace().alloc_bytes(moe_scratch_bytes(w, n_tok, k, q));
+  const int64_t tc_before = moe_prefill_tc_stats().calls, big_before = moe_tc_big_calls();
+  DSV4_CUDA_OP(route_moe, logits, n_experts, bias, tid2eid, tokens, route_scale, w, x, n_tok, k, swiglu_limit, q, bf16,
+               ids, wts, y, scratch, moe_side());
+  log_moe_path(n_tok * k, tc_before, big_before);
+}
 void CudaOps::moe(const MoeWeights& w, const float* x, int64_t n_tok, const int32_t* ids, const float* wts, int64_t k,
                   float swiglu_limit, const LinearOpts& q, bool bf16, float* y) const {
   if (n_tok <= 0) return;
@@ -198,14 +238,7 @@ void CudaOps::moe(const MoeWeights& w, const float* x, int64_t n_tok, const int3
   void* scratch = be_.workspace().alloc_bytes(moe_scratch_bytes(w, n_tok, k, q));
   const int64_t tc_before = moe_prefill_tc_stats().calls, big_before = moe_tc_big_calls();
   DSV4_CUDA_OP(moe, w, x, n_tok, ids, wts, k, swiglu_limit, q, bf16, y, scratch, moe_side());
-  if (n_tok * k >= 4096) {
-    const MoePrefillTcStats st = moe_prefill_tc_stats();
-    if (moe_tc_big_calls() > big_before)
-      log::debug("moe: {} (token, slot) pairs, big segments on FP8 tensor cores (FP4 converted in the kernel)",
-                 n_tok * k);
-    else if (st.calls > tc_before) log::debug("moe: {} (token, slot) pairs on BF16 tensor cores", n_tok * k);
-    else log::debug("moe: {} (token, slot) pairs on the FP4 kernels ({})", n_tok * k, st.last_refusal);
-  }
+  log_moe_path(n_tok * k, tc_before, big_before);
 }
 
 void CudaOps::moe_resident(const MoeWeights& w, const uint8_t* resident, const float* x, int64_t n_tok,

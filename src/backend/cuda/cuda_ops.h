@@ -17,6 +17,8 @@ class CudaOps final : public Ops {
   void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o) const override;
   void linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int64_t groups, float* y,
                       const LinearOpts& o) const override;
+  void linear_pair(const WeightView& Wa, const WeightView& Wb, const float* x, int64_t n_tok, float* ya, float* yb,
+                   const LinearOpts& o) const override;
   void fill(float* x, int64_t n, float value) const override;
   void round_bf16(float* x, int64_t n) const override;
   void scale(float* x, int64_t n, float alpha, bool bf16) const override;
@@ -26,6 +28,8 @@ class CudaOps final : public Ops {
   void head_rms(float* x, int64_t n_rows, int64_t dim, float eps, bool bf16) const override;
   void rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, int64_t rd, const float* cos_sin,
             bool inverse, bool bf16) const override;
+  void head_rms_rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, float eps, int64_t rd,
+                     const float* cos_sin, bool bf16) const override;
   void fp8_sim(float* x, int64_t n_rows, int64_t row_stride, int64_t n_cols, int64_t block) const override;
   void fp4_sim(float* x, int64_t n_rows, int64_t dim) const override;
   void hadamard(float* x, int64_t n_rows, int64_t dim, bool bf16) const override;
@@ -61,6 +65,10 @@ class CudaOps final : public Ops {
               bool bf16, float* h) const override;
   void moe(const MoeWeights& w, const float* x, int64_t n_tok, const int32_t* ids, const float* wts, int64_t k,
            float swiglu_limit, const LinearOpts& q, bool bf16, float* y) const override;
+  void route_moe(const float* logits, int64_t n_experts, const float* bias, const int32_t* tid2eid,
+                 const int32_t* tokens, float route_scale, const MoeWeights& w, const float* x, int64_t n_tok, int64_t k,
+                 float swiglu_limit, const LinearOpts& q, bool bf16, int32_t* ids, float* wts,
+                 float* y) const override;
   void moe_resident(const MoeWeights& w, const uint8_t* resident, const float* x, int64_t n_tok, const int32_t* ids,
                     const float* wts, int64_t k, float swiglu_limit, const LinearOpts& q, bool bf16, float* o_pairs,
                     float* o_shared) const override;

@@ -129,8 +129,20 @@ __global__ void rmsnorm_vec_kernel(const float* x, int64_t n_rows, int64_t dim, 
   }
 }
 
-template <int TPR>
-__global__ void head_rms_kernel(float* x, int64_t n_rows, int64_t dim, float eps, bool bf16) {
+// One rotated pair (v[0], v[1]) of rope: (re, im) = (a c - b s, a s + b c), bf16 when bf16.
+__device__ __forceinline__ void rope_pair(float* v, float c, float s, bool bf16) {
+  const float a = v[0], b = v[1];
+  const float re = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+  const float im = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+  v[0] = maybe_bf16(re, bf16);
+  v[1] = maybe_bf16(im, bf16);
+}
+
+// ROPE (head_rms_rope): after the row (head r of token r / n_heads) is normalized, its forward rope on the last rd
+// dims by the same TPR threads (rope_kernel's arithmetic on the normalized values).
+template <int TPR, bool ROPE = false>
+__global__ void head_rms_kernel(float* x, int64_t n_rows, int64_t dim, float eps, bool bf16, int64_t n_heads = 1,
+                                int64_t rd = 0, const float* cos_sin = nullptr) {
   __shared__ double smem[kThreads / 32];
   constexpr int RPB = kThreads / TPR;
   const int lane = threadIdx.x % TPR;
@@ -158,6 +170,14 @@ __global__ void head_rms_kernel(float* x, int64_t n_rows, int64_t dim, float eps
   }
 #pragma unroll 8
   for (int64_t i = lane; i < dim; i += TPR) xr[i] = maybe_bf16(__fmul_rn(xr[i], rs), bf16);
+  if constexpr (ROPE) {
+    if constexpr (TPR == 32)
+      __syncwarp();
+    else
+      __syncthreads();
+    const float* cs = cos_sin + (r / n_heads) * rd;
+    for (int64_t i = lane; i < rd / 2; i += TPR) rope_pair(xr + dim - rd + 2 * i, cs[2 * i], cs[2 * i + 1], bf16);
+  }
 }
 
 // ---- rope: one thread per rotated pair ---------------------------------------------------------------------------
@@ -168,12 +188,7 @@ __global__ void rope_kernel(float* x, int64_t n_tok, int64_t n_heads, int64_t he
     const int64_t th = p / half, i = p % half, t = th / n_heads;
     const float c = cos_sin[t * rd + 2 * i];
     const float s = inverse ? -cos_sin[t * rd + 2 * i + 1] : cos_sin[t * rd + 2 * i + 1];
-    float* v = x + th * head_dim + off + 2 * i;
-    const float a = v[0], b = v[1];
-    const float re = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-    const float im = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
-    v[0] = maybe_bf16(re, bf16);
-    v[1] = maybe_bf16(im, bf16);
+    rope_pair(x + th * head_dim + off + 2 * i, c, s, bf16);
   }
 }
 
@@ -359,6 +374,20 @@ void rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, int64_t rd
   const int64_t n = n_tok * n_heads * (rd / 2);
   if (n <= 0) return;
   rope_kernel<<<stride_grid(n), kThreads, 0, stream>>>(x, n_tok, n_heads, head_dim, rd, cos_sin, inverse, bf16);
+}
+
+void head_rms_rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, float eps, int64_t rd,
+                   const float* cos_sin, bool bf16, cudaStream_t stream) {
+  const int64_t n_rows = n_tok * n_heads;
+  if (n_rows <= 0 || head_dim <= 0) return;
+  if (head_dim <= 1024) {
+    constexpr int rpb = kThreads / 32;
+    head_rms_kernel<32, true><<<unsigned((n_rows + rpb - 1) / rpb), kThreads, 0, stream>>>(x, n_rows, head_dim, eps,
+                                                                                          bf16, n_heads, rd, cos_sin);
+  } else {
+    head_rms_kernel<kThreads, true><<<unsigned(n_rows), kThreads, 0, stream>>>(x, n_rows, head_dim, eps, bf16,
+                                                                              n_heads, rd, cos_sin);
+  }
 }
 
 void fp8_sim(float* x, int64_t n_rows, int64_t row_stride, int64_t n_cols, int64_t block, cudaStream_t stream) {

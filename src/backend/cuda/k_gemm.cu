@@ -336,9 +336,11 @@ struct GArgs {
   int64_t M = 0;
   WeightView W;
   int64_t r0 = 0, nout = 0;
-  // gemv_tc_kernel pair (y2 != nullptr): a second matrix of W's shape and format on the same x, into y2 [M, ldy]
+  // gemv_tc_kernel pair (y2 != nullptr): a second matrix of W's K and format on the same x, its rows [0, nout2) into
+  // y2 [M, ldy2] (the first matrix then starts at row r0 = 0 too)
   WeightView W2;
   float* y2 = nullptr;
+  int64_t nout2 = 0, ldy2 = 0;
   // output (linear: y [M, ldy]; MoE: h or o [rows, ldy])
   float* y = nullptr;
   int64_t ldy = 0;
@@ -1437,8 +1439,10 @@ __global__ void __launch_bounds__(GV_THREADS) gemv_kernel(const GArgs A) {
 // products). Column m of D is token m (an output never depends on another column), so a token's result is the same
 // alone or with up to 7 others. A warp adds its items in ascending kb, the KS slices are added in slice order
 // (deterministic; the order depends on the shape only).
-// A pair (linear_pair: the shared expert's w1 and w3, one shape, the same x) runs as one matrix of twice the tiles:
-// tiles [n, 2 n) are W2's and go to y2; x is quantized once.
+// A pair (linear_pair: two matrices of one K and format on the same x, e.g. the shared expert's w1 and w3, or wq_a
+// and wkv) runs as one matrix of both matrices' tiles: tiles [n_mat, n_mat + nout2 / 16) are W2's and go to y2; x is
+// quantized once. Both matrices take the KS that each would take alone (the launcher checks that it is the same), so
+// every output equals its own linear() bitwise.
 constexpr int GT_THREADS = 256, GT_WARPS = 8, GT_ROWS = 16, GT_MAXK = 8192, GT_PF = 4, GT_MAXTOK = 8;
 constexpr int GT_XPAD = 64;               // shared-memory row padding of the codes (conflict-free 16-byte reads)
 constexpr int64_t kGtWarpTarget = 2048;   // (tile, slice) warp tasks a matrix should give before K is split further
@@ -1462,8 +1466,9 @@ __global__ void __launch_bounds__(GT_THREADS, 2) gemv_tc_kernel(const GArgs A) {
   const int64_t M = A.M, K = A.W.cols, nkb = K / 128, Kp = K + GT_XPAD;
   const int KS = A.gv_ks, tpb = GT_WARPS / KS, wt = warp / KS, ks = warp % KS;
   const int64_t kbw = nkb / KS;                               // items of a warp per tile
-  const bool pair = A.y2 != nullptr;                          // tiles [n_mat, 2 n_mat) are W2's
-  const int64_t n_mat = A.nout / GT_ROWS, n_tiles = pair ? 2 * n_mat : n_mat, n_groups = cdiv(n_tiles, tpb);
+  const bool pair = A.y2 != nullptr;                          // tiles [n_mat, n_tiles) are W2's
+  const int64_t n_mat = A.nout / GT_ROWS, n_tiles = pair ? n_mat + A.nout2 / GT_ROWS : n_mat;
+  const int64_t n_groups = cdiv(n_tiles, tpb);
   const int64_t n_mine = int64_t(blockIdx.x) < n_groups ? cdiv(n_groups - blockIdx.x, gridDim.x) : 0;
   const int64_t n_items = n_mine * kbw, tile_step = int64_t(gridDim.x) * tpb;
   uint8_t* xq = gt_smem;                                      // activation codes (e4m3 bytes) [M, Kp]
@@ -1478,7 +1483,7 @@ __global__ void __launch_bounds__(GT_THREADS, 2) gemv_tc_kernel(const GArgs A) {
   auto load = [&](uint4 (&w)[4], uint32_t& s) {
     if (l_tile < n_tiles) {  // (past the block's last item: l_tile >= n_tiles)
       const bool second = l_tile >= n_mat;
-      const int64_t row = A.r0 + (second ? l_tile - n_mat : l_tile) * GT_ROWS, kb = kbs + l_kb;
+      const int64_t row = second ? (l_tile - n_mat) * GT_ROWS : A.r0 + l_tile * GT_ROWS, kb = kbs + l_kb;
       const uint8_t* scale = second ? wd2.scale : wd.scale;
       const uint8_t* p = (second ? wd2.w : wd.w) + (row + g) * wd.row_bytes + kb * 128 + 16 * t;
       w[0] = __ldg(reinterpret_cast<const uint4*>(p));
@@ -1545,10 +1550,11 @@ __global__ void __launch_bounds__(GT_THREADS, 2) gemv_tc_kernel(const GArgs A) {
           if (KS == 1) {
             if (tile_ok) {
               float* y = (c_tile >= n_mat ? A.y2 : A.y) + n0 + g;
-              if (m0 < M) y[m0 * A.ldy] = A.out_bf16 ? round_bf16(tot[0]) : tot[0];
-              if (m1 < M) y[m1 * A.ldy] = A.out_bf16 ? round_bf16(tot[1]) : tot[1];
-              if (m0 < M) y[m0 * A.ldy + 8] = A.out_bf16 ? round_bf16(tot[2]) : tot[2];
-              if (m1 < M) y[m1 * A.ldy + 8] = A.out_bf16 ? round_bf16(tot[3]) : tot[3];
+              const int64_t ldy = c_tile >= n_mat ? A.ldy2 : A.ldy;
+              if (m0 < M) y[m0 * ldy] = A.out_bf16 ? round_bf16(tot[0]) : tot[0];
+              if (m1 < M) y[m1 * ldy] = A.out_bf16 ? round_bf16(tot[1]) : tot[1];
+              if (m0 < M) y[m0 * ldy + 8] = A.out_bf16 ? round_bf16(tot[2]) : tot[2];
+              if (m1 < M) y[m1 * ldy + 8] = A.out_bf16 ? round_bf16(tot[3]) : tot[3];
             }
           } else {
             if (m0 < M) red[warp][m0][g] = tot[0], red[warp][m0][g + 8] = tot[2];
@@ -1561,8 +1567,10 @@ __global__ void __launch_bounds__(GT_THREADS, 2) gemv_tc_kernel(const GArgs A) {
               if (tl >= n_tiles) continue;
               float v = red[tw * KS][m][r];
               for (int q = 1; q < KS; ++q) v = __fadd_rn(v, red[tw * KS + q][m][r]);
-              (tl >= n_mat ? A.y2 : A.y)[m * A.ldy + (tl >= n_mat ? tl - n_mat : tl) * GT_ROWS + r] =
-                  A.out_bf16 ? round_bf16(v) : v;
+              if (tl >= n_mat)
+                A.y2[m * A.ldy2 + (tl - n_mat) * GT_ROWS + r] = A.out_bf16 ? round_bf16(v) : v;
+              else
+                A.y[m * A.ldy + tl * GT_ROWS + r] = A.out_bf16 ? round_bf16(v) : v;
             }
             __syncthreads();  // red is reused by the next group
           }
@@ -2510,10 +2518,11 @@ size_t linear_scratch_bytes(const WeightView& W, int64_t n_tok, const LinearOpts
   return b;
 }
 
-// gemv_tc_kernel over `rows` output rows (A.nout, or twice it for a pair) of A.M tokens: K slices from the shape, a
-// persistent grid of every group of 8 / KS tiles, at most the blocks the GPU holds at once (occ per SM).
-void launch_gemv_tc(GArgs& A, int64_t rows, int64_t K, int occ, cudaStream_t stream) {
-  A.gv_ks = gemv_tc_ks(rows);
+// gemv_tc_kernel over `rows` output rows (A.nout, or A.nout + A.nout2 for a pair) of A.M tokens: K slices `ks`
+// (gemv_tc_ks of each matrix), a persistent grid of every group of 8 / KS tiles, at most the blocks the GPU holds at
+// once (occ per SM).
+void launch_gemv_tc(GArgs& A, int64_t rows, int ks, int64_t K, int occ, cudaStream_t stream) {
+  A.gv_ks = ks;
   const int64_t groups = cdiv(rows / GT_ROWS, GT_WARPS / A.gv_ks);
   const int64_t grid = imin(groups, int64_t(sm_count()) * occ);
   gemv_tc_kernel<<<static_cast<unsigned>(grid), GT_THREADS, gemv_tc_smem(A.M, K), stream>>>(A);
@@ -2576,7 +2585,7 @@ void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const 
   if (path == GemmPath::gemv && p.Q && forced == GemmPath::auto_ && n_tok <= GT_MAXTOK && aligned16(x) &&
       gemv_tc_ok(W, p.r0, p.nout, &tc_occ)) {
     A.a = x;
-    launch_gemv_tc(A, p.nout, p.K, tc_occ, stream);
+    launch_gemv_tc(A, p.nout, gemv_tc_ks(p.nout), p.K, tc_occ, stream);
     return;
   }
   // single-token (Q) decode on gemv: act_quant fused into the kernel
@@ -2616,26 +2625,33 @@ void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const 
 
 void linear_pair(const WeightView& W1, const WeightView& W3, const float* x, int64_t n_tok, float* y1, float* y3,
                  const LinearOpts& o, void* scratch, cudaStream_t stream) {
-  const bool same = W1.fmt == W3.fmt && W1.rows == W3.rows && W1.cols == W3.cols &&
-                    W1.block_rows == W3.block_rows && W1.block_cols == W3.block_cols && W1.scale_f32 == W3.scale_f32;
-  if (same && n_tok > 0 && n_tok <= GT_MAXTOK && o.act_quant_fp8 && !deterministic() &&
+  const bool same = W1.fmt == W3.fmt && W1.cols == W3.cols && W1.block_rows == W3.block_rows &&
+                    W1.block_cols == W3.block_cols && W1.scale_f32 == W3.scale_f32;
+  const bool whole = o.row_begin == 0 && (o.row_end == -1 || (o.row_end == W1.rows && o.row_end == W3.rows));
+  if (same && whole && n_tok > 0 && n_tok <= GT_MAXTOK && o.act_quant_fp8 && !deterministic() &&
       gemm_path() == GemmPath::auto_ && aligned16(x)) {
-    const LinearPlan p = validate(W1, n_tok, o);
+    LinearOpts o1 = o, o3 = o;
+    o1.row_end = W1.rows;
+    o3.row_end = W3.rows;
+    const LinearPlan p1 = validate(W1, n_tok, o1), p3 = validate(W3, n_tok, o3);
     int occ = 0;
-    if (gemv_tc_ok(W1, p.r0, p.nout, &occ) && gemv_tc_ok(W3, p.r0, p.nout)) {
+    // each matrix with the K slices it would take alone (linear()): the same sums, bitwise
+    const int ks = gemv_tc_ks(p1.nout);
+    if (gemv_tc_ok(W1, 0, p1.nout, &occ) && gemv_tc_ok(W3, 0, p3.nout) && gemv_tc_ks(p3.nout) == ks) {
       GArgs A;
       A.M = n_tok;
       A.W = W1;
       A.W2 = W3;
-      A.r0 = p.r0;
-      A.nout = p.nout;
+      A.nout = p1.nout;
+      A.nout2 = p3.nout;
       A.y = y1;
       A.y2 = y3;
-      A.ldy = p.nout;
+      A.ldy = p1.nout;
+      A.ldy2 = p3.nout;
       A.out_bf16 = o.out_bf16;
-      A.lda = p.K;
+      A.lda = p1.K;
       A.a = x;
-      launch_gemv_tc(A, 2 * p.nout, p.K, occ, stream);
+      launch_gemv_tc(A, p1.nout + p3.nout, ks, p1.K, occ, stream);
       return;
     }
   }

@@ -2,7 +2,9 @@
 //   1. moe_plan_kernel (one block): count the (token, slot) pairs per expert, exclusive scan -> expert segments,
 //      stable scatter of the pairs into a list sorted by (expert id, pair index) (warp match + per-warp counts, in
 //      pair order), the tile schedule of the grouped GEMMs (M tiles of experts with > kMoeSmallMax rows, the list
-//      of the small experts).
+//      of the small experts). route_moe (Ops::route_moe) of at most kRoutePlanMaxTok tokens runs the router in the
+//      same block first (route_plan_kernel: the scores of every (token, expert) over all threads, then one warp per
+//      token selects; device_route.cuh, the arithmetic of route_kernel), else route_kernel before the plan.
 //   2. (Q) act_quant of every token row once (codes + scales); the GEMMs gather rows through row_tok.
 //   3. moe_w13 (k_gemm.cu): w1 and w3 of each expert over its segment, SwiGLU with the pair's routing weight
 //      (bf16 when bf16) -> h [sorted rows, inter]. Small segments (decode) on the decode kernels ((Q) split by
@@ -30,6 +32,7 @@
 #include <vector>
 
 #include "backend/cuda/device_numeric.cuh"
+#include "backend/cuda/device_route.cuh"
 #include "backend/cuda/gemm_path.h"
 #include "backend/cuda/kernels.h"
 
@@ -73,17 +76,25 @@ __device__ int block_excl_scan(int v, int* tmp, int* total) {
   return off + incl - v;
 }
 
-__global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(const int32_t* ids, int64_t P, int64_t E, int64_t k,
-                                                                const uint8_t* resident, const float* wts,
-                                                                int32_t* seg_start,
-                                                                int32_t* big_tile_start, int32_t* small_list,
-                                                                int32_t* n_small, int32_t* pos, int32_t* row_tok,
-                                                                float* row_w) {
-  __shared__ int cnt[kPlanMaxE];
-  __shared__ int start[kPlanMaxE];
-  __shared__ int run[kPlanMaxE];
-  __shared__ uint16_t wc[32][kPlanMaxE];  // per warp of a chunk: pairs per expert, then their offsets
-  __shared__ int tmp[32];
+// The plan's shared memory (route_plan_kernel reuses it for the router's scores).
+struct PlanShared {
+  int cnt[kPlanMaxE];
+  int start[kPlanMaxE];
+  int run[kPlanMaxE];
+  uint16_t wc[32][kPlanMaxE];  // per warp of a chunk: pairs per expert, then their offsets
+  int tmp[32];
+};
+
+// The plan of the P = n_tok * k pairs with expert ids[p] and routing weights wts[p] (step 1), by a whole block of
+// kPlanThreads threads.
+__device__ void plan_pairs(const int32_t* ids, int64_t P, int64_t E, int64_t k, const uint8_t* resident,
+                           const float* wts, int32_t* seg_start, int32_t* big_tile_start, int32_t* small_list,
+                           int32_t* n_small, int32_t* pos, int32_t* row_tok, float* row_w, PlanShared& sh) {
+  int* cnt = sh.cnt;
+  int* start = sh.start;
+  int* run = sh.run;
+  uint16_t (*wc)[kPlanMaxE] = sh.wc;
+  int* tmp = sh.tmp;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
   for (int64_t e = tid; e < E; e += kPlanThreads) cnt[e] = 0, run[e] = 0;
@@ -143,6 +154,63 @@ __global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(const int32_t* i
     }
     __syncthreads();
   }
+}
+
+__global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(const int32_t* ids, int64_t P, int64_t E, int64_t k,
+                                                                const uint8_t* resident, const float* wts,
+                                                                int32_t* seg_start, int32_t* big_tile_start,
+                                                                int32_t* small_list, int32_t* n_small, int32_t* pos,
+                                                                int32_t* row_tok, float* row_w) {
+  __shared__ PlanShared sh;
+  plan_pairs(ids, P, E, k, resident, wts, seg_start, big_tile_start, small_list, n_small, pos, row_tok, row_w, sh);
+}
+
+// The router's inputs and outputs (Ops::route) for route_moe.
+struct RouteIn {
+  const float* logits = nullptr;  // [n_tok, E]
+  int64_t E = 0;
+  const float* bias = nullptr;
+  const int32_t* tid2eid = nullptr;
+  const int32_t* tokens = nullptr;
+  float route_scale = 1.0f;
+  int32_t* ids = nullptr;  // [n_tok, k]
+  float* wts = nullptr;
+};
+
+constexpr int kRoutePlanMaxTok = 8;  // decode and verify steps: the scores of every token fit the plan's memory
+int64_t g_route_plan_calls = 0;      // route_plan_kernel launches (route_plan_calls(), for tests)
+
+struct RouteShared {
+  float sc[kRoutePlanMaxTok][kRouteMaxExperts];
+  float sel[kRoutePlanMaxTok][kRouteMaxExperts];
+  int32_t ids_s[kRoutePlanMaxTok][kRouteMaxK];
+};
+
+// route_kernel then moe_plan_kernel in one block (n_tok <= kRoutePlanMaxTok, every expert resident): the same ids
+// and weights (device_route.cuh), also written to r.ids / r.wts, and the same plan.
+__global__ void __launch_bounds__(kPlanThreads) route_plan_kernel(RouteIn r, int64_t n_tok, int64_t E, int64_t k,
+                                                                  int32_t* seg_start, int32_t* big_tile_start,
+                                                                  int32_t* small_list, int32_t* n_small, int32_t* pos,
+                                                                  int32_t* row_tok, float* row_w) {
+  __shared__ union {
+    RouteShared route;
+    PlanShared plan;
+  } sh;
+  __shared__ int32_t ids[kRoutePlanMaxTok * kRouteMaxK];
+  __shared__ float wts[kRoutePlanMaxTok * kRouteMaxK];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int64_t RE = r.E, P = n_tok * k;
+  for (int64_t i = tid; i < n_tok * RE; i += kPlanThreads) {
+    const int64_t t = i / RE, e = i % RE;
+    route_score(r.logits[t * RE + e], r.bias, e, &sh.route.sc[t][e], &sh.route.sel[t][e]);
+  }
+  __syncthreads();
+  if (warp < n_tok)
+    route_select(sh.route.sc[warp], sh.route.sel[warp], RE, k, r.tid2eid, r.tokens, warp, r.route_scale, lane,
+                 sh.route.ids_s[warp], ids + warp * k, wts + warp * k);
+  __syncthreads();  // (the scores are dead from here: plan_pairs reuses their memory)
+  for (int64_t p = tid; p < P; p += kPlanThreads) r.ids[p] = ids[p], r.wts[p] = wts[p];
+  plan_pairs(ids, P, E, k, nullptr, wts, seg_start, big_tile_start, small_list, n_small, pos, row_tok, row_w, sh.plan);
 }
 
 // y[t, d] = (sum over t's slots in (expert id, slot) order of o[pos, d]) + os[t, d], bf16 when bf16.
@@ -260,9 +328,10 @@ size_t moe_scratch_bytes(const MoeWeights& w, int64_t n_tok, int64_t k, const Li
 namespace {
 
 // moe (y != nullptr: the combine into y) or moe_resident (resident, o_pairs, o_shared).
-void moe_run(const MoeWeights& w, const uint8_t* resident, const float* x, int64_t n_tok, const int32_t* ids,
-             const float* wts, int64_t k, float swiglu_limit, const LinearOpts& q, bool bf16, float* y,
-             float* o_pairs, float* o_shared, void* scratch, const SideStream* side, cudaStream_t stream) {
+// route (or nullptr): ids and wts are its outputs, computed here before the plan (route_moe).
+void moe_run(const RouteIn* route, const MoeWeights& w, const uint8_t* resident, const float* x, int64_t n_tok,
+             const int32_t* ids, const float* wts, int64_t k, float swiglu_limit, const LinearOpts& q, bool bf16,
+             float* y, float* o_pairs, float* o_shared, void* scratch, const SideStream* side, cudaStream_t stream) {
   using gemm_internal::fail_msg;
   if (n_tok <= 0) return;
   if (w.n_experts <= 0 || w.experts == nullptr || w.device_table == nullptr) fail_msg("moe: no experts");
@@ -305,8 +374,17 @@ void moe_run(const MoeWeights& w, const uint8_t* resident, const float* x, int64
     os = osd;
   }
 
-  moe_plan_kernel<<<1, kPlanThreads, 0, stream>>>(ids, L.P, L.E, k, resident, wts, I32(L.seg), I32(L.big), I32(L.small),
-                                                  I32(L.nsmall), I32(L.pos), I32(L.rtok), F32(L.rw));
+  if (route != nullptr && resident == nullptr && n_tok <= kRoutePlanMaxTok) {
+    ++g_route_plan_calls;
+    route_plan_kernel<<<1, kPlanThreads, 0, stream>>>(*route, n_tok, L.E, k, I32(L.seg), I32(L.big), I32(L.small),
+                                                      I32(L.nsmall), I32(L.pos), I32(L.rtok), F32(L.rw));
+  } else {
+    if (route != nullptr)
+      cuda::route(route->logits, n_tok, route->E, k, route->bias, route->tid2eid, route->tokens, route->route_scale,
+                  route->ids, route->wts, stream);
+    moe_plan_kernel<<<1, kPlanThreads, 0, stream>>>(ids, L.P, L.E, k, resident, wts, I32(L.seg), I32(L.big),
+                                                    I32(L.small), I32(L.nsmall), I32(L.pos), I32(L.rtok), F32(L.rw));
+  }
 
   gemm_internal::MoeGemmArgs g;
   g.table = static_cast<const ExpertView*>(w.device_table);
@@ -374,14 +452,36 @@ void moe_run(const MoeWeights& w, const uint8_t* resident, const float* x, int64
 void moe(const MoeWeights& w, const float* x, int64_t n_tok, const int32_t* ids, const float* wts, int64_t k,
          float swiglu_limit, const LinearOpts& q, bool bf16, float* y, void* scratch, const SideStream* side,
          cudaStream_t stream) {
-  moe_run(w, nullptr, x, n_tok, ids, wts, k, swiglu_limit, q, bf16, y, nullptr, nullptr, scratch, side, stream);
+  moe_run(nullptr, w, nullptr, x, n_tok, ids, wts, k, swiglu_limit, q, bf16, y, nullptr, nullptr, scratch, side,
+          stream);
+}
+
+int64_t route_plan_calls() { return g_route_plan_calls; }
+
+void route_moe(const float* logits, int64_t n_experts, const float* bias, const int32_t* tid2eid,
+               const int32_t* tokens, float route_scale, const MoeWeights& w, const float* x, int64_t n_tok, int64_t k,
+               float swiglu_limit, const LinearOpts& q, bool bf16, int32_t* ids, float* wts, float* y, void* scratch,
+               const SideStream* side, cudaStream_t stream) {
+  if (n_tok <= 0) return;
+  if (n_experts <= 0 || n_experts > kRouteMaxExperts) gemm_internal::fail_msg("route: n_experts must be in 1..512");
+  if (k <= 0 || k > kRouteMaxK || k > n_experts) gemm_internal::fail_msg("route: k must be in 1..min(8, n_experts)");
+  RouteIn r;
+  r.logits = logits;
+  r.E = n_experts;
+  r.bias = bias;
+  r.tid2eid = tid2eid;
+  r.tokens = tokens;
+  r.route_scale = route_scale;
+  r.ids = ids;
+  r.wts = wts;
+  moe_run(&r, w, nullptr, x, n_tok, ids, wts, k, swiglu_limit, q, bf16, y, nullptr, nullptr, scratch, side, stream);
 }
 
 void moe_resident(const MoeWeights& w, const uint8_t* resident, const float* x, int64_t n_tok, const int32_t* ids,
                   const float* wts, int64_t k, float swiglu_limit, const LinearOpts& q, bool bf16, float* o_pairs,
                   float* o_shared, void* scratch, const SideStream* side, cudaStream_t stream) {
-  moe_run(w, resident, x, n_tok, ids, wts, k, swiglu_limit, q, bf16, nullptr, o_pairs, o_shared, scratch, side,
-          stream);
+  moe_run(nullptr, w, resident, x, n_tok, ids, wts, k, swiglu_limit, q, bf16, nullptr, o_pairs, o_shared, scratch,
+          side, stream);
 }
 
 void moe_combine(const float* o_pairs, const int32_t* ids, int64_t n_tok, int64_t k, int64_t D,

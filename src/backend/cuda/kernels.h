@@ -42,8 +42,9 @@ bool linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int64_t 
 bool linear_grouped_tc(const WeightView& W, int64_t n_tok, int64_t groups, const float* x, const LinearOpts& o);
 void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o, void* scratch,
             cudaStream_t stream);
-// y1 = linear(W1, x), y3 = linear(W3, x) (the same o; W1 and W3 of one shape and format): one tensor-core launch
-// where linear() would run gemv_tc_kernel for each, else the two calls. (Each output as a linear of twice the rows.)
+// Ops::linear_pair: y1 = linear(W1, x), y3 = linear(W3, x) (the same o; W1 and W3 of one K and format, rows may
+// differ): one tensor-core launch where linear() would run gemv_tc_kernel for each with the same K slices (o's row
+// range the whole of both), else the two calls; each output bitwise its linear().
 void linear_pair(const WeightView& W1, const WeightView& W3, const float* x, int64_t n_tok, float* y1, float* y3,
                  const LinearOpts& o, void* scratch, cudaStream_t stream);
 
@@ -57,6 +58,9 @@ void rmsnorm(const float* x, int64_t n_rows, int64_t dim, const float* w, float 
 void head_rms(float* x, int64_t n_rows, int64_t dim, float eps, bool bf16, cudaStream_t stream);
 void rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, int64_t rd, const float* cos_sin, bool inverse,
           bool bf16, cudaStream_t stream);
+// Ops::head_rms_rope in one kernel (each head's row normalized, then its rope pairs; bitwise the two launchers).
+void head_rms_rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, float eps, int64_t rd,
+                   const float* cos_sin, bool bf16, cudaStream_t stream);
 void fp8_sim(float* x, int64_t n_rows, int64_t row_stride, int64_t n_cols, int64_t block, cudaStream_t stream);
 void fp4_sim(float* x, int64_t n_rows, int64_t dim, cudaStream_t stream);
 void hadamard(float* x, int64_t n_rows, int64_t dim, bool bf16, cudaStream_t stream);
@@ -115,6 +119,14 @@ size_t moe_scratch_bytes(const MoeWeights& w, int64_t n_tok, int64_t k, const Li
 void moe(const MoeWeights& w, const float* x, int64_t n_tok, const int32_t* ids, const float* wts, int64_t k,
          float swiglu_limit, const LinearOpts& q, bool bf16, float* y, void* scratch, const SideStream* side,
          cudaStream_t stream);
+// Ops::route_moe: route (ids, wts written as route() writes them), then moe on them (scratch: moe_scratch_bytes).
+// Calls of at most 8 tokens run the router inside the MoE's plan kernel (one launch less; the same ids and weights).
+void route_moe(const float* logits, int64_t n_experts, const float* bias, const int32_t* tid2eid,
+               const int32_t* tokens, float route_scale, const MoeWeights& w, const float* x, int64_t n_tok, int64_t k,
+               float swiglu_limit, const LinearOpts& q, bool bf16, int32_t* ids, float* wts, float* y, void* scratch,
+               const SideStream* side, cudaStream_t stream);
+// How many route_moe calls of this process routed inside the plan kernel (for tests).
+int64_t route_plan_calls();
 // Large (prefill) FP4 calls in the fast (Q) mode on cuBLAS BF16 tensor cores (k_bf16_tc.cu): how many calls took
 // that path in this process, and why the last call of >= 4096 pairs that did not take it was refused (for tests).
 struct MoePrefillTcStats {
