@@ -37,11 +37,15 @@
 //   (gemm_path.h set_deterministic) and with forced paths.
 // * moe batch invariance: row t of a 300-token call == the same token alone (path forced simt so that the shared
 //   expert runs the same kernel order; the routed experts change kernel with the segment sizes, not the order).
+// * moe_tc_big_kernel (big segments, fast mode): its f16 form (f16 activations, the f16 mmas issued directly) ==
+//   its FP8-mma form, BITWISE on sm_90 (where ptxas runs the FP8 mma as those f16 mmas).
 #include <algorithm>
 #include <cmath>
 #include <cstdarg>
 #include <cstring>
 #include <numeric>
+
+#include <cuda_runtime.h>
 
 #include "backend/cuda/gemm_path.h"
 #include "backend/cuda/kernels.h"
@@ -718,6 +722,46 @@ TEST(CudaMoe, TcMmaBEqualsTcMma) {
   if (bad < 0) GTEST_SKIP() << "no FP8 mma on this device / in this binary";
   std::printf("[tc_mma_b] %lld of %lld outputs differ from tc_mma\n", (long long)bad, 64LL * 256 * 64 * 4);
   EXPECT_EQ(bad, 0);
+}
+
+TEST(CudaMoe, MoeTcBigF16EqualsFp8Mma) {
+  DSV4_REQUIRE_GPU();
+  // moe_tc_big_kernel stages the activations as f16 and issues the two f16 mmas (+ 0) that ptxas makes of an FP8 mma
+  // on sm_90 (tc_mma_f16_pair); its FP8-mma form (e4m3 bytes staged, tc_mma: set_moe_tc_big_e4m3_for_test) must give
+  // the same bits there: a wrong k position, pair order or fragment row changes the sums. Segments of hundreds of
+  // rows (full and partial 64-row M tiles) plus small ones, some tokens' activations all zero (zero sums).
+  int dev = 0, major = 0, minor = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), cudaSuccess);
+  struct E4m3Scope {
+    E4m3Scope() { cuda::set_moe_tc_big_e4m3_for_test(true); }
+    ~E4m3Scope() { cuda::set_moe_tc_big_e4m3_for_test(false); }
+  };
+  for (const auto& [n, seed] : {std::pair<int64_t, uint64_t>{300, 401}, {1024, 402}}) {
+    std::vector<int32_t> ids;
+    std::vector<float> wts;
+    make_routing(kSkewed, n, seed, ids, wts);
+    std::vector<float> x = make_x(n, MoeModel::D, seed + 1, true);
+    for (const int64_t t : {int64_t(0), int64_t(7), n / 2})
+      std::fill_n(x.begin() + t * MoeModel::D, MoeModel::D, 0.0f);
+    const int64_t before = ::dsv4::cuda::moe_tc_big_calls();
+    const MoeRun f16 = moe_gpu(x, n, ids, wts, true, false, 10.0f, GemmPath::auto_);
+    MoeRun fp8;
+    {
+      E4m3Scope e4m3;
+      fp8 = moe_gpu(x, n, ids, wts, true, false, 10.0f, GemmPath::auto_);
+    }
+    ASSERT_EQ(::dsv4::cuda::moe_tc_big_calls(), before + 4) << "moe_tc_big_kernel did not run (w1|w3 and w2, twice)";
+    const std::string label = strf("E=256 top-6 FP4 n_tok=%lld (%s), 3 zero tokens, (Q) fast: f16 form vs FP8-mma form",
+                                   (long long)n, pattern_name(kSkewed));
+    if (major == 9 && minor == 0) {
+      expect_bitwise("moe_tc_big_kernel", label, fp8.y, f16.y);
+    } else {  // FP8 mma in hardware: the same products, summed by another unit
+      std::printf("[moe_tc_big] sm_%d%d has FP8 mma: the forms are not compared bitwise\n", major, minor);
+      check_moe_fast(label, fp8.y, f16, n);
+    }
+  }
 }
 
 TEST(CudaMoe, MoeDecodeSpecialScaleCodes) {
