@@ -118,11 +118,11 @@ __device__ __forceinline__ void tc_mma_b(const uint32_t a[4], const MmaB& b, flo
 #endif
 }
 
-// tc_mma on f16 operands, as ptxas runs it on sm_90 (CUDA 13.0, sm_90a), the final + 0 included: lo holds bytes
-// 0, 1 of tc_mma's A registers as f16 pairs and hi bytes 2, 3 (e4m3x2_as_f16x2<false / true> of a[0..3]); b is
-// MmaB::r of sm_90 (fp4_as_f16x2 or mma_b_e4m3). On sm_90 d equals tc_mma's bit for bit, zero signs included; on
-// other targets (sm_89 / sm_100+, FP8 mma in hardware) it is the same products summed by the f16 mma (the fp32
-// accumulation may round differently). sm_80+.
+// tc_mma on f16 operands, the two mmas ptxas runs it as on sm_90 (CUDA 13.0, sm_90a) without the final + 0 (as
+// tc_mma_b): lo holds bytes 0, 1 of tc_mma's A registers as f16 pairs and hi bytes 2, 3 (e4m3x2_as_f16x2<false /
+// true> of a[0..3]); b is MmaB::r of sm_90 (fp4_as_f16x2 or mma_b_e4m3). On sm_90, 0 + d equals tc_mma's d bit for
+// bit; on other targets (sm_89 / sm_100+, FP8 mma in hardware) it is the same products summed by the f16 mma (the
+// fp32 accumulation may round differently). sm_80+.
 __device__ __forceinline__ void tc_mma_f16_pair(const uint32_t lo[4], const uint32_t hi[4], const uint32_t b[4],
                                                 float d[4]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -136,8 +136,6 @@ __device__ __forceinline__ void tc_mma_f16_pair(const uint32_t lo[4], const uint
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(hi[0]), "r"(hi[1]), "r"(hi[2]), "r"(hi[3]), "r"(b[2]), "r"(b[3]));
-#pragma unroll
-  for (int i = 0; i < 4; ++i) d[i] = __fadd_rn(0.0f, d[i]);  // ptxas's + 0: a -0 sum becomes +0
 #else
   d[0] = d[1] = d[2] = d[3] = 0.0f;
   __trap();  // the launchers check the device and the binary first

@@ -10,8 +10,8 @@
 // sm_90 has no FP8 mma.sync: ptxas runs each as two f16 mmas (m16n8k16) over the codes converted to f16, then + 0
 // (tc_mma_f16_pair, device_fp8_mma.cuh). The kernel issues those f16 mmas itself (F16A), so the activations are
 // converted once per call instead of per fragment read, and the weights go FP4 -> e4m3 -> f16 once per fragment:
-// the same instructions on the same values as the FP8 mma's form (kept for the test that pins the two bitwise:
-// set_moe_tc_big_e4m3_for_test).
+// the same mmas on the same values as the FP8 mma's form (kept for the test that pins the two bitwise:
+// set_moe_tc_big_e4m3_for_test), the + 0 only in k-blocks where it can matter (see p in the kernel).
 //
 // Per call: the activation codes (fp32 code values of act_quant) become f16 values of their e4m3 codes once
 // (moe_a16_kernel: [rows, K] in the order two ldmatrix read the f16 mmas' A fragments in; the e4m3 form:
@@ -32,6 +32,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/device_async_copy.cuh"
 #include "backend/cuda/device_fp8_mma.cuh"
@@ -210,50 +211,81 @@ __global__ void __launch_bounds__(BT_THREADS, 1) moe_tc_big_kernel(const BigArgs
     for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int c = 0; c < 2; ++c) sw[j][c] = SB[b_row<KIND>(wn, j) + 2 * t + c];
-    float p[4][2][4];  // this block's sum over its 4 groups of mma x weight scale
+    // p: this block's sum over its 4 groups of mma x weight scale. The FP8 mma's f16 form ends in + 0 (tc_mma_f16_pair
+    // leaves it out; PLUS0 adds it), which only turns a -0 sum d into +0. Without it the sums are still the FP8
+    // form's bit for bit when no weight scale of the block is 0 (E8M0 code 0, e8m0_fast): p starts as d * s0 + 0
+    // (an fma onto +0: equal to (0 + d) * s0 unless s0 = 0), so p is never -0 and fma(-0, s, p) == fma(+0, s, p).
+    // Blocks with such a code somewhere in the warp's rows (a vote: rare) take the + 0 and the FP8 form's products.
+    float p[4][2][4];
+    auto groups = [&](auto plus0) {
+      constexpr bool PLUS0 = decltype(plus0)::value;
 #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      uint32_t b[2][4];  // the n8 tiles' weight fragments, f16 pairs (F16A) or e4m3 (b[j][0..1]), converted once
-      float sc[2][2];    // for the 4 m16 tiles, and the group's scales of weight rows 2 t, 2 t + 1
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const uint32_t w = *reinterpret_cast<const uint32_t*>(Bs + (b_row<KIND>(wn, j) + g) * BT_LDB + 16 * s + 4 * t);
-        if constexpr (F16A) fp4_as_f16x2(w, b[j]);
-        else fp4_as_e4m3(w, b[j][0], b[j][1]);
-#pragma unroll
-        for (int c = 0; c < 2; ++c)
-          sc[j][c] = s == 0 ? e8m0_fast<0>(sw[j][c]) : s == 1 ? e8m0_fast<1>(sw[j][c])
-                   : s == 2 ? e8m0_fast<2>(sw[j][c]) : e8m0_fast<3>(sw[j][c]);
-      }
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        // rows g, g + 8 of m16 tile i, the 8 columns 32 s + 8 t .. of this thread: 4 e4m3 columns of each half of
-        // the k32 mma (F16A: their f16 pairs, as the two f16 mmas take them: bytes 0-1 of the e4m3 registers in a,
-        // bytes 2-3 in hi)
-        uint32_t a[4], hi[4];
-        if constexpr (F16A) {
-          ldsm_x4(As + 16 * i * St::lda + 64 * s + a_ld, a);
-          ldsm_x4(As + 16 * i * St::lda + 64 * s + 32 + a_ld, hi);
-        } else {
-          const uint8_t* pa = As + (16 * i + g) * St::lda + 32 * s + 8 * t;
-          const uint2 r0 = *reinterpret_cast<const uint2*>(pa), r8 = *reinterpret_cast<const uint2*>(pa + 8 * St::lda);
-          a[0] = r0.x, a[1] = r8.x, a[2] = r0.y, a[3] = r8.y;
-        }
+      for (int s = 0; s < 4; ++s) {
+        uint32_t b[2][4];  // the n8 tiles' weight fragments, f16 pairs (F16A) or e4m3 (b[j][0..1]), converted once
+        float sc[2][2];    // for the 4 m16 tiles, and the group's scales of weight rows 2 t, 2 t + 1
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          float d[4];
-          if constexpr (F16A) tc_mma_f16_pair(a, hi, b[j], d);
-          else tc_mma(a, b[j][0], b[j][1], d);
-          const float s0 = sc[j][0], s1 = sc[j][1];
-          if (s == 0) {
-            p[i][j][0] = __fmul_rn(d[0], s0), p[i][j][1] = __fmul_rn(d[1], s1);
-            p[i][j][2] = __fmul_rn(d[2], s0), p[i][j][3] = __fmul_rn(d[3], s1);
+          const uint32_t w =
+              *reinterpret_cast<const uint32_t*>(Bs + (b_row<KIND>(wn, j) + g) * BT_LDB + 16 * s + 4 * t);
+          if constexpr (F16A) fp4_as_f16x2(w, b[j]);
+          else fp4_as_e4m3(w, b[j][0], b[j][1]);
+#pragma unroll
+          for (int c = 0; c < 2; ++c)
+            sc[j][c] = s == 0 ? e8m0_fast<0>(sw[j][c]) : s == 1 ? e8m0_fast<1>(sw[j][c])
+                     : s == 2 ? e8m0_fast<2>(sw[j][c]) : e8m0_fast<3>(sw[j][c]);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          // rows g, g + 8 of m16 tile i, the 8 columns 32 s + 8 t .. of this thread: 4 e4m3 columns of each half of
+          // the k32 mma (F16A: their f16 pairs, as the two f16 mmas take them: bytes 0-1 of the e4m3 registers in
+          // a, bytes 2-3 in hi)
+          uint32_t a[4];
+          [[maybe_unused]] uint32_t hi[4];
+          if constexpr (F16A) {
+            ldsm_x4(As + 16 * i * St::lda + 64 * s + a_ld, a);
+            ldsm_x4(As + 16 * i * St::lda + 64 * s + 32 + a_ld, hi);
           } else {
-            p[i][j][0] = __fmaf_rn(d[0], s0, p[i][j][0]), p[i][j][1] = __fmaf_rn(d[1], s1, p[i][j][1]);
-            p[i][j][2] = __fmaf_rn(d[2], s0, p[i][j][2]), p[i][j][3] = __fmaf_rn(d[3], s1, p[i][j][3]);
+            const uint8_t* pa = As + (16 * i + g) * St::lda + 32 * s + 8 * t;
+            const uint2 r0 = *reinterpret_cast<const uint2*>(pa);
+            const uint2 r8 = *reinterpret_cast<const uint2*>(pa + 8 * St::lda);
+            a[0] = r0.x, a[1] = r8.x, a[2] = r0.y, a[3] = r8.y;
+          }
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            float d[4];
+            if constexpr (F16A) {
+              tc_mma_f16_pair(a, hi, b[j], d);
+              if constexpr (PLUS0)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) d[c] = __fadd_rn(0.0f, d[c]);
+            } else {
+              tc_mma(a, b[j][0], b[j][1], d);  // (+ 0 included)
+            }
+            const float s0 = sc[j][0], s1 = sc[j][1];
+            if (s == 0 && PLUS0) {
+              p[i][j][0] = __fmul_rn(d[0], s0), p[i][j][1] = __fmul_rn(d[1], s1);
+              p[i][j][2] = __fmul_rn(d[2], s0), p[i][j][3] = __fmul_rn(d[3], s1);
+            } else {
+              const bool first = s == 0;  // (!PLUS0: onto +0)
+              p[i][j][0] = __fmaf_rn(d[0], s0, first ? 0.0f : p[i][j][0]);
+              p[i][j][1] = __fmaf_rn(d[1], s1, first ? 0.0f : p[i][j][1]);
+              p[i][j][2] = __fmaf_rn(d[2], s0, first ? 0.0f : p[i][j][2]);
+              p[i][j][3] = __fmaf_rn(d[3], s1, first ? 0.0f : p[i][j][3]);
+            }
           }
         }
       }
+    };
+    if constexpr (F16A) {
+      uint32_t zero = 0;  // bit 7 of a byte set where a scale byte is 0 (a borrow only passes a zero byte)
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) zero |= (sw[j][c] - 0x01010101u) & ~sw[j][c];
+      if (__any_sync(0xFFFFFFFFu, (zero & 0x80808080u) != 0)) groups(std::true_type{});
+      else groups(std::false_type{});
+    } else {
+      groups(std::true_type{});
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
