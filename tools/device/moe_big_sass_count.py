@@ -5,7 +5,8 @@ Usage: tools/device/moe_big_sass_count.py [--src REPO] [--nvdisasm PATH] [--line
 
 Compiles REPO's k_moe_tc.cu for sm_90a with the build's flags (CUDA 13.0 nvcc at /usr/local/cuda), disassembles it
 and, for each instantiation (kW13 / kW2, and where the source has them the f16 and the e4m3 forms), walks the K loop
-once along the path that issues the next stage's loads. Prints the warp's instructions on that path by opcode, those
+once along the path that issues the next stage's loads: the shortest such walk (the f16 form: blocks without an
+E8M0 scale code 0) and, where longer, the longest (blocks with one: the mmas' + 0). Prints the warp's instructions on that path by opcode, those
 of the ALU pipe (integer / logic / conversion: LOP3, SHF, F2FP, ...) and of the FMA pipe (IMAD, FFMA, FMUL, FADD),
 and the local-memory ones (spills: LDL / STL); --lines adds them per source line. A static count: it says nothing
 about stalls, only what a warp issues per k-block (64 HMMA.16816 = 4 groups x 4 m16 tiles x 2 n8 tiles x 2).
@@ -40,13 +41,13 @@ def disassemble(src, nvdisasm, work):
     return subprocess.run([nvdisasm, '-hex', '-g', '-c', cubin], capture_output=True, text=True, check=True).stdout
 
 
-def kblock_path(ins, tgt):
+def kblock_paths(ins, tgt):
     """The K loop (the shortest backward branch around the HMMAs) walked once: of the conditional branches inside it
-    both ways, the longest walk that issues the loads (LDGSTS)."""
+    both ways, the shortest and the longest walk that issue the loads (LDGSTS)."""
     loops = [(tgt[k], k) for k in tgt if tgt[k] <= k and any('HMMA' in ins[q][1] for q in range(tgt[k], k + 1))]
     j, i = min(loops, key=lambda l: l[1] - l[0])
     cond = [k for k in range(j, i) if k in tgt and ins[k][1].startswith('@')]
-    best = None
+    walks = []
     for bits in itertools.product([False, True], repeat=len(cond)):
         choice, k, path = dict(zip(cond, bits)), j, []
         while len(path) < 20000 and j <= k <= i:
@@ -56,9 +57,24 @@ def kblock_path(ins, tgt):
             k = tgt[k] if k in tgt and (not ins[k][1].startswith('@') or choice.get(k, False)) else k + 1
         if path[-1] != i or not any('LDGSTS' in ins[q][1] for q in path):
             continue
-        if best is None or len(path) > len(best):
-            best = path
-    return best
+        walks.append(path)
+    return min(walks, key=len), max(walks, key=len)
+
+
+def count(ins, path, label, lines):
+    c = collections.Counter(op(ins[k][1]) for k in path)
+    alu = sum(n for o, n in c.items() if o in ALU or o.startswith('UNK_'))
+    fma = sum(n for o, n in c.items() if o in FMA)
+    print('%-14s %4d instructions per k-block: ALU pipe %d, FMA pipe %d, HMMA %d, LDS %d, LDSM %d, LDGSTS %d, '
+          'LDL %d, STL %d' % (label, len(path), alu, fma, c['HMMA'], c['LDS'], c['LDSM'], c['LDGSTS'], c['LDL'],
+                              c['STL']))
+    print('               ' + ' '.join('%s:%d' % kv for kv in c.most_common()))
+    if lines:
+        by = collections.defaultdict(collections.Counter)
+        for k in path:
+            by[ins[k][2]][op(ins[k][1])] += 1
+        for ln in sorted(by, key=lambda x: x or ('', 0)):
+            print('                 %s:%s %d %s' % (ln[0], ln[1], sum(by[ln].values()), dict(by[ln])) if ln else '')
 
 
 def main():
@@ -77,20 +93,9 @@ def main():
         label = ('kW13' if m.group(1) == '0' else 'kW2') + ('' if m.group(2) is None else
                                                              ', f16' if m.group(2) == '1' else ', e4m3')
         ins, tgt = parse(sass, name)
-        path = kblock_path(ins, tgt)
-        c = collections.Counter(op(ins[k][1]) for k in path)
-        alu = sum(n for o, n in c.items() if o in ALU or o.startswith('UNK_'))
-        fma = sum(n for o, n in c.items() if o in FMA)
-        print('%-10s %4d instructions per k-block: ALU pipe %d, FMA pipe %d, HMMA %d, LDS %d, LDSM %d, LDGSTS %d, '
-              'LDL %d, STL %d' % (label, len(path), alu, fma, c['HMMA'], c['LDS'], c['LDSM'], c['LDGSTS'], c['LDL'],
-                                  c['STL']))
-        print('           ' + ' '.join('%s:%d' % kv for kv in c.most_common()))
-        if a.lines:
-            by = collections.defaultdict(collections.Counter)
-            for k in path:
-                by[ins[k][2]][op(ins[k][1])] += 1
-            for ln in sorted(by, key=lambda x: x or ('', 0)):
-                print('             %s:%s %d %s' % (ln[0], ln[1], sum(by[ln].values()), dict(by[ln])) if ln else '')
+        short, long = kblock_paths(ins, tgt)
+        for path, what in [(short, '')] + ([(long, ', + 0')] if len(long) != len(short) else []):
+            count(ins, path, label + what, a.lines)
 
 
 if __name__ == '__main__':
