@@ -1,22 +1,30 @@
 // Prefill MoE on FP8 tensor cores, FP4 experts dequantized inside the kernel (fast (Q) mode): the expert segments of
 // more than kMoeSmallMax rows (moe_launch_both in k_gemm.cu; the smaller ones run moe_tc_small_kernel there).
 //
-// Products as moe_tc_small_kernel's: mma.sync m16n8k32 e4m3 x e4m3 -> fp32, one mma per 32-column scale group of
-// the FP4 weights (nibbles placed as e4m3 bytes: the E2M1 value times 2^-6), each result times its E8M0 scale (a
+// Products as moe_tc_small_kernel's: per 32-column scale group of the FP4 weights one mma.sync m16n8k32 e4m3 x e4m3
+// -> fp32 (weight nibbles placed as e4m3 bytes: the E2M1 value times 2^-6), each result times its E8M0 scale (a
 // power of two, exact) summed over the 4 groups of a 128-column block, then times the activation's block scale
 // (x 2^6) into the fp32 accumulator. Every product is exact; the sums differ from the CPU's order by fp32 rounding
 // (the fast mode's tolerance). A row's result does not depend on the other rows of its tile or of the call.
 //
-// Per call: the activation codes (fp32 code values of act_quant) become e4m3 bytes once (moe_a8_kernel: [rows, K],
-// per 8 columns the 4 even ones then the 4 odd ones, the order fp4_as_e4m3 splits the nibbles in), then
-// moe_tc_big_kernel: a block = 512 threads (16 warps) for one 64-row M tile of big_tile_start x 256 weight rows
-// (kW13: rows n0 .. n0 + 127 of w1 and the same rows of w3, so SwiGLU runs in the epilogue; kW2: 256 rows of w2),
-// K in blocks of 128 through a 4-stage cp.async ring in shared memory (activation bytes, raw FP4 bytes, the E8M0
-// scale words and the activations' block scales). Warp w takes all 64 rows x 16 weight rows (4 x 2 mma tiles: each
-// converted weight fragment and decoded scale serves 4 mmas, and the registers allow 16 warps per SM). The E8M0
-// scales skip the special codes (e8m0_fast);
-// staged rows are padded (160 / 80 bytes) so the fragment reads are free of bank conflicts. No host round trip:
-// the kernel finds its expert and rows on the device, so the path also runs inside recorded decode steps.
+// sm_90 has no FP8 mma.sync: ptxas runs each as two f16 mmas (m16n8k16) over the codes converted to f16, then + 0
+// (tc_mma_f16_pair, device_fp8_mma.cuh). The kernel issues those f16 mmas itself (F16A), so the activations are
+// converted once per call instead of per fragment read, and the weights go FP4 -> e4m3 -> f16 once per fragment:
+// the same mmas on the same values as the FP8 mma's form (kept for the test that pins the two bitwise:
+// set_moe_tc_big_e4m3_for_test), the + 0 only in k-blocks where it can matter (see p in the kernel).
+//
+// Per call: the activation codes (fp32 code values of act_quant) become f16 values of their e4m3 codes once
+// (moe_a16_kernel: [rows, K] in the order two ldmatrix read the f16 mmas' A fragments in; the e4m3 form:
+// moe_a8_kernel's bytes, per 8 columns the 4 even ones then the 4 odd ones, the order fp4_as_e4m3 splits the
+// nibbles in), then moe_tc_big_kernel: a block = 512 threads (16 warps) for one 64-row M tile of big_tile_start x
+// 256 weight rows (kW13: rows n0 .. n0 + 127 of w1 and the same rows of w3, so SwiGLU runs in the epilogue; kW2: 256
+// rows of w2), K in blocks of 128 through a 4-stage cp.async ring in shared memory (activations, raw FP4 bytes, the
+// E8M0 scale words and the activations' block scales: 39,168 bytes a stage). Warp w takes all 64 rows x 16 weight
+// rows (4 x 2 mma tiles: each converted weight fragment and decoded scale serves 4 m16 tiles, and the registers
+// allow 16 warps per SM). The E8M0 scales skip the special codes (e8m0_fast);
+// staged rows are padded (272 bytes of f16: the 8 rows of an ldmatrix phase on 8 bank groups; 160 of e4m3, 80 of
+// FP4) so the fragment reads are free of bank conflicts. No host round trip: the kernel
+// finds its expert and rows on the device, so the path also runs inside recorded decode steps.
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -24,6 +32,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/device_async_copy.cuh"
 #include "backend/cuda/device_fp8_mma.cuh"
@@ -37,14 +46,24 @@ namespace {
 
 constexpr int kW13 = 0, kW2 = 1;
 constexpr int BT_THREADS = 512, BT_M = gemm_internal::kMoeTileM, BT_N = 256, BT_KT = 128, BT_STAGES = 4;
-constexpr int BT_LDA = 160, BT_LDB = 80;  // staged row bytes: 128 codes / 64 FP4 bytes + padding
-constexpr int BT_A = BT_M * BT_LDA, BT_B = BT_N * BT_LDB, BT_SB = BT_N * 4, BT_SA = BT_M * 4;
-constexpr int BT_STAGE = BT_A + BT_B + BT_SB + BT_SA;  // 32,000 bytes
-constexpr int BT_SMEM = BT_STAGES * BT_STAGE;
-static_assert(BT_STAGE % 16 == 0, "stages must stay 16-byte aligned");
+constexpr int BT_LDB = 80;  // staged weight row bytes: 64 FP4 bytes + padding
+constexpr int BT_B = BT_N * BT_LDB, BT_SB = BT_N * 4, BT_SA = BT_M * 4;
 static_assert(BT_M == 64, "the loaders assume 64-row M tiles");
 
+// A stage in shared memory: the activations (F16A: 128 f16 a row, else 128 e4m3 bytes), the weights' FP4 bytes,
+// their E8M0 words, the activations' block scales.
+template <bool F16A>
+struct Stage {
+  static constexpr int ab = F16A ? 2 : 1;           // bytes of a staged activation code
+  static constexpr int lda = F16A ? 272 : 160;      // staged row bytes: 256 / 128 + padding
+  static constexpr int a = BT_M * lda;                 // offsets of the parts
+  static constexpr int sb = a + BT_B, sa = sb + BT_SB, bytes = sa + BT_SA;  // 39,168 / 32,000 bytes
+  static constexpr int smem = BT_STAGES * bytes;
+  static_assert(bytes % 16 == 0, "stages must stay 16-byte aligned");
+};
+
 std::atomic<int64_t> g_calls{0};
+std::atomic<bool> g_e4m3_for_test{false};
 
 struct BigArgs {
   const ExpertView* table = nullptr;  // device [E]
@@ -52,7 +71,7 @@ struct BigArgs {
   const int32_t* seg_start = nullptr;
   const int32_t* big_tile_start = nullptr;
   const int32_t* row_tok = nullptr;  // kW13: token of each sorted row (the activation row); kW2: nullptr
-  const uint8_t* a8 = nullptr;       // activation codes as e4m3 bytes [*, K], permuted (see the file comment)
+  const uint8_t* act = nullptr;      // activation codes [*, K] as f16 (F16A) or e4m3 bytes, permuted (file comment)
   const float* sa = nullptr;         // activation scales [*, K / 128]
   int64_t K = 0;
   float* y = nullptr;                // kW13: h [rows, inter]; kW2: o [rows, d_model]
@@ -76,6 +95,23 @@ __global__ void moe_a8_kernel(const float* q, int64_t n8, uint8_t* out) {
   reinterpret_cast<uint2*>(out)[i] = make_uint2(ev, od);
 }
 
+// The f16 values of the e4m3 codes of q (exact), as 32-bit f16 pairs: per 32 columns (16 words) word 4 p + t holds
+// pair p of columns 8 t .. 8 t + 7: columns 0, 2 | 1, 3 | 4, 6 | 5, 7 (p = 0..3; the k positions of thread t's A
+// fragments in the two f16 mmas, see moe_tc_big_kernel). A thread per 8 columns.
+__global__ void moe_a16_kernel(const float* q, int64_t n8, uint32_t* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n8) return;
+  const float4 v0 = __ldg(reinterpret_cast<const float4*>(q) + 2 * i);
+  const float4 v1 = __ldg(reinterpret_cast<const float4*>(q) + 2 * i + 1);
+  auto cvt = [](float a, float b) {
+    const __nv_fp8x2_storage_t e = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(e, __NV_E4M3);
+    return uint32_t(h.x) | (uint32_t(h.y) << 16);
+  };
+  uint32_t* o = out + (i >> 2) * 16 + (i & 3);
+  o[0] = cvt(v0.x, v0.z), o[4] = cvt(v0.y, v0.w), o[8] = cvt(v1.x, v1.z), o[12] = cvt(v1.y, v1.w);
+}
+
 // Staged row of n8 tile j of warp w: kW13 tile 0 is w1 rows 8 w .. 8 w + 7 and tile 1 the same rows of w3 (staged
 // from row 128 on); kW2 tiles 0, 1 are rows 16 w .. 16 w + 15.
 template <int KIND>
@@ -92,9 +128,10 @@ __device__ __forceinline__ float e8m0_fast(uint32_t w) {
   return __uint_as_float(e & 0x7F800000u);
 }
 
-template <int KIND>
+template <int KIND, bool F16A>
 __global__ void __launch_bounds__(BT_THREADS, 1) moe_tc_big_kernel(const BigArgs A) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  using St = Stage<F16A>;
   extern __shared__ __align__(16) uint8_t bt_smem[];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int wn = warp;  // warp tile: all 64 rows x the n8 tiles b_row(wn, 0..1)
@@ -113,14 +150,14 @@ __global__ void __launch_bounds__(BT_THREADS, 1) moe_tc_big_kernel(const BigArgs
   const WeightView& W0 = KIND == kW13 ? A.table[e].w1 : A.table[e].w2;
   const WeightView& W1 = KIND == kW13 ? A.table[e].w3 : A.table[e].w2;
 
-  // this thread's copies per stage: 16 activation bytes of row tid / 8, 2 x 16 weight bytes of staged rows
+  // this thread's copies per stage: 16 activation codes of row tid / 8, 2 x 16 weight bytes of staged rows
   // tid / 4 and tid / 4 + 128 (kW13: the w1 row and the w3 row), (tid < 256) the scale word of staged row tid,
   // (tid < 64) an activation scale. Rows past the segment repeat its last row (their results are not stored).
   auto src_row = [&](int r) {
     const int64_t sr = m0 + min(r, mcnt - 1);
     return KIND == kW13 ? int64_t(A.row_tok[sr]) : sr;
   };
-  const uint8_t* asrc = A.a8 + src_row(tid >> 3) * K + 16 * (tid & 7);
+  const uint8_t* asrc = A.act + (src_row(tid >> 3) * K + 16 * (tid & 7)) * St::ab;
   auto w_row = [&](int r, bool sc) {  // staged weight row r: its bytes or its scale bytes
     const WeightView& W = (KIND == kW13 && r >= 128) ? W1 : W0;
     const int64_t wr = n0 + (KIND == kW13 ? (r & 127) : r);
@@ -130,15 +167,20 @@ __global__ void __launch_bounds__(BT_THREADS, 1) moe_tc_big_kernel(const BigArgs
   const uint8_t* bsrc1 = w_row((tid >> 2) + 128, false) + 16 * (tid & 3);
   const uint8_t* ssrc = w_row(tid & 255, true);
   const float* sasrc = A.sa + src_row(tid & 63) * nkb;
+  // F16A: this lane's ldmatrix row in a 16-row tile: matrix lane / 8 = rows 0..7 / 8..15 (odd), words 0..3 / 4..7
+  // (of the 16 of a 32-column group: see moe_a16_kernel)
+  const int a_ld = (8 * ((lane >> 3) & 1) + (lane & 7)) * St::lda + 16 * (lane >> 4);
 
   auto load = [&](int st, int64_t kb) {
-    uint8_t* S = bt_smem + st * BT_STAGE;
-    cp16(S + (tid >> 3) * BT_LDA + 16 * (tid & 7), asrc + kb * BT_KT);
-    uint8_t* Sw = S + BT_A + (tid >> 2) * BT_LDB + 16 * (tid & 3);
+    uint8_t* S = bt_smem + st * St::bytes;
+    uint8_t* Sa = S + (tid >> 3) * St::lda + 16 * St::ab * (tid & 7);
+#pragma unroll
+    for (int c = 0; c < St::ab; ++c) cp16(Sa + 16 * c, asrc + kb * BT_KT * St::ab + 16 * c);
+    uint8_t* Sw = S + St::a + (tid >> 2) * BT_LDB + 16 * (tid & 3);
     cp16(Sw, bsrc0 + kb * 64);
     cp16(Sw + 128 * BT_LDB, bsrc1 + kb * 64);
-    if (tid < BT_N) cp4(S + BT_A + BT_B + 4 * tid, ssrc + kb * 4);
-    if (tid < BT_M) cp4(S + BT_A + BT_B + BT_SB + 4 * tid, sasrc + kb);
+    if (tid < BT_N) cp4(S + St::sb + 4 * tid, ssrc + kb * 4);
+    if (tid < BT_M) cp4(S + St::sa + 4 * tid, sasrc + kb);
   };
 
   float tot[4][2][4];  // [m16 tile i][n8 tile j][fragment element]
@@ -159,49 +201,91 @@ __global__ void __launch_bounds__(BT_THREADS, 1) moe_tc_big_kernel(const BigArgs
     __syncthreads();  // stage kb has landed for every thread; stage kb - 1 is free again
     if (kb + BT_STAGES - 1 < nkb) load(int((kb + BT_STAGES - 1) % BT_STAGES), kb + BT_STAGES - 1);
     cp_commit();
-    const uint8_t* S = bt_smem + int(kb % BT_STAGES) * BT_STAGE;
+    const uint8_t* S = bt_smem + int(kb % BT_STAGES) * St::bytes;
     const uint8_t* As = S;
-    const uint8_t* Bs = S + BT_A;
-    const uint32_t* SB = reinterpret_cast<const uint32_t*>(S + BT_A + BT_B);
-    const float* SA = reinterpret_cast<const float*>(S + BT_A + BT_B + BT_SB);
+    const uint8_t* Bs = S + St::a;
+    const uint32_t* SB = reinterpret_cast<const uint32_t*>(S + St::sb);
+    const float* SA = reinterpret_cast<const float*>(S + St::sa);
     uint32_t sw[2][2];  // E8M0 words (4 groups) of weight rows 2 t, 2 t + 1 of each n8 tile
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int c = 0; c < 2; ++c) sw[j][c] = SB[b_row<KIND>(wn, j) + 2 * t + c];
-    float p[4][2][4];  // this block's sum over its 4 groups of mma x weight scale
+    // p: this block's sum over its 4 groups of mma x weight scale. The FP8 mma's f16 form ends in + 0 (tc_mma_f16_pair
+    // leaves it out; PLUS0 adds it), which only turns a -0 sum d into +0. Without it the sums are still the FP8
+    // form's bit for bit when no weight scale of the block is 0 (E8M0 code 0, e8m0_fast): p starts as d * s0 + 0
+    // (an fma onto +0: equal to (0 + d) * s0 unless s0 = 0), so p is never -0 and fma(-0, s, p) == fma(+0, s, p).
+    // Blocks with such a code somewhere in the warp's rows (a vote: rare) take the + 0 and the FP8 form's products.
+    float p[4][2][4];
+    auto groups = [&](auto plus0) {
+      constexpr bool PLUS0 = decltype(plus0)::value;
 #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      uint32_t b[2][2];  // the n8 tiles' weight fragments as e4m3 (converted once, used by the 4 m16 tiles)
-      float sc[2][2];    // and the group's scales of weight rows 2 t, 2 t + 1
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const uint32_t w = *reinterpret_cast<const uint32_t*>(Bs + (b_row<KIND>(wn, j) + g) * BT_LDB + 16 * s + 4 * t);
-        fp4_as_e4m3(w, b[j][0], b[j][1]);
-#pragma unroll
-        for (int c = 0; c < 2; ++c)
-          sc[j][c] = s == 0 ? e8m0_fast<0>(sw[j][c]) : s == 1 ? e8m0_fast<1>(sw[j][c])
-                   : s == 2 ? e8m0_fast<2>(sw[j][c]) : e8m0_fast<3>(sw[j][c]);
-      }
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint8_t* pa = As + (16 * i + g) * BT_LDA + 32 * s + 8 * t;
-        const uint2 r0 = *reinterpret_cast<const uint2*>(pa), r8 = *reinterpret_cast<const uint2*>(pa + 8 * BT_LDA);
-        const uint32_t a[4] = {r0.x, r8.x, r0.y, r8.y};
+      for (int s = 0; s < 4; ++s) {
+        uint32_t b[2][4];  // the n8 tiles' weight fragments, f16 pairs (F16A) or e4m3 (b[j][0..1]), converted once
+        float sc[2][2];    // for the 4 m16 tiles, and the group's scales of weight rows 2 t, 2 t + 1
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          float d[4];
-          tc_mma(a, b[j][0], b[j][1], d);
-          const float s0 = sc[j][0], s1 = sc[j][1];
-          if (s == 0) {
-            p[i][j][0] = __fmul_rn(d[0], s0), p[i][j][1] = __fmul_rn(d[1], s1);
-            p[i][j][2] = __fmul_rn(d[2], s0), p[i][j][3] = __fmul_rn(d[3], s1);
+          const uint32_t w =
+              *reinterpret_cast<const uint32_t*>(Bs + (b_row<KIND>(wn, j) + g) * BT_LDB + 16 * s + 4 * t);
+          if constexpr (F16A) fp4_as_f16x2(w, b[j]);
+          else fp4_as_e4m3(w, b[j][0], b[j][1]);
+#pragma unroll
+          for (int c = 0; c < 2; ++c)
+            sc[j][c] = s == 0 ? e8m0_fast<0>(sw[j][c]) : s == 1 ? e8m0_fast<1>(sw[j][c])
+                     : s == 2 ? e8m0_fast<2>(sw[j][c]) : e8m0_fast<3>(sw[j][c]);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          // rows g, g + 8 of m16 tile i, the 8 columns 32 s + 8 t .. of this thread: 4 e4m3 columns of each half of
+          // the k32 mma (F16A: their f16 pairs, as the two f16 mmas take them: bytes 0-1 of the e4m3 registers in
+          // a, bytes 2-3 in hi)
+          uint32_t a[4];
+          [[maybe_unused]] uint32_t hi[4];
+          if constexpr (F16A) {
+            ldsm_x4(As + 16 * i * St::lda + 64 * s + a_ld, a);
+            ldsm_x4(As + 16 * i * St::lda + 64 * s + 32 + a_ld, hi);
           } else {
-            p[i][j][0] = __fmaf_rn(d[0], s0, p[i][j][0]), p[i][j][1] = __fmaf_rn(d[1], s1, p[i][j][1]);
-            p[i][j][2] = __fmaf_rn(d[2], s0, p[i][j][2]), p[i][j][3] = __fmaf_rn(d[3], s1, p[i][j][3]);
+            const uint8_t* pa = As + (16 * i + g) * St::lda + 32 * s + 8 * t;
+            const uint2 r0 = *reinterpret_cast<const uint2*>(pa);
+            const uint2 r8 = *reinterpret_cast<const uint2*>(pa + 8 * St::lda);
+            a[0] = r0.x, a[1] = r8.x, a[2] = r0.y, a[3] = r8.y;
+          }
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            float d[4];
+            if constexpr (F16A) {
+              tc_mma_f16_pair(a, hi, b[j], d);
+              if constexpr (PLUS0)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) d[c] = __fadd_rn(0.0f, d[c]);
+            } else {
+              tc_mma(a, b[j][0], b[j][1], d);  // (+ 0 included)
+            }
+            const float s0 = sc[j][0], s1 = sc[j][1];
+            if (s == 0 && PLUS0) {
+              p[i][j][0] = __fmul_rn(d[0], s0), p[i][j][1] = __fmul_rn(d[1], s1);
+              p[i][j][2] = __fmul_rn(d[2], s0), p[i][j][3] = __fmul_rn(d[3], s1);
+            } else {
+              const bool first = s == 0;  // (!PLUS0: onto +0)
+              p[i][j][0] = __fmaf_rn(d[0], s0, first ? 0.0f : p[i][j][0]);
+              p[i][j][1] = __fmaf_rn(d[1], s1, first ? 0.0f : p[i][j][1]);
+              p[i][j][2] = __fmaf_rn(d[2], s0, first ? 0.0f : p[i][j][2]);
+              p[i][j][3] = __fmaf_rn(d[3], s1, first ? 0.0f : p[i][j][3]);
+            }
           }
         }
       }
+    };
+    if constexpr (F16A) {
+      uint32_t zero = 0;  // bit 7 of a byte set where a scale byte is 0 (a borrow only passes a zero byte)
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) zero |= (sw[j][c] - 0x01010101u) & ~sw[j][c];
+      if (__any_sync(0xFFFFFFFFu, (zero & 0x80808080u) != 0)) groups(std::true_type{});
+      else groups(std::false_type{});
+    } else {
+      groups(std::true_type{});
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -248,7 +332,8 @@ __global__ void __launch_bounds__(BT_THREADS, 1) moe_tc_big_kernel(const BigArgs
 #endif
 }
 
-// Whether the device and the binary run moe_tc_big_kernel (e4m3 mma: sm_89+) with its shared memory; per device.
+// Whether the device and the binary run moe_tc_big_kernel (e4m3 conversions: sm_89+) with its shared memory; per
+// device.
 bool device_ok() {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
@@ -256,14 +341,17 @@ bool device_ok() {
   if (cached[dev] == 0) {
     cudaFuncAttributes fa{};
     int major = 0, minor = 0;
-    bool ok = cudaFuncGetAttributes(&fa, moe_tc_big_kernel<kW2>) == cudaSuccess &&
+    bool ok = cudaFuncGetAttributes(&fa, moe_tc_big_kernel<kW2, true>) == cudaSuccess &&
               cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
               cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
               fa.binaryVersion >= 89 && major * 10 + minor >= 89;
-    ok = ok && cudaFuncSetAttribute(moe_tc_big_kernel<kW13>, cudaFuncAttributeMaxDynamicSharedMemorySize, BT_SMEM) ==
-                   cudaSuccess &&
-         cudaFuncSetAttribute(moe_tc_big_kernel<kW2>, cudaFuncAttributeMaxDynamicSharedMemorySize, BT_SMEM) ==
-             cudaSuccess;
+    auto smem = [](auto kernel, int bytes) {
+      return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == cudaSuccess;
+    };
+    ok = ok && smem(moe_tc_big_kernel<kW13, true>, Stage<true>::smem) &&
+         smem(moe_tc_big_kernel<kW2, true>, Stage<true>::smem) &&
+         smem(moe_tc_big_kernel<kW13, false>, Stage<false>::smem) &&
+         smem(moe_tc_big_kernel<kW2, false>, Stage<false>::smem);
     cudaGetLastError();  // (a refusal above is an answer, not an error of the next launch)
     cached[dev] = ok ? 1 : 2;
   }
@@ -273,6 +361,7 @@ bool device_ok() {
 }  // namespace
 
 int64_t moe_tc_big_calls() { return g_calls.load(); }
+void set_moe_tc_big_e4m3_for_test(bool on) { g_e4m3_for_test.store(on); }
 
 namespace gemm_internal {
 
@@ -286,23 +375,24 @@ bool moe_tc_big_ok(const MoeGemmArgs& g) {
 
 size_t moe_tc_big_scratch_bytes(GemmFormat fmt, bool quant, int64_t n_tok, int64_t P, int64_t D, int64_t I) {
   if (!quant || fmt != GemmFormat::fp4 || P <= kMoeSmallMax) return 0;
-  return (size_t(std::max(n_tok * D, P * I)) + 255) & ~size_t(255);
+  return (size_t(std::max(n_tok * D, P * I)) * 2 + 255) & ~size_t(255);  // f16 activations
 }
 
 void moe_tc_big(bool w13, const MoeGemmArgs& g, const float* a, const float* sa, float* y, int64_t ldy, float limit,
                 bool bf16, cudaStream_t stream) {
   const int64_t K = w13 ? g.d_model : g.inter, rows = w13 ? g.n_tok : g.n_rows_bound;
-  uint8_t* a8 = static_cast<uint8_t*>(g.a8_ws);
   const int64_t n8 = rows * K / 8;
   if (n8 <= 0) return;
-  moe_a8_kernel<<<unsigned((n8 + 255) / 256), 256, 0, stream>>>(a, n8, a8);
+  const bool f16a = !g_e4m3_for_test.load();
+  if (f16a) moe_a16_kernel<<<unsigned((n8 + 255) / 256), 256, 0, stream>>>(a, n8, static_cast<uint32_t*>(g.a8_ws));
+  else moe_a8_kernel<<<unsigned((n8 + 255) / 256), 256, 0, stream>>>(a, n8, static_cast<uint8_t*>(g.a8_ws));
   BigArgs A;
   A.table = g.table;
   A.n_experts = g.n_experts;
   A.seg_start = g.seg_start;
   A.big_tile_start = g.big_tile_start;
   A.row_tok = w13 ? g.row_tok : nullptr;
-  A.a8 = a8;
+  A.act = static_cast<const uint8_t*>(g.a8_ws);
   A.sa = sa;
   A.K = K;
   A.y = y;
@@ -314,13 +404,11 @@ void moe_tc_big(bool w13, const MoeGemmArgs& g, const float* a, const float* sa,
   // M tiles: at most ceil(P / 64) + P / (kMoeSmallMax + 1) (as the tiled kernel's schedule); unused ones exit
   const int64_t P = g.n_rows_bound;
   const int64_t slots = (P + BT_M - 1) / BT_M + std::min<int64_t>(g.n_experts, P / (kMoeSmallMax + 1));
-  if (w13) {
-    const dim3 grid(unsigned(g.inter / (BT_N / 2)), unsigned(slots));
-    moe_tc_big_kernel<kW13><<<grid, BT_THREADS, BT_SMEM, stream>>>(A);
-  } else {
-    const dim3 grid(unsigned(g.d_model / BT_N), unsigned(slots));
-    moe_tc_big_kernel<kW2><<<grid, BT_THREADS, BT_SMEM, stream>>>(A);
-  }
+  const dim3 grid(unsigned(w13 ? g.inter / (BT_N / 2) : g.d_model / BT_N), unsigned(slots));
+  if (w13 && f16a) moe_tc_big_kernel<kW13, true><<<grid, BT_THREADS, Stage<true>::smem, stream>>>(A);
+  else if (f16a) moe_tc_big_kernel<kW2, true><<<grid, BT_THREADS, Stage<true>::smem, stream>>>(A);
+  else if (w13) moe_tc_big_kernel<kW13, false><<<grid, BT_THREADS, Stage<false>::smem, stream>>>(A);
+  else moe_tc_big_kernel<kW2, false><<<grid, BT_THREADS, Stage<false>::smem, stream>>>(A);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) fail_msg(std::string("moe (FP8 tensor cores, prefill): ") + cudaGetErrorString(err));
   g_calls.fetch_add(1);
