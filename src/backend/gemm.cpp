@@ -53,6 +53,7 @@ const char* simd_level_name(SimdLevel l) {
     case SimdLevel::scalar: return "scalar";
     case SimdLevel::avx2: return "avx2";
     case SimdLevel::avx512: return "avx512";
+    case SimdLevel::avx512vbmi: return "avx512vbmi";
   }
   return "?";
 }
@@ -61,7 +62,9 @@ SimdLevel best_simd_level() {
   static const SimdLevel best = [] {
     const CpuFeatures& c = cpu_features();
     const bool has2 = c.avx2 && c.fma && c.f16c;
-    if (has2 && c.avx512f && c.avx512bw && c.avx512vl && avx512_kernels() != nullptr) return SimdLevel::avx512;
+    const bool has512 = has2 && c.avx512f && c.avx512bw && c.avx512vl;
+    if (has512 && c.avx512vbmi && avx512vbmi_kernels() != nullptr) return SimdLevel::avx512vbmi;
+    if (has512 && avx512_kernels() != nullptr) return SimdLevel::avx512;
     if (has2 && avx2_kernels() != nullptr) return SimdLevel::avx2;
     return SimdLevel::scalar;
   }();
@@ -74,6 +77,7 @@ std::atomic<int> g_level{-1};
 
 const Kernels& kernels_for(SimdLevel l) {
   switch (l) {
+    case SimdLevel::avx512vbmi: return *avx512vbmi_kernels();
     case SimdLevel::avx512: return *avx512_kernels();
     case SimdLevel::avx2: return *avx2_kernels();
     default: return scalar_kernels();
@@ -85,6 +89,7 @@ const Kernels& kernels_for(SimdLevel l) {
 SimdLevel set_simd_level(SimdLevel l) {
   const SimdLevel best = best_simd_level();
   if (static_cast<int>(l) > static_cast<int>(best)) l = best;
+  if (l == SimdLevel::avx512vbmi && avx512vbmi_kernels() == nullptr) l = SimdLevel::avx512;
   if (l == SimdLevel::avx512 && avx512_kernels() == nullptr) l = SimdLevel::avx2;
   if (l == SimdLevel::avx2 && avx2_kernels() == nullptr) l = SimdLevel::scalar;
   g_level.store(static_cast<int>(l));

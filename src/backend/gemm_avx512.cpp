@@ -1,5 +1,7 @@
 // AVX-512 (F+BW+VL, with AVX2/FMA/F16C) GEMM kernels, compiled with a target pragma and chosen at run time.
 // They reproduce gemm_scalar.cpp bitwise: lanes are output rows, so every output's sum runs sequentially in k.
+// gemm_avx512_vbmi.cpp compiles this file once more with DSV4_GEMM_AVX512_VBMI (target + AVX512-VBMI, kVbmi = true,
+// the kernel set avx512vbmi_kernels()): there the quantized FP8 GEMVs decode E4M3 through byte tables (vpermi2b).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -15,10 +17,20 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC push_options
+#if defined(DSV4_GEMM_AVX512_VBMI)
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")
+#else
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+#endif
 
 namespace dsv4::gemm_detail {
 namespace {
+
+#if defined(DSV4_GEMM_AVX512_VBMI)
+constexpr bool kVbmi = true;
+#else
+constexpr bool kVbmi = false;
+#endif
 
 // 16 E4M3FN bytes -> 16 floats (exact): byte -> f16 bits (sign << 8 | magnitude << 7), f16 -> f32, * 2^8.
 inline __m512 dec_fp8(__m128i b) {
@@ -601,6 +613,58 @@ inline void dec_e4m3_word_f16(__m512i v, __m512 w[4]) {
   w[3] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(hi, 1));
 }
 
+// The same w' through byte tables (kVbmi only): w' is a bf16 value for every code (3 mantissa bits; the subnormal
+// codes' m * 2^-17 are normal), so its fp32 bits are hi << 24 | lo << 16, two bytes that depend on the code alone:
+// lo on its 7 magnitude bits, hi on those and the sign. vpermi2b looks lo and hi up for all 64 codes of a word
+// vector at once (128-entry tables, index = code & 0x7F), the sign bit is or'ed into hi, and one byte permute per
+// code position q places the 16 rows' lo / hi in bytes 2 / 3 of their lanes (bytes 0, 1 zero): 7 permutes per 64
+// codes instead of shift, shift, mask and multiply per 16, and no subnormal special case. Same values, bit for bit,
+// as dec_e4m3_top_q / dec_e4m3_word_f16 (the NaN codes 0x7F / 0xFF too: +-480 * 2^-8).
+constexpr uint16_t e4m3_q_bf16(int c) {  // bf16 bits of w' for the magnitude code c (0..127)
+  const int e = c >> 3, m = c & 7;
+  if (e != 0) return static_cast<uint16_t>((e + 112) << 7 | m << 4);  // 2^(e-15) * (1 + m/8)
+  if (m == 0) return 0;
+  const int p = m >= 4 ? 2 : m >= 2 ? 1 : 0;  // m * 2^-17 = 2^(p-17) * (m / 2^p)
+  return static_cast<uint16_t>((p + 110) << 7 | ((m << (7 - p)) & 0x7F));
+}
+
+struct E4m3Tables {
+  alignas(64) uint8_t lo[128], hi[128];
+};
+constexpr E4m3Tables make_e4m3_tables() {
+  E4m3Tables t{};
+  for (int c = 0; c < 128; ++c) {
+    t.lo[c] = static_cast<uint8_t>(e4m3_q_bf16(c) & 0xFF);
+    t.hi[c] = static_cast<uint8_t>(e4m3_q_bf16(c) >> 8);
+  }
+  return t;
+}
+constexpr E4m3Tables kE4m3Tables = make_e4m3_tables();
+
+// The tables in registers (loaded once per kernel call).
+struct E4m3Lut {
+  __m512i lo0, lo1, hi0, hi1;
+  E4m3Lut()
+      : lo0(_mm512_load_si512(kE4m3Tables.lo)), lo1(_mm512_load_si512(kE4m3Tables.lo + 64)),
+        hi0(_mm512_load_si512(kE4m3Tables.hi)), hi1(_mm512_load_si512(kE4m3Tables.hi + 64)) {}
+};
+
+// The 4 codes of a word vector v as w' vectors: w[q] = code q of the 16 rows.
+inline void dec_e4m3_word_lut(__m512i v, const E4m3Lut& t, __m512 w[4]) {
+  const __m512i lo = _mm512_permutex2var_epi8(t.lo0, v, t.lo1);
+  const __m512i hi =  // table | (v & 0x80)
+      _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.hi0, v, t.hi1), v, _mm512_set1_epi8(-128), 0xF8);
+  // byte 2 of lane i <- lo byte 4i + q, byte 3 <- hi byte 4i + q (index 64 + 4i + q of the pair lo, hi)
+  const __m512i base = _mm512_setr_epi32(0x40000000, 0x44040000, 0x48080000, 0x4C0C0000, 0x50100000, 0x54140000,
+                                         0x58180000, 0x5C1C0000, 0x60200000, 0x64240000, 0x68280000, 0x6C2C0000,
+                                         0x70300000, 0x74340000, 0x78380000, 0x7C3C0000);
+  constexpr __mmask64 bytes23 = 0xCCCCCCCCCCCCCCCCull;
+  for (int q = 0; q < 4; ++q) {
+    const __m512i idx = _mm512_add_epi32(base, _mm512_set1_epi32(q * 0x01010000));
+    w[q] = _mm512_castsi512_ps(_mm512_maskz_permutex2var_epi8(bytes23, lo, idx, hi));
+  }
+}
+
 template <int MODE>
 void gemv_fp8(const PanelSrc& s, int64_t n0, int nrows, const float* a, const float* sa, __m512 accv[kG]) {
   const int64_t K = s.cols;
@@ -609,6 +673,7 @@ void gemv_fp8(const PanelSrc& s, int64_t n0, int nrows, const float* a, const fl
   int prow[kG];  // rows of each panel
   for (int p = 0; p < kG; ++p) prow[p] = std::clamp(nrows - p * kPanel, 0, kPanel);
   const int64_t slice = next_group_slice(s, (K + 63) / 64);
+  const E4m3Lut lut;
   for (int64_t kb = 0, st = 0; kb < K; kb += 128) {
     for (int p = 0; p < kG; ++p) {
       sw[p] = fp8_panel_scale(s, n0 + p * kPanel, kb / 128);
@@ -622,6 +687,14 @@ void gemv_fp8(const PanelSrc& s, int64_t n0, int nrows, const float* a, const fl
         load_transposed_part(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, k0, prow[p], cols, T[p]);
       for (int c = 0; c < cols / 4; ++c) {
         const float* ak = a + k0 + 4 * c;
+        if constexpr (MODE == 0 && kVbmi) {
+          for (int p = 0; p < kG; ++p) {
+            __m512 w[4];
+            dec_e4m3_word_lut(_mm512_castps_si512(T[p][c]), lut, w);
+            for (int qq = 0; qq < 4; ++qq) sv[p] = _mm512_fmadd_ps(_mm512_set1_ps(ak[qq]), w[qq], sv[p]);
+          }
+          continue;
+        }
         // the f16 decode only for the 4 panels' words with a subnormal code (a real checkpoint: ~1e-4 of codes)
         __mmask64 sub = 0;
         for (int p = 0; p < kG; ++p) sub |= e4m3_subnormals(_mm512_castps_si512(T[p][c]));
@@ -822,6 +895,7 @@ void gemv_q_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, const 
   const int64_t steps = (K + kStep - 1) / kStep;  // k-steps per pair of panels (the last may be partial)
   const int64_t slice = next_group_slice(s, (kG / 2) * steps);
   const __m512 lut = _mm512_loadu_ps(e2m1_lut());
+  const E4m3Lut lut8;
   for (int p = 0; p < kG; p += 2) {
     const int64_t r0 = n0 + p * kPanel;
     const uint8_t* base0 = s.w + r0 * s.row_bytes;
@@ -884,7 +958,10 @@ void gemv_q_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, const 
           }
         } else {
           __m512 w0[4], w1[4];
-          if ((e4m3_subnormals(_mm512_castps_si512(T0[c])) | e4m3_subnormals(_mm512_castps_si512(T1[c]))) != 0) {
+          if constexpr (kVbmi) {
+            dec_e4m3_word_lut(_mm512_castps_si512(T0[c]), lut8, w0);
+            dec_e4m3_word_lut(_mm512_castps_si512(T1[c]), lut8, w1);
+          } else if ((e4m3_subnormals(_mm512_castps_si512(T0[c])) | e4m3_subnormals(_mm512_castps_si512(T1[c]))) != 0) {
             dec_e4m3_word_f16(_mm512_castps_si512(T0[c]), w0);
             dec_e4m3_word_f16(_mm512_castps_si512(T1[c]), w1);
           } else {
@@ -1064,7 +1141,11 @@ void mk_d(const MkArgs& A) { mk<false>(A); }
 #pragma GCC pop_options
 
 namespace dsv4::gemm_detail {
+#if defined(DSV4_GEMM_AVX512_VBMI)
+const Kernels* avx512vbmi_kernels() {
+#else
 const Kernels* avx512_kernels() {
+#endif
   static const Kernels k{decode_panel, fp4_panel_scales, act_quant_row, gemv_group, mk_q, mk_d, gemv_group_m};
   return &k;
 }
@@ -1072,6 +1153,10 @@ const Kernels* avx512_kernels() {
 
 #else
 namespace dsv4::gemm_detail {
+#if defined(DSV4_GEMM_AVX512_VBMI)
+const Kernels* avx512vbmi_kernels() { return nullptr; }
+#else
 const Kernels* avx512_kernels() { return nullptr; }
+#endif
 }  // namespace dsv4::gemm_detail
 #endif

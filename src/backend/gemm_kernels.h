@@ -91,6 +91,7 @@ struct Kernels {
 const Kernels& scalar_kernels();
 const Kernels* avx2_kernels();    // nullptr when not compiled in
 const Kernels* avx512_kernels();  // nullptr when not compiled in
+const Kernels* avx512vbmi_kernels();  // the same kernels built with AVX512-VBMI (gemm_avx512_vbmi.cpp), or nullptr
 
 // Software prefetch distance of the fused GEMVs, in bytes past the row bytes about to be loaded. Rows short enough
 // that a 64-row group is one small contiguous block (the lm head of a narrow model: [129280, 96] bf16 = 192-byte

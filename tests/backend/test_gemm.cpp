@@ -196,7 +196,8 @@ std::vector<float> slow_linear(const TestWeight& W, const std::vector<float>& x,
 std::vector<SimdLevel> levels() {
   std::vector<SimdLevel> v{SimdLevel::scalar};
   if (static_cast<int>(best_simd_level()) >= static_cast<int>(SimdLevel::avx2)) v.push_back(SimdLevel::avx2);
-  if (best_simd_level() == SimdLevel::avx512) v.push_back(SimdLevel::avx512);
+  if (static_cast<int>(best_simd_level()) >= static_cast<int>(SimdLevel::avx512)) v.push_back(SimdLevel::avx512);
+  if (best_simd_level() == SimdLevel::avx512vbmi) v.push_back(SimdLevel::avx512vbmi);
   return v;
 }
 
@@ -404,6 +405,29 @@ TEST(Gemm, Fp8SubnormalCodeMixes) {
   }
 }
 
+TEST(Gemm, Fp8EveryCodeInEveryWordPosition) {
+  // Every E4M3 code but the NaNs (the VBMI kernels decode them through 128-entry byte tables, the others by shifts /
+  // the f16 route) at each of the 4 byte positions of a 32-bit word and in every row of a panel, in the quantized
+  // GEMVs of 1 token and of 2-8 tokens (each decode path has its own tables or shifts per position).
+  std::mt19937 rng(17);
+  for (const Case& c : {Case{GemmFormat::fp8, 64, 1024, 1, Q()}, Case{GemmFormat::fp8, 64, 1024, 2, Q()},
+                        Case{GemmFormat::fp8, 128, 512, 5, Q(false)}, Case{GemmFormat::fp8, 64, 1024, 8, Q()}}) {
+    TestWeight W = make_weight(c.fmt, c.rows, c.cols, rng);
+    std::vector<int> seen(256 * 4, 0);
+    for (int64_t r = 0; r < c.rows; ++r)
+      for (int64_t k = 0; k < c.cols; ++k) {
+        uint8_t b = static_cast<uint8_t>((r * 37 + k * 5 + (k / 256) * 3) & 0xFF);
+        if ((b & 0x7F) == 0x7F) b ^= 1;
+        W.w[r * c.cols + k] = b;
+        seen[b * 4 + k % 4] = 1;
+      }
+    int64_t n = 0;
+    for (int v : seen) n += v;
+    ASSERT_EQ(n, 254 * 4);
+    run_case_on(c, W, rng);
+  }
+}
+
 TEST(Gemm, Fp4ScaleSpansAndSpecialScales) {
   // The fused FP4 GEMVs read the E8M0 scales 2048 columns (64 blocks) at a time per 16-row panel: K of one span, of
   // more than one, and with a partial last span (masked scale loads); scale bytes 0 (2^-127, a subnormal) and 255
@@ -523,7 +547,7 @@ TEST(Gemm, Bf16PanelCopy) {
       ASSERT_EQ(set_simd_level(l), l);
       std::vector<float> y(size_t(n * 128));
       linear(wp, x.data(), n, y.data(), D());
-      expect_bitwise(slow_linear(l == SimdLevel::avx512 ? V : W, x, n, D()), y,
+      expect_bitwise(slow_linear(l >= SimdLevel::avx512 ? V : W, x, n, D()), y,
                      fmt::format("read the copy, n_tok={} level={}", n, simd_level_name(l)));
     }
   }
@@ -648,8 +672,17 @@ TEST(Gemm, SimdLevelSelection) {
   EXPECT_EQ(set_simd_level(SimdLevel::scalar), SimdLevel::scalar);
   EXPECT_EQ(simd_level(), SimdLevel::scalar);
   // asking for more than the CPU has is clamped to the best available level
-  EXPECT_EQ(set_simd_level(SimdLevel::avx512), best_simd_level());
+  EXPECT_EQ(set_simd_level(SimdLevel::avx512vbmi), best_simd_level());
   EXPECT_STREQ(simd_level_name(SimdLevel::avx2), "avx2");
+  EXPECT_STREQ(simd_level_name(SimdLevel::avx512vbmi), "avx512vbmi");
+  // the VBMI kernels are chosen exactly when the CPU has AVX-512 with VBMI (and the build has them)
+  const CpuFeatures& c = cpu_features();
+  if (c.avx2 && c.fma && c.f16c && c.avx512f && c.avx512bw && c.avx512vl && c.avx512vbmi) {
+    EXPECT_EQ(best_simd_level(), SimdLevel::avx512vbmi);
+  }
+  if (!c.avx512vbmi) {
+    EXPECT_NE(best_simd_level(), SimdLevel::avx512vbmi);
+  }
 }
 
 TEST(Gemm, NumericsNames) {
