@@ -426,12 +426,14 @@ void act_quant_row(const float* x, int64_t n, float* q, float* s_out) {
 constexpr int kG = kGroupPanels;
 
 // (Long rows: each row's bytes 512 ahead into L1 and 1024 ahead into L2 — what the first group of a thread gets, +9%
-// on one thread for 2-group calls of FP8 [*, 4096] streamed; the next groups come from prefetch_next_group. Short rows, a 64-row group <= 16 KiB, e.g. the demo lm head [129280, 96] bf16: only
+// on one thread for 2-group calls of FP8 [*, 4096] streamed — unless PREFETCHED: the group came into L2 while the
+// thread's previous group was computed (prefetch_next_group), and the 128 per-row prefetches per k-step would only
+// take load slots. Short rows, a 64-row group <= 16 KiB, e.g. the demo lm head [129280, 96] bf16: only
 // prefetch_next_group, whose sequential L2 prefetch of the next group streamed 1.7x faster than the per-row L1
 // prefetch a group ahead, one thread on the 2-core EPYC VM.)
 __attribute__((always_inline)) inline void load_transposed(const uint8_t* base, int64_t row_bytes, int64_t byte_off,
-                                                          __m512 T[16]) {
-  if (row_bytes * kGroupRows > 16384) {
+                                                          __m512 T[16], bool prefetched = false) {
+  if (row_bytes * kGroupRows > 16384 && !prefetched) {
     prefetch_rows(base + byte_off, row_bytes, kPrefetchBytes);
     for (int i = 0; i < 16; ++i) prefetch_l2(base + i * row_bytes + byte_off + 2 * kPrefetchBytes);
   }
@@ -442,8 +444,8 @@ __attribute__((always_inline)) inline void load_transposed(const uint8_t* base, 
 // The same for the edge of a product: only `rows` (0..16) rows and `bytes` (1..64) bytes of each are read, the rest
 // of the 16 x 64 bytes is zero (the rows past a weight's last group, the columns past K).
 __attribute__((always_inline)) inline void load_transposed_part(const uint8_t* base, int64_t row_bytes, int64_t byte_off, int rows, int bytes,
-                                 __m512 T[16]) {
-  if (rows == 16 && bytes == 64) return load_transposed(base, row_bytes, byte_off, T);
+                                 __m512 T[16], bool prefetched = false) {
+  if (rows == 16 && bytes == 64) return load_transposed(base, row_bytes, byte_off, T, prefetched);
   const __mmask64 m = bytes >= 64 ? ~__mmask64{0} : (__mmask64{1} << bytes) - 1;
   for (int i = 0; i < 16; ++i)
     T[i] = i < rows ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi8(m, base + i * row_bytes + byte_off))
@@ -466,19 +468,24 @@ inline __m512 fp8_panel_scale(const PanelSrc& s, int64_t r0, int64_t c) {
 // Sequential prefetch of the next work item's weight bytes (PanelSrc::pf_w, set by the driver: usually the next 64-row
 // group of the same weight, one contiguous block, or the first group of the next weight of a linear_batch) into L2
 // while this group is computed: at k-step `step` of `steps`, the step-th slice, so that the next group streams from
-// DRAM in address order and is in L2 when its turn comes (its scale bytes at step 0). The first item of a thread has
-// only load_transposed's per-row prefetches (512 / 1024 bytes ahead in each of the 64 rows).
+// DRAM in address order and is in L2 when its turn comes (its scale bytes at step 0). The first item of a thread (or
+// one after an item whose kernel does not prefetch: PanelSrc::prefetched false) has load_transposed's per-row
+// prefetches instead (512 / 1024 bytes ahead in each of the 64 rows).
 
 // Bytes of the next group to prefetch per k-step when a kernel makes `steps` steps over a group (a multiple of 64).
 inline int64_t next_group_slice(const PanelSrc& s, int64_t steps) {
-  return s.pf_w == nullptr ? 0 : ((s.pf_w_bytes + steps - 1) / steps + 63) & ~int64_t{63};
+  return s.pf_w == nullptr ? 0 : next_group_slice_bytes(s.pf_w_bytes, steps);
 }
 
-inline void prefetch_next_group(const PanelSrc& s, int64_t step, int64_t slice) {
+// Part `part` of `parts` of that slice (gemm_kernels.h next_group_part): the 1-8 token FP4 / FP8 GEMVs issue part c
+// before they compute word c of the step's `parts` words, spreading the prefetches over the step: FP4 expert GEMVs
+// 1.3-1.5x faster than with the whole slice at the step's start (64 prefetches in a burst for FP4 [4096, 4096]), one
+// thread on the 2-core EPYC VM. (The BF16 GEMVs still issue the whole slice at once: parts = 1.)
+inline void prefetch_next_group(const PanelSrc& s, int64_t step, int64_t slice, int part = 0, int parts = 1) {
   if (s.pf_w == nullptr) return;
-  const int64_t b0 = step * slice, b1 = std::min(b0 + slice, s.pf_w_bytes);
+  const auto [b0, b1] = next_group_part(s.pf_w_bytes, slice, step, part, parts);
   for (int64_t o = b0; o < b1; o += 64) prefetch_l2(s.pf_w + o);
-  if (step == 0)
+  if (step == 0 && part == 0)
     for (int64_t o = 0; o < s.pf_s_bytes; o += 64) prefetch_l2(s.pf_s + o);
 }
 
@@ -544,9 +551,8 @@ void gemv_fp4(const PanelSrc& s, int64_t n0, int nrows, const float* a, const fl
       special = false;
       for (int p = 0; p < kG; ++p) special |= fp4_scale_words(s, n0 + p * kPanel, k0, S[p], prow[p]);
     }
-    prefetch_next_group(s, st, slice);
     for (int p = 0; p < kG; ++p)
-      load_transposed_part(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, k0 / 2, prow[p], cols / 2, T[p]);
+      load_transposed_part(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, k0 / 2, prow[p], cols / 2, T[p], s.prefetched);
     __m512i sword[kG];
     for (int p = 0; p < kG; ++p) sword[p] = _mm512_castps_si512(S[p][(k0 % 2048) / 128]);
     auto block = [&]<int BLK>() {
@@ -558,6 +564,7 @@ void gemv_fp4(const PanelSrc& s, int64_t n0, int nrows, const float* a, const fl
         sv[p] = MODE == 0 ? _mm512_setzero_ps() : accv[p];
       }
       for (int c = 4 * BLK; c < 4 * BLK + words; ++c) {
+        prefetch_next_group(s, st, slice, c, cols / 8);
         const float* ak = a + k0 + 8 * c;
         for (int qq = 0; qq < 8; ++qq) {
           const __m512 ab = _mm512_set1_ps(ak[qq]);
@@ -682,10 +689,10 @@ void gemv_fp8(const PanelSrc& s, int64_t n0, int nrows, const float* a, const fl
     for (int h = 0; h < 2 && kb + 64 * h < K; ++h, ++st) {
       const int64_t k0 = kb + 64 * h;
       const int cols = static_cast<int>(std::min<int64_t>(64, K - k0));  // a multiple of 4
-      prefetch_next_group(s, st, slice);
       for (int p = 0; p < kG; ++p)
-        load_transposed_part(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, k0, prow[p], cols, T[p]);
+        load_transposed_part(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, k0, prow[p], cols, T[p], s.prefetched);
       for (int c = 0; c < cols / 4; ++c) {
+        prefetch_next_group(s, st, slice, c, cols / 4);
         const float* ak = a + k0 + 4 * c;
         if constexpr (MODE == 0 && kVbmi) {
           for (int p = 0; p < kG; ++p) {
@@ -925,14 +932,13 @@ void gemv_q_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, const 
     for (int m = 0; m < MR; ++m) sv[m][0] = sv[m][1] = _mm512_setzero_ps();
     __m512 sw0 = _mm512_setzero_ps(), sw1 = sw0;
     for (int64_t k0 = 0; k0 < K; k0 += kStep) {
-      prefetch_next_group(s, (p / 2) * steps + k0 / kStep, slice);
       alignas(64) __m512 T0[16], T1[16];
       const int64_t off = FP4 ? k0 / 2 : k0;
       constexpr int kPerWord = FP4 ? 8 : 4;
       const int kn = static_cast<int>(std::min<int64_t>(kStep, K - k0));  // columns of this step (a multiple of 32)
       // (a partial last step: only the bytes before K are loaded, the words past them are zero and not used)
-      load_transposed_part(base0, s.row_bytes, off, kPanel, FP4 ? kn / 2 : kn, T0);
-      load_transposed_part(base1, s.row_bytes, off, kPanel, FP4 ? kn / 2 : kn, T1);
+      load_transposed_part(base0, s.row_bytes, off, kPanel, FP4 ? kn / 2 : kn, T0, s.prefetched);
+      load_transposed_part(base1, s.row_bytes, off, kPanel, FP4 ? kn / 2 : kn, T1, s.prefetched);
       if constexpr (FP4) {
         if (k0 % 2048 == 0) special = fp4_scale_words(s, r0, k0, S0) | fp4_scale_words(s, r0 + kPanel, k0, S1);
       } else if (k0 % 128 == 0) {
@@ -940,6 +946,7 @@ void gemv_q_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, const 
         sw1 = fp8_panel_scale(s, r0 + kPanel, k0 / 128);
       }
       for (int c = 0; c < kn / kPerWord; ++c) {
+        prefetch_next_group(s, (p / 2) * steps + k0 / kStep, slice, c, kn / kPerWord);
         const float* ak = a + k0 + kPerWord * c;
         if constexpr (FP4) {
           if (c % 4 == 0) {  // a new 32-column block

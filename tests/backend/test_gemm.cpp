@@ -13,6 +13,7 @@
 #include "backend/cpu_backend.h"
 #include "backend/cpu_features.h"
 #include "backend/gemm.h"
+#include "backend/gemm_kernels.h"
 #include "core/error.h"
 #include "format/numeric.h"
 
@@ -602,6 +603,38 @@ TEST(Gemm, BatchEqualsSeparateProducts) {
         expect_bitwise(want[i], got[i], fmt::format("job {} level={} threads={}", i, simd_level_name(l), th));
     }
   }
+}
+
+TEST(Gemm, NextGroupPrefetchTilesTheGroup) {
+  // The fused GEMVs prefetch the next group one part per weight word of each k-step (gemm_kernels.h
+  // next_group_part): over the k-steps of the FP4 / FP8 single-token GEMVs and of the 2-8 token ones (2 panel pairs,
+  // each over all of K), with their word counts (a partial last step has fewer words), the parts must tile the next
+  // group's bytes [0, bytes) in order, cache-line aligned: every line once, none past the end.
+  using gemm_detail::next_group_part;
+  using gemm_detail::next_group_slice_bytes;
+  struct Walk {
+    int64_t cols_per_step, codes_per_word, passes;
+  };
+  for (const Walk w : {Walk{128, 8, 1}, Walk{64, 4, 1}, Walk{128, 8, 2}, Walk{64, 4, 2}})
+    for (int64_t K : {32, 96, 160, 2048, 4096, 4104, 7168})
+      for (int64_t bytes : {int64_t{64}, int64_t{144}, int64_t{4096}, int64_t{100 * 2048}, int64_t{64 * 4096}, int64_t{64 * 3584},
+                            int64_t{64 * 7168 + 64}}) {
+        std::vector<int> words;  // words of each k-step, in the kernel's order
+        for (int64_t pass = 0; pass < w.passes; ++pass)
+          for (int64_t k0 = 0; k0 < K; k0 += w.cols_per_step)
+            words.push_back(static_cast<int>(std::min(w.cols_per_step, K - k0) / w.codes_per_word));
+        const int64_t slice = next_group_slice_bytes(bytes, static_cast<int64_t>(words.size()));
+        ASSERT_EQ(slice % 64, 0);
+        int64_t end = 0;
+        for (size_t st = 0; st < words.size(); ++st)
+          for (int c = 0; c < words[st]; ++c) {
+            const auto [b0, b1] = next_group_part(bytes, slice, static_cast<int64_t>(st), c, words[st]);
+            ASSERT_EQ(b0, end) << "K " << K << " bytes " << bytes << " step " << st << " part " << c;
+            ASSERT_TRUE((b0 % 64 == 0 || b0 == bytes) && b1 >= b0 && b1 <= bytes);
+            end = b1;
+          }
+        EXPECT_EQ(end, bytes) << "K " << K << " bytes " << bytes << " cols/step " << w.cols_per_step;
+      }
 }
 
 TEST(CpuBackend, HeadLayoutIsThePanelCopy) {
