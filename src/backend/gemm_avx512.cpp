@@ -425,17 +425,20 @@ void act_quant_row(const float* x, int64_t n, float* q, float* s_out) {
 // four independent accumulation chains (one per panel), exactly the order of mk_q / mk_d.
 constexpr int kG = kGroupPanels;
 
-// (Long rows: each row's bytes 512 ahead into L1 and 1024 ahead into L2 — what the first group of a thread gets, +9%
-// on one thread for 2-group calls of FP8 [*, 4096] streamed — unless PREFETCHED: the group came into L2 while the
-// thread's previous group was computed (prefetch_next_group), and the 128 per-row prefetches per k-step would only
-// take load slots. Short rows, a 64-row group <= 16 KiB, e.g. the demo lm head [129280, 96] bf16: only
-// prefetch_next_group, whose sequential L2 prefetch of the next group streamed 1.7x faster than the per-row L1
-// prefetch a group ahead, one thread on the 2-core EPYC VM.)
+// (Long rows, unless PREFETCHED: each row's bytes 128 and 384 ahead (2 and 6 k-steps) into L2 — what the first group
+// of a thread gets; the next groups come into L2 from prefetch_next_group while the one before is computed, and then
+// the 128 per-row prefetches per k-step would only take load slots. The 16 rows of a panel, and all 64 of a group
+// when a row is a multiple of 4 KiB, map to one L1 set, so an L1 prefetch (prefetcht0) of a k-step's lines mostly
+// evicts itself; one thread on the 2-core EPYC VM, groups not prefetched (FP8 / FP4 [64, 4096] weights, each read
+// once): 1.1-1.25x faster than the former prefetcht0 512 + prefetcht1 1024 bytes ahead. Short rows, a 64-row group
+// <= 16 KiB, e.g. the demo lm head [129280, 96] bf16: only prefetch_next_group, whose sequential L2 prefetch of the
+// next group streamed 1.7x faster than the per-row L1 prefetch a group ahead, one thread on the 2-core EPYC VM.)
+constexpr int64_t kRowPrefetchNear = 128, kRowPrefetchFar = 384;
 __attribute__((always_inline)) inline void load_transposed(const uint8_t* base, int64_t row_bytes, int64_t byte_off,
                                                           __m512 T[16], bool prefetched = false) {
   if (row_bytes * kGroupRows > 16384 && !prefetched) {
-    prefetch_rows(base + byte_off, row_bytes, kPrefetchBytes);
-    for (int i = 0; i < 16; ++i) prefetch_l2(base + i * row_bytes + byte_off + 2 * kPrefetchBytes);
+    for (int i = 0; i < 16; ++i) prefetch_l2(base + i * row_bytes + byte_off + kRowPrefetchNear);
+    for (int i = 0; i < 16; ++i) prefetch_l2(base + i * row_bytes + byte_off + kRowPrefetchFar);
   }
   for (int i = 0; i < 16; ++i) T[i] = _mm512_loadu_ps(reinterpret_cast<const float*>(base + i * row_bytes + byte_off));
   transpose16_regs(T);
@@ -470,7 +473,7 @@ inline __m512 fp8_panel_scale(const PanelSrc& s, int64_t r0, int64_t c) {
 // while this group is computed: at k-step `step` of `steps`, the step-th slice, so that the next group streams from
 // DRAM in address order and is in L2 when its turn comes (its scale bytes at step 0). The first item of a thread (or
 // one after an item whose kernel does not prefetch: PanelSrc::prefetched false) has load_transposed's per-row
-// prefetches instead (512 / 1024 bytes ahead in each of the 64 rows).
+// prefetches instead (128 / 384 bytes ahead in each of the 64 rows).
 
 // Bytes of the next group to prefetch per k-step when a kernel makes `steps` steps over a group (a multiple of 64).
 inline int64_t next_group_slice(const PanelSrc& s, int64_t steps) {
