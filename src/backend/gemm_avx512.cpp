@@ -480,10 +480,11 @@ inline int64_t next_group_slice(const PanelSrc& s, int64_t steps) {
   return s.pf_w == nullptr ? 0 : next_group_slice_bytes(s.pf_w_bytes, steps);
 }
 
-// Part `part` of `parts` of that slice (gemm_kernels.h next_group_part): the 1-8 token FP4 / FP8 GEMVs issue part c
-// before they compute word c of the step's `parts` words, spreading the prefetches over the step: FP4 expert GEMVs
-// 1.3-1.5x faster than with the whole slice at the step's start (64 prefetches in a burst for FP4 [4096, 4096]), one
-// thread on the 2-core EPYC VM. (The BF16 GEMVs still issue the whole slice at once: parts = 1.)
+// Part `part` of `parts` of that slice (gemm_kernels.h next_group_part): the fused GEMVs issue part c before they
+// compute word c of the step's `parts` words, spreading the prefetches over the step: FP4 expert GEMVs 1.3-1.5x and
+// BF16 [2048, 4096] 1.1x faster than with the whole slice at the step's start (64 prefetches in a burst for FP4
+// [4096, 4096]), one thread on the 2-core EPYC VM. (gemv_bf16_m, 2-3 tokens one panel at a time, issues its slices
+// whole, parts = 1: its steps are short, and spread it ran ~8% slower for 2 tokens.)
 inline void prefetch_next_group(const PanelSrc& s, int64_t step, int64_t slice, int part = 0, int parts = 1) {
   if (s.pf_w == nullptr) return;
   const auto [b0, b1] = next_group_part(s.pf_w_bytes, slice, step, part, parts);
@@ -761,10 +762,11 @@ void gemv_bf16(const PanelSrc& s, int64_t n0, int nrows, const float* a, __m512 
   const int64_t slice = next_group_slice(s, (K + 31) / 32);
   for (int64_t k0 = 0, st = 0; k0 < K; k0 += 32, ++st) {
     const int cols = static_cast<int>(std::min<int64_t>(32, K - k0));  // a multiple of 2
-    prefetch_next_group(s, st, slice);
     for (int p = 0; p < kG; ++p)
-      load_transposed_part(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, 2 * k0, prow[p], 2 * cols, T[p]);
+      load_transposed_part(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, 2 * k0, prow[p], 2 * cols, T[p],
+                           s.prefetched);
     for (int c = 0; c < cols / 2; ++c) {
+      prefetch_next_group(s, st, slice, c, cols / 2);
       const __m512 a0 = _mm512_set1_ps(a[k0 + 2 * c]), a1 = _mm512_set1_ps(a[k0 + 2 * c + 1]);
       for (int p = 0; p < kG; ++p)
         accv[p] =
@@ -791,11 +793,11 @@ void gemv_bf16_m2(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, fl
     const uint8_t* base0 = s.w + (n0 + p * kPanel) * s.row_bytes;
     const uint8_t* base1 = base0 + kPanel * s.row_bytes;
     for (int64_t k0 = 0; k0 < K; k0 += 32) {
-      prefetch_next_group(s, (p / 2) * (K / 32) + k0 / 32, slice);
       alignas(64) __m512 T0[16], T1[16];
-      load_transposed(base0, s.row_bytes, 2 * k0, T0);
-      load_transposed(base1, s.row_bytes, 2 * k0, T1);
+      load_transposed(base0, s.row_bytes, 2 * k0, T0, s.prefetched);
+      load_transposed(base1, s.row_bytes, 2 * k0, T1, s.prefetched);
       for (int c = 0; c < 16; ++c) {
+        prefetch_next_group(s, (p / 2) * (K / 32) + k0 / 32, slice, c, 16);
         const __m512 w00 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_castps_si512(T0[c]), 16));
         const __m512 w10 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_castps_si512(T1[c]), 16));
         for (int m = 0; m < MR; ++m) {
@@ -834,7 +836,7 @@ void gemv_bf16_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, flo
     for (int64_t k0 = 0; k0 < K; k0 += 32) {
       prefetch_next_group(s, p * (K / 32) + k0 / 32, slice);
       __m512 T[16];
-      load_transposed(base, s.row_bytes, 2 * k0, T);
+      load_transposed(base, s.row_bytes, 2 * k0, T, s.prefetched);
       for (int c = 0; c < 16; ++c) {
         const __m512 w0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_castps_si512(T[c]), 16));
         const __m512 w1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(T[c]), hi));
