@@ -53,6 +53,7 @@ const char* simd_level_name(SimdLevel l) {
     case SimdLevel::scalar: return "scalar";
     case SimdLevel::avx2: return "avx2";
     case SimdLevel::avx512: return "avx512";
+    case SimdLevel::avx512vbmi: return "avx512vbmi";
   }
   return "?";
 }
@@ -61,7 +62,9 @@ SimdLevel best_simd_level() {
   static const SimdLevel best = [] {
     const CpuFeatures& c = cpu_features();
     const bool has2 = c.avx2 && c.fma && c.f16c;
-    if (has2 && c.avx512f && c.avx512bw && c.avx512vl && avx512_kernels() != nullptr) return SimdLevel::avx512;
+    const bool has512 = has2 && c.avx512f && c.avx512bw && c.avx512vl;
+    if (has512 && c.avx512vbmi && avx512vbmi_kernels() != nullptr) return SimdLevel::avx512vbmi;
+    if (has512 && avx512_kernels() != nullptr) return SimdLevel::avx512;
     if (has2 && avx2_kernels() != nullptr) return SimdLevel::avx2;
     return SimdLevel::scalar;
   }();
@@ -74,6 +77,7 @@ std::atomic<int> g_level{-1};
 
 const Kernels& kernels_for(SimdLevel l) {
   switch (l) {
+    case SimdLevel::avx512vbmi: return *avx512vbmi_kernels();
     case SimdLevel::avx512: return *avx512_kernels();
     case SimdLevel::avx2: return *avx2_kernels();
     default: return scalar_kernels();
@@ -85,6 +89,7 @@ const Kernels& kernels_for(SimdLevel l) {
 SimdLevel set_simd_level(SimdLevel l) {
   const SimdLevel best = best_simd_level();
   if (static_cast<int>(l) > static_cast<int>(best)) l = best;
+  if (l == SimdLevel::avx512vbmi && avx512vbmi_kernels() == nullptr) l = SimdLevel::avx512;
   if (l == SimdLevel::avx512 && avx512_kernels() == nullptr) l = SimdLevel::avx2;
   if (l == SimdLevel::avx2 && avx2_kernels() == nullptr) l = SimdLevel::scalar;
   g_level.store(static_cast<int>(l));
@@ -235,8 +240,10 @@ void quantize_row(const Kernels& kq, const float* x, int64_t K, float* q, float*
 }
 
 // Unit u of product P: its 64-row group for its token tile, written to P.y. `next` (or null): the product of the next
-// unit this thread runs and that unit, whose weight bytes the fused GEMVs prefetch meanwhile.
-void run_unit(const Product& P, const Kernels& ker, int64_t u, const Product* next, int64_t next_u) {
+// unit this thread runs and that unit, whose weight bytes the fused GEMVs prefetch meanwhile. `prefetched`: whether
+// the thread's previous unit prefetched this one's (what the previous call returned). Returns whether this unit ran a
+// fused GEMV that prefetches `next` (PanelSrc::pf_w: all but the BF16 panel-copy ones).
+bool run_unit(const Product& P, const Kernels& ker, int64_t u, const Product* next, int64_t next_u, bool prefetched) {
   static thread_local std::vector<float> Pbuf, Psbuf, accbuf;
   const int64_t K = P.K, nsb = P.nsb, tile = P.tile;
   const int64_t g = u / P.n_tiles, ti = u % P.n_tiles;
@@ -248,6 +255,7 @@ void run_unit(const Product& P, const Kernels& ker, int64_t u, const Product* ne
   const float* a = P.a;
   const float* sa = P.sa;
   PanelSrc src = P.src;
+  src.prefetched = prefetched;
   // the next unit's group, which the fused GEMVs prefetch into L2 while they compute this one
   if (next != nullptr) {
     const int64_t nn0 = next->r0 + (next_u / next->n_tiles) * kGroupRows;
@@ -276,7 +284,7 @@ void run_unit(const Product& P, const Kernels& ker, int64_t u, const Product* ne
     if (done) {
       if (P.opts.out_bf16)
         for (int64_t m = 0; m < mr; ++m) round_bf16_row(yg + m * P.nout, nrows, yg + m * P.nout);
-      return;
+      return src.panels == nullptr;
     }
   }
   Pbuf.resize(static_cast<size_t>(kGroupPanels) * kChunk * kPanel);
@@ -284,6 +292,7 @@ void run_unit(const Product& P, const Kernels& ker, int64_t u, const Product* ne
   accbuf.assign(static_cast<size_t>(mr * kGroupRows), 0.0f);
   if (!full && mr == 1 && ker.gemv_group != nullptr)
     done = ker.gemv_group(src, n0, static_cast<int>(nrows), a + t0 * K, Q ? sa + t0 * nsb : nullptr, Q, accbuf.data());
+  const bool fused = done;  // (a partial group never takes the BF16 panel-copy GEMV)
   for (int64_t k0 = 0; k0 < K && !done; k0 += P.chunk) {
     const int kc = static_cast<int>(std::min<int64_t>(P.chunk, K - k0));
     const int kc_pad = (kc + 15) & ~15;
@@ -338,6 +347,7 @@ void run_unit(const Product& P, const Kernels& ker, int64_t u, const Product* ne
     else
       std::memcpy(yr, c, static_cast<size_t>(nrows) * 4);
   }
+  return fused;
 }
 
 // Runs every unit of the products: one parallel region (when `parallel`), each thread one contiguous range of the
@@ -361,11 +371,12 @@ void run_units(const Product* prods, int64_t n_prods, bool parallel) {
     return P.unit_rows(u) * (P.src.row_bytes + 64) * P.unit_tokens(u);
   };
   auto run_range = [&](int64_t b, int64_t e) {
+    bool prefetched = false;
     for (int64_t gu = b; gu < e; ++gu) {
       int64_t pi, u, npi = 0, nu = 0;
       locate(gu, pi, u);
       if (gu + 1 < e) locate(gu + 1, npi, nu);
-      run_unit(prods[pi], ker, u, gu + 1 < e ? &prods[npi] : nullptr, nu);
+      prefetched = run_unit(prods[pi], ker, u, gu + 1 < e ? &prods[npi] : nullptr, nu, prefetched);
     }
   };
   const int threads = parallel ? max_threads() : 1;

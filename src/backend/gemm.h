@@ -82,8 +82,10 @@ struct LinearJob {
 void linear_batch(std::span<const LinearJob> jobs);
 
 // Kernel selection (tests / benchmarks): the SIMD level linear() uses. Default: the best the CPU supports.
-enum class SimdLevel { scalar, avx2, avx512 };
-const char* simd_level_name(SimdLevel l);  // "scalar", "avx2", "avx512"
+// avx512vbmi: the AVX-512 kernels compiled once more with AVX512-VBMI, whose quantized FP8 GEMVs decode E4M3 codes
+// through byte lookup tables (vpermi2b) instead of shifts, masks and a multiply; same results, bitwise.
+enum class SimdLevel { scalar, avx2, avx512, avx512vbmi };
+const char* simd_level_name(SimdLevel l);  // "scalar", "avx2", "avx512", "avx512vbmi"
 SimdLevel best_simd_level();               // what this CPU supports (and this build compiled)
 // Force a level (clamped to best_simd_level()); returns the level now in use. Not thread-safe against running GEMMs.
 SimdLevel set_simd_level(SimdLevel l);

@@ -1,5 +1,7 @@
 // AVX-512 (F+BW+VL, with AVX2/FMA/F16C) GEMM kernels, compiled with a target pragma and chosen at run time.
 // They reproduce gemm_scalar.cpp bitwise: lanes are output rows, so every output's sum runs sequentially in k.
+// gemm_avx512_vbmi.cpp compiles this file once more with DSV4_GEMM_AVX512_VBMI (target + AVX512-VBMI, kVbmi = true,
+// the kernel set avx512vbmi_kernels()): there the quantized FP8 GEMVs decode E4M3 through byte tables (vpermi2b).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -15,10 +17,20 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC push_options
+#if defined(DSV4_GEMM_AVX512_VBMI)
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")
+#else
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+#endif
 
 namespace dsv4::gemm_detail {
 namespace {
+
+#if defined(DSV4_GEMM_AVX512_VBMI)
+constexpr bool kVbmi = true;
+#else
+constexpr bool kVbmi = false;
+#endif
 
 // 16 E4M3FN bytes -> 16 floats (exact): byte -> f16 bits (sign << 8 | magnitude << 7), f16 -> f32, * 2^8.
 inline __m512 dec_fp8(__m128i b) {
@@ -413,15 +425,20 @@ void act_quant_row(const float* x, int64_t n, float* q, float* s_out) {
 // four independent accumulation chains (one per panel), exactly the order of mk_q / mk_d.
 constexpr int kG = kGroupPanels;
 
-// (Long rows: each row's bytes 512 ahead into L1 and 1024 ahead into L2 — what the first group of a thread gets, +9%
-// on one thread for 2-group calls of FP8 [*, 4096] streamed; the next groups come from prefetch_next_group. Short rows, a 64-row group <= 16 KiB, e.g. the demo lm head [129280, 96] bf16: only
-// prefetch_next_group, whose sequential L2 prefetch of the next group streamed 1.7x faster than the per-row L1
-// prefetch a group ahead, one thread on the 2-core EPYC VM.)
+// (Long rows, unless PREFETCHED: each row's bytes 128 and 384 ahead (2 and 6 k-steps) into L2 — what the first group
+// of a thread gets; the next groups come into L2 from prefetch_next_group while the one before is computed, and then
+// the 128 per-row prefetches per k-step would only take load slots. The 16 rows of a panel, and all 64 of a group
+// when a row is a multiple of 4 KiB, map to one L1 set, so an L1 prefetch (prefetcht0) of a k-step's lines mostly
+// evicts itself; one thread on the 2-core EPYC VM, groups not prefetched (FP8 / FP4 [64, 4096] weights, each read
+// once): 1.1-1.25x faster than the former prefetcht0 512 + prefetcht1 1024 bytes ahead. Short rows, a 64-row group
+// <= 16 KiB, e.g. the demo lm head [129280, 96] bf16: only prefetch_next_group, whose sequential L2 prefetch of the
+// next group streamed 1.7x faster than the per-row L1 prefetch a group ahead, one thread on the 2-core EPYC VM.)
+constexpr int64_t kRowPrefetchNear = 128, kRowPrefetchFar = 384;
 __attribute__((always_inline)) inline void load_transposed(const uint8_t* base, int64_t row_bytes, int64_t byte_off,
-                                                          __m512 T[16]) {
-  if (row_bytes * kGroupRows > 16384) {
-    prefetch_rows(base + byte_off, row_bytes, kPrefetchBytes);
-    for (int i = 0; i < 16; ++i) prefetch_l2(base + i * row_bytes + byte_off + 2 * kPrefetchBytes);
+                                                          __m512 T[16], bool prefetched = false) {
+  if (row_bytes * kGroupRows > 16384 && !prefetched) {
+    for (int i = 0; i < 16; ++i) prefetch_l2(base + i * row_bytes + byte_off + kRowPrefetchNear);
+    for (int i = 0; i < 16; ++i) prefetch_l2(base + i * row_bytes + byte_off + kRowPrefetchFar);
   }
   for (int i = 0; i < 16; ++i) T[i] = _mm512_loadu_ps(reinterpret_cast<const float*>(base + i * row_bytes + byte_off));
   transpose16_regs(T);
@@ -430,8 +447,8 @@ __attribute__((always_inline)) inline void load_transposed(const uint8_t* base, 
 // The same for the edge of a product: only `rows` (0..16) rows and `bytes` (1..64) bytes of each are read, the rest
 // of the 16 x 64 bytes is zero (the rows past a weight's last group, the columns past K).
 __attribute__((always_inline)) inline void load_transposed_part(const uint8_t* base, int64_t row_bytes, int64_t byte_off, int rows, int bytes,
-                                 __m512 T[16]) {
-  if (rows == 16 && bytes == 64) return load_transposed(base, row_bytes, byte_off, T);
+                                 __m512 T[16], bool prefetched = false) {
+  if (rows == 16 && bytes == 64) return load_transposed(base, row_bytes, byte_off, T, prefetched);
   const __mmask64 m = bytes >= 64 ? ~__mmask64{0} : (__mmask64{1} << bytes) - 1;
   for (int i = 0; i < 16; ++i)
     T[i] = i < rows ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi8(m, base + i * row_bytes + byte_off))
@@ -454,19 +471,25 @@ inline __m512 fp8_panel_scale(const PanelSrc& s, int64_t r0, int64_t c) {
 // Sequential prefetch of the next work item's weight bytes (PanelSrc::pf_w, set by the driver: usually the next 64-row
 // group of the same weight, one contiguous block, or the first group of the next weight of a linear_batch) into L2
 // while this group is computed: at k-step `step` of `steps`, the step-th slice, so that the next group streams from
-// DRAM in address order and is in L2 when its turn comes (its scale bytes at step 0). The first item of a thread has
-// only load_transposed's per-row prefetches (512 / 1024 bytes ahead in each of the 64 rows).
+// DRAM in address order and is in L2 when its turn comes (its scale bytes at step 0). The first item of a thread (or
+// one after an item whose kernel does not prefetch: PanelSrc::prefetched false) has load_transposed's per-row
+// prefetches instead (128 / 384 bytes ahead in each of the 64 rows).
 
 // Bytes of the next group to prefetch per k-step when a kernel makes `steps` steps over a group (a multiple of 64).
 inline int64_t next_group_slice(const PanelSrc& s, int64_t steps) {
-  return s.pf_w == nullptr ? 0 : ((s.pf_w_bytes + steps - 1) / steps + 63) & ~int64_t{63};
+  return s.pf_w == nullptr ? 0 : next_group_slice_bytes(s.pf_w_bytes, steps);
 }
 
-inline void prefetch_next_group(const PanelSrc& s, int64_t step, int64_t slice) {
+// Part `part` of `parts` of that slice (gemm_kernels.h next_group_part): the fused GEMVs issue part c before they
+// compute word c of the step's `parts` words, spreading the prefetches over the step: FP4 expert GEMVs 1.3-1.5x and
+// BF16 [2048, 4096] 1.1x faster than with the whole slice at the step's start (64 prefetches in a burst for FP4
+// [4096, 4096]), one thread on the 2-core EPYC VM. (gemv_bf16_m, 2-3 tokens one panel at a time, issues its slices
+// whole, parts = 1: its steps are short, and spread it ran ~8% slower for 2 tokens.)
+inline void prefetch_next_group(const PanelSrc& s, int64_t step, int64_t slice, int part = 0, int parts = 1) {
   if (s.pf_w == nullptr) return;
-  const int64_t b0 = step * slice, b1 = std::min(b0 + slice, s.pf_w_bytes);
+  const auto [b0, b1] = next_group_part(s.pf_w_bytes, slice, step, part, parts);
   for (int64_t o = b0; o < b1; o += 64) prefetch_l2(s.pf_w + o);
-  if (step == 0)
+  if (step == 0 && part == 0)
     for (int64_t o = 0; o < s.pf_s_bytes; o += 64) prefetch_l2(s.pf_s + o);
 }
 
@@ -532,9 +555,8 @@ void gemv_fp4(const PanelSrc& s, int64_t n0, int nrows, const float* a, const fl
       special = false;
       for (int p = 0; p < kG; ++p) special |= fp4_scale_words(s, n0 + p * kPanel, k0, S[p], prow[p]);
     }
-    prefetch_next_group(s, st, slice);
     for (int p = 0; p < kG; ++p)
-      load_transposed_part(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, k0 / 2, prow[p], cols / 2, T[p]);
+      load_transposed_part(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, k0 / 2, prow[p], cols / 2, T[p], s.prefetched);
     __m512i sword[kG];
     for (int p = 0; p < kG; ++p) sword[p] = _mm512_castps_si512(S[p][(k0 % 2048) / 128]);
     auto block = [&]<int BLK>() {
@@ -546,6 +568,7 @@ void gemv_fp4(const PanelSrc& s, int64_t n0, int nrows, const float* a, const fl
         sv[p] = MODE == 0 ? _mm512_setzero_ps() : accv[p];
       }
       for (int c = 4 * BLK; c < 4 * BLK + words; ++c) {
+        prefetch_next_group(s, st, slice, c, cols / 8);
         const float* ak = a + k0 + 8 * c;
         for (int qq = 0; qq < 8; ++qq) {
           const __m512 ab = _mm512_set1_ps(ak[qq]);
@@ -601,6 +624,58 @@ inline void dec_e4m3_word_f16(__m512i v, __m512 w[4]) {
   w[3] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(hi, 1));
 }
 
+// The same w' through byte tables (kVbmi only): w' is a bf16 value for every code (3 mantissa bits; the subnormal
+// codes' m * 2^-17 are normal), so its fp32 bits are hi << 24 | lo << 16, two bytes that depend on the code alone:
+// lo on its 7 magnitude bits, hi on those and the sign. vpermi2b looks lo and hi up for all 64 codes of a word
+// vector at once (128-entry tables, index = code & 0x7F), the sign bit is or'ed into hi, and one byte permute per
+// code position q places the 16 rows' lo / hi in bytes 2 / 3 of their lanes (bytes 0, 1 zero): 7 permutes per 64
+// codes instead of shift, shift, mask and multiply per 16, and no subnormal special case. Same values, bit for bit,
+// as dec_e4m3_top_q / dec_e4m3_word_f16 (the NaN codes 0x7F / 0xFF too: +-480 * 2^-8).
+constexpr uint16_t e4m3_q_bf16(int c) {  // bf16 bits of w' for the magnitude code c (0..127)
+  const int e = c >> 3, m = c & 7;
+  if (e != 0) return static_cast<uint16_t>((e + 112) << 7 | m << 4);  // 2^(e-15) * (1 + m/8)
+  if (m == 0) return 0;
+  const int p = m >= 4 ? 2 : m >= 2 ? 1 : 0;  // m * 2^-17 = 2^(p-17) * (m / 2^p)
+  return static_cast<uint16_t>((p + 110) << 7 | ((m << (7 - p)) & 0x7F));
+}
+
+struct E4m3Tables {
+  alignas(64) uint8_t lo[128], hi[128];
+};
+constexpr E4m3Tables make_e4m3_tables() {
+  E4m3Tables t{};
+  for (int c = 0; c < 128; ++c) {
+    t.lo[c] = static_cast<uint8_t>(e4m3_q_bf16(c) & 0xFF);
+    t.hi[c] = static_cast<uint8_t>(e4m3_q_bf16(c) >> 8);
+  }
+  return t;
+}
+constexpr E4m3Tables kE4m3Tables = make_e4m3_tables();
+
+// The tables in registers (loaded once per kernel call).
+struct E4m3Lut {
+  __m512i lo0, lo1, hi0, hi1;
+  E4m3Lut()
+      : lo0(_mm512_load_si512(kE4m3Tables.lo)), lo1(_mm512_load_si512(kE4m3Tables.lo + 64)),
+        hi0(_mm512_load_si512(kE4m3Tables.hi)), hi1(_mm512_load_si512(kE4m3Tables.hi + 64)) {}
+};
+
+// The 4 codes of a word vector v as w' vectors: w[q] = code q of the 16 rows.
+inline void dec_e4m3_word_lut(__m512i v, const E4m3Lut& t, __m512 w[4]) {
+  const __m512i lo = _mm512_permutex2var_epi8(t.lo0, v, t.lo1);
+  const __m512i hi =  // table | (v & 0x80)
+      _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.hi0, v, t.hi1), v, _mm512_set1_epi8(-128), 0xF8);
+  // byte 2 of lane i <- lo byte 4i + q, byte 3 <- hi byte 4i + q (index 64 + 4i + q of the pair lo, hi)
+  const __m512i base = _mm512_setr_epi32(0x40000000, 0x44040000, 0x48080000, 0x4C0C0000, 0x50100000, 0x54140000,
+                                         0x58180000, 0x5C1C0000, 0x60200000, 0x64240000, 0x68280000, 0x6C2C0000,
+                                         0x70300000, 0x74340000, 0x78380000, 0x7C3C0000);
+  constexpr __mmask64 bytes23 = 0xCCCCCCCCCCCCCCCCull;
+  for (int q = 0; q < 4; ++q) {
+    const __m512i idx = _mm512_add_epi32(base, _mm512_set1_epi32(q * 0x01010000));
+    w[q] = _mm512_castsi512_ps(_mm512_maskz_permutex2var_epi8(bytes23, lo, idx, hi));
+  }
+}
+
 template <int MODE>
 void gemv_fp8(const PanelSrc& s, int64_t n0, int nrows, const float* a, const float* sa, __m512 accv[kG]) {
   const int64_t K = s.cols;
@@ -609,6 +684,7 @@ void gemv_fp8(const PanelSrc& s, int64_t n0, int nrows, const float* a, const fl
   int prow[kG];  // rows of each panel
   for (int p = 0; p < kG; ++p) prow[p] = std::clamp(nrows - p * kPanel, 0, kPanel);
   const int64_t slice = next_group_slice(s, (K + 63) / 64);
+  const E4m3Lut lut;
   for (int64_t kb = 0, st = 0; kb < K; kb += 128) {
     for (int p = 0; p < kG; ++p) {
       sw[p] = fp8_panel_scale(s, n0 + p * kPanel, kb / 128);
@@ -617,11 +693,19 @@ void gemv_fp8(const PanelSrc& s, int64_t n0, int nrows, const float* a, const fl
     for (int h = 0; h < 2 && kb + 64 * h < K; ++h, ++st) {
       const int64_t k0 = kb + 64 * h;
       const int cols = static_cast<int>(std::min<int64_t>(64, K - k0));  // a multiple of 4
-      prefetch_next_group(s, st, slice);
       for (int p = 0; p < kG; ++p)
-        load_transposed_part(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, k0, prow[p], cols, T[p]);
+        load_transposed_part(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, k0, prow[p], cols, T[p], s.prefetched);
       for (int c = 0; c < cols / 4; ++c) {
+        prefetch_next_group(s, st, slice, c, cols / 4);
         const float* ak = a + k0 + 4 * c;
+        if constexpr (MODE == 0 && kVbmi) {
+          for (int p = 0; p < kG; ++p) {
+            __m512 w[4];
+            dec_e4m3_word_lut(_mm512_castps_si512(T[p][c]), lut, w);
+            for (int qq = 0; qq < 4; ++qq) sv[p] = _mm512_fmadd_ps(_mm512_set1_ps(ak[qq]), w[qq], sv[p]);
+          }
+          continue;
+        }
         // the f16 decode only for the 4 panels' words with a subnormal code (a real checkpoint: ~1e-4 of codes)
         __mmask64 sub = 0;
         for (int p = 0; p < kG; ++p) sub |= e4m3_subnormals(_mm512_castps_si512(T[p][c]));
@@ -678,10 +762,11 @@ void gemv_bf16(const PanelSrc& s, int64_t n0, int nrows, const float* a, __m512 
   const int64_t slice = next_group_slice(s, (K + 31) / 32);
   for (int64_t k0 = 0, st = 0; k0 < K; k0 += 32, ++st) {
     const int cols = static_cast<int>(std::min<int64_t>(32, K - k0));  // a multiple of 2
-    prefetch_next_group(s, st, slice);
     for (int p = 0; p < kG; ++p)
-      load_transposed_part(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, 2 * k0, prow[p], 2 * cols, T[p]);
+      load_transposed_part(s.w + (n0 + p * kPanel) * s.row_bytes, s.row_bytes, 2 * k0, prow[p], 2 * cols, T[p],
+                           s.prefetched);
     for (int c = 0; c < cols / 2; ++c) {
+      prefetch_next_group(s, st, slice, c, cols / 2);
       const __m512 a0 = _mm512_set1_ps(a[k0 + 2 * c]), a1 = _mm512_set1_ps(a[k0 + 2 * c + 1]);
       for (int p = 0; p < kG; ++p)
         accv[p] =
@@ -708,11 +793,11 @@ void gemv_bf16_m2(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, fl
     const uint8_t* base0 = s.w + (n0 + p * kPanel) * s.row_bytes;
     const uint8_t* base1 = base0 + kPanel * s.row_bytes;
     for (int64_t k0 = 0; k0 < K; k0 += 32) {
-      prefetch_next_group(s, (p / 2) * (K / 32) + k0 / 32, slice);
       alignas(64) __m512 T0[16], T1[16];
-      load_transposed(base0, s.row_bytes, 2 * k0, T0);
-      load_transposed(base1, s.row_bytes, 2 * k0, T1);
+      load_transposed(base0, s.row_bytes, 2 * k0, T0, s.prefetched);
+      load_transposed(base1, s.row_bytes, 2 * k0, T1, s.prefetched);
       for (int c = 0; c < 16; ++c) {
+        prefetch_next_group(s, (p / 2) * (K / 32) + k0 / 32, slice, c, 16);
         const __m512 w00 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_castps_si512(T0[c]), 16));
         const __m512 w10 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_castps_si512(T1[c]), 16));
         for (int m = 0; m < MR; ++m) {
@@ -751,7 +836,7 @@ void gemv_bf16_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, flo
     for (int64_t k0 = 0; k0 < K; k0 += 32) {
       prefetch_next_group(s, p * (K / 32) + k0 / 32, slice);
       __m512 T[16];
-      load_transposed(base, s.row_bytes, 2 * k0, T);
+      load_transposed(base, s.row_bytes, 2 * k0, T, s.prefetched);
       for (int c = 0; c < 16; ++c) {
         const __m512 w0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_castps_si512(T[c]), 16));
         const __m512 w1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(T[c]), hi));
@@ -822,6 +907,7 @@ void gemv_q_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, const 
   const int64_t steps = (K + kStep - 1) / kStep;  // k-steps per pair of panels (the last may be partial)
   const int64_t slice = next_group_slice(s, (kG / 2) * steps);
   const __m512 lut = _mm512_loadu_ps(e2m1_lut());
+  const E4m3Lut lut8;
   for (int p = 0; p < kG; p += 2) {
     const int64_t r0 = n0 + p * kPanel;
     const uint8_t* base0 = s.w + r0 * s.row_bytes;
@@ -851,14 +937,13 @@ void gemv_q_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, const 
     for (int m = 0; m < MR; ++m) sv[m][0] = sv[m][1] = _mm512_setzero_ps();
     __m512 sw0 = _mm512_setzero_ps(), sw1 = sw0;
     for (int64_t k0 = 0; k0 < K; k0 += kStep) {
-      prefetch_next_group(s, (p / 2) * steps + k0 / kStep, slice);
       alignas(64) __m512 T0[16], T1[16];
       const int64_t off = FP4 ? k0 / 2 : k0;
       constexpr int kPerWord = FP4 ? 8 : 4;
       const int kn = static_cast<int>(std::min<int64_t>(kStep, K - k0));  // columns of this step (a multiple of 32)
       // (a partial last step: only the bytes before K are loaded, the words past them are zero and not used)
-      load_transposed_part(base0, s.row_bytes, off, kPanel, FP4 ? kn / 2 : kn, T0);
-      load_transposed_part(base1, s.row_bytes, off, kPanel, FP4 ? kn / 2 : kn, T1);
+      load_transposed_part(base0, s.row_bytes, off, kPanel, FP4 ? kn / 2 : kn, T0, s.prefetched);
+      load_transposed_part(base1, s.row_bytes, off, kPanel, FP4 ? kn / 2 : kn, T1, s.prefetched);
       if constexpr (FP4) {
         if (k0 % 2048 == 0) special = fp4_scale_words(s, r0, k0, S0) | fp4_scale_words(s, r0 + kPanel, k0, S1);
       } else if (k0 % 128 == 0) {
@@ -866,6 +951,7 @@ void gemv_q_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, const 
         sw1 = fp8_panel_scale(s, r0 + kPanel, k0 / 128);
       }
       for (int c = 0; c < kn / kPerWord; ++c) {
+        prefetch_next_group(s, (p / 2) * steps + k0 / kStep, slice, c, kn / kPerWord);
         const float* ak = a + k0 + kPerWord * c;
         if constexpr (FP4) {
           if (c % 4 == 0) {  // a new 32-column block
@@ -884,7 +970,10 @@ void gemv_q_m(const PanelSrc& s, int64_t n0, const float* a, int64_t lda, const 
           }
         } else {
           __m512 w0[4], w1[4];
-          if ((e4m3_subnormals(_mm512_castps_si512(T0[c])) | e4m3_subnormals(_mm512_castps_si512(T1[c]))) != 0) {
+          if constexpr (kVbmi) {
+            dec_e4m3_word_lut(_mm512_castps_si512(T0[c]), lut8, w0);
+            dec_e4m3_word_lut(_mm512_castps_si512(T1[c]), lut8, w1);
+          } else if ((e4m3_subnormals(_mm512_castps_si512(T0[c])) | e4m3_subnormals(_mm512_castps_si512(T1[c]))) != 0) {
             dec_e4m3_word_f16(_mm512_castps_si512(T0[c]), w0);
             dec_e4m3_word_f16(_mm512_castps_si512(T1[c]), w1);
           } else {
@@ -1064,7 +1153,11 @@ void mk_d(const MkArgs& A) { mk<false>(A); }
 #pragma GCC pop_options
 
 namespace dsv4::gemm_detail {
+#if defined(DSV4_GEMM_AVX512_VBMI)
+const Kernels* avx512vbmi_kernels() {
+#else
 const Kernels* avx512_kernels() {
+#endif
   static const Kernels k{decode_panel, fp4_panel_scales, act_quant_row, gemv_group, mk_q, mk_d, gemv_group_m};
   return &k;
 }
@@ -1072,6 +1165,10 @@ const Kernels* avx512_kernels() {
 
 #else
 namespace dsv4::gemm_detail {
+#if defined(DSV4_GEMM_AVX512_VBMI)
+const Kernels* avx512vbmi_kernels() { return nullptr; }
+#else
 const Kernels* avx512_kernels() { return nullptr; }
+#endif
 }  // namespace dsv4::gemm_detail
 #endif

@@ -6,7 +6,9 @@
 // every output element accumulates its products sequentially in k (the order the header documents), whatever the
 // vector width. Rows past the weight's end are zero.
 #pragma once
+#include <algorithm>
 #include <cstdint>
+#include <utility>
 
 #include "backend/gemm.h"
 
@@ -36,6 +38,9 @@ struct PanelSrc {
   int64_t pf_w_bytes = 0;
   const uint8_t* pf_s = nullptr;
   int64_t pf_s_bytes = 0;
+  // Whether this group's bytes were prefetched into L2 while the thread's previous work item ran (its pf_w): then the
+  // fused GEMVs skip their per-row software prefetches.
+  bool prefetched = false;
 };
 
 // Block scale of weight element (r, k) as fp32 (E8M0 decoded bitwise, or F32).
@@ -91,6 +96,7 @@ struct Kernels {
 const Kernels& scalar_kernels();
 const Kernels* avx2_kernels();    // nullptr when not compiled in
 const Kernels* avx512_kernels();  // nullptr when not compiled in
+const Kernels* avx512vbmi_kernels();  // the same kernels built with AVX512-VBMI (gemm_avx512_vbmi.cpp), or nullptr
 
 // Software prefetch distance of the fused GEMVs, in bytes past the row bytes about to be loaded. Rows short enough
 // that a 64-row group is one small contiguous block (the lm head of a narrow model: [129280, 96] bf16 = 192-byte
@@ -98,6 +104,18 @@ const Kernels* avx512_kernels();  // nullptr when not compiled in
 // long rows 512 bytes ahead in each row (the group walks too many row streams for the hardware prefetchers).
 inline int64_t gemv_prefetch_bytes(int64_t row_bytes) {
   return row_bytes * kGroupRows <= 16384 ? row_bytes * kGroupRows : 512;
+}
+
+// The fused GEMVs' prefetch of the next group (PanelSrc::pf_w, `bytes` long) while they make `steps` k-steps over
+// theirs: step i prefetches the i-th slice of next_group_slice_bytes (a multiple of 64), split evenly by cache lines
+// into one part per weight word the step computes (part c issued before word c, so the prefetches are spread over the
+// step's work); next_group_part is part `part` of `parts` of step `step`'s slice as the byte range [first, second).
+// Over all steps and parts the ranges tile [0, bytes) in order, whatever the words per step (a partial last step has
+// fewer).
+inline int64_t next_group_slice_bytes(int64_t bytes, int64_t steps) { return ((bytes + steps - 1) / steps + 63) & ~int64_t{63}; }
+inline std::pair<int64_t, int64_t> next_group_part(int64_t bytes, int64_t slice, int64_t step, int part, int parts) {
+  const int64_t lines = slice / 64, s0 = step * slice;
+  return {std::min(s0 + lines * part / parts * 64, bytes), std::min(s0 + lines * (part + 1) / parts * 64, bytes)};
 }
 
 // Round a dequantized value to bf16 exactly as the SIMD kernels do (RNE on the bit pattern; weights are finite).

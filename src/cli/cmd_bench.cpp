@@ -207,14 +207,14 @@ __attribute__((target("avx512f"))) float fma_loop512(int64_t iters) {
 // GFLOP/s (2 per FMA lane) of nt threads running FMA chains at the width of simd_level() (scalar: 1 lane).
 double fma_peak_gflops(int nt) {
   const SimdLevel l = simd_level();
-  const int lanes = l == SimdLevel::avx512 ? 16 : l == SimdLevel::avx2 ? 8 : 1;
+  const int lanes = l >= SimdLevel::avx512 ? 16 : l == SimdLevel::avx2 ? 8 : 1;
   constexpr int64_t kIters = 20'000'000;
   double sink = 0;
   const auto t0 = Clock::now();
 #pragma omp parallel num_threads(nt) reduction(+ : sink)
   {
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (l == SimdLevel::avx512)
+    if (l >= SimdLevel::avx512)
       sink += fma_loop512(kIters);
     else if (l == SimdLevel::avx2)
       sink += fma_loop256(kIters);

@@ -13,6 +13,7 @@
 #include "backend/cpu_backend.h"
 #include "backend/cpu_features.h"
 #include "backend/gemm.h"
+#include "backend/gemm_kernels.h"
 #include "core/error.h"
 #include "format/numeric.h"
 
@@ -196,7 +197,8 @@ std::vector<float> slow_linear(const TestWeight& W, const std::vector<float>& x,
 std::vector<SimdLevel> levels() {
   std::vector<SimdLevel> v{SimdLevel::scalar};
   if (static_cast<int>(best_simd_level()) >= static_cast<int>(SimdLevel::avx2)) v.push_back(SimdLevel::avx2);
-  if (best_simd_level() == SimdLevel::avx512) v.push_back(SimdLevel::avx512);
+  if (static_cast<int>(best_simd_level()) >= static_cast<int>(SimdLevel::avx512)) v.push_back(SimdLevel::avx512);
+  if (best_simd_level() == SimdLevel::avx512vbmi) v.push_back(SimdLevel::avx512vbmi);
   return v;
 }
 
@@ -404,6 +406,29 @@ TEST(Gemm, Fp8SubnormalCodeMixes) {
   }
 }
 
+TEST(Gemm, Fp8EveryCodeInEveryWordPosition) {
+  // Every E4M3 code but the NaNs (the VBMI kernels decode them through 128-entry byte tables, the others by shifts /
+  // the f16 route) at each of the 4 byte positions of a 32-bit word and in every row of a panel, in the quantized
+  // GEMVs of 1 token and of 2-8 tokens (each decode path has its own tables or shifts per position).
+  std::mt19937 rng(17);
+  for (const Case& c : {Case{GemmFormat::fp8, 64, 1024, 1, Q()}, Case{GemmFormat::fp8, 64, 1024, 2, Q()},
+                        Case{GemmFormat::fp8, 128, 512, 5, Q(false)}, Case{GemmFormat::fp8, 64, 1024, 8, Q()}}) {
+    TestWeight W = make_weight(c.fmt, c.rows, c.cols, rng);
+    std::vector<int> seen(256 * 4, 0);
+    for (int64_t r = 0; r < c.rows; ++r)
+      for (int64_t k = 0; k < c.cols; ++k) {
+        uint8_t b = static_cast<uint8_t>((r * 37 + k * 5 + (k / 256) * 3) & 0xFF);
+        if ((b & 0x7F) == 0x7F) b ^= 1;
+        W.w[r * c.cols + k] = b;
+        seen[b * 4 + k % 4] = 1;
+      }
+    int64_t n = 0;
+    for (int v : seen) n += v;
+    ASSERT_EQ(n, 254 * 4);
+    run_case_on(c, W, rng);
+  }
+}
+
 TEST(Gemm, Fp4ScaleSpansAndSpecialScales) {
   // The fused FP4 GEMVs read the E8M0 scales 2048 columns (64 blocks) at a time per 16-row panel: K of one span, of
   // more than one, and with a partial last span (masked scale loads); scale bytes 0 (2^-127, a subnormal) and 255
@@ -523,7 +548,7 @@ TEST(Gemm, Bf16PanelCopy) {
       ASSERT_EQ(set_simd_level(l), l);
       std::vector<float> y(size_t(n * 128));
       linear(wp, x.data(), n, y.data(), D());
-      expect_bitwise(slow_linear(l == SimdLevel::avx512 ? V : W, x, n, D()), y,
+      expect_bitwise(slow_linear(l >= SimdLevel::avx512 ? V : W, x, n, D()), y,
                      fmt::format("read the copy, n_tok={} level={}", n, simd_level_name(l)));
     }
   }
@@ -578,6 +603,38 @@ TEST(Gemm, BatchEqualsSeparateProducts) {
         expect_bitwise(want[i], got[i], fmt::format("job {} level={} threads={}", i, simd_level_name(l), th));
     }
   }
+}
+
+TEST(Gemm, NextGroupPrefetchTilesTheGroup) {
+  // The fused GEMVs prefetch the next group one part per weight word of each k-step (gemm_kernels.h
+  // next_group_part): over the k-steps of the FP4 / FP8 single-token GEMVs and of the 2-8 token ones (2 panel pairs,
+  // each over all of K), with their word counts (a partial last step has fewer words), the parts must tile the next
+  // group's bytes [0, bytes) in order, cache-line aligned: every line once, none past the end.
+  using gemm_detail::next_group_part;
+  using gemm_detail::next_group_slice_bytes;
+  struct Walk {
+    int64_t cols_per_step, codes_per_word, passes;
+  };
+  for (const Walk w : {Walk{128, 8, 1}, Walk{64, 4, 1}, Walk{128, 8, 2}, Walk{64, 4, 2}})
+    for (int64_t K : {32, 96, 160, 2048, 4096, 4104, 7168})
+      for (int64_t bytes : {int64_t{64}, int64_t{144}, int64_t{4096}, int64_t{100 * 2048}, int64_t{64 * 4096}, int64_t{64 * 3584},
+                            int64_t{64 * 7168 + 64}}) {
+        std::vector<int> words;  // words of each k-step, in the kernel's order
+        for (int64_t pass = 0; pass < w.passes; ++pass)
+          for (int64_t k0 = 0; k0 < K; k0 += w.cols_per_step)
+            words.push_back(static_cast<int>(std::min(w.cols_per_step, K - k0) / w.codes_per_word));
+        const int64_t slice = next_group_slice_bytes(bytes, static_cast<int64_t>(words.size()));
+        ASSERT_EQ(slice % 64, 0);
+        int64_t end = 0;
+        for (size_t st = 0; st < words.size(); ++st)
+          for (int c = 0; c < words[st]; ++c) {
+            const auto [b0, b1] = next_group_part(bytes, slice, static_cast<int64_t>(st), c, words[st]);
+            ASSERT_EQ(b0, end) << "K " << K << " bytes " << bytes << " step " << st << " part " << c;
+            ASSERT_TRUE((b0 % 64 == 0 || b0 == bytes) && b1 >= b0 && b1 <= bytes);
+            end = b1;
+          }
+        EXPECT_EQ(end, bytes) << "K " << K << " bytes " << bytes << " cols/step " << w.cols_per_step;
+      }
 }
 
 TEST(CpuBackend, HeadLayoutIsThePanelCopy) {
@@ -648,8 +705,17 @@ TEST(Gemm, SimdLevelSelection) {
   EXPECT_EQ(set_simd_level(SimdLevel::scalar), SimdLevel::scalar);
   EXPECT_EQ(simd_level(), SimdLevel::scalar);
   // asking for more than the CPU has is clamped to the best available level
-  EXPECT_EQ(set_simd_level(SimdLevel::avx512), best_simd_level());
+  EXPECT_EQ(set_simd_level(SimdLevel::avx512vbmi), best_simd_level());
   EXPECT_STREQ(simd_level_name(SimdLevel::avx2), "avx2");
+  EXPECT_STREQ(simd_level_name(SimdLevel::avx512vbmi), "avx512vbmi");
+  // the VBMI kernels are chosen exactly when the CPU has AVX-512 with VBMI (and the build has them)
+  const CpuFeatures& c = cpu_features();
+  if (c.avx2 && c.fma && c.f16c && c.avx512f && c.avx512bw && c.avx512vl && c.avx512vbmi) {
+    EXPECT_EQ(best_simd_level(), SimdLevel::avx512vbmi);
+  }
+  if (!c.avx512vbmi) {
+    EXPECT_NE(best_simd_level(), SimdLevel::avx512vbmi);
+  }
 }
 
 TEST(Gemm, NumericsNames) {
