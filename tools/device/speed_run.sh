@@ -25,8 +25,8 @@
 #   hybstage the --gpu-experts auto placement, prefill of 2048 tokens with the CPU experts staged on the GPU (the
 #            default, model/expert_staging.h) and with --stage-tokens 0 (the CPU runs them, as before), then 8192
 #            tokens staged
-#   cpuserve dsv4 bench serve on the demo model on the machine's CPU (issue 10's 8-vs-1 clients benchmark) with 16,
-#            8 and 4 threads, 3 rounds each, JSON lines into $OUT/bench-serve-cpu.jsonl
+#   cpuserve dsv4 bench serve on the demo model on the machine's CPU (issue 10's 8-vs-1 clients benchmark) with 16
+#            and 8 threads, 2 rounds each, JSON lines into $OUT/bench-serve-cpu.jsonl
 #   prefpow  prefill of 8192 tokens (as `prefill`) with the GPU's SM clock, power and temperature sampled every
 #            100 ms (nvidia-smi), CSV into $OUT/prefill-power.csv
 #   gemm     dsv4 bench gemm on the machine's CPU (all threads), JSON into $OUT/bench-gemm.json
@@ -144,7 +144,7 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
     tail -8 /tmp/serve.err
   fi
   if has cpuserve && [ -x "$B/dsv4" ]; then
-    for r in 1 2 3; do for t in 16 8 4; do
+    for r in 1 2; do for t in 16 8; do
       [ "$(left)" -gt 40 ] || break 2
       log "bench serve cpu threads $t round $r"
       timeout $(($(left) - 20)) "$B/dsv4" bench serve -m models/dsv4-demo --clients 1,8 --tokens 64 --requests 3 \
