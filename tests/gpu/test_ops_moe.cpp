@@ -780,7 +780,8 @@ TEST(CudaMoe, MoeDecodeBatchInvarianceFast) {
 
 TEST(CudaMoe, TcMmaBEqualsTcMma) {
   DSV4_REQUIRE_GPU();
-  // moe_tc_small_kernel's mma (tc_mma_b: on sm_90 the two f16 mmas that ptxas makes of the FP8 mma, written out)
+  // the FP8 mma's f16 form (tc_mma_b: on sm_90 the two f16 mmas that ptxas makes of the FP8 mma, written out; the
+  // order moe_tc_big_kernel's f16 path reproduces)
   // against the FP8 mma itself on 64 x 256 lanes x 64 rounds of random operands: equal but for a zero's sign
   const int64_t bad = cuda::tc_mma_b_mismatches(77, 64);
   if (bad < 0) GTEST_SKIP() << "no FP8 mma on this device / in this binary";
@@ -898,12 +899,10 @@ TEST(CudaMoe, MoeTcBigF16EqualsFp8MmaScaleCode0) {
 
 TEST(CudaMoe, MoeDecodeSpecialScaleCodes) {
   DSV4_REQUIRE_GPU();
-  // moe_tc_small_kernel decodes the E8M0 scales of an item without the special-code masks when none of the item's
-  // scale bytes is 0 or 0xFF (a warp vote), with them otherwise: the same values either way. Two layers of 4 experts
-  // (w1 / w3 [1024, 2048]: 2-block items, w2 [2048, 1024]: 1-block items) that differ only in a few 32-column groups
+  // moe_tc_small_kernel's E8M0 decoding of code 0 (2^-127) where a 32-column group is all zero: it must add zero.
+  // Two layers of 4 experts (w1 / w3 [1024, 2048]: 2-block items, w2 [2048, 1024]: 1-block items) that differ only in a few 32-column groups
   // whose weights are all zero: scale 2^-6..2^-4 in one, code 0 (2^-127) in the other. Those groups add zero in both,
-  // so every output must be bitwise equal, while the second layer's items around those groups take the masked
-  // decoding for all of their 16 rows.
+  // so every output must be bitwise equal.
   constexpr int64_t E = 4, D = 2048, I = 1024, k = 4;
   Rng rng(4242);
   std::vector<HostWeight> plain[3], special[3];  // w1, w2, w3

@@ -14,18 +14,6 @@ __device__ __forceinline__ void fp4_as_e4m3(uint32_t w, uint32_t& ev, uint32_t& 
   od = ((o << 4) & 0x80808080u) | ((o << 2) & 0x1C1C1C1Cu);
 }
 
-// fp4_as_e4m3 with part of the work on the multiply-add pipe (for kernels whose integer ALU pipe is the limit): the
-// same bytes. Even columns: low nibble magnitude x 4 + sign bit x 16 (one IMAD); odd: high nibble magnitude / 4 (the
-// high word of x 2^30) + the sign bit in place (one IMAD.HI); 4 ALU operations (the masks) instead of 5.
-// (ptxas turns a multiply-high by a known 2^30 back into a shift on the ALU pipe, so the factor is read from
-// constant memory, whose value it cannot assume.)
-static __constant__ uint32_t kFp4OddShift = 1u << 30;
-__device__ __forceinline__ void fp4_as_e4m3_imad(uint32_t w, uint32_t& ev, uint32_t& od) {
-  const uint32_t lo = w & 0x07070707u, ls = w & 0x08080808u, hi = w & 0x70707070u, hs = w & 0x80808080u;
-  ev = ls * 16u + lo * 4u;  // fields do not overlap: no carries between bytes
-  od = __umulhi(hi, kFp4OddShift) + hs;
-}
-
 // Byte s of four E8M0 scales (w) as a float, e8m0_to_float's special codes (0: 2^-127, 0xFF: NaN) from sp (bytes
 // 0xFF where w's byte is 0 or 0xFF: __vcmpeq4, once per word).
 template <int S>
@@ -33,18 +21,6 @@ __device__ __forceinline__ float e8m0_byte(uint32_t w, uint32_t sp) {
   const uint32_t e = S <= 2 ? w << (23 - 8 * S) : w >> (8 * S - 23);    // byte S at the exponent field
   const uint32_t q = S <= 2 ? sp << (22 - 8 * S) : sp >> (8 * S - 22);  // its special flag at bit 22
   return __uint_as_float((e & 0x7F800000u) | (q & 0x00400000u));
-}
-
-// Nonzero iff a byte of w is 0 or 0xFF (an E8M0 special code): bit 7 of (x - 1) & ~x per byte finds a zero byte of
-// x (a borrow only moves past a zero byte, so the word is nonzero exactly when one is there), for x = w and ~w.
-__device__ __forceinline__ uint32_t e8m0_specials(uint32_t w) {
-  return (((w - 0x01010101u) & ~w) | ((~w - 0x01010101u) & w)) & 0x80808080u;
-}
-// e8m0_byte<S> of a word without special codes (e8m0_specials(w) == 0): the byte at the exponent field, nothing else.
-template <int S>
-__device__ __forceinline__ float e8m0_byte_plain(uint32_t w) {
-  const uint32_t e = S <= 2 ? w << (23 - 8 * S) : w >> (8 * S - 23);
-  return __uint_as_float(e & 0x7F800000u);
 }
 
 __device__ __forceinline__ void tc_mma(const uint32_t a[4], uint32_t b0, uint32_t b1, float d[4]) {

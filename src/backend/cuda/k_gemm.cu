@@ -1604,12 +1604,6 @@ __global__ void __launch_bounds__(GT_THREADS, 2) gemv_tc_kernel(const GArgs A) {
 // So the expert's pointers and the staged activations are paid once per block. A warp consumes its 128-column
 // blocks in the same order whatever KB, and the 8 warps' sums are added in warp order (the order depends on the
 // shape only, not on the grid or KB).
-// The kernel is bound by its integer work (FP4 -> e4m3 placement, E8M0 decoding: ncu at batch 128 on an H100 showed
-// the ALU pipe busiest), so per item: the scales are decoded without the special-code masks when the warp's vote
-// finds no 0 / 0xFF scale byte in the stage (the masked decoding otherwise: the same values), the mma goes through
-// tc_mma_b (on sm_90 the two f16 mmas ptxas makes of tc_mma, with each token's codes converted once for both
-// matrices and without its trailing + 0), half of the nibble placement runs on the FMA pipe (fp4_as_e4m3_imad), and
-// the fill advances per-lane source pointers instead of recomputing 64-bit addresses. Results are unchanged.
 constexpr int MT_THREADS = 256, MT_WARPS = 8, MT_ROWS = 16, MT_COLS = 8, MT_MAXK = 8192;
 constexpr int64_t kMtMaxTiles = 8;  // output tiles one block of moe_tc_small_kernel takes at most
 constexpr int MT_WBYTES = MT_ROWS * 64, MT_SBYTES = MT_ROWS * 4;  // a 128-column block's weight / scale bytes
@@ -1634,33 +1628,6 @@ size_t moe_tc_smem(int kind, int kb, int64_t K) {
 // Byte offset of 16-byte chunk c of row r (0..15) in a stage's weight block (the bank swizzle above).
 __device__ __forceinline__ int mt_chunk(int r, int c) { return r * 64 + 16 * (c ^ ((r >> 1) & 3)); }
 
-// Whether no scale byte of a filled stage (NW matrices x KB blocks x 16 rows, 4 bytes each) is an E8M0 special code
-// (0 or 0xFF): every lane tests its share of the words, the warp votes (warp-uniform result).
-template <int NW, int KB>
-__device__ __forceinline__ bool mt_plain_scales(const uint8_t* st, int lane) {
-  constexpr int WPM = KB * MT_SBYTES / 4, MB = KB * (MT_WBYTES + MT_SBYTES);  // scale words per matrix
-  uint32_t sp = 0u;
-#pragma unroll
-  for (int i0 = 0; i0 < NW * WPM; i0 += 32) {
-    const int i = i0 + lane;
-    if (NW * WPM % 32 == 0 || i < NW * WPM)
-      sp |= e8m0_specials(*reinterpret_cast<const uint32_t*>(st + (i / WPM) * MB + KB * MT_WBYTES + 4 * (i % WPM)));
-  }
-  return __all_sync(0xFFFFFFFFu, sp == 0u);
-}
-
-// Scale of group s (0..3, unrolled) of a row's scale word w as a float: e8m0_byte (special codes from sp), or
-// e8m0_byte_plain where the stage has no special codes (PLAIN: the same value for every other byte).
-template <bool PLAIN>
-__device__ __forceinline__ float mt_group_scale(uint32_t w, uint32_t sp, int s) {
-  if constexpr (PLAIN)
-    return s == 0 ? e8m0_byte_plain<0>(w) : s == 1 ? e8m0_byte_plain<1>(w) : s == 2 ? e8m0_byte_plain<2>(w)
-                                                                                   : e8m0_byte_plain<3>(w);
-  else
-    return s == 0 ? e8m0_byte<0>(w, sp) : s == 1 ? e8m0_byte<1>(w, sp) : s == 2 ? e8m0_byte<2>(w, sp)
-                                                                              : e8m0_byte<3>(w, sp);
-}
-
 // The block's work on expert slot `slot` (see moe_tc_small_kernel); every weight row is 16-byte aligned and every
 // scale row 4-byte aligned (MoeGemmArgs::w16_ok, words_ok).
 template <int KIND, int KB>
@@ -1673,8 +1640,8 @@ __device__ __forceinline__ void moe_tc_small_run(const GArgs& A, const WDesc (&w
   extern __shared__ __align__(16) uint8_t mt_smem[];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   // kbw items of KB blocks per warp and tile; the warp's blocks start at kbs
-  const int nkb = static_cast<int>(K / 128), kbw = nkb / MT_WARPS / KB, kbs = warp * (nkb / MT_WARPS);
-  const int n_items = static_cast<int>(n_mine) * kbw;
+  const int64_t nkb = K / 128, kbw = nkb / MT_WARPS / KB, kbs = int64_t(warp) * (nkb / MT_WARPS),
+                n_items = n_mine * kbw;
   uint8_t* xq = mt_smem;                                          // [8, K] codes, permuted per 8 columns
   float* xs = reinterpret_cast<float*>(mt_smem + MT_COLS * K);    // [8, K / 128] scales
   uint8_t* ring = mt_smem + MT_COLS * K + MT_COLS * (K / 128) * 4 + warp * PF * SB;  // this warp's stages
@@ -1684,54 +1651,36 @@ __device__ __forceinline__ void moe_tc_small_run(const GArgs& A, const WDesc (&w
   const int r0 = lane >> 2, cc = lane & 3;
   const int off0 = mt_chunk(r0, cc), off8 = mt_chunk(r0 + 8, cc);
   const int fr = lane >> 3, fc = lane & 7;
-  const int frow = KB == 1 ? r0 : fr, fcol = KB == 1 ? 16 * cc : 16 * fc;  // the lane's first weight row, byte
-  const int srow = KB == 1 ? lane : lane & 15, sblk = KB == 1 ? 0 : lane >> 4;  // its scale word's row, block
-  const int64_t rstep = (KB == 1 ? 8 : 4) * wd[0].row_bytes;  // to the lane's next row (w1 and w3: the same shape)
   // this lane's ldmatrix row address inside a matrix's weight block: matrix j = lane / 8 (rows j % 2 ? 8..15 : 0..7,
   // chunk s + j / 2 for groups s, s + 1)
   const int lr = (lane & 7) + 8 * ((lane >> 3) & 1), lc = lane >> 4;
   const int lm0 = mt_chunk(lr, lc), lm2 = mt_chunk(lr, lc + 2);
   for (int64_t g0 = 0; g0 < cnt; g0 += MT_COLS) {
     const int mc = static_cast<int>(imin(MT_COLS, cnt - g0));
-    int64_t l_tile = bt;  // tile of the next item to fill, its item l_kb
-    int l_kb = 0;
-    // this lane's sources of the next item: the weight bytes of its first row, its scale word (per matrix); they
-    // advance by an item's KB blocks and are set anew from the tile at the start of each tile
-    const uint8_t* wsrc[NW];
-    const uint8_t* ssrc[NW];
-    auto tile_sources = [&] {
-      const int64_t row = wrow0 + l_tile * MT_ROWS;
-#pragma unroll
-      for (int q = 0; q < NW; ++q) {
-        wsrc[q] = wd[q].w + (row + frow) * wd[q].row_bytes + kbs * 64 + fcol;
-        ssrc[q] = wd[q].scale + (row + srow) * wd[q].scols + (kbs + sblk) * 4;
-      }
-    };
-    tile_sources();
-    auto fill = [&](uint8_t* st) {  // the next item into stage st, one commit group (empty past the last item)
+    int64_t l_tile = bt, l_kb = 0;  // next item to fill
+    auto fill = [&](uint8_t* st) {   // the next item into stage st, one commit group (empty past the last item)
       if (l_tile < n_tiles) {
 #pragma unroll
         for (int q = 0; q < NW; ++q) {
+          const int64_t row = wrow0 + l_tile * MT_ROWS, kb = kbs + l_kb * KB;
           uint8_t* wq = st + q * MB;
           if constexpr (KB == 1) {
-            cp16(wq + off0, wsrc[q]);
-            cp16(wq + off8, wsrc[q] + rstep);
-            if (lane < MT_ROWS) cp4(wq + MT_WBYTES + 4 * lane, ssrc[q]);
+            const uint8_t* src = wd[q].w + (row + r0) * wd[q].row_bytes + kb * 64 + 16 * cc;
+            cp16(wq + off0, src);
+            cp16(wq + off8, src + 8 * wd[q].row_bytes);
+            if (lane < MT_ROWS) cp4(wq + MT_WBYTES + 4 * lane, wd[q].scale + (row + lane) * wd[q].scols + kb * 4);
           } else {
+            const uint8_t* src = wd[q].w + (row + fr) * wd[q].row_bytes + kb * 64 + 16 * fc;
 #pragma unroll
             for (int u = 0; u < 4; ++u)
-              cp16(wq + (fc >> 2) * MT_WBYTES + mt_chunk(fr + 4 * u, fc & 3), wsrc[q] + u * rstep);
-            cp4(wq + KB * MT_WBYTES + (lane >> 4) * MT_SBYTES + 4 * (lane & 15), ssrc[q]);
+              cp16(wq + (fc >> 2) * MT_WBYTES + mt_chunk(fr + 4 * u, fc & 3), src + 4 * u * wd[q].row_bytes);
+            cp4(wq + KB * MT_WBYTES + (lane >> 4) * MT_SBYTES + 4 * (lane & 15),
+                wd[q].scale + (row + (lane & 15)) * wd[q].scols + (kb + (lane >> 4)) * 4);
           }
-          wsrc[q] += KB * 64;
-          ssrc[q] += KB * 4;
         }
       }
       cp_commit();
-      if (++l_kb == kbw) {
-        l_kb = 0, l_tile += n_bt;
-        if (l_tile < n_tiles) tile_sources();
-      }
+      if (++l_kb == kbw) l_kb = 0, l_tile += n_bt;
     };
 #pragma unroll
     for (int i = 0; i < PF; ++i) fill(ring + i * SB);  // in flight while the block stages the activations
@@ -1753,22 +1702,20 @@ __device__ __forceinline__ void moe_tc_small_run(const GArgs& A, const WDesc (&w
     float tot[NW][4];
 #pragma unroll
     for (int w = 0; w < NW; ++w) tot[w][0] = tot[w][1] = tot[w][2] = tot[w][3] = 0.0f;
-    int64_t c_tile = bt;  // item being consumed: item c_kb of tile c_tile
-    int c_kb = 0, slot = 0;
-    // the codes of B column g: token g's, or token 0's past the segment's rows (any valid codes: an mma's output
-    // columns do not mix, and those of absent tokens are neither scaled (sa = 0) nor stored)
-    const uint8_t* xg = xq + (g < mc ? g : 0) * K + 8 * t;
-    // the item in stage st; PLAIN: the stage has no special scale codes (the decoding without their masks)
-    auto consume = [&](uint8_t* st, auto plain) {
-      constexpr bool PLAIN = decltype(plain)::value;
+    int64_t c_tile = bt, c_kb = 0;  // item being consumed
+    int slot = 0;
+    for (int64_t it = 0; it < n_items; ++it) {
+      uint8_t* st = ring + slot * SB;
+      cp_wait<PF - 1>();  // this lane's copies of item it are done ...
+      __syncwarp();       // ... and every lane's
 #pragma unroll
       for (int j = 0; j < KB; ++j) {  // the item's 128-column blocks in order
-        const int kb = kbs + c_kb * KB + j;
+        const int64_t kb = kbs + c_kb * KB + j;
         // activation scales x 64 (the fp4 codes as e4m3 are the values / 64)
         const float sa0 = m0 < mc ? __fmul_rn(xs[m0 * nkb + kb], 64.0f) : 0.0f;
         const float sa1 = m1 < mc ? __fmul_rn(xs[m1 * nkb + kb], 64.0f) : 0.0f;
         uint32_t wv[NW][4][2];  // [matrix][group][row g, g + 8]
-        uint32_t sc[NW][2], spc[NW][2];  // the rows' scale words and their special bytes (not PLAIN)
+        uint32_t sc[NW][2], spc[NW][2];  // the rows' scale words and their special bytes
 #pragma unroll
         for (int w = 0; w < NW; ++w) {
           const uint8_t* wb = st + w * MB + j * MT_WBYTES;
@@ -1781,8 +1728,7 @@ __device__ __forceinline__ void moe_tc_small_run(const GArgs& A, const WDesc (&w
           sc[w][0] = *reinterpret_cast<const uint32_t*>(sb + 4 * g);
           sc[w][1] = *reinterpret_cast<const uint32_t*>(sb + 4 * (g + 8));
 #pragma unroll
-          for (int h = 0; h < 2; ++h)
-            spc[w][h] = PLAIN ? 0u : __vcmpeq4(sc[w][h], 0u) | __vcmpeq4(sc[w][h], 0xFFFFFFFFu);
+          for (int h = 0; h < 2; ++h) spc[w][h] = __vcmpeq4(sc[w][h], 0u) | __vcmpeq4(sc[w][h], 0xFFFFFFFFu);
         }
         if (j == KB - 1) {
           __syncwarp();  // every lane has read the stage: it can be refilled
@@ -1793,19 +1739,28 @@ __device__ __forceinline__ void moe_tc_small_run(const GArgs& A, const WDesc (&w
         float p[NW][4];
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
-          // column g's codes of group s, once for both matrices
-          const uint2 bx = *reinterpret_cast<const uint2*>(xg + kb * 128 + 32 * s);
-          const MmaB b = mma_b_e4m3(bx.x, bx.y);
+          uint32_t b0 = 0u, b1 = 0u;
+          if (g < mc) {
+            const uint8_t* xp = xq + g * K + kb * 128 + 32 * s + 8 * t;
+            b0 = *reinterpret_cast<const uint32_t*>(xp);
+            b1 = *reinterpret_cast<const uint32_t*>(xp + 4);
+          }
 #pragma unroll
           for (int w = 0; w < NW; ++w) {
             uint32_t ev0, od0, ev8, od8;
-            fp4_as_e4m3_imad(wv[w][s][0], ev0, od0);
-            fp4_as_e4m3_imad(wv[w][s][1], ev8, od8);
+            fp4_as_e4m3(wv[w][s][0], ev0, od0);
+            fp4_as_e4m3(wv[w][s][1], ev8, od8);
             const uint32_t a[4] = {ev0, ev8, od0, od8};
             float d[4];
-            tc_mma_b(a, b, d);
-            const float sg = mt_group_scale<PLAIN>(sc[w][0], spc[w][0], s);
-            const float s8 = mt_group_scale<PLAIN>(sc[w][1], spc[w][1], s);
+            tc_mma(a, b0, b1, d);
+            const float sg = s == 0 ? e8m0_byte<0>(sc[w][0], spc[w][0])
+                           : s == 1 ? e8m0_byte<1>(sc[w][0], spc[w][0])
+                           : s == 2 ? e8m0_byte<2>(sc[w][0], spc[w][0])
+                                    : e8m0_byte<3>(sc[w][0], spc[w][0]);
+            const float s8 = s == 0 ? e8m0_byte<0>(sc[w][1], spc[w][1])
+                           : s == 1 ? e8m0_byte<1>(sc[w][1], spc[w][1])
+                           : s == 2 ? e8m0_byte<2>(sc[w][1], spc[w][1])
+                                    : e8m0_byte<3>(sc[w][1], spc[w][1]);
             if (s == 0) {
               p[w][0] = __fmul_rn(d[0], sg), p[w][1] = __fmul_rn(d[1], sg);
               p[w][2] = __fmul_rn(d[2], s8), p[w][3] = __fmul_rn(d[3], s8);
@@ -1821,15 +1776,6 @@ __device__ __forceinline__ void moe_tc_small_run(const GArgs& A, const WDesc (&w
           tot[w][2] = __fmaf_rn(p[w][2], sa0, tot[w][2]), tot[w][3] = __fmaf_rn(p[w][3], sa1, tot[w][3]);
         }
       }
-    };
-    for (int it = 0; it < n_items; ++it) {
-      uint8_t* st = ring + slot * SB;
-      cp_wait<PF - 1>();  // this lane's copies of item it are done ...
-      __syncwarp();       // ... and every lane's
-      if (mt_plain_scales<NW, KB>(st, lane))
-        consume(st, std::true_type{});
-      else
-        consume(st, std::false_type{});
       slot = slot + 1 == PF ? 0 : slot + 1;
       if (++c_kb == kbw) {  // the tile is done (uniform: every warp ends its slice on the same item)
 #pragma unroll
