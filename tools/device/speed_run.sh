@@ -147,7 +147,7 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
     for r in 1 2; do for t in 16 8; do
       [ "$(left)" -gt 40 ] || break 2
       log "bench serve cpu threads $t round $r"
-      timeout $(($(left) - 20)) "$B/dsv4" bench serve -m models/dsv4-demo --clients 1,8 --tokens 64 --requests 3 \
+      timeout $(($(left) - 20)) "$B/dsv4" bench serve -m models/dsv4-demo --device cpu --clients 1,8 --tokens 64 --requests 3 \
         --threads $t --json > /tmp/serve-cpu.json 2> /tmp/serve-cpu.err
       echo "bench serve cpu rc=$?"; tail -3 /tmp/serve-cpu.err
       { printf '{"threads": %s, "round": %s, "result": ' $t $r; tr -d '\n' < /tmp/serve-cpu.json; echo '}'; } >> "$OUT/bench-serve-cpu.jsonl"
