@@ -10,12 +10,19 @@
 #pragma once
 #include <cstdint>
 
+#include "backend/cuda/gemm_path.h"
 #include "backend/cuda/glibc_math.cuh"
 
 namespace dsv4::cuda {
 
 constexpr int kRouteMaxExperts = 512;  // E: 16 candidates per lane (one bit each in route_select's mask)
 constexpr int kRouteMaxK = 8;
+
+// The router shapes both route kernels take (host side; throws dsv4::Error otherwise).
+inline void check_route_shape(int64_t n_experts, int64_t k) {
+  if (n_experts <= 0 || n_experts > kRouteMaxExperts) gemm_internal::fail_msg("route: n_experts must be in 1..512");
+  if (k <= 0 || k > kRouteMaxK || k > n_experts) gemm_internal::fail_msg("route: k must be in 1..min(8, n_experts)");
+}
 
 // (value, id) order of the top-k: higher value first, ties -> lower id; id < 0 = no candidate (worst).
 __device__ __forceinline__ bool route_better(float va, int ia, float vb, int ib) {

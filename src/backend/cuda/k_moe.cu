@@ -463,8 +463,7 @@ void route_moe(const float* logits, int64_t n_experts, const float* bias, const 
                float swiglu_limit, const LinearOpts& q, bool bf16, int32_t* ids, float* wts, float* y, void* scratch,
                const SideStream* side, cudaStream_t stream) {
   if (n_tok <= 0) return;
-  if (n_experts <= 0 || n_experts > kRouteMaxExperts) gemm_internal::fail_msg("route: n_experts must be in 1..512");
-  if (k <= 0 || k > kRouteMaxK || k > n_experts) gemm_internal::fail_msg("route: k must be in 1..min(8, n_experts)");
+  check_route_shape(n_experts, k);
   RouteIn r;
   r.logits = logits;
   r.E = n_experts;

@@ -39,8 +39,7 @@ __global__ void __launch_bounds__(kWarps * 32) route_kernel(const float* logits,
 void route(const float* logits, int64_t n_tok, int64_t n_experts, int64_t k, const float* bias, const int32_t* tid2eid,
            const int32_t* tokens, float route_scale, int32_t* ids_out, float* w_out, cudaStream_t stream) {
   if (n_tok <= 0) return;
-  if (n_experts <= 0 || n_experts > kRouteMaxExperts) gemm_internal::fail_msg("route: n_experts must be in 1..512");
-  if (k <= 0 || k > kRouteMaxK || k > n_experts) gemm_internal::fail_msg("route: k must be in 1..min(8, n_experts)");
+  check_route_shape(n_experts, k);
   const int64_t blocks = (n_tok + kWarps - 1) / kWarps;
   route_kernel<<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(logits, n_tok, n_experts, k, bias, tid2eid,
                                                                           tokens, route_scale, ids_out, w_out);
