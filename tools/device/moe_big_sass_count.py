@@ -18,27 +18,11 @@ import itertools
 import os
 import re
 import shutil
-import struct
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from moe_small_sass_count import ALU, FMA, op, parse  # noqa: E402
-
-
-def disassemble(src, nvdisasm, work):
-    cubin = os.path.join(work, 'k_moe_tc.cubin')
-    subprocess.run(['/usr/local/cuda/bin/nvcc', '-O3', '-DNDEBUG', '-arch=sm_90a', '-cubin', '-lineinfo',
-                    '--expt-relaxed-constexpr', '-std=c++20', '-I' + os.path.join(src, 'src'), '-DDSV4_WITH_CUDA=1',
-                    os.path.join(src, 'src/backend/cuda/k_moe_tc.cu'), '-o', cubin], check=True)
-    ver = subprocess.run([nvdisasm, '--version'], capture_output=True, text=True).stdout
-    if 'release 11.' in ver:  # the pre-CUDA-12 ELF header (see moe_small_sass_count.py)
-        b = bytearray(open(cubin, 'rb').read())
-        b[8] = 7
-        struct.pack_into('<I', b, 0x30, 0x5a055a)
-        open(cubin, 'wb').write(b)
-    return subprocess.run([nvdisasm, '-hex', '-g', '-c', cubin], capture_output=True, text=True, check=True).stdout
+from moe_small_sass_count import ALU, FMA, disassemble, op, parse  # noqa: E402
 
 
 def kblock_paths(ins, tgt):
@@ -86,7 +70,7 @@ def main():
     if not os.path.exists(a.nvdisasm):
         sys.exit('no nvdisasm at %s (--nvdisasm PATH; Debian: apt-get install nvidia-cuda-toolkit)' % a.nvdisasm)
     with tempfile.TemporaryDirectory() as work:
-        sass = disassemble(a.src, a.nvdisasm, work)
+        sass = disassemble(a.src, a.nvdisasm, work, 'k_moe_tc')
     names = sorted(set(re.findall(r'^(_Z\S*moe_tc_big_kernel\S*):$', sass, re.M)))
     for name in names:
         m = re.search(r'moe_tc_big_kernelILi(\d)E(?:Lb(\d)E)?', name)

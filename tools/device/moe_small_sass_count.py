@@ -31,11 +31,12 @@ ALU = {'LOP3', 'SHF', 'IADD3', 'ISETP', 'PRMT', 'SEL', 'F2FP', 'FMNMX', 'LEA', '
 FMA = {'IMAD', 'FFMA', 'FMUL', 'FADD', 'HFMA2', 'HMUL2', 'HADD2', 'FSEL', 'IMUL'}
 
 
-def disassemble(src, nvdisasm, work):
-    cubin = os.path.join(work, 'k_gemm.cubin')
+def disassemble(src, nvdisasm, work, unit='k_gemm'):
+    """SASS text of src/backend/cuda/UNIT.cu of the checkout src, compiled for sm_90a."""
+    cubin = os.path.join(work, unit + '.cubin')
     subprocess.run(['/usr/local/cuda/bin/nvcc', '-O3', '-DNDEBUG', '-arch=sm_90a', '-cubin', '-lineinfo',
                     '--expt-relaxed-constexpr', '-std=c++20', '-I' + os.path.join(src, 'src'), '-DDSV4_WITH_CUDA=1',
-                    os.path.join(src, 'src/backend/cuda/k_gemm.cu'), '-o', cubin], check=True)
+                    os.path.join(src, 'src/backend/cuda', unit + '.cu'), '-o', cubin], check=True)
     ver = subprocess.run([nvdisasm, '--version'], capture_output=True, text=True).stdout
     if 'release 11.' in ver:  # the pre-CUDA-12 ELF header: ABI version 7, flags with the SM in the low byte
         b = bytearray(open(cubin, 'rb').read())
