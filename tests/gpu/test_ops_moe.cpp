@@ -789,20 +789,28 @@ TEST(CudaMoe, TcMmaBEqualsTcMma) {
   EXPECT_EQ(bad, 0);
 }
 
+// The current device's compute capability.
+void device_cc(int& major, int& minor) {
+  int dev = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), cudaSuccess);
+}
+
+// moe_tc_big_kernel in its FP8-mma form (on = true) while in scope, the f16 form again after it.
+struct MoeTcBigE4m3Scope {
+  explicit MoeTcBigE4m3Scope(bool on = true) { cuda::set_moe_tc_big_e4m3_for_test(on); }
+  ~MoeTcBigE4m3Scope() { cuda::set_moe_tc_big_e4m3_for_test(false); }
+};
+
 TEST(CudaMoe, MoeTcBigF16EqualsFp8Mma) {
   DSV4_REQUIRE_GPU();
   // moe_tc_big_kernel stages the activations as f16 and issues the two f16 mmas (+ 0) that ptxas makes of an FP8 mma
   // on sm_90 (tc_mma_f16_pair); its FP8-mma form (e4m3 bytes staged, tc_mma: set_moe_tc_big_e4m3_for_test) must give
   // the same bits there: a wrong k position, pair order or fragment row changes the sums. Segments of hundreds of
   // rows (full and partial 64-row M tiles) plus small ones, some tokens' activations all zero (zero sums).
-  int dev = 0, major = 0, minor = 0;
-  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), cudaSuccess);
-  struct E4m3Scope {
-    E4m3Scope() { cuda::set_moe_tc_big_e4m3_for_test(true); }
-    ~E4m3Scope() { cuda::set_moe_tc_big_e4m3_for_test(false); }
-  };
+  int major = 0, minor = 0;
+  ASSERT_NO_FATAL_FAILURE(device_cc(major, minor));
   for (const auto& [n, seed] : {std::pair<int64_t, uint64_t>{300, 401}, {1024, 402}}) {
     std::vector<int32_t> ids;
     std::vector<float> wts;
@@ -814,7 +822,7 @@ TEST(CudaMoe, MoeTcBigF16EqualsFp8Mma) {
     const MoeRun f16 = moe_gpu(x, n, ids, wts, true, false, 10.0f, GemmPath::auto_);
     MoeRun fp8;
     {
-      E4m3Scope e4m3;
+      MoeTcBigE4m3Scope e4m3;
       fp8 = moe_gpu(x, n, ids, wts, true, false, 10.0f, GemmPath::auto_);
     }
     ASSERT_EQ(::dsv4::cuda::moe_tc_big_calls(), before + 4) << "moe_tc_big_kernel did not run (w1|w3 and w2, twice)";
@@ -836,10 +844,8 @@ TEST(CudaMoe, MoeTcBigF16EqualsFp8MmaScaleCode0) {
   // its sign. A layer of 4 experts (w1 / w3 [1024, 2048], w2 [2048, 1024]) with about one scale in 60 code 0 (on
   // random nibbles), some 32-column groups all +-0 nibbles (with code 0 or a plain scale), 64 tokens x top-4 (every
   // expert a 64-row segment: moe_tc_big_kernel), 2 tokens of zero activations: both forms must give the same bits.
-  int dev = 0, major = 0, minor = 0;
-  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), cudaSuccess);
+  int major = 0, minor = 0;
+  ASSERT_NO_FATAL_FAILURE(device_cc(major, minor));
   constexpr int64_t E = 4, D = 2048, I = 1024, k = 4, n = 64;
   Rng rng(4343);
   std::vector<HostWeight> w[3];  // w1, w2, w3
@@ -874,12 +880,10 @@ TEST(CudaMoe, MoeTcBigF16EqualsFp8MmaScaleCode0) {
   for (const int64_t t : {int64_t(5), int64_t(40)}) std::fill_n(x.begin() + t * D, D, 0.0f);
   const Buffer xd = to_device(*cuda(), x), idd = to_device(*cuda(), ids), wd = to_device(*cuda(), wts);
   auto run = [&](bool e4m3) {
-    cuda::set_moe_tc_big_e4m3_for_test(e4m3);
+    MoeTcBigE4m3Scope scope(e4m3);
     Buffer yd = out_buffer<float>(*cuda(), size_t(n * D));
     gops().moe(mw, xd.as<float>(), n, idd.as<int32_t>(), wd.as<float>(), k, 10.0f, opts(true), true, yd.as<float>());
-    std::vector<float> y = to_host<float>(*cuda(), yd, size_t(n * D));
-    cuda::set_moe_tc_big_e4m3_for_test(false);
-    return y;
+    return to_host<float>(*cuda(), yd, size_t(n * D));
   };
   const int64_t before = cuda::moe_tc_big_calls();
   const std::vector<float> f16 = run(false), fp8 = run(true);
