@@ -13,23 +13,23 @@ void ProfiledOps::timed(const char* name, F&& f) const {
   ++e.calls;
 }
 
+// The profile's name of a linear of W's format.
+static const char* linear_kind(const WeightView& W) {
+  return W.fmt == GemmFormat::fp4 ? "linear fp4" : W.fmt == GemmFormat::fp8 ? "linear fp8"
+         : W.fmt == GemmFormat::bf16 ? "linear bf16" : "linear f32";
+}
+
 void ProfiledOps::linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o) const {
-  const char* kind = W.fmt == GemmFormat::fp4 ? "linear fp4" : W.fmt == GemmFormat::fp8 ? "linear fp8"
-                     : W.fmt == GemmFormat::bf16 ? "linear bf16" : "linear f32";
-  timed(kind, [&] { inner_.linear(W, x, n_tok, y, o); });
+  timed(linear_kind(W), [&] { inner_.linear(W, x, n_tok, y, o); });
 }
 void ProfiledOps::linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int64_t groups, float* y,
                                  const LinearOpts& o) const {
-  const char* kind = W.fmt == GemmFormat::fp4 ? "linear fp4" : W.fmt == GemmFormat::fp8 ? "linear fp8"
-                     : W.fmt == GemmFormat::bf16 ? "linear bf16" : "linear f32";
-  timed(kind, [&] { inner_.linear_grouped(W, x, n_tok, groups, y, o); });
+  timed(linear_kind(W), [&] { inner_.linear_grouped(W, x, n_tok, groups, y, o); });
 }
 
 void ProfiledOps::linear_pair(const WeightView& Wa, const WeightView& Wb, const float* x, int64_t n_tok, float* ya,
                               float* yb, const LinearOpts& o) const {
-  const char* kind = Wa.fmt == GemmFormat::fp4 ? "linear fp4" : Wa.fmt == GemmFormat::fp8 ? "linear fp8"
-                     : Wa.fmt == GemmFormat::bf16 ? "linear bf16" : "linear f32";
-  timed(kind, [&] { inner_.linear_pair(Wa, Wb, x, n_tok, ya, yb, o); });
+  timed(linear_kind(Wa), [&] { inner_.linear_pair(Wa, Wb, x, n_tok, ya, yb, o); });
 }
 
 void ProfiledOps::fill(float* x, int64_t n, float value) const {
