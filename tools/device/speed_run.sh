@@ -25,8 +25,8 @@
 #   hybstage the --gpu-experts auto placement, prefill of 2048 tokens with the CPU experts staged on the GPU (the
 #            default, model/expert_staging.h) and with --stage-tokens 0 (the CPU runs them, as before), then 8192
 #            tokens staged
-#   cpuserve dsv4 bench serve on the demo model on the machine's CPU (issue 10's 8-vs-1 clients benchmark) with 16
-#            and 8 threads, 2 rounds each, JSON lines into $OUT/bench-serve-cpu.jsonl
+#   cpuserve dsv4 bench serve on the demo model on the machine's CPU (issue 10's 8-vs-1 clients benchmark) with 16,
+#            8, 4 and 2 threads, OpenMP's default wait policy and passive, 2 rounds, JSON lines into $OUT/bench-serve-cpu.jsonl
 #   prefpow  prefill of 8192 tokens (as `prefill`) with the GPU's SM clock, power and temperature sampled every
 #            100 ms (nvidia-smi), CSV into $OUT/prefill-power.csv
 #   gemm     dsv4 bench gemm on the machine's CPU (all threads), JSON into $OUT/bench-gemm.json
@@ -37,6 +37,9 @@
 #            gemv_tc, moe_tc_small and hc_finish kernels of eager decode steps (2 layers, ctx 4096), CSV into $OUT/ncu-kernels.csv
 #   ncum     Nsight Compute sections of moe_tc_big_kernel (w1|w3 and w2 of a 1-layer prefill of 2048 tokens), CSV into
 #            $OUT/ncu-moe-big.csv
+#   ncup     where an unsynchronized prefill's time goes: the 4-layer prefill of 8192 tokens timed (bench, no profile),
+#            then every kernel of one such prefill under Nsight Compute at unlocked clocks (gpu__time_duration.sum),
+#            CSV into $OUT/ncu-prefill.csv: the kernels' sum vs the wall time is the GPU's idle time
 #   ncud     Nsight Compute per-kernel durations, cycles and DRAM bytes of eager decode steps (2 layers, ctx 4096;
 #            ncu's locked base clocks: an unlocked idle GPU between serialized kernels runs latency-bound ones slowly)
 #   prof     Nsight Systems trace of batch-1 decode (24 layers, ctx 4096, CUDA graphs traced per node): the kernel
@@ -77,7 +80,7 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
   log "start $(date -u) steps=$STEPS commit=${DSV4_COMMIT:-unknown}"
   nvidia-smi -L 2>&1 | head -2
   nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv 2>&1 | tail -1
-  echo "cpus $(nproc)"
+  echo "cpus $(nproc): $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
   # a prebuilt tree may come as .scratch/devbin.tar.xz (tools/device/pack_devbin.sh: build-cuda/{dsv4,test_gpu,lib/*}
   # built on the dev machine with the same CUDA 13.0); it names its data by the source path it was built from
   # (DSV4_BUILT_AT, default /work/main): make that path point here
@@ -143,15 +146,16 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
     echo "bench serve rc=$?"
     tail -8 /tmp/serve.err
   fi
-  if has cpuserve && [ -x "$B/dsv4" ]; then
-    for r in 1 2; do for t in 16 8; do
-      [ "$(left)" -gt 40 ] || break 2
-      log "bench serve cpu threads $t round $r"
-      timeout $(($(left) - 20)) "$B/dsv4" bench serve -m models/dsv4-demo --device cpu --clients 1,8 --tokens 64 --requests 3 \
-        --threads $t --json > /tmp/serve-cpu.json 2> /tmp/serve-cpu.err
+  if has cpuserve && [ -x "$B/dsv4" ]; then  # OpenMP's default wait policy (what a user gets) and passive (the tests')
+    for r in 1 2; do for pol in default passive; do for t in 16 8 4 2; do
+      [ "$(left)" -gt 40 ] || break 3
+      log "bench serve cpu threads $t round $r OMP_WAIT_POLICY $pol"
+      E=(env -u OMP_WAIT_POLICY); [ "$pol" = passive ] && E=(env OMP_WAIT_POLICY=passive)
+      timeout $(($(left) - 20)) "${E[@]}" "$B/dsv4" bench serve -m models/dsv4-demo --device cpu --clients 1,8 --tokens 64 \
+        --requests 4 --threads $t --json > /tmp/serve-cpu.json 2> /tmp/serve-cpu.err
       echo "bench serve cpu rc=$?"; tail -3 /tmp/serve-cpu.err
-      { printf '{"threads": %s, "round": %s, "result": ' $t $r; tr -d '\n' < /tmp/serve-cpu.json; echo '}'; } >> "$OUT/bench-serve-cpu.jsonl"
-    done; done
+      { printf '{"threads": %s, "round": %s, "omp_wait_policy": "%s", "result": ' $t $r $pol; tr -d '\n' < /tmp/serve-cpu.json; echo '}'; } >> "$OUT/bench-serve-cpu.jsonl"
+    done; done; done
   fi
   if has prefpow && [ -x "$B/dsv4" ]; then
     nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
@@ -218,6 +222,15 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
       --kernel-name regex:'^(?!.*(fill_random|random_fill))' --launch-skip 300 --launch-count 700 "$B/dsv4" bench model --config "$CFG" --load-format dummy --layers 2 \
       --device cuda --ctx 4096 --prefill 0 --steps 4 --no-cuda-graph --no-profile > "$OUT/ncu-decode.csv" 2> /tmp/ncu.err
     echo "ncu decode rc=$? ($(wc -l < "$OUT/ncu-decode.csv") lines)"
+    tail -3 /tmp/ncu.err
+  fi
+  if has ncup && [ -x "$B/dsv4" ] && command -v ncu > /dev/null && [ "$(left)" -gt 90 ]; then
+    bench_run ncup 4 prefill8192-l4 --layers 4 --device cuda --ctx 0 --prefill 8192 --steps 1 --no-profile
+    log "ncu prefill (4 layers, 8192 tokens, unlocked clocks, every kernel but the weight fills)"
+    timeout $(($(left) - 15)) ncu --clock-control none --csv --metrics gpu__time_duration.sum \
+      --kernel-name regex:'^(?!.*(fill_random|random_fill))' "$B/dsv4" bench model --config "$CFG" --load-format dummy \
+      --layers 4 --device cuda --ctx 0 --prefill 8192 --steps 1 --no-profile > "$OUT/ncu-prefill.csv" 2> /tmp/ncu.err
+    echo "ncu prefill rc=$? ($(wc -l < "$OUT/ncu-prefill.csv") lines)"
     tail -3 /tmp/ncu.err
   fi
   if has ncum && [ -x "$B/dsv4" ] && command -v ncu > /dev/null && [ "$(left)" -gt 70 ]; then
