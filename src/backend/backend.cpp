@@ -13,6 +13,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/decode_graph.h"
 #include "backend/cuda/gemm_path.h"
+#include "backend/cuda/kernels.h"
 #endif
 
 namespace dsv4 {
@@ -186,6 +187,34 @@ bool cuda_deterministic() {
 #else
   return false;
 #endif
+}
+
+void set_cuda_pdl(bool on) {
+#ifdef DSV4_WITH_CUDA
+  cuda::set_pdl(on);
+#else
+  (void)on;
+#endif
+}
+
+bool cuda_pdl() {
+#ifdef DSV4_WITH_CUDA
+  return cuda::pdl();
+#else
+  return false;
+#endif
+}
+
+bool cuda_pdl_active(const Backend& be) {
+#ifdef DSV4_WITH_CUDA
+  if (const auto* c = dynamic_cast<const cuda::CudaBackend*>(&be)) {
+    c->activate();
+    return cuda::pdl_active();
+  }
+#else
+  (void)be;
+#endif
+  return false;
 }
 
 Device default_device() {

@@ -207,6 +207,14 @@ std::unique_ptr<Backend> make_backend(const Device& device, const BackendOptions
 // or in a build without CUDA.
 void set_cuda_deterministic(bool on);
 bool cuda_deterministic();
+// Programmatic Dependent Launch of the CUDA backend's decode-path kernels, process-wide (default on; the CLI's
+// --no-pdl turns it off): on an sm_90+ GPU each such kernel may be scheduled while the one before it still runs and
+// loads its weights before it waits for that kernel's results. Scheduling only: results are bitwise the same.
+// Later launches follow the switch (recorded step graphs are keyed by it). No effect on the CPU backend, on GPUs
+// before sm_90 or in a build without CUDA. cuda_pdl_active: whether `be` launches that way now.
+void set_cuda_pdl(bool on);
+bool cuda_pdl();
+bool cuda_pdl_active(const Backend& be);
 // Whether this build includes the CUDA backend, and how many CUDA devices are usable (0 without a driver or GPU).
 bool cuda_compiled();
 int cuda_device_count();

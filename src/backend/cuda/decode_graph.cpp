@@ -2,6 +2,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gemm_path.h"
+#include "backend/cuda/kernels.h"
 
 namespace dsv4::cuda {
 
@@ -20,10 +21,11 @@ void DecodeGraphs::clear() {
 
 void DecodeGraphs::run(const std::vector<int64_t>& step_key, const std::function<void()>& body) {
   be_.activate();
-  // the process-wide GEMM modes pick kernels on the host: part of every key
+  // the process-wide GEMM modes pick kernels on the host, the PDL switch how they are launched: part of every key
   std::vector<int64_t> key = step_key;
   key.push_back(int64_t(gemm_path()));
   key.push_back(int64_t(deterministic()));
+  key.push_back(int64_t(pdl()));
   if (eager_.count(key)) {
     body();
     return;

@@ -19,6 +19,13 @@ namespace dsv4::cuda {
 // Streaming multiprocessors of the current device (cached per device; k_attention.cu).
 int sm_count();
 
+// Programmatic Dependent Launch of the decode-path kernels (device_pdl.cuh; pdl.cu). Process-wide switch,
+// default on (the CLI's --no-pdl turns it off): later launches follow it; recorded step graphs are keyed by it.
+void set_pdl(bool on);
+bool pdl();
+// Whether launches on the current device get the attribute: pdl() and compute capability 9.0+ (cached per device).
+bool pdl_active();
+
 // A second stream for work that may overlap the caller's (CudaOps::branch_*, the shared expert in moe), with the
 // events that fork it from the caller's stream (the side waits for `fork`) and join it back (the caller waits for
 // `join`). Usable while a graph is being captured: the fork pulls the side stream into the capture.
