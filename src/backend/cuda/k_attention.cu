@@ -35,6 +35,7 @@
 #include <cstdint>
 
 #include "backend/cuda/device_numeric.cuh"
+#include "backend/cuda/device_pdl.cuh"
 #include "backend/cuda/gemm_path.h"
 #include "backend/cuda/glibc_math.cuh"
 #include "backend/cuda/kernels.h"
@@ -366,6 +367,8 @@ __global__ void __launch_bounds__(kThreads) attn_decode_fast_kernel(AttnArgs a) 
   __shared__ float sc[kFG][kBlock];
   __shared__ float alpha_s[kFG], den_s[kFG];
   __shared__ int empty_s[kFG];
+  pdl_wait();
+  pdl_launch_dependents();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t H = a.n_heads, dim = a.dim;
   const int64_t n_hb = (H + kFG - 1) / kFG;
@@ -556,6 +559,8 @@ __global__ void __launch_bounds__(kThreads) attn_combine_kernel(const float* par
                                                                int64_t dim, const float* sink, bool bf16, float* out) {
   __shared__ float wsp[kMaxSplit];
   __shared__ float M_s, den_s;
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t th = blockIdx.x, h = th % H;
   const int64_t W = dim + 2;
   const float* pp = part + th * n_split * W;
@@ -919,25 +924,25 @@ void sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, const KvRo
       a.n_split = n_split;
       const dim3 g{unsigned(grid), unsigned(n_split), 1u};
       switch (kv.dim / 128) {
-        case 1: attn_decode_fast_kernel<1, kScores><<<g, kThreads, 0, stream>>>(a);
-                attn_decode_fast_kernel<1, kPartial><<<g, kThreads, 0, stream>>>(a); break;
-        case 2: attn_decode_fast_kernel<2, kScores><<<g, kThreads, 0, stream>>>(a);
-                attn_decode_fast_kernel<2, kPartial><<<g, kThreads, 0, stream>>>(a); break;
-        case 3: attn_decode_fast_kernel<3, kScores><<<g, kThreads, 0, stream>>>(a);
-                attn_decode_fast_kernel<3, kPartial><<<g, kThreads, 0, stream>>>(a); break;
-        default: attn_decode_fast_kernel<4, kScores><<<g, kThreads, 0, stream>>>(a);
-                 attn_decode_fast_kernel<4, kPartial><<<g, kThreads, 0, stream>>>(a); break;
+        case 1: launch_pdl(attn_decode_fast_kernel<1, kScores>, g, kThreads, 0, stream, a);
+                launch_pdl(attn_decode_fast_kernel<1, kPartial>, g, kThreads, 0, stream, a); break;
+        case 2: launch_pdl(attn_decode_fast_kernel<2, kScores>, g, kThreads, 0, stream, a);
+                launch_pdl(attn_decode_fast_kernel<2, kPartial>, g, kThreads, 0, stream, a); break;
+        case 3: launch_pdl(attn_decode_fast_kernel<3, kScores>, g, kThreads, 0, stream, a);
+                launch_pdl(attn_decode_fast_kernel<3, kPartial>, g, kThreads, 0, stream, a); break;
+        default: launch_pdl(attn_decode_fast_kernel<4, kScores>, g, kThreads, 0, stream, a);
+                 launch_pdl(attn_decode_fast_kernel<4, kPartial>, g, kThreads, 0, stream, a); break;
       }
-      attn_combine_kernel<<<unsigned(n_tok * n_heads), kThreads, 0, stream>>>(a.part, n_split, n_heads, kv.dim, sink,
-                                                                              bf16, out);
+      launch_pdl(attn_combine_kernel, unsigned(n_tok * n_heads), kThreads, 0, stream, a.part, n_split, n_heads, kv.dim,
+                 sink, bf16, out);
       return;
     }
     const unsigned g = unsigned(grid);
     switch (kv.dim / 128) {
-      case 1: attn_decode_fast_kernel<1, kWhole><<<g, kThreads, 0, stream>>>(a); return;
-      case 2: attn_decode_fast_kernel<2, kWhole><<<g, kThreads, 0, stream>>>(a); return;
-      case 3: attn_decode_fast_kernel<3, kWhole><<<g, kThreads, 0, stream>>>(a); return;
-      default: attn_decode_fast_kernel<4, kWhole><<<g, kThreads, 0, stream>>>(a); return;
+      case 1: launch_pdl(attn_decode_fast_kernel<1, kWhole>, g, kThreads, 0, stream, a); return;
+      case 2: launch_pdl(attn_decode_fast_kernel<2, kWhole>, g, kThreads, 0, stream, a); return;
+      case 3: launch_pdl(attn_decode_fast_kernel<3, kWhole>, g, kThreads, 0, stream, a); return;
+      default: launch_pdl(attn_decode_fast_kernel<4, kWhole>, g, kThreads, 0, stream, a); return;
     }
   }
   // Heads per CTA: as many as keep the GPU filled (each CTA stages its rows once for all its heads). The results do

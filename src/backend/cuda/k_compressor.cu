@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "backend/cuda/device_numeric.cuh"
+#include "backend/cuda/device_pdl.cuh"
 #include "backend/cuda/glibc_math.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -29,6 +30,8 @@ __global__ void __launch_bounds__(kThreads) compress_pool_kernel(const float* kv
   extern __shared__ unsigned long long smem_u64[];
   const float** rk = reinterpret_cast<const float**>(smem_u64);  // [n_cand] kv row (column-offset) or nullptr
   const float** rs = rk + n_cand;                                 // [n_cand] score row
+  pdl_wait();
+  pdl_launch_dependents();
 
   const int64_t e = int64_t(blockIdx.x) / n_db, db = int64_t(blockIdx.x) % n_db;
   const int64_t width = int64_t(coff) * c, half = n_cand / 2;
@@ -79,8 +82,8 @@ void compress_pool(const float* kv, const float* score, int64_t n_tok, const flo
   const size_t smem = size_t(std::max<int64_t>(n_cand, 1)) * 2 * sizeof(const float*);
   if (smem > 48 * 1024)
     cudaFuncSetAttribute(compress_pool_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-  compress_pool_kernel<<<unsigned(grid), threads, smem, stream>>>(kv, score, n_tok, state_kv, state_score, cand,
-                                                                 n_cand, coff, c, n_db, out);
+  launch_pdl(compress_pool_kernel, unsigned(grid), threads, smem, stream, kv, score, n_tok, state_kv, state_score, cand,
+             n_cand, coff, c, n_db, out);
 }
 
 }  // namespace dsv4::cuda

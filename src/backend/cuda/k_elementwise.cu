@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "backend/cuda/device_numeric.cuh"
+#include "backend/cuda/device_pdl.cuh"
 #include "backend/cuda/glibc_math.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -39,15 +40,21 @@ __global__ void fill_kernel(float* x, int64_t n, float value) {
   for (int64_t i = gtid(); i < n; i += gstride()) x[i] = value;
 }
 __global__ void round_bf16_kernel(float* x, int64_t n) {
+  pdl_wait();
+  pdl_launch_dependents();
   for (int64_t i = gtid(); i < n; i += gstride()) x[i] = round_bf16(x[i]);
 }
 __global__ void scale_kernel(float* x, int64_t n, float alpha, bool bf16) {
+  pdl_wait();
+  pdl_launch_dependents();
   for (int64_t i = gtid(); i < n; i += gstride()) x[i] = maybe_bf16(__fmul_rn(x[i], alpha), bf16);
 }
 
 // ---- embed: one block per token ----------------------------------------------------------------------------------
 __global__ void embed_kernel(const uint8_t* table, int64_t row_bytes, bool is_bf16, const int32_t* ids, int64_t dim,
                              int copies, float* out) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t t = blockIdx.x;
   const uint8_t* row = table + int64_t(ids[t]) * row_bytes;
   float* o = out + t * int64_t(copies) * dim;
@@ -65,6 +72,8 @@ __global__ void rmsnorm_kernel(const float* x, int64_t n_rows, int64_t dim, cons
                                float* y) {
   __shared__ double smem[kThreads / 32];
   constexpr int RPB = kThreads / TPR;
+  pdl_wait();
+  pdl_launch_dependents();
   const int lane = threadIdx.x % TPR;
   const int64_t r = int64_t(blockIdx.x) * RPB + threadIdx.x / TPR;
   if (TPR == 32 && r >= n_rows) return;  // whole warps only (no block barrier in the warp path)
@@ -93,6 +102,8 @@ __global__ void rmsnorm_vec_kernel(const float* x, int64_t n_rows, int64_t dim, 
                                    float* y) {
   __shared__ double smem[kThreads / 32];
   constexpr int RPB = kThreads / TPR;
+  pdl_wait();
+  pdl_launch_dependents();
   const int lane = threadIdx.x % TPR;
   const int64_t r = int64_t(blockIdx.x) * RPB + threadIdx.x / TPR;
   if (TPR == 32 && r >= n_rows) return;  // whole warps only (no block barrier in the warp path)
@@ -145,6 +156,8 @@ __global__ void head_rms_kernel(float* x, int64_t n_rows, int64_t dim, float eps
                                 int64_t rd = 0, const float* cos_sin = nullptr) {
   __shared__ double smem[kThreads / 32];
   constexpr int RPB = kThreads / TPR;
+  pdl_wait();
+  pdl_launch_dependents();
   const int lane = threadIdx.x % TPR;
   const int64_t r = int64_t(blockIdx.x) * RPB + threadIdx.x / TPR;
   if (TPR == 32 && r >= n_rows) return;
@@ -183,6 +196,8 @@ __global__ void head_rms_kernel(float* x, int64_t n_rows, int64_t dim, float eps
 // ---- rope: one thread per rotated pair ---------------------------------------------------------------------------
 __global__ void rope_kernel(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, int64_t rd,
                             const float* cos_sin, bool inverse, bool bf16) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t half = rd / 2, off = head_dim - rd, n = n_tok * n_heads * half;
   for (int64_t p = gtid(); p < n; p += gstride()) {
     const int64_t th = p / half, i = p % half, t = th / n_heads;
@@ -197,6 +212,8 @@ __global__ void rope_kernel(float* x, int64_t n_tok, int64_t n_heads, int64_t he
 // (order-independent; NaNs never win).
 template <bool FP4>
 __global__ void quant_sim_kernel(float* x, int64_t n_rows, int64_t row_stride, int64_t n_cols, int64_t block) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t nb = (n_cols + block - 1) / block;
   const int64_t item = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -224,6 +241,8 @@ __global__ void quant_sim_kernel(float* x, int64_t n_rows, int64_t row_stride, i
 // computes each stage from the previous one, so any order of the butterflies within a stage gives the same bits.
 __global__ void hadamard_kernel(float* x, int64_t n_rows, int dim, int tpr, float scale, bool bf16) {
   extern __shared__ float hsm[];
+  pdl_wait();
+  pdl_launch_dependents();
   const int rpb = blockDim.x / tpr;
   const int lr = threadIdx.x / tpr, lane = threadIdx.x % tpr;
   const int64_t r = int64_t(blockIdx.x) * rpb + lr;
@@ -251,6 +270,8 @@ __global__ void hadamard_kernel(float* x, int64_t n_rows, int dim, int tpr, floa
 // see a non-finite value (a 129,280-float logits row on one block was ~50 us as one SM's loads; 16 blocks per row) ---
 constexpr int64_t kFiniteChunk = 1024 * 8;
 __global__ void __launch_bounds__(1024) check_finite_kernel(const float* x, int64_t dim, int32_t* bad) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t row = blockIdx.y, k0 = int64_t(blockIdx.x) * kFiniteChunk;
   const float* xr = x + row * dim;
   const int64_t k1 = k0 + kFiniteChunk < dim ? k0 + kFiniteChunk : dim;
@@ -265,6 +286,8 @@ __global__ void __launch_bounds__(1024) check_finite_kernel(const float* x, int6
 template <class V>
 __global__ void gather_rows_kernel(const float* a, int64_t n_a, const float* b, const int32_t* idx, int64_t dimv,
                                    float* out) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t i = blockIdx.x, j = idx[i];
   const V* src = reinterpret_cast<const V*>(j < n_a ? a + j * dimv * (sizeof(V) / 4)
                                                     : b + (j - n_a) * dimv * (sizeof(V) / 4));
@@ -275,6 +298,8 @@ __global__ void gather_rows_kernel(const float* a, int64_t n_a, const float* b, 
 template <class V>
 __global__ void scatter_rows_kernel(const float* src, const int32_t* src_idx, float* dst, const int32_t* dst_idx,
                                     int64_t dimv) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t i = blockIdx.x;
   const V* s = reinterpret_cast<const V*>(src) + int64_t(src_idx[i]) * dimv;
   V* d = reinterpret_cast<V*>(dst) + int64_t(dst_idx[i]) * dimv;
@@ -288,6 +313,8 @@ __device__ __forceinline__ float4 add_rn(float4 a, float4 b) {
 
 template <class V>
 __global__ void add_rows_kernel(float* x, int64_t dimv, const float* table, const int32_t* rows) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t t = blockIdx.x;
   const V* r = reinterpret_cast<const V*>(table) + int64_t(rows[t]) * dimv;
   V* xt = reinterpret_cast<V*>(x) + t * dimv;
@@ -326,19 +353,19 @@ void fill(float* x, int64_t n, float value, cudaStream_t stream) {
 
 void round_bf16(float* x, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  round_bf16_kernel<<<stride_grid(n), kThreads, 0, stream>>>(x, n);
+  launch_pdl(round_bf16_kernel, stride_grid(n), kThreads, 0, stream, x, n);
 }
 
 void scale(float* x, int64_t n, float alpha, bool bf16, cudaStream_t stream) {
   if (n <= 0) return;
-  scale_kernel<<<stride_grid(n), kThreads, 0, stream>>>(x, n, alpha, bf16);
+  launch_pdl(scale_kernel, stride_grid(n), kThreads, 0, stream, x, n, alpha, bf16);
 }
 
 void embed(const WeightView& table, const int32_t* ids, int64_t n_tok, int copies, float* out, cudaStream_t stream) {
   if (n_tok <= 0 || copies <= 0 || table.cols <= 0) return;
   const int threads = int(std::min<int64_t>(256, (table.cols + 31) / 32 * 32));
-  embed_kernel<<<unsigned(n_tok), threads, 0, stream>>>(table.w, table.row_bytes(), table.fmt == GemmFormat::bf16,
-                                                        ids, table.cols, copies, out);
+  launch_pdl(embed_kernel, unsigned(n_tok), threads, 0, stream, table.w, table.row_bytes(),
+             table.fmt == GemmFormat::bf16, ids, table.cols, copies, out);
 }
 
 void rmsnorm(const float* x, int64_t n_rows, int64_t dim, const float* w, float eps, bool bf16, float* y,
@@ -347,15 +374,16 @@ void rmsnorm(const float* x, int64_t n_rows, int64_t dim, const float* w, float 
   const bool vec = dim % 4 == 0 && aligned16(x) && aligned16(y) && (w == nullptr || aligned16(w));
   if (vec && dim <= 1024) {  // a warp per row, up to 8 float4 per lane
     constexpr int rpb = kThreads / 32;
-    rmsnorm_vec_kernel<32, 8><<<unsigned((n_rows + rpb - 1) / rpb), kThreads, 0, stream>>>(x, n_rows, dim, w, eps,
-                                                                                          bf16, y);
+    launch_pdl(rmsnorm_vec_kernel<32, 8>, unsigned((n_rows + rpb - 1) / rpb), kThreads, 0, stream, x, n_rows, dim, w,
+               eps, bf16, y);
   } else if (vec && dim <= 8192) {  // a block per row, up to 8 float4 per thread
-    rmsnorm_vec_kernel<kThreads, 8><<<unsigned(n_rows), kThreads, 0, stream>>>(x, n_rows, dim, w, eps, bf16, y);
+    launch_pdl(rmsnorm_vec_kernel<kThreads, 8>, unsigned(n_rows), kThreads, 0, stream, x, n_rows, dim, w, eps, bf16, y);
   } else if (dim <= 1024) {
     constexpr int rpb = kThreads / 32;
-    rmsnorm_kernel<32><<<unsigned((n_rows + rpb - 1) / rpb), kThreads, 0, stream>>>(x, n_rows, dim, w, eps, bf16, y);
+    launch_pdl(rmsnorm_kernel<32>, unsigned((n_rows + rpb - 1) / rpb), kThreads, 0, stream, x, n_rows, dim, w, eps,
+               bf16, y);
   } else {
-    rmsnorm_kernel<kThreads><<<unsigned(n_rows), kThreads, 0, stream>>>(x, n_rows, dim, w, eps, bf16, y);
+    launch_pdl(rmsnorm_kernel<kThreads>, unsigned(n_rows), kThreads, 0, stream, x, n_rows, dim, w, eps, bf16, y);
   }
 }
 
@@ -363,9 +391,11 @@ void head_rms(float* x, int64_t n_rows, int64_t dim, float eps, bool bf16, cudaS
   if (n_rows <= 0 || dim <= 0) return;
   if (dim <= 1024) {
     constexpr int rpb = kThreads / 32;
-    head_rms_kernel<32><<<unsigned((n_rows + rpb - 1) / rpb), kThreads, 0, stream>>>(x, n_rows, dim, eps, bf16);
+    launch_pdl(head_rms_kernel<32, false>, unsigned((n_rows + rpb - 1) / rpb), kThreads, 0, stream, x, n_rows, dim, eps,
+               bf16, int64_t(1), int64_t(0), nullptr);
   } else {
-    head_rms_kernel<kThreads><<<unsigned(n_rows), kThreads, 0, stream>>>(x, n_rows, dim, eps, bf16);
+    launch_pdl(head_rms_kernel<kThreads, false>, unsigned(n_rows), kThreads, 0, stream, x, n_rows, dim, eps, bf16,
+               int64_t(1), int64_t(0), nullptr);
   }
 }
 
@@ -373,7 +403,7 @@ void rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, int64_t rd
           bool bf16, cudaStream_t stream) {
   const int64_t n = n_tok * n_heads * (rd / 2);
   if (n <= 0) return;
-  rope_kernel<<<stride_grid(n), kThreads, 0, stream>>>(x, n_tok, n_heads, head_dim, rd, cos_sin, inverse, bf16);
+  launch_pdl(rope_kernel, stride_grid(n), kThreads, 0, stream, x, n_tok, n_heads, head_dim, rd, cos_sin, inverse, bf16);
 }
 
 void head_rms_rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, float eps, int64_t rd,
@@ -382,11 +412,11 @@ void head_rms_rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, f
   if (n_rows <= 0 || head_dim <= 0) return;
   if (head_dim <= 1024) {
     constexpr int rpb = kThreads / 32;
-    head_rms_kernel<32, true><<<unsigned((n_rows + rpb - 1) / rpb), kThreads, 0, stream>>>(x, n_rows, head_dim, eps,
-                                                                                          bf16, n_heads, rd, cos_sin);
+    launch_pdl(head_rms_kernel<32, true>, unsigned((n_rows + rpb - 1) / rpb), kThreads, 0, stream, x, n_rows, head_dim,
+               eps, bf16, n_heads, rd, cos_sin);
   } else {
-    head_rms_kernel<kThreads, true><<<unsigned(n_rows), kThreads, 0, stream>>>(x, n_rows, head_dim, eps, bf16,
-                                                                              n_heads, rd, cos_sin);
+    launch_pdl(head_rms_kernel<kThreads, true>, unsigned(n_rows), kThreads, 0, stream, x, n_rows, head_dim, eps, bf16,
+               n_heads, rd, cos_sin);
   }
 }
 
@@ -394,15 +424,15 @@ void fp8_sim(float* x, int64_t n_rows, int64_t row_stride, int64_t n_cols, int64
   if (n_rows <= 0 || n_cols <= 0 || block <= 0) return;
   const int64_t items = n_rows * ((n_cols + block - 1) / block);
   constexpr int wpb = kThreads / 32;
-  quant_sim_kernel<false><<<unsigned((items + wpb - 1) / wpb), kThreads, 0, stream>>>(x, n_rows, row_stride, n_cols,
-                                                                                      block);
+  launch_pdl(quant_sim_kernel<false>, unsigned((items + wpb - 1) / wpb), kThreads, 0, stream, x, n_rows, row_stride,
+             n_cols, block);
 }
 
 void fp4_sim(float* x, int64_t n_rows, int64_t dim, cudaStream_t stream) {
   if (n_rows <= 0 || dim <= 0) return;
   const int64_t items = n_rows * ((dim + 31) / 32);
   constexpr int wpb = kThreads / 32;
-  quant_sim_kernel<true><<<unsigned((items + wpb - 1) / wpb), kThreads, 0, stream>>>(x, n_rows, dim, dim, 32);
+  launch_pdl(quant_sim_kernel<true>, unsigned((items + wpb - 1) / wpb), kThreads, 0, stream, x, n_rows, dim, dim, 32);
 }
 
 // dim: a power of two <= 8192 (the row lives in shared memory; the model uses 128). Other dims are rejected by the
@@ -413,8 +443,8 @@ void hadamard(float* x, int64_t n_rows, int64_t dim, bool bf16, cudaStream_t str
   const int tpr = int(std::max<int64_t>(1, std::min<int64_t>(dim / 2, kThreads)));
   const int rpb = std::max(1, kThreads / tpr);
   const size_t smem = size_t(rpb) * size_t(dim) * sizeof(float);
-  hadamard_kernel<<<unsigned((n_rows + rpb - 1) / rpb), tpr * rpb, smem, stream>>>(x, n_rows, int(dim), tpr, scale,
-                                                                                   bf16);
+  launch_pdl(hadamard_kernel, unsigned((n_rows + rpb - 1) / rpb), tpr * rpb, smem, stream, x, n_rows, int(dim), tpr,
+             scale, bf16);
 }
 
 void check_finite(const float* x, int64_t n_rows, int64_t dim, int32_t* bad, cudaStream_t stream) {
@@ -423,7 +453,7 @@ void check_finite(const float* x, int64_t n_rows, int64_t dim, int32_t* bad, cud
   const int64_t chunks = dim > 0 ? (dim + kFiniteChunk - 1) / kFiniteChunk : 1;
   for (int64_t r0 = 0; r0 < n_rows; r0 += 65535) {  // gridDim.y <= 65535
     const int64_t nr = n_rows - r0 < 65535 ? n_rows - r0 : 65535;
-    check_finite_kernel<<<dim3(unsigned(chunks), unsigned(nr)), 1024, 0, stream>>>(x + r0 * dim, dim, bad + r0);
+    launch_pdl(check_finite_kernel, dim3(unsigned(chunks), unsigned(nr)), 1024, 0, stream, x + r0 * dim, dim, bad + r0);
   }
 }
 
@@ -431,9 +461,9 @@ void gather_rows(const float* a, int64_t n_a, const float* b, const int32_t* idx
                  cudaStream_t stream) {
   if (n <= 0 || dim <= 0) return;
   if (dim % 4 == 0 && aligned16(a) && aligned16(b) && aligned16(out)) {
-    gather_rows_kernel<float4><<<unsigned(n), row_threads(dim / 4), 0, stream>>>(a, n_a, b, idx, dim / 4, out);
+    launch_pdl(gather_rows_kernel<float4>, unsigned(n), row_threads(dim / 4), 0, stream, a, n_a, b, idx, dim / 4, out);
   } else {
-    gather_rows_kernel<float><<<unsigned(n), row_threads(dim), 0, stream>>>(a, n_a, b, idx, dim, out);
+    launch_pdl(gather_rows_kernel<float>, unsigned(n), row_threads(dim), 0, stream, a, n_a, b, idx, dim, out);
   }
 }
 
@@ -441,18 +471,19 @@ void scatter_rows(const float* src, const int32_t* src_idx, float* dst, const in
                   int64_t dim, cudaStream_t stream) {
   if (n <= 0 || dim <= 0) return;
   if (dim % 4 == 0 && aligned16(src) && aligned16(dst)) {
-    scatter_rows_kernel<float4><<<unsigned(n), row_threads(dim / 4), 0, stream>>>(src, src_idx, dst, dst_idx, dim / 4);
+    launch_pdl(scatter_rows_kernel<float4>, unsigned(n), row_threads(dim / 4), 0, stream, src, src_idx, dst, dst_idx,
+               dim / 4);
   } else {
-    scatter_rows_kernel<float><<<unsigned(n), row_threads(dim), 0, stream>>>(src, src_idx, dst, dst_idx, dim);
+    launch_pdl(scatter_rows_kernel<float>, unsigned(n), row_threads(dim), 0, stream, src, src_idx, dst, dst_idx, dim);
   }
 }
 
 void add_rows(float* x, int64_t n, int64_t dim, const float* table, const int32_t* rows, cudaStream_t stream) {
   if (n <= 0 || dim <= 0) return;
   if (dim % 4 == 0 && aligned16(x) && aligned16(table)) {
-    add_rows_kernel<float4><<<unsigned(n), row_threads(dim / 4), 0, stream>>>(x, dim / 4, table, rows);
+    launch_pdl(add_rows_kernel<float4>, unsigned(n), row_threads(dim / 4), 0, stream, x, dim / 4, table, rows);
   } else {
-    add_rows_kernel<float><<<unsigned(n), row_threads(dim), 0, stream>>>(x, dim, table, rows);
+    launch_pdl(add_rows_kernel<float>, unsigned(n), row_threads(dim), 0, stream, x, dim, table, rows);
   }
 }
 

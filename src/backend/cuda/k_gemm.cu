@@ -45,6 +45,7 @@
 #include "backend/cuda/device_async_copy.cuh"
 #include "backend/cuda/device_fp8_mma.cuh"
 #include "backend/cuda/device_numeric.cuh"
+#include "backend/cuda/device_pdl.cuh"
 #include "backend/cuda/device_swiglu.cuh"
 #include "backend/cuda/gemm_path.h"
 #include "backend/cuda/glibc_math.cuh"
@@ -263,6 +264,8 @@ __device__ __forceinline__ float warp_act_quant128(const float* xr, int len, int
 template <bool E4M3>
 __global__ void __launch_bounds__(256) act_quant_kernel(const float* x, int64_t rows_real, int64_t rows, int64_t K,
                                                         float* q, float* s, uint8_t* q8, float* s_t) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int lane = threadIdx.x & 31;
   const int64_t nsb = (K + 127) / 128;
   const int64_t gw = int64_t(blockIdx.x) * 8 + (threadIdx.x >> 5);
@@ -300,6 +303,8 @@ __global__ void finish_kernel(const float* src, int64_t n, bool bf16, float* y) 
 }
 
 __global__ void swiglu_kernel(const float* g, const float* up, int64_t n, float limit, bool bf16, float* h) {
+  pdl_wait();
+  pdl_launch_dependents();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     h[i] = swiglu_val(g[i], up[i], limit, false, 0.0f, bf16);
 }
@@ -1231,6 +1236,8 @@ __global__ void __launch_bounds__(GV_THREADS) gemv_kernel(const GArgs A) {
   constexpr bool QF = FMT == kFmtFp8 || FMT == kFmtFp4;
   constexpr float WMUL = FMT == kFmtFp4 ? 64.0f : 1.0f;
   __shared__ float red[GV_WARPS][NW * R * MT];
+  pdl_wait();
+  pdl_launch_dependents();
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int KS = A.gv_ks, ks = warp % KS, wr = warp / KS;
@@ -1497,6 +1504,9 @@ __global__ void __launch_bounds__(GT_THREADS, 2) gemv_tc_kernel(const GArgs A) {
   };
 #pragma unroll
   for (int s = 0; s < GT_PF; ++s) load(wv[s], sv[s]);  // in flight while the block quantizes x
+  // (PDL, device_pdl.cuh: the loads above read weights only; x and y belong to the kernels around this one)
+  pdl_wait();
+  pdl_launch_dependents();
 
   for (int64_t q = warp; q < M * nkb; q += GT_WARPS) {  // act_quant_kernel's codes and scale of (token, block)
     const int64_t m = q / nkb, b = q % nkb;
@@ -1809,6 +1819,8 @@ template <int KIND, int KB>
 __global__ void __launch_bounds__(MT_THREADS, 2) moe_tc_small_kernel(const GArgs A) {
   constexpr int NW = KIND == kW13 ? 2 : 1;
   __shared__ float red[MT_WARPS][NW][MT_COLS][MT_ROWS];
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t slot = blockIdx.x % A.n_slots, bt = blockIdx.x / A.n_slots, n_bt = gridDim.x / A.n_slots;
   if (slot >= *A.n_small) return;
   const int64_t e = A.small_list[slot], base = A.seg_start[e], cnt = A.seg_start[e + 1] - base;
@@ -1952,6 +1964,9 @@ __global__ void __launch_bounds__(G16_THREADS, 2) gemv_tc16_kernel(const GArgs A
   };
 #pragma unroll
   for (int s = 0; s < G16_PF; ++s) load(wv[s], sv[s]);  // in flight while the block stages x
+  // (PDL, device_pdl.cuh: the loads above read weights only; x and y belong to the kernels around this one)
+  pdl_wait();
+  pdl_launch_dependents();
 
   // x16 of the group's tokens: warp m takes token m (max |x|, the power of two, the f16 codes)
   const float* xg = A.a + int64_t(grp) * A.grp_a;
@@ -2149,16 +2164,16 @@ void launch_gv_mt(int mt, const GArgs& A, int64_t grid, cudaStream_t st, int64_t
   const dim3 g(static_cast<unsigned>(grid), static_cast<unsigned>(groups)), b(GV_THREADS);
   if constexpr (KIND == kLinear) {
     switch (mt) {
-      case 1: gemv_kernel<FMT, Q, KIND, 1><<<g, b, 0, st>>>(A); return;
-      case 2: gemv_kernel<FMT, Q, KIND, 2><<<g, b, 0, st>>>(A); return;
-      case 4: gemv_kernel<FMT, Q, KIND, 4><<<g, b, 0, st>>>(A); return;
-      default: gemv_kernel<FMT, Q, KIND, 8><<<g, b, 0, st>>>(A); return;
+      case 1: launch_pdl(gemv_kernel<FMT, Q, KIND, 1>, g, b, 0, st, A); return;
+      case 2: launch_pdl(gemv_kernel<FMT, Q, KIND, 2>, g, b, 0, st, A); return;
+      case 4: launch_pdl(gemv_kernel<FMT, Q, KIND, 4>, g, b, 0, st, A); return;
+      default: launch_pdl(gemv_kernel<FMT, Q, KIND, 8>, g, b, 0, st, A); return;
     }
   } else {
     if (mt == 1)
-      gemv_kernel<FMT, Q, KIND, 1><<<g, b, 0, st>>>(A);
+      launch_pdl(gemv_kernel<FMT, Q, KIND, 1>, g, b, 0, st, A);
     else
-      gemv_kernel<FMT, Q, KIND, 4><<<g, b, 0, st>>>(A);
+      launch_pdl(gemv_kernel<FMT, Q, KIND, 4>, g, b, 0, st, A);
   }
 }
 
@@ -2167,9 +2182,9 @@ void launch_gemv_fq(int fmt, const GArgs& A, int64_t grid, cudaStream_t st) {
   if (grid <= 0) return;
   const dim3 g(static_cast<unsigned>(grid)), b(GV_THREADS);
   if (fmt == kFmtFp8)
-    gemv_kernel<kFmtFp8, true, kLinear, 1, true><<<g, b, 0, st>>>(A);
+    launch_pdl(gemv_kernel<kFmtFp8, true, kLinear, 1, true>, g, b, 0, st, A);
   else if (fmt == kFmtFp4)
-    gemv_kernel<kFmtFp4, true, kLinear, 1, true><<<g, b, 0, st>>>(A);
+    launch_pdl(gemv_kernel<kFmtFp4, true, kLinear, 1, true>, g, b, 0, st, A);
   else
     fail_msg("linear: (Q) needs an FP8 or FP4 weight");
 }
@@ -2199,8 +2214,8 @@ namespace gemm_internal {
 void act_quant_f32(const float* x, int64_t rows, int64_t K, float* q, float* s, cudaStream_t stream) {
   const int64_t warps = rows * cdiv(K, 128);
   if (warps <= 0) return;
-  act_quant_kernel<false><<<static_cast<unsigned>(cdiv(warps, 8)), 256, 0, stream>>>(x, rows, rows, K, q, s, nullptr,
-                                                                                      nullptr);
+  launch_pdl(act_quant_kernel<false>, static_cast<unsigned>(cdiv(warps, 8)), 256, 0, stream, x, rows, rows, K, q, s,
+             nullptr, nullptr);
 }
 
 void act_quant_e4m3(const float* x, int64_t rows, int64_t rows_pad, int64_t K, uint8_t* q8, float* s_t,
@@ -2221,7 +2236,7 @@ void swiglu_rows(const float* g, const float* up, int64_t rows, int64_t dim, flo
                  cudaStream_t stream) {
   const int64_t n = rows * dim;
   if (n <= 0) return;
-  swiglu_kernel<<<static_cast<unsigned>(grid_blocks(n, 256)), 256, 0, stream>>>(g, up, n, limit, bf16, h);
+  launch_pdl(swiglu_kernel, static_cast<unsigned>(grid_blocks(n, 256)), 256, 0, stream, g, up, n, limit, bf16, h);
 }
 
 namespace {
@@ -2301,13 +2316,13 @@ void launch_small_tc(int kind, const MoeGemmArgs& g, const GArgs& As, int64_t no
   const int kb = mt_kb(K2);
   const unsigned grid = static_cast<unsigned>(gt);
   if (kind == kW13 && kb == 2)
-    moe_tc_small_kernel<kW13, 2><<<grid, MT_THREADS, moe_tc_smem(kW13, 2, K2), stream>>>(As);
+    launch_pdl(moe_tc_small_kernel<kW13, 2>, grid, MT_THREADS, moe_tc_smem(kW13, 2, K2), stream, As);
   else if (kind == kW13)
-    moe_tc_small_kernel<kW13, 1><<<grid, MT_THREADS, moe_tc_smem(kW13, 1, K2), stream>>>(As);
+    launch_pdl(moe_tc_small_kernel<kW13, 1>, grid, MT_THREADS, moe_tc_smem(kW13, 1, K2), stream, As);
   else if (kb == 2)
-    moe_tc_small_kernel<kW2, 2><<<grid, MT_THREADS, moe_tc_smem(kW2, 2, K2), stream>>>(As);
+    launch_pdl(moe_tc_small_kernel<kW2, 2>, grid, MT_THREADS, moe_tc_smem(kW2, 2, K2), stream, As);
   else
-    moe_tc_small_kernel<kW2, 1><<<grid, MT_THREADS, moe_tc_smem(kW2, 1, K2), stream>>>(As);
+    launch_pdl(moe_tc_small_kernel<kW2, 1>, grid, MT_THREADS, moe_tc_smem(kW2, 1, K2), stream, As);
 }
 
 void moe_launch_both(int kind, const MoeGemmArgs& g, GArgs A, int64_t nout, cudaStream_t stream) {
@@ -2471,7 +2486,7 @@ void launch_gemv_tc(GArgs& A, int64_t rows, int ks, int64_t K, int occ, cudaStre
   A.gv_ks = ks;
   const int64_t groups = cdiv(rows / GT_ROWS, GT_WARPS / A.gv_ks);
   const int64_t grid = imin(groups, int64_t(sm_count()) * occ);
-  gemv_tc_kernel<<<static_cast<unsigned>(grid), GT_THREADS, gemv_tc_smem(A.M, K), stream>>>(A);
+  launch_pdl(gemv_tc_kernel, static_cast<unsigned>(grid), GT_THREADS, gemv_tc_smem(A.M, K), stream, A);
   gemm_internal::note_path(GemmPath::gemv);
 }
 
@@ -2632,7 +2647,7 @@ bool linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int64_t 
     const int64_t tiles = R / G16_ROWS;
     A.gv_ks = gemv_tc16_ks(tiles * groups, p.K / 128);
     const dim3 grid(static_cast<unsigned>(cdiv(tiles, G16_WARPS / A.gv_ks)), static_cast<unsigned>(groups));
-    gemv_tc16_kernel<<<grid, G16_THREADS, gemv_tc16_smem(n_tok, p.K), stream>>>(A);
+    launch_pdl(gemv_tc16_kernel, grid, G16_THREADS, gemv_tc16_smem(n_tok, p.K), stream, A);
     gemm_internal::note_path(GemmPath::gemv);
     return true;
   }

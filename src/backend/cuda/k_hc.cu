@@ -44,6 +44,7 @@
 #include <cstdint>
 
 #include "backend/cuda/device_numeric.cuh"
+#include "backend/cuda/device_pdl.cuh"
 #include "backend/cuda/gemm_path.h"
 #include "backend/cuda/glibc_math.cuh"
 #include "backend/cuda/kernels.h"
@@ -214,6 +215,8 @@ __global__ void __launch_bounds__(kThreads) hc_dot_fast_kernel(const float* X, i
                                                                int mix, int slices, int64_t out_stride, float* out) {
   __shared__ float red[kWarps];
   __shared__ double redd[kWarps];
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t t = blockIdx.x;
   const int m = int(blockIdx.y), z = int(blockIdx.z);
   const int64_t per = width / 4 / slices, k0 = int64_t(z) * per, k1 = k0 + per;  // this slice's float4s
@@ -637,6 +640,8 @@ __global__ void __launch_bounds__(kThreads + 32) hc_finish_fast4_kernel(const fl
   constexpr int HC = 4;
   __shared__ double red[kWarps];
   __shared__ float mix_s[32];
+  pdl_wait();
+  pdl_launch_dependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t = blockIdx.x, width = int64_t(HC) * dim, d4n = dim / 4;
   const float* x = X + t * width;
@@ -697,8 +702,8 @@ template <bool HEAD, int NV>
 void launch_fast4(int64_t n_tok, const float* X, int64_t dim, const float* scale, const float* base, int iters,
                   float hc_eps, float norm_eps, bool bf16, int mix, int slices, const float* norm_w, float* u,
                   float* post, float* comb, cudaStream_t stream) {
-  hc_finish_fast4_kernel<HEAD, NV><<<unsigned(n_tok), kThreads + (HEAD ? 0 : 32), 0, stream>>>(
-      X, dim, scale, base, iters, hc_eps, norm_eps, bf16, mix, slices, norm_w, u, post, comb);
+  launch_pdl(hc_finish_fast4_kernel<HEAD, NV>, unsigned(n_tok), kThreads + (HEAD ? 0 : 32), 0, stream, X, dim, scale,
+             base, iters, hc_eps, norm_eps, bf16, mix, slices, norm_w, u, post, comb);
 }
 
 // Whether hc_collapse's fast path can apply rmsnorm_vec_kernel<256, 8>'s normalization itself (rmsnorm() takes that
@@ -723,8 +728,8 @@ bool hc_collapse(const float* X, int64_t n_tok, int hc, int64_t dim, const float
   const bool fast =
       !deterministic() && n_tok <= kDecodeMaxTok && int64_t(slices) * (mix + 2) <= dim && vec && aligned16(u);
   if (fast) {  // mix dot rows + the sum-of-squares row, per slice of the width
-    hc_dot_fast_kernel<<<dim3(unsigned(n_tok), unsigned(mix + 1), unsigned(slices)), kThreads, 0, stream>>>(
-        X, width, fn, mix, slices, dim, u);
+    launch_pdl(hc_dot_fast_kernel, dim3(unsigned(n_tok), unsigned(mix + 1), unsigned(slices)), kThreads, 0, stream, X,
+               width, fn, mix, slices, dim, u);
   } else if (have_dots) {
     if (n_tok <= kDecodeMaxTok)
       launch_dots<1, 1, 1, 1, 2048>(X, n_tok, width, fn, mix, vec, dim, u, stream);  // 1 token x 1 row
@@ -781,6 +786,8 @@ __global__ void __launch_bounds__(kPostThreads) hc_post_kernel(const float* f, c
   constexpr int L = sizeof(V) / sizeof(float);
   __shared__ float C_s[MAXHC * MAXHC];
   __shared__ float p_s[MAXHC];
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t t = blockIdx.x / chunks, c = blockIdx.x % chunks;
   for (int e = threadIdx.x; e < hc * hc; e += kPostThreads) C_s[e] = comb[t * hc * hc + e];
   for (int e = threadIdx.x; e < hc; e += kPostThreads) p_s[e] = post[t * hc + e];
@@ -817,9 +824,9 @@ void launch_hc_post(const float* f, const float* X, const float* post, const flo
   const int64_t chunks = (dimv + kPostThreads - 1) / kPostThreads;
   const unsigned grid = unsigned(n_tok * chunks);
   if (hc <= 4)
-    hc_post_kernel<V, 4><<<grid, kPostThreads, 0, stream>>>(f, X, post, comb, hc, dim, chunks, bf16, Xout);
+    launch_pdl(hc_post_kernel<V, 4>, grid, kPostThreads, 0, stream, f, X, post, comb, hc, dim, chunks, bf16, Xout);
   else
-    hc_post_kernel<V, kMaxHc><<<grid, kPostThreads, 0, stream>>>(f, X, post, comb, hc, dim, chunks, bf16, Xout);
+    launch_pdl(hc_post_kernel<V, kMaxHc>, grid, kPostThreads, 0, stream, f, X, post, comb, hc, dim, chunks, bf16, Xout);
 }
 
 }  // namespace

@@ -31,6 +31,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_numeric.cuh"
+#include "backend/cuda/device_pdl.cuh"
 #include "backend/cuda/kernels.h"
 
 namespace dsv4::cuda {
@@ -120,6 +121,8 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_score_kernel(ScoreArgs a)
   float* ws = qs + TT * HC * KS;               // [TT][HC]
   int* nv_s = reinterpret_cast<int*>(ws + TT * HC);  // [TT] visible keys per token
   int* tb_s = nv_s + TT;                              // [TT] page-table start per token (-1: past the chunk)
+  pdl_wait();
+  pdl_launch_dependents();
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t j0 = int64_t(blockIdx.x) * TJ, t0 = int64_t(blockIdx.y) * TT;
@@ -246,6 +249,8 @@ __global__ void __launch_bounds__(kThreads) indexer_select_kernel(const uint32_t
   extern __shared__ unsigned long long list[];  // [next_pow2(min(topk, max_visible))]
   __shared__ uint32_t hist[kThreads / 32][256];
   __shared__ uint32_t sh_digit, sh_above, sh_count, sh_n;
+  pdl_wait();
+  pdl_launch_dependents();
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t t = blockIdx.x;
@@ -395,7 +400,7 @@ void launch_scores(const ScoreArgs& a, cudaStream_t stream) {
     cudaFuncSetAttribute(indexer_score_kernel<TG, TPT, KPT, HC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          int(smem));
   const dim3 grid(unsigned((a.max_visible + C::TJ - 1) / C::TJ), unsigned((a.n + C::TT - 1) / C::TT));
-  indexer_score_kernel<TG, TPT, KPT, HC><<<grid, kThreads, smem, stream>>>(a);
+  launch_pdl(indexer_score_kernel<TG, TPT, KPT, HC>, grid, kThreads, smem, stream, a);
 }
 
 }  // namespace
@@ -446,9 +451,8 @@ void indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_t dim, c
       else if (run > 1 || ScoreCfg<1, 1, 1, 8>::smem(dim) > max_smem_optin()) launch_scores<4, 1>(a, stream);
       else launch_scores<1, 1, 1, 8>(a, stream);
     }
-    indexer_select_kernel<<<unsigned(n), kThreads, sel_smem, stream>>>(
-        scores, max_visible, n_visible + c0, max_visible, topk, keys.pages, keys.pages ? keys.table + c0 : nullptr,
-        keys.page_rows, sel + c0 * topk);
+    launch_pdl(indexer_select_kernel, unsigned(n), kThreads, sel_smem, stream, scores, max_visible, n_visible + c0,
+               max_visible, topk, keys.pages, keys.pages ? keys.table + c0 : nullptr, keys.page_rows, sel + c0 * topk);
   }
 }
 

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "backend/cuda/device_numeric.cuh"
+#include "backend/cuda/device_pdl.cuh"
 #include "backend/cuda/device_route.cuh"
 #include "backend/cuda/gemm_path.h"
 #include "backend/cuda/kernels.h"
@@ -198,6 +199,8 @@ __global__ void __launch_bounds__(kPlanThreads) route_plan_kernel(RouteIn r, int
   } sh;
   __shared__ int32_t ids[kRoutePlanMaxTok * kRouteMaxK];
   __shared__ float wts[kRoutePlanMaxTok * kRouteMaxK];
+  pdl_wait();
+  pdl_launch_dependents();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t RE = r.E, P = n_tok * k;
   for (int64_t i = tid; i < n_tok * RE; i += kPlanThreads) {
@@ -218,6 +221,8 @@ __global__ void __launch_bounds__(kPlanThreads) route_plan_kernel(RouteIn r, int
 __global__ void __launch_bounds__(256) moe_combine_kernel(const int32_t* ids, const int32_t* pos, int64_t n_tok,
                                                           int64_t k, const float* o, const float* os, int64_t D,
                                                           bool bf16, float* y) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t nd = (D + 1023) / 1024;
   const int64_t t = blockIdx.x / nd;
   const int64_t d0 = (blockIdx.x % nd) * 1024 + int64_t(threadIdx.x) * 4;
@@ -376,8 +381,8 @@ void moe_run(const RouteIn* route, const MoeWeights& w, const uint8_t* resident,
 
   if (route != nullptr && resident == nullptr && n_tok <= kRoutePlanMaxTok) {
     ++g_route_plan_calls;
-    route_plan_kernel<<<1, kPlanThreads, 0, stream>>>(*route, n_tok, L.E, k, I32(L.seg), I32(L.big), I32(L.small),
-                                                      I32(L.nsmall), I32(L.pos), I32(L.rtok), F32(L.rw));
+    launch_pdl(route_plan_kernel, 1, kPlanThreads, 0, stream, *route, n_tok, L.E, k, I32(L.seg), I32(L.big),
+               I32(L.small), I32(L.nsmall), I32(L.pos), I32(L.rtok), F32(L.rw));
   } else {
     if (route != nullptr)
       cuda::route(route->logits, n_tok, route->E, k, route->bias, route->tid2eid, route->tokens, route->route_scale,
@@ -441,8 +446,8 @@ void moe_run(const RouteIn* route, const MoeWeights& w, const uint8_t* resident,
 
   const int64_t nd = cdiv(L.D, 1024);
   if (y != nullptr)
-    moe_combine_kernel<<<static_cast<unsigned>(n_tok * nd), 256, 0, stream>>>(ids, I32(L.pos), n_tok, k, F32(L.o),
-                                                                              os, L.D, bf16, y);
+    launch_pdl(moe_combine_kernel, static_cast<unsigned>(n_tok * nd), 256, 0, stream, ids, I32(L.pos), n_tok, k,
+               F32(L.o), os, L.D, bf16, y);
   else
     moe_unsort_kernel<<<static_cast<unsigned>(L.P * nd), 256, 0, stream>>>(I32(L.pos), L.P, F32(L.o), L.D, o_pairs);
 }
@@ -488,8 +493,8 @@ void moe_combine(const float* o_pairs, const int32_t* ids, int64_t n_tok, int64_
   if (n_tok <= 0) return;
   if (k <= 0 || k > 8) gemm_internal::fail_msg("moe: k must be in 1..8");
   const int64_t nd = cdiv(D, 1024);
-  moe_combine_kernel<<<static_cast<unsigned>(n_tok * nd), 256, 0, stream>>>(ids, nullptr, n_tok, k, o_pairs,
-                                                                            o_shared, D, bf16, y);
+  launch_pdl(moe_combine_kernel, static_cast<unsigned>(n_tok * nd), 256, 0, stream, ids, nullptr, n_tok, k, o_pairs,
+             o_shared, D, bf16, y);
 }
 
 }  // namespace dsv4::cuda
