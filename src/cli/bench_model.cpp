@@ -3,7 +3,7 @@
 // run, the same figures extrapolated to the config's full layer count (`*_full`), and a per-op time breakdown.
 //   dsv4 bench model (-m DIR | --config FILE) [--load-format auto|dummy|safetensors] [--layers N] [--device D]
 //                    [--numerics reference|dense] [--batch B] [--ctx C] [--prefill T] [--steps S] [--json]
-//                    [--deterministic] [--no-cuda-graph] [--cpu-moe | --n-cpu-moe N | --gpu-experts auto|N] [--hot-experts FILE]
+//                    [--deterministic] [--no-cuda-graph] [--no-pdl] [--cpu-moe | --n-cpu-moe N | --gpu-experts auto|N] [--hot-experts FILE]
 //                    [--stage-tokens auto|N] [--stage-mib M]
 // --batch B > 1: B sequences decode together (one batched forward step per token of each), sharing one prefilled
 // ctx-token context (ctx a multiple of 128); decode_tok_s = B / step time.
@@ -52,7 +52,7 @@ struct ModelBenchOpts {
   std::string model, config, load_format = "auto", device, numerics = "reference";
   int layers = 0, batch = 1, steps = 32;
   int64_t ctx = 0, prefill = 512;
-  bool json = false, no_profile = false, no_cuda_graph = false;
+  bool json = false, no_profile = false, no_cuda_graph = false, no_pdl = false;
   PlacementOptions placement;
 };
 
@@ -122,6 +122,7 @@ int run_model_bench(const ModelBenchOpts& o) {
   mo.placement = o.placement;
   mo.ubatch = std::max<int64_t>({256, o.prefill, std::min<int64_t>(o.ctx, 8192)});  // the context in few steps
   mo.cuda_graphs = !o.no_cuda_graph;
+  set_cuda_pdl(!o.no_pdl);  // process-wide (backend.h), before any kernel of the run is launched
   // the copy bandwidth first: with --gpu-experts auto the model fills the device memory
   std::unique_ptr<Backend> backend = make_backend(mo.device);
   const double copy = copy_gbps(*backend);
@@ -146,6 +147,7 @@ int run_model_bench(const ModelBenchOpts& o) {
   out["load_format"] = fmt_;
   out["deterministic"] = cuda_deterministic();
   out["cuda_graph"] = m->step_graphs() != nullptr;
+  out["pdl"] = cuda_pdl_active(be);
   out["copy_GBps"] = copy;
   const double layer_scale = double(full.num_hidden_layers) / double(cfg.num_hidden_layers);
   // routed experts split between the device and the CPU (--cpu-moe, --n-cpu-moe, --gpu-experts, --hot-experts)
@@ -427,6 +429,9 @@ void setup_bench_model(CLI::App& app, Runner& run) {
   app.add_option("--steps", o->steps, "timed decode steps");
   app.add_flag("--no-profile", o->no_profile, "skip the per-op breakdown runs");
   app.add_flag("--no-cuda-graph", o->no_cuda_graph, "CUDA: launch every kernel of a step (no recorded step graphs)");
+  app.add_flag("--no-pdl", o->no_pdl,
+               "CUDA: launch the decode kernels without Programmatic Dependent Launch (each starts when the one before "
+               "it completed; same results)");
   app.add_flag("--json", o->json, "print one JSON object on stdout (progress stays on stderr)");
   run = [o] { return run_model_bench(*o); };
 }

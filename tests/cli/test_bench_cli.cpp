@@ -40,4 +40,19 @@ TEST(CliBenchModel, JsonGoesToStdoutAndProgressToStderr) {
   EXPECT_NE(t.err.find("decode batch"), std::string::npos) << t.err;
 }
 
+// "pdl" (Programmatic Dependent Launch of the CUDA decode kernels, backend.h set_cuda_pdl) is reported: never on the
+// CPU backend; --no-pdl is accepted there (no effect).
+TEST(CliBenchModel, ReportsPdlAndAcceptsNoPdl) {
+  const std::string cfg = std::string(DSV4_SOURCE_DIR) + "/tests/data/tiny-a/config.json";
+  std::vector<std::string> args = {"bench", "model", "--config", cfg, "--device", "cpu", "--prefill", "0",
+                                   "--steps", "1", "--no-profile", "--json"};
+  const ProcResult on = run_dsv4(args, "benchpdl");
+  args.push_back("--no-pdl");
+  const ProcResult off = run_dsv4(args, "benchnopdl");
+  ASSERT_EQ(on.code, 0) << on.err;
+  ASSERT_EQ(off.code, 0) << off.err;
+  EXPECT_FALSE(nlohmann::json::parse(on.out).at("pdl").get<bool>()) << on.out;
+  EXPECT_FALSE(nlohmann::json::parse(off.out).at("pdl").get<bool>()) << off.out;
+}
+
 }  // namespace

@@ -8,6 +8,8 @@
 #            and the same with --no-cuda-graph (every kernel launched); with `det` also --deterministic (the
 #            CPU-order kernels: the baseline)
 #   bench1   only the first of those (CUDA graphs)
+#   pdl      batch-1 decode at ctx 4096 (CUDA graphs) with Programmatic Dependent Launch (the default) and with
+#            --no-pdl, interleaved, 3 runs each (JSON "pdl" tells which way each ran)
 #   prefill  the same, prefill of 8192 tokens (fast)
 #   dense    batch-1 decode at ctx 4096 with --numerics dense (fast)
 #   batch    --batch 128, 8, 32 at ctx 4096 (batched decode over one state pool)
@@ -101,6 +103,12 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
     (has bench || has bench1) && bench b1-ctx4096 --ctx 4096 --prefill 0 --steps 32
     has bench && bench b1-ctx4096-nograph --ctx 4096 --prefill 0 --steps 32 --no-cuda-graph --no-profile
     has bench && has det && bench b1-ctx4096-deterministic --ctx 4096 --prefill 0 --steps 16 --deterministic
+    if has pdl; then
+      for r in 1 2 3; do
+        bench b1-ctx4096-pdl-$r --ctx 4096 --prefill 0 --steps 32 --no-profile
+        bench b1-ctx4096-nopdl-$r --ctx 4096 --prefill 0 --steps 32 --no-profile --no-pdl
+      done
+    fi
   fi
   if has test && [ -x "$B/test_gpu" ]; then
     log "GPU tests"
