@@ -37,9 +37,7 @@
 //   (gemm_path.h set_deterministic) and with forced paths.
 // * moe batch invariance: row t of a 300-token call == the same token alone (path forced simt so that the shared
 //   expert runs the same kernel order; the routed experts change kernel with the segment sizes, not the order).
-// * moe_tc_big_kernel (big segments, fast mode): its f16 form (f16 activations, the f16 mmas issued directly) ==
-//   its FP8-mma form, BITWISE on sm_90 (where ptxas runs the FP8 mma as those f16 mmas), also with E8M0 code-0
-//   scales and all-zero groups (the + 0 path).
+// * moe_tc_big_kernel (big segments, fast mode) alone against an fp64 reference of its products: test_moe_tc_big.cpp.
 #include <algorithm>
 #include <cmath>
 #include <cstdarg>
@@ -787,118 +785,6 @@ TEST(CudaMoe, TcMmaBEqualsTcMma) {
   if (bad < 0) GTEST_SKIP() << "no FP8 mma on this device / in this binary";
   std::printf("[tc_mma_b] %lld of %lld outputs differ from tc_mma\n", (long long)bad, 64LL * 256 * 64 * 4);
   EXPECT_EQ(bad, 0);
-}
-
-// The current device's compute capability.
-void device_cc(int& major, int& minor) {
-  int dev = 0;
-  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), cudaSuccess);
-}
-
-// moe_tc_big_kernel in its FP8-mma form (on = true) while in scope, the f16 form again after it.
-struct MoeTcBigE4m3Scope {
-  explicit MoeTcBigE4m3Scope(bool on = true) { cuda::set_moe_tc_big_e4m3_for_test(on); }
-  ~MoeTcBigE4m3Scope() { cuda::set_moe_tc_big_e4m3_for_test(false); }
-};
-
-TEST(CudaMoe, MoeTcBigF16EqualsFp8Mma) {
-  DSV4_REQUIRE_GPU();
-  // moe_tc_big_kernel stages the activations as f16 and issues the two f16 mmas (+ 0) that ptxas makes of an FP8 mma
-  // on sm_90 (tc_mma_f16_pair); its FP8-mma form (e4m3 bytes staged, tc_mma: set_moe_tc_big_e4m3_for_test) must give
-  // the same bits there: a wrong k position, pair order or fragment row changes the sums. Segments of hundreds of
-  // rows (full and partial 64-row M tiles) plus small ones, some tokens' activations all zero (zero sums).
-  int major = 0, minor = 0;
-  ASSERT_NO_FATAL_FAILURE(device_cc(major, minor));
-  for (const auto& [n, seed] : {std::pair<int64_t, uint64_t>{300, 401}, {1024, 402}}) {
-    std::vector<int32_t> ids;
-    std::vector<float> wts;
-    make_routing(kSkewed, n, seed, ids, wts);
-    std::vector<float> x = make_x(n, MoeModel::D, seed + 1, true);
-    for (const int64_t t : {int64_t(0), int64_t(7), n / 2})
-      std::fill_n(x.begin() + t * MoeModel::D, MoeModel::D, 0.0f);
-    const int64_t before = ::dsv4::cuda::moe_tc_big_calls();
-    const MoeRun f16 = moe_gpu(x, n, ids, wts, true, false, 10.0f, GemmPath::auto_);
-    MoeRun fp8;
-    {
-      MoeTcBigE4m3Scope e4m3;
-      fp8 = moe_gpu(x, n, ids, wts, true, false, 10.0f, GemmPath::auto_);
-    }
-    ASSERT_EQ(::dsv4::cuda::moe_tc_big_calls(), before + 4) << "moe_tc_big_kernel did not run (w1|w3 and w2, twice)";
-    const std::string label = strf("E=256 top-6 FP4 n_tok=%lld (%s), 3 zero tokens, (Q) fast: f16 form vs FP8-mma form",
-                                   (long long)n, pattern_name(kSkewed));
-    if (major == 9 && minor == 0) {
-      expect_bitwise("moe_tc_big_kernel", label, fp8.y, f16.y);
-    } else {  // FP8 mma in hardware: the same products, summed by another unit
-      std::printf("[moe_tc_big] sm_%d%d has FP8 mma: the forms are not compared bitwise\n", major, minor);
-      check_moe_fast(label, fp8.y, f16, n);
-    }
-  }
-}
-
-TEST(CudaMoe, MoeTcBigF16EqualsFp8MmaScaleCode0) {
-  DSV4_REQUIRE_GPU();
-  // As MoeTcBigF16EqualsFp8Mma where weight scales are E8M0 code 0 (taken as 0): the f16 form leaves out the FP8
-  // mma's + 0 except in k-blocks where a warp's rows have such a code (a vote), where a -0 sum would otherwise keep
-  // its sign. A layer of 4 experts (w1 / w3 [1024, 2048], w2 [2048, 1024]) with about one scale in 60 code 0 (on
-  // random nibbles), some 32-column groups all +-0 nibbles (with code 0 or a plain scale), 64 tokens x top-4 (every
-  // expert a 64-row segment: moe_tc_big_kernel), 2 tokens of zero activations: both forms must give the same bits.
-  int major = 0, minor = 0;
-  ASSERT_NO_FATAL_FAILURE(device_cc(major, minor));
-  constexpr int64_t E = 4, D = 2048, I = 1024, k = 4, n = 64;
-  Rng rng(4343);
-  std::vector<HostWeight> w[3];  // w1, w2, w3
-  int64_t n_code0 = 0, n_zero = 0;
-  for (int m = 0; m < 3; ++m)
-    for (int64_t e = 0; e < E; ++e) {
-      w[m].push_back(m == 1 ? fp4_weight(D, I, rng) : fp4_weight(I, D, rng));
-      HostWeight& h = w[m].back();
-      for (size_t i = 0; i < h.scale.size(); ++i) {
-        const uint64_t r = rng.next() % 60;
-        if (r == 0) h.scale[i] = 0, ++n_code0;
-        if (r <= 1) {  // (some of the code-0 groups too) all nibbles +-0
-          std::fill_n(h.w.begin() + int64_t(i) * 16, 16, uint8_t((i & 1) ? 0x88 : 0x00));  // group i: bytes 16 i ..
-          ++n_zero;
-        }
-      }
-    }
-  std::vector<Buffer> storage;
-  std::vector<ExpertView> host, devv;
-  for (int64_t e = 0; e < E; ++e) {
-    const ExpertView h{w[0][size_t(e)].view, w[1][size_t(e)].view, w[2][size_t(e)].view};
-    host.push_back(h);
-    devv.push_back(ExpertView{cuda()->upload(h.w1, storage), cuda()->upload(h.w2, storage),
-                              cuda()->upload(h.w3, storage)});
-  }
-  const Buffer table = cuda()->upload_bytes(devv.data(), devv.size() * sizeof(ExpertView), "expert table");
-  const MoeWeights mw{devv.data(), E, table.data(), nullptr};
-  std::vector<int32_t> ids(size_t(n * k));
-  std::vector<float> wts(size_t(n * k));
-  for (int64_t i = 0; i < n * k; ++i) ids[size_t(i)] = int32_t(i % k), wts[size_t(i)] = 0.2f + 0.1f * float(i % 3);
-  std::vector<float> x = make_x(n, D, 4344, true);
-  for (const int64_t t : {int64_t(5), int64_t(40)}) std::fill_n(x.begin() + t * D, D, 0.0f);
-  const Buffer xd = to_device(*cuda(), x), idd = to_device(*cuda(), ids), wd = to_device(*cuda(), wts);
-  auto run = [&](bool e4m3) {
-    MoeTcBigE4m3Scope scope(e4m3);
-    Buffer yd = out_buffer<float>(*cuda(), size_t(n * D));
-    gops().moe(mw, xd.as<float>(), n, idd.as<int32_t>(), wd.as<float>(), k, 10.0f, opts(true), true, yd.as<float>());
-    return to_host<float>(*cuda(), yd, size_t(n * D));
-  };
-  const int64_t before = cuda::moe_tc_big_calls();
-  const std::vector<float> f16 = run(false), fp8 = run(true);
-  ASSERT_EQ(cuda::moe_tc_big_calls(), before + 4) << "moe_tc_big_kernel did not run (w1|w3 and w2, twice)";
-  const std::string label = strf("E=4 D=%lld I=%lld n_tok=%lld top-4: %lld scales code 0, %lld groups +-0, (Q) fast: "
-                                 "f16 form vs FP8-mma form", (long long)D, (long long)I, (long long)n,
-                                 (long long)n_code0, (long long)n_zero);
-  if (major == 9 && minor == 0) {
-    expect_bitwise("moe_tc_big_kernel", label, fp8, f16);
-  } else {
-    std::printf("[moe_tc_big] sm_%d%d has FP8 mma: the forms are not compared bitwise\n", major, minor);
-    double e2 = 0, r2 = 0;
-    for (size_t i = 0; i < fp8.size(); ++i) e2 += double(f16[i] - fp8[i]) * (f16[i] - fp8[i]), r2 += double(fp8[i]) * fp8[i];
-    EXPECT_LE(std::sqrt(e2 / std::max(r2, 1e-300)), std::ldexp(1.0, -5)) << label;
-  }
 }
 
 TEST(CudaMoe, MoeDecodeSpecialScaleCodes) {

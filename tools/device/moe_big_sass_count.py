@@ -4,12 +4,17 @@
 Usage: tools/device/moe_big_sass_count.py [--src REPO] [--nvdisasm PATH] [--lines]
 
 Compiles REPO's k_moe_tc.cu for sm_90a with the build's flags (CUDA 13.0 nvcc at /usr/local/cuda), disassembles it
-and, for each instantiation (kW13 / kW2, and where the source has them the f16 and the e4m3 forms), walks the K loop
-once along the path that issues the next stage's loads: the shortest such walk (the f16 form: blocks without an
-E8M0 scale code 0) and, where longer, the longest (blocks with one: the mmas' + 0). Prints the warp's instructions on that path by opcode, those
-of the ALU pipe (integer / logic / conversion: LOP3, SHF, F2FP, ...) and of the FMA pipe (IMAD, FFMA, FMUL, FADD),
-and the local-memory ones (spills: LDL / STL); --lines adds them per source line. A static count: it says nothing
-about stalls, only what a warp issues per k-block (64 HMMA.16816 = 4 groups x 4 m16 tiles x 2 n8 tiles x 2).
+and, for each instantiation (kW13 / kW2, and where the source has them the f16 and the e4m3 forms of the kernels
+before the f16-weight one), walks the K loop once along each way through its conditional branches that issues the
+next stage's loads (LDGSTS), and prints:
+  f16-weight kernel (no form parameter): 'fast' = the shortest walk with the accumulators' rescale (64 FMUL) and no
+    FFMA (a block whose E8M0 codes are all in the f16 range: every k-block but the first), 'fast, k-block 0' = the
+    shortest walk (no rescale), 'slow' = the longest (per-group scales: codes 0 / 255 / outside the f16 range);
+  older forms: the shortest walk (blocks without an E8M0 code 0) and, where longer, the longest ('+ 0').
+For each, the warp's instructions on that path by opcode, those of the ALU pipe (integer / logic / conversion: LOP3,
+SHF, PRMT, F2FP, ...) and of the FMA pipe (IMAD, FFMA, FMUL, FADD, HMUL2), and the local-memory ones (spills: LDL /
+STL); --lines adds them per source line. A static count: it says nothing about stalls, only what a warp issues per
+k-block (f16-weight kernel: 128 HMMA.16816 = 4 m16 tiles x 4 n8 tiles x 8 k16 steps).
 Shares the SASS parsing of moe_small_sass_count.py (nvdisasm notes there).
 """
 import argparse
@@ -27,7 +32,7 @@ from moe_small_sass_count import ALU, FMA, disassemble, op, parse  # noqa: E402
 
 def kblock_paths(ins, tgt):
     """The K loop (the shortest backward branch around the HMMAs) walked once: of the conditional branches inside it
-    both ways, the shortest and the longest walk that issue the loads (LDGSTS)."""
+    both ways, every walk that issues the loads (LDGSTS)."""
     loops = [(tgt[k], k) for k in tgt if tgt[k] <= k and any('HMMA' in ins[q][1] for q in range(tgt[k], k + 1))]
     j, i = min(loops, key=lambda l: l[1] - l[0])
     cond = [k for k in range(j, i) if k in tgt and ins[k][1].startswith('@')]
@@ -42,7 +47,7 @@ def kblock_paths(ins, tgt):
         if path[-1] != i or not any('LDGSTS' in ins[q][1] for q in path):
             continue
         walks.append(path)
-    return min(walks, key=len), max(walks, key=len)
+    return walks
 
 
 def count(ins, path, label, lines):
@@ -77,8 +82,16 @@ def main():
         label = ('kW13' if m.group(1) == '0' else 'kW2') + ('' if m.group(2) is None else
                                                              ', f16' if m.group(2) == '1' else ', e4m3')
         ins, tgt = parse(sass, name)
-        short, long = kblock_paths(ins, tgt)
-        for path, what in [(short, '')] + ([(long, ', + 0')] if len(long) != len(short) else []):
+        walks = kblock_paths(ins, tgt)
+        short, long = min(walks, key=len), max(walks, key=len)
+        if m.group(2) is None:  # the f16-weight kernel
+            ops = lambda w, o: sum(1 for q in w if op(ins[q][1]) == o)  # noqa: E731
+            fast = [w for w in walks if ops(w, 'FMUL') >= 64 and ops(w, 'FFMA') == 0]
+            shown = ([(min(fast, key=len), ', fast')] if fast else []) + [(short, ', fast, k-block 0'),
+                                                                           (long, ', slow')]
+        else:
+            shown = [(short, '')] + ([(long, ', + 0')] if len(long) != len(short) else [])
+        for path, what in shown:
             count(ins, path, label + what, a.lines)
 
 

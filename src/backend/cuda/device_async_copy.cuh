@@ -1,5 +1,6 @@
 // Asynchronous global -> shared copies (cp.async, sm_80+) and the shared-memory matrix load ldmatrix, shared by the
-// expert kernels that stream weights through a ring in shared memory (k_gemm.cu moe_tc_small_kernel, k_moe_tc.cu).
+// expert kernels that stream weights through a ring in shared memory (k_gemm.cu moe_tc_small_kernel, k_moe_tc.cu),
+// on generic pointers and on 32-bit shared-window addresses.
 #pragma once
 #include <cstdint>
 
@@ -42,6 +43,31 @@ __device__ __forceinline__ void ldsm_x4(const void* row_addr, uint32_t (&r)[4]) 
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(s));
+#else
+  r[0] = r[1] = r[2] = r[3] = 0u;
+#endif
+}
+
+// The same on shared-window addresses (32-bit, __cvta_generic_to_shared of the buffer once per kernel): kernels that
+// keep their ring offsets in 32-bit registers (k_moe_tc.cu).
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp16_s(uint32_t dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+#endif
+}
+__device__ __forceinline__ void cp4_s(uint32_t dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+#endif
+}
+__device__ __forceinline__ void ldsm_x4_s(uint32_t row_addr, uint32_t (&r)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(row_addr));
 #else
   r[0] = r[1] = r[2] = r[3] = 0u;
 #endif

@@ -1,6 +1,6 @@
-// FP8 tensor-core building blocks shared by the expert kernels (k_gemm.cu, k_moe_tc.cu): FP4 nibbles placed as e4m3
-// bytes, four E8M0 scale bytes of a word as floats, and one mma.sync m16n8k32 e4m3 x e4m3 -> fp32 (sm_89+), also
-// as the two f16 mmas sm_90 runs it as (tc_mma_b).
+// FP8 tensor-core building blocks shared by the expert kernels (k_gemm.cu) and their check (k_mma_check.cu): FP4
+// nibbles placed as e4m3 bytes, four E8M0 scale bytes of a word as floats, and one mma.sync m16n8k32 e4m3 x e4m3 ->
+// fp32 (sm_89+), also as the two f16 mmas sm_90 runs it as (tc_mma_b).
 #pragma once
 #include <cstdint>
 
@@ -92,39 +92,6 @@ __device__ __forceinline__ void tc_mma_b(const uint32_t a[4], const MmaB& b, flo
 #else
   tc_mma(a, b.r[0], b.r[1], d);
 #endif
-}
-
-// tc_mma on f16 operands, the two mmas ptxas runs it as on sm_90 (CUDA 13.0, sm_90a) without the final + 0 (as
-// tc_mma_b): lo holds bytes 0, 1 of tc_mma's A registers as f16 pairs and hi bytes 2, 3 (e4m3x2_as_f16x2<false /
-// true> of a[0..3]); b is MmaB::r of sm_90 (fp4_as_f16x2 or mma_b_e4m3). On sm_90, 0 + d equals tc_mma's d bit for
-// bit; on other targets (sm_89 / sm_100+, FP8 mma in hardware) it is the same products summed by the f16 mma (the
-// fp32 accumulation may round differently). sm_80+.
-__device__ __forceinline__ void tc_mma_f16_pair(const uint32_t lo[4], const uint32_t hi[4], const uint32_t b[4],
-                                                float d[4]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%10,%10,%10,%10};\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(lo[0]), "r"(lo[1]), "r"(lo[2]), "r"(lo[3]), "r"(b[0]), "r"(b[1]), "f"(0.0f));
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(hi[0]), "r"(hi[1]), "r"(hi[2]), "r"(hi[3]), "r"(b[2]), "r"(b[3]));
-#else
-  d[0] = d[1] = d[2] = d[3] = 0.0f;
-  __trap();  // the launchers check the device and the binary first
-#endif
-}
-
-// The 8 FP4 nibbles of w (fp4_as_e4m3's columns) as tc_mma_f16_pair's B: f16 pairs of columns 0, 2 | 1, 3 | 4, 6 |
-// 5, 7 (the E2M1 value times 2^-6, exact: the values sm_90 converts fp4_as_e4m3's bytes to; sm_89+).
-__device__ __forceinline__ void fp4_as_f16x2(uint32_t w, uint32_t r[4]) {
-  uint32_t ev, od;
-  fp4_as_e4m3(w, ev, od);
-  r[0] = e4m3x2_as_f16x2<false>(ev), r[1] = e4m3x2_as_f16x2<false>(od);
-  r[2] = e4m3x2_as_f16x2<true>(ev), r[3] = e4m3x2_as_f16x2<true>(od);
 }
 
 }  // namespace dsv4::cuda

@@ -113,11 +113,11 @@ void moe_w13(const MoeGemmArgs& g, const float* a, const float* sa, float swiglu
              cudaStream_t stream);
 // o[r, :] = w2 h[r] for every sorted row r (h: [rows, inter], codes in (Q) with scales sh [rows, ceil(inter/128)]).
 void moe_w2(const MoeGemmArgs& g, const float* h, const float* sh, float* o, cudaStream_t stream);
-// The big segments of FP4 experts in the fast (Q) mode on FP8 tensor cores with the FP4 -> e4m3 conversion in the
-// kernel (k_moe_tc.cu): ok = FP4, (Q), fast mode on the auto path, shapes, w16_ok, device sm_89+. moe_tc_big
-// converts the activation codes a (w13: [n_tok, d_model] gathered through row_tok; w2: [n_rows_bound, inter]) to
-// f16 values of their e4m3 codes in g.a8_ws, then writes y rows of the segments with more than kMoeSmallMax rows as
-// moe_w13 / moe_w2.
+// The big segments of FP4 experts in the fast (Q) mode on f16 tensor cores with the FP4 -> f16 conversion (scales
+// folded in) in the kernel (k_moe_tc.cu): ok = FP4, (Q), fast mode on the auto path, shapes, w16_ok, device sm_89+.
+// moe_tc_big converts the activation codes a (w13: [n_tok, d_model] gathered through row_tok; w2: [n_rows_bound,
+// inter]) to f16 values of their e4m3 codes and the scales sa to per-block ratios in g.a8_ws, then writes y rows of
+// the segments with more than kMoeSmallMax rows as moe_w13 / moe_w2 (its own summation order: the file comment).
 bool moe_tc_big_ok(const MoeGemmArgs& g);
 size_t moe_tc_big_scratch_bytes(GemmFormat fmt, bool quant, int64_t n_tok, int64_t P, int64_t D, int64_t I);
 void moe_tc_big(bool w13, const MoeGemmArgs& g, const float* a, const float* sa, float* y, int64_t ldy, float limit,

@@ -1,8 +1,9 @@
-// Device check of tc_mma_b against tc_mma (device_fp8_mma.cuh), for tests: the f16 form of the FP8 mma, on which
-// moe_tc_big_kernel's f16 path rests, gives what tc_mma gives on the same operands (on sm_90: the two f16 mmas
-// ptxas makes of the FP8 mma, without its trailing + 0, whose only effect is -0 -> +0). Every lane of every warp
-// draws its A and B registers from random bytes (all e4m3 codes, NaN included, and FP4 nibbles placed by fp4_as_e4m3), runs both and counts the
-// output elements that differ other than by the sign of a zero or the bits of a NaN.
+// Device check of tc_mma_b against tc_mma (device_fp8_mma.cuh), for tests: the f16 form of the FP8 mma (what sm_90
+// runs every e4m3 mma.sync of the expert kernels as) gives what tc_mma gives on the same operands (on sm_90: the two
+// f16 mmas ptxas makes of the FP8 mma, without its trailing + 0, whose only effect is -0 -> +0). Every lane of every
+// warp draws its A and B registers from random bytes (all e4m3 codes, NaN included, and FP4 nibbles placed by
+// fp4_as_e4m3), runs both and counts the output elements that differ other than by the sign of a zero or the bits of
+// a NaN.
 #include <cuda_runtime.h>
 
 #include <cmath>

@@ -12,7 +12,7 @@
 //      order (gemm.h), so a row never depends on its segment and (Q) and (D) both equal the CPU bitwise.
 //   4. (Q) act_quant of h in place; moe_w2 -> o [sorted rows, d_model] (bf16-rounded when q.out_bf16, as the CPU's
 //      linear rounds its output).
-//   In the fast (Q) mode, FP4 experts: the big segments of 3-4 run on FP8 tensor cores with the FP4 -> e4m3
+//   In the fast (Q) mode, FP4 experts: the big segments of 3-4 run on f16 tensor cores with the FP4 -> f16
 //      conversion inside the kernel (k_moe_tc.cu), the small ones on moe_tc_small_kernel. Where that kernel cannot
 //      run (weights not 16-byte aligned), large calls (>= 4096 pairs) take cuBLAS BF16 tensor cores instead
 //      (k_bf16_tc.cu: the products are exact in BF16; the one host round trip of this file, for the segment sizes).
@@ -419,7 +419,7 @@ void moe_run(const RouteIn* route, const MoeWeights& w, const uint8_t* resident,
     for (const WeightView* v : {&w.experts[e].w1, &w.experts[e].w3, &w.experts[e].w2})
       g.w16_ok = g.w16_ok && ((reinterpret_cast<uintptr_t>(v->w) | uintptr_t(v->row_bytes())) & 15) == 0;
   if (gemm_internal::moe_tc_big_scratch_bytes(fmt, L.Q, n_tok, L.P, L.D, L.I) > 0) g.a8_ws = base + L.a8;
-  // the big segments on FP8 tensor cores (k_moe_tc.cu) when they can: no BF16 copies of the experts, no host sync
+  // the big segments on f16 tensor cores (k_moe_tc.cu) when they can: no BF16 copies of the experts, no host sync
   const bool big_tc = L.Q && g.a8_ws != nullptr && gemm_internal::moe_tc_big_ok(g);
 
   float* h = F32(L.h);

@@ -1,30 +1,40 @@
-// Prefill MoE on FP8 tensor cores, FP4 experts dequantized inside the kernel (fast (Q) mode): the expert segments of
-// more than kMoeSmallMax rows (moe_launch_both in k_gemm.cu; the smaller ones run moe_tc_small_kernel there).
+// Prefill MoE on f16 tensor cores (mma.sync m16n8k16, fp32 accumulation), FP4 experts converted inside the kernel,
+// fast (Q) mode only: the expert segments of more than kMoeSmallMax rows (moe_launch_both in k_gemm.cu; the smaller
+// ones run moe_tc_small_kernel there).
 //
-// Products as moe_tc_small_kernel's: per 32-column scale group of the FP4 weights one mma.sync m16n8k32 e4m3 x e4m3
-// -> fp32 (weight nibbles placed as e4m3 bytes: the E2M1 value times 2^-6), each result times its E8M0 scale (a
-// power of two, exact) summed over the 4 groups of a 128-column block, then times the activation's block scale
-// (x 2^6) into the fp32 accumulator. Every product is exact; the sums differ from the CPU's order by fp32 rounding
-// (the fast mode's tolerance). A row's result does not depend on the other rows of its tile or of the call.
+// Values. The activations are act_quant's e4m3 codes (exact in f16) with a power-of-two scale sa per row and
+// 128-column block. A weight is its E2M1 value times its E8M0 scale 2^(e - 127) per 32 columns; the kernel folds the
+// scale into the f16 weight, which is exact for e in [104, 128] (the smallest value 0.5 x 2^-23 = 2^-24 is f16's
+// least subnormal, the largest 6 x 2^1 = 12). Every product of two f16 values is exact in fp32.
 //
-// sm_90 has no FP8 mma.sync: ptxas runs each as two f16 mmas (m16n8k16) over the codes converted to f16, then + 0
-// (tc_mma_f16_pair, device_fp8_mma.cuh). The kernel issues those f16 mmas itself (F16A), so the activations are
-// converted once per call instead of per fragment read, and the weights go FP4 -> e4m3 -> f16 once per fragment:
-// the same mmas on the same values as the FP8 mma's form (kept for the test that pins the two bitwise:
-// set_moe_tc_big_e4m3_for_test), the + 0 only in k-blocks where it can matter (see p in the kernel).
+// Summation order (not the CPU's; the fast mode's contract is the CPU within its tolerance). Per output one fp32
+// accumulator acc, kept in units of the current block's activation scale; per 128-column block kb, ascending:
+//   acc = acc * (sa[kb - 1] / sa[kb])       (a power of two: exact while acc stays in fp32's normal range; act_quant
+//                                             scales are >= 2^-22)
+//   fast block (every E8M0 code of the block's 4 groups in [104, 128] for all 32 weight rows of the warp):
+//     8 chained mmas onto acc (k16 steps 0..7, the scaled f16 weights): acc += the block's 128 products, summed in
+//     the tensor core's fp32 accumulation
+//   other block (rare: codes 0 and 255, scales outside f16's exact range):
+//     per 32-column group G = 0..3: d = the group's 32 products with the bare E2M1 values (2 mmas from 0), then
+//     acc = fma(d, 2^(e - 127), acc) with code 0 taken as 0 and code 255 as infinity (as moe_tc_small_kernel:
+//     such outputs are non-finite)
+// and the output is acc * sa[last block] (then bf16 if out_bf16; kW13: SwiGLU of the w1 and w3 outputs).
+// Within a block the k16 steps take the columns in a permuted order, the same for activations and weights: step
+// 2 G + h holds, for lane quad t, columns 32 G + 8 t + {4 h, 4 h + 2 | 4 h + 1, 4 h + 3} (b0 | b1 of the mma; see
+// fp4x8_as_f16x2 and moe_a16_kernel). A row's result does not depend on the other rows of its tile or of the call.
 //
-// Per call: the activation codes (fp32 code values of act_quant) become f16 values of their e4m3 codes once
-// (moe_a16_kernel: [rows, K] in the order two ldmatrix read the f16 mmas' A fragments in; the e4m3 form:
-// moe_a8_kernel's bytes, per 8 columns the 4 even ones then the 4 odd ones, the order fp4_as_e4m3 splits the
-// nibbles in), then moe_tc_big_kernel: a block = 512 threads (16 warps) for one 64-row M tile of big_tile_start x
-// 256 weight rows (kW13: rows n0 .. n0 + 127 of w1 and the same rows of w3, so SwiGLU runs in the epilogue; kW2: 256
-// rows of w2), K in blocks of 128 through a 4-stage cp.async ring in shared memory (activations, raw FP4 bytes, the
-// E8M0 scale words and the activations' block scales: 39,168 bytes a stage). Warp w takes all 64 rows x 16 weight
-// rows (4 x 2 mma tiles: each converted weight fragment and decoded scale serves 4 m16 tiles, and the registers
-// allow 16 warps per SM). The E8M0 scales skip the special codes (e8m0_fast);
-// staged rows are padded (272 bytes of f16: the 8 rows of an ldmatrix phase on 8 bank groups; 160 of e4m3, 80 of
-// FP4) so the fragment reads are free of bank conflicts. No host round trip: the kernel
-// finds its expert and rows on the device, so the path also runs inside recorded decode steps.
+// Per call: moe_a16_kernel turns the activation codes into f16 in that order ([rows, K] f16) and writes the
+// per-block ratios sa[kb - 1] / sa[kb] ([rows, K / 128] fp32, 1 for kb = 0). Then moe_tc_big_kernel: a block = 256
+// threads (8 warps) for one 64-row M tile of big_tile_start x 256 weight rows (kW13: rows n0 .. n0 + 127 of w1 and the
+// same rows of w3, so SwiGLU runs in the epilogue; kW2: 256 rows of w2), K in blocks of 128 through a 3-stage
+// cp.async ring (34,048 bytes a stage: two blocks per SM). Warp w takes all 64 rows x 32 weight rows (4 m16 x 4 n8
+// tiles): it converts each FP4 weight of its rows once per block (in registers, no shared-memory round trip) and each
+// A fragment (ldmatrix) feeds 4 mmas, each B fragment 4. Shared memory is swizzled so that every ldmatrix, weight
+// word read and cp.async is free of bank conflicts. No host round trip: the kernel finds its expert and rows on the
+// device, so the path also runs inside recorded steps. Rows past a segment's end repeat its last row and are not
+// stored. Without a GPU: tools/device/moe_big_layout_check.py replays the index arithmetic on the host (layouts,
+// fragments, bank conflicts), tools/device/moe_big_sass_count.py counts the instructions per k-block.
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -32,10 +42,8 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
-#include <type_traits>
 
 #include "backend/cuda/device_async_copy.cuh"
-#include "backend/cuda/device_fp8_mma.cuh"
 #include "backend/cuda/device_numeric.cuh"
 #include "backend/cuda/device_swiglu.cuh"
 #include "backend/cuda/gemm_path.h"
@@ -45,25 +53,28 @@ namespace dsv4::cuda {
 namespace {
 
 constexpr int kW13 = 0, kW2 = 1;
-constexpr int BT_THREADS = 512, BT_M = gemm_internal::kMoeTileM, BT_N = 256, BT_KT = 128, BT_STAGES = 4;
-constexpr int BT_LDB = 80;  // staged weight row bytes: 64 FP4 bytes + padding
-constexpr int BT_B = BT_N * BT_LDB, BT_SB = BT_N * 4, BT_SA = BT_M * 4;
+constexpr int BT_THREADS = 256, BT_M = gemm_internal::kMoeTileM, BT_N = 256, BT_KT = 128, BT_STAGES = 3;
 static_assert(BT_M == 64, "the loaders assume 64-row M tiles");
 
-// A stage in shared memory: the activations (F16A: 128 f16 a row, else 128 e4m3 bytes), the weights' FP4 bytes,
-// their E8M0 words, the activations' block scales.
-template <bool F16A>
-struct Stage {
-  static constexpr int ab = F16A ? 2 : 1;           // bytes of a staged activation code
-  static constexpr int lda = F16A ? 272 : 160;      // staged row bytes: 256 / 128 + padding
-  static constexpr int a = BT_M * lda;                 // offsets of the parts
-  static constexpr int sb = a + BT_B, sa = sb + BT_SB, bytes = sa + BT_SA;  // 39,168 / 32,000 bytes
-  static constexpr int smem = BT_STAGES * bytes;
-  static_assert(bytes % 16 == 0, "stages must stay 16-byte aligned");
-};
+// A stage of the ring (bytes):
+//   A  [64 rows][128 f16]: the 16-byte chunk c of row r at chunk c ^ a_swizzle(r)
+//   B  [256 weight rows][64 FP4 bytes]: group G (16 bytes) of row r at chunk G ^ ((r >> 1) & 3)
+//   S  [256] the rows' E8M0 words (the block's 4 groups)
+//   R  [64] fp32 ratios sa[kb - 1] / sa[kb]: row 8 q + g at 8 g + q (a lane's 8 rows in two 16-byte reads)
+constexpr int ST_A = 0, ST_B = ST_A + BT_M * 256, ST_S = ST_B + BT_N * 64, ST_R = ST_S + BT_N * 4;
+constexpr int ST_BYTES = ST_R + BT_M * 4;       // 34,048
+constexpr int BT_SMEM = BT_STAGES * ST_BYTES;   // 102,144
+constexpr int BT_BASES = 304;  // after the ring: 4 weight / scale row pointers, first row, row count, 64 rows
+static_assert(ST_BYTES % 128 == 0, "stages must stay 128-byte aligned (swizzle patterns, 16-byte copies)");
+
+// The A swizzle: distinct for 8 consecutive rows (ldmatrix's 8 rows of one chunk hit 8 bank groups), and rows 2 i,
+// 2 i + 1 differ in bit 2 (a copy instruction's 8 lanes write chunks 4 c .. 4 c + 3 of two rows: 8 bank groups).
+__device__ __forceinline__ int a_swizzle(int r) { return (r & 7) ^ ((r & 1) << 2); }
+
+// The fast path's E8M0 code range: e2m1 x 2^(e - 127) exact in f16.
+constexpr uint32_t kFastLo = 104, kFastHi = 128;
 
 std::atomic<int64_t> g_calls{0};
-std::atomic<bool> g_e4m3_for_test{false};
 
 struct BigArgs {
   const ExpertView* table = nullptr;  // device [E]
@@ -71,7 +82,8 @@ struct BigArgs {
   const int32_t* seg_start = nullptr;
   const int32_t* big_tile_start = nullptr;
   const int32_t* row_tok = nullptr;  // kW13: token of each sorted row (the activation row); kW2: nullptr
-  const uint8_t* act = nullptr;      // activation codes [*, K] as f16 (F16A) or e4m3 bytes, permuted (file comment)
+  const uint8_t* act = nullptr;      // f16 activation codes [*, K] in the kernel's column order (moe_a16_kernel)
+  const float* ratio = nullptr;      // [*, K / 128] sa[kb - 1] / sa[kb] (1 for kb = 0)
   const float* sa = nullptr;         // activation scales [*, K / 128]
   int64_t K = 0;
   float* y = nullptr;                // kW13: h [rows, inter]; kW2: o [rows, d_model]
@@ -81,24 +93,11 @@ struct BigArgs {
   bool out_bf16 = false, bf16 = false;
 };
 
-// out[r, 8 j ..] = e4m3 bytes of q[r, 8 j .. 8 j + 7] (exact code values): columns 0, 2, 4, 6, then 1, 3, 5, 7.
-__global__ void moe_a8_kernel(const float* q, int64_t n8, uint8_t* out) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n8) return;
-  const float4 v0 = __ldg(reinterpret_cast<const float4*>(q) + 2 * i);
-  const float4 v1 = __ldg(reinterpret_cast<const float4*>(q) + 2 * i + 1);
-  auto cvt = [](float a, float b) {
-    return uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3));
-  };
-  const uint32_t ev = cvt(v0.x, v0.z) | (cvt(v1.x, v1.z) << 16);
-  const uint32_t od = cvt(v0.y, v0.w) | (cvt(v1.y, v1.w) << 16);
-  reinterpret_cast<uint2*>(out)[i] = make_uint2(ev, od);
-}
-
 // The f16 values of the e4m3 codes of q (exact), as 32-bit f16 pairs: per 32 columns (16 words) word 4 p + t holds
-// pair p of columns 8 t .. 8 t + 7: columns 0, 2 | 1, 3 | 4, 6 | 5, 7 (p = 0..3; the k positions of thread t's A
-// fragments in the two f16 mmas, see moe_tc_big_kernel). A thread per 8 columns.
-__global__ void moe_a16_kernel(const float* q, int64_t n8, uint32_t* out) {
+// pair p of columns 8 t .. 8 t + 7: columns 0, 2 | 1, 3 | 4, 6 | 5, 7 (p = 0..3; the k positions of lane quad t's A
+// fragments: step 2 G + h of the kernel reads words 8 h .. 8 h + 7 of group G). A thread per 8 columns; the first
+// thread of each 128 columns also writes the block's ratio sa[kb - 1] / sa[kb] (exact for powers of two).
+__global__ void moe_a16_kernel(const float* q, const float* sa, int64_t n8, int64_t k8, uint32_t* out, float* ratio) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n8) return;
   const float4 v0 = __ldg(reinterpret_cast<const float4*>(q) + 2 * i);
@@ -110,31 +109,95 @@ __global__ void moe_a16_kernel(const float* q, int64_t n8, uint32_t* out) {
   };
   uint32_t* o = out + (i >> 2) * 16 + (i & 3);
   o[0] = cvt(v0.x, v0.z), o[4] = cvt(v0.y, v0.w), o[8] = cvt(v1.x, v1.z), o[12] = cvt(v1.y, v1.w);
+  if ((i & 15) == 0) {  // (k8 is a multiple of 16)
+    const int64_t row = i / k8, kb = (i - row * k8) >> 4, nkb = k8 >> 4;
+    const float* s = sa + row * nkb;
+    ratio[row * nkb + kb] = kb == 0 ? 1.0f : __fdiv_rn(s[kb - 1], s[kb]);
+  }
 }
 
-// Staged row of n8 tile j of warp w: kW13 tile 0 is w1 rows 8 w .. 8 w + 7 and tile 1 the same rows of w3 (staged
-// from row 128 on); kW2 tiles 0, 1 are rows 16 w .. 16 w + 15.
+// First staged weight row of n8 tile j (0..3) of warp w: kW13 tiles 0, 1 are w1 rows 16 w .. 16 w + 15 and tiles 2,
+// 3 the same rows of w3 (staged from row 128 on); kW2 tiles 0..3 are rows 32 w .. 32 w + 31.
 template <int KIND>
-__device__ __forceinline__ int b_row(int warp, int j) {
-  if constexpr (KIND == kW13) return j == 0 ? 8 * warp : 128 + 8 * warp;
-  return 16 * warp + 8 * j;
+__device__ __forceinline__ int b_row(int w, int j) {
+  if constexpr (KIND == kW13) return (j >> 1) * 128 + 16 * w + 8 * (j & 1);
+  return 32 * w + 8 * j;
 }
 
-// Byte S of four E8M0 scales as a float 2^(e - 127), without e8m0_to_float's special codes: e = 0 gives 0 (not
+// Whether every byte of a word of E8M0 codes is in [kFastLo, kFastHi] = [104, 128]: byte b + 24 (mod 256, no carry
+// between bytes) must lie in [128, 152].
+__device__ __forceinline__ bool e8m0_word_fast(uint32_t w) {
+  static_assert(kFastLo == 104 && kFastHi == 128, "the constants below encode the range");
+  const uint32_t b = ((w & 0x7F7F7F7Fu) + 0x18181818u) ^ (w & 0x80808080u);             // per byte b + 24
+  const uint32_t bad = (~b & 0x80808080u) | (((b & 0x7F7F7F7Fu) + 0x67676767u) & 0x80808080u);  // < 128 or > 152
+  return bad == 0u;
+}
+
+// The fast path's f16 scale factors of a word of E8M0 codes in [104, 128]: per byte 4 (e - 98), the high byte of the
+// f16 2^(e - 113) (exponent field e - 98 in 6..30), so that the f16 2^-14 x e2m1 of fp4x8_as_f16x2 times it is
+// e2m1 x 2^(e - 127). (No borrow or carry between bytes in that range.)
+__device__ __forceinline__ uint32_t e8m0_word_f16_hi(uint32_t w) { return w * 4u + 0x76767678u; }  // 4 (w - 0x62..)
+// Group G's factor as an f16 pair, from e8m0_word_f16_hi's word.
+template <int G>
+__device__ __forceinline__ uint32_t f16_factor(uint32_t hi4) {
+  return __byte_perm(hi4, 0u, 0x0404u + 0x1010u * G);  // bytes 0, hi4.G, 0, hi4.G
+}
+constexpr uint32_t kF16Two14 = 0x74007400u;  // 2^14 as an f16 pair: the slow path's bare E2M1 values
+
+// Byte G of four E8M0 scales as a float 2^(e - 127), without e8m0_to_float's special codes: e = 0 gives 0 (not
 // 2^-127: a difference below 2^-100 of the products), e = 255 gives infinity (not NaN: still non-finite).
-template <int S>
+template <int G>
 __device__ __forceinline__ float e8m0_fast(uint32_t w) {
-  const uint32_t e = S <= 2 ? w << (23 - 8 * S) : w >> (8 * S - 23);
+  const uint32_t e = G <= 2 ? w << (23 - 8 * G) : w >> (8 * G - 23);
   return __uint_as_float(e & 0x7F800000u);
 }
 
-template <int KIND, bool F16A>
-__global__ void __launch_bounds__(BT_THREADS, 1) moe_tc_big_kernel(const BigArgs A) {
+__device__ __forceinline__ uint32_t hmul2_u32(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+// The 8 FP4 nibbles of w (nibble v = bits 4 v .. 4 v + 3: column v of the word) as f16 pairs times the f16 pair f:
+// r[0] = columns 0, 2, r[1] = 1, 3, r[2] = 4, 6, r[3] = 5, 7 (low half first). Each nibble s e1 e0 m becomes the f16
+// s 000 e1 e0 m 000000000 = its E2M1 value x 2^-14 (exact, also 0.5 x 2^-14 as a subnormal); f = 2^(14 + scale
+// exponent) makes it the weight (the product exact in the fast range, f16 subnormals kept).
+__device__ __forceinline__ void fp4x8_as_f16x2(uint32_t w, uint32_t f, uint32_t r[4]) {
+  // the f16s' high bytes s 000 e1 e0 m 0: he byte c of nibble 2 c, ho byte c of nibble 2 c + 1 (whose sign already
+  // is bit 7 of byte c)
+  const uint32_t e2 = (w << 1) & 0x1E1E1E1Eu;        // byte c bits 1..4: nibble 2 c
+  const uint32_t he = e2 + 7u * (e2 & 0x10101010u);  // its sign from bit 4 to bit 7
+  const uint32_t ho = ((w >> 3) & 0x0E0E0E0Eu) | (w & 0x80808080u);
+  r[0] = hmul2_u32(__byte_perm(he, 0u, 0x1404u), f);  // bytes 0, he.0, 0, he.1
+  r[1] = hmul2_u32(__byte_perm(ho, 0u, 0x1404u), f);
+  r[2] = hmul2_u32(__byte_perm(he, 0u, 0x3424u), f);  // bytes 0, he.2, 0, he.3
+  r[3] = hmul2_u32(__byte_perm(ho, 0u, 0x3424u), f);
+}
+
+// d += A B over k16 (fp32 accumulation in the tensor core): a[0..3] from ldmatrix x4 (rows g, g + 8, k positions 2 t,
+// 2 t + 1 and + 8), b0 / b1 = weight row g at k positions 2 t, 2 t + 1 / + 8.
+__device__ __forceinline__ void mma_f16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// threadIdx.x read where it is used (volatile: the compiler cannot hoist what is computed from it out of a loop).
+__device__ __forceinline__ int thread_index() {
+  int v;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(v));
+  return v;
+}
+
+template <int KIND>
+__global__ void __launch_bounds__(BT_THREADS, 2) moe_tc_big_kernel(const BigArgs A) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  using St = Stage<F16A>;
-  extern __shared__ __align__(16) uint8_t bt_smem[];
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int wn = warp;  // warp tile: all 64 rows x the n8 tiles b_row(wn, 0..1)
+  extern __shared__ __align__(128) uint8_t bt_smem[];
+  const int tid = threadIdx.x;
   const int64_t slot = blockIdx.y, E = A.n_experts;
   if (slot >= A.big_tile_start[E]) return;
   int64_t lo = 0, hi = E - 1;  // the expert: the last e with big_tile_start[e] <= slot
@@ -142,189 +205,221 @@ __global__ void __launch_bounds__(BT_THREADS, 1) moe_tc_big_kernel(const BigArgs
     const int64_t mid = (lo + hi + 1) / 2;
     if (A.big_tile_start[mid] <= slot) lo = mid; else hi = mid - 1;
   }
-  const int64_t e = lo, m0 = A.seg_start[e] + (slot - A.big_tile_start[e]) * BT_M;
-  const int mcnt = int(min(int64_t(BT_M), int64_t(A.seg_start[e + 1]) - m0));
+  const int64_t e = lo;
+  const int m0 = A.seg_start[e] + int(slot - A.big_tile_start[e]) * BT_M;  // (rows < 2^16: kMaxPairs)
+  const int mcnt = min(BT_M, A.seg_start[e + 1] - m0);
   if (mcnt <= 0) return;
-  const int64_t K = A.K, nkb = K / BT_KT, rb = K / 2, sb = K / 32;
+  const int64_t K = A.K, rb = K / 2, sb = K / 32;
+  const int nkb = int(K / BT_KT);
   const int64_t n0 = int64_t(blockIdx.x) * (KIND == kW13 ? BT_N / 2 : BT_N);
   const WeightView& W0 = KIND == kW13 ? A.table[e].w1 : A.table[e].w2;
   const WeightView& W1 = KIND == kW13 ? A.table[e].w3 : A.table[e].w2;
-
-  // this thread's copies per stage: 16 activation codes of row tid / 8, 2 x 16 weight bytes of staged rows
-  // tid / 4 and tid / 4 + 128 (kW13: the w1 row and the w3 row), (tid < 256) the scale word of staged row tid,
-  // (tid < 64) an activation scale. Rows past the segment repeat its last row (their results are not stored).
-  auto src_row = [&](int r) {
-    const int64_t sr = m0 + min(r, mcnt - 1);
+  auto src_row = [&](int r) {  // activation row of tile row r (rows past the segment repeat its last row)
+    const int64_t sr = int64_t(m0) + min(r, mcnt - 1);
     return KIND == kW13 ? int64_t(A.row_tok[sr]) : sr;
   };
-  const uint8_t* asrc = A.act + (src_row(tid >> 3) * K + 16 * (tid & 7)) * St::ab;
-  auto w_row = [&](int r, bool sc) {  // staged weight row r: its bytes or its scale bytes
-    const WeightView& W = (KIND == kW13 && r >= 128) ? W1 : W0;
-    const int64_t wr = n0 + (KIND == kW13 ? (r & 127) : r);
-    return sc ? W.scale + wr * sb : W.w + wr * rb;
-  };
-  const uint8_t* bsrc0 = w_row(tid >> 2, false) + 16 * (tid & 3);
-  const uint8_t* bsrc1 = w_row((tid >> 2) + 128, false) + 16 * (tid & 3);
-  const uint8_t* ssrc = w_row(tid & 255, true);
-  const float* sasrc = A.sa + src_row(tid & 63) * nkb;
-  // F16A: this lane's ldmatrix row in a 16-row tile: matrix lane / 8 = rows 0..7 / 8..15 (odd), words 0..3 / 4..7
-  // (of the 16 of a 32-column group: see moe_a16_kernel)
-  const int a_ld = (8 * ((lane >> 3) & 1) + (lane & 7)) * St::lda + 16 * (lane >> 4);
 
-  auto load = [&](int st, int64_t kb) {
-    uint8_t* S = bt_smem + st * St::bytes;
-    uint8_t* Sa = S + (tid >> 3) * St::lda + 16 * St::ab * (tid & 7);
+  // ---- this thread's copies per stage (r = tid / 4, q = tid % 4)
+  // A: chunks 4 c + q of row r (c = 0..3; 16 bytes each). B: group q of staged rows r + 64 c (kW13: c = 0, 1 w1,
+  // c = 2, 3 w3). S: the E8M0 word of staged row tid. R: (tid < 64) the ratio of row tid.
+  // The block's weight and scale row bases (staged rows 0 and 128), first row, row count and activation rows wait in
+  // shared memory (after the ring): the loader recomputes its addresses from them, keeping no registers across the
+  // loop.
+  const uint8_t** bases = reinterpret_cast<const uint8_t**>(bt_smem + BT_SMEM);
+  int* tile = reinterpret_cast<int*>(bt_smem + BT_SMEM + 32);  // m0, mcnt, then the activation row of each tile row
+  if (tid == 0) {
+    bases[0] = W0.w + n0 * rb;
+    bases[1] = KIND == kW13 ? W1.w + n0 * rb : W0.w + (n0 + 128) * rb;
+    bases[2] = W0.scale + n0 * sb;
+    bases[3] = KIND == kW13 ? W1.scale + n0 * sb : W0.scale + (n0 + 128) * sb;
+    tile[0] = m0, tile[1] = mcnt;
+  }
+  if (tid < BT_M) tile[2 + tid] = int(src_row(tid));
+  __syncthreads();
+  const uint32_t smem = smem_addr(bt_smem);
+
+  auto load = [&](int st, int kb) {
+    const int tid = thread_index();  // (read again: its addresses are recomputed, not kept across the loop)
+    const int r = tid >> 2, q = tid & 3;
+    const uint8_t* b0 = bases[0];
+    const uint8_t* b1 = bases[1];
+    const uint8_t* s0 = bases[2 + (tid >> 7)];
+    const int a_row = tile[2 + r], r_row = tile[2 + (tid & 63)];
+    const uint32_t S = smem + st * ST_BYTES;
+    // A: chunk 4 c + q of row r (16 bytes at 64 c + 16 q of the row's 256)
+    const uint8_t* a = A.act + (int64_t(a_row) * K + kb * BT_KT) * 2 + 16 * q;
+    const uint32_t ad = S + ST_A + r * 256, ax = 16 * (q ^ a_swizzle(r));
 #pragma unroll
-    for (int c = 0; c < St::ab; ++c) cp16(Sa + 16 * c, asrc + kb * BT_KT * St::ab + 16 * c);
-    uint8_t* Sw = S + St::a + (tid >> 2) * BT_LDB + 16 * (tid & 3);
-    cp16(Sw, bsrc0 + kb * 64);
-    cp16(Sw + 128 * BT_LDB, bsrc1 + kb * 64);
-    if (tid < BT_N) cp4(S + St::sb + 4 * tid, ssrc + kb * 4);
-    if (tid < BT_M) cp4(S + St::sa + 4 * tid, sasrc + kb);
+    for (int c = 0; c < 4; ++c) cp16_s(ad + ((64 * c) ^ ax), a + 64 * c);
+    // B: group q of staged rows r + 64 c
+    const int64_t bo = r * rb + 16 * q + kb * 64;
+    const uint32_t bd = S + ST_B + r * 64 + 16 * (q ^ ((r >> 1) & 3));
+    cp16_s(bd, b0 + bo);
+    cp16_s(bd + 4096, b0 + bo + 64 * rb);
+    cp16_s(bd + 8192, b1 + bo);
+    cp16_s(bd + 12288, b1 + bo + 64 * rb);
+    cp4_s(S + ST_S + 4 * tid, s0 + (tid & 127) * sb + kb * 4);
+    if (tid < BT_M) cp4_s(S + ST_R + 4 * ((tid & 7) * 8 + (tid >> 3)), A.ratio + int64_t(r_row) * nkb + kb);
   };
 
-  float tot[4][2][4];  // [m16 tile i][n8 tile j][fragment element]
+  // ---- this lane's reads. Registers are scarce (acc alone takes 64): the lane's indices and offsets are recomputed
+  // per k-block from thread_index() instead of being kept (ptxas would spill them).
+  // A (ldmatrix x4 of a 16 x 16 f16 tile): lane l gives row (l & 7) + 8 ((l >> 3) & 1), logical chunk 2 s + (l >> 4)
+  // of step s, stored at chunk (2 s + (l >> 4)) ^ a_swizzle(l & 7) = 2 s ^ ax (ax < 8); steps 4..7 are steps 0..3 +
+  // 128 bytes.
+  // B: weight row b_row + g, word t of group G at byte b_lane + ((16 G) ^ gx16) of the row block.
+  struct Lane {
+    int warp, g, t;
+    uint32_t a_row, ax16, b_lane, gx16;
+    __device__ __forceinline__ uint32_t a(int s) const { return a_row + ((32 * (s & 3)) ^ ax16) + 128 * (s >> 2); }
+    __device__ __forceinline__ uint32_t b(int G) const { return b_lane + ((16 * G) ^ gx16); }
+    __device__ __forceinline__ int row(int j) const { return b_row<KIND>(warp, j); }  // n8 tile j's first row
+  };
+  auto lane_now = [] {
+    const int x = thread_index(), l = x & 31;
+    return Lane{x >> 5, l >> 2, l & 3, uint32_t(ST_A + ((l & 7) + 8 * ((l >> 3) & 1)) * 256),
+                uint32_t(16 * ((l >> 4) ^ a_swizzle(l & 7))), uint32_t(ST_B + (l >> 2) * 64 + 4 * (l & 3)),
+                uint32_t(16 * ((l >> 3) & 3))};
+  };
+
+  float acc[4][4][4];  // [m16 tile i][n8 tile j][fragment element]: rows 16 i + g (+ 8 for 2, 3), cols 2 t (+ 1)
 #pragma unroll
   for (int i = 0; i < 4; ++i)
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
+    for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) tot[i][j][c] = 0.0f;
+      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.0f;
 
 #pragma unroll
   for (int s = 0; s < BT_STAGES - 1; ++s) {
     if (s < nkb) load(s, s);
     cp_commit();
   }
-  for (int64_t kb = 0; kb < nkb; ++kb) {
+  for (int kb = 0; kb < nkb; ++kb) {
     cp_wait<BT_STAGES - 2>();
     __syncthreads();  // stage kb has landed for every thread; stage kb - 1 is free again
-    if (kb + BT_STAGES - 1 < nkb) load(int((kb + BT_STAGES - 1) % BT_STAGES), kb + BT_STAGES - 1);
+    if (kb + BT_STAGES - 1 < nkb) load((kb + BT_STAGES - 1) % BT_STAGES, kb + BT_STAGES - 1);
     cp_commit();
-    const uint8_t* S = bt_smem + int(kb % BT_STAGES) * St::bytes;
-    const uint8_t* As = S;
-    const uint8_t* Bs = S + St::a;
-    const uint32_t* SB = reinterpret_cast<const uint32_t*>(S + St::sb);
-    const float* SA = reinterpret_cast<const float*>(S + St::sa);
-    uint32_t sw[2][2];  // E8M0 words (4 groups) of weight rows 2 t, 2 t + 1 of each n8 tile
+    const int st = kb % BT_STAGES;
+    const uint32_t S = smem + st * ST_BYTES;
+    const uint8_t* Sp = bt_smem + st * ST_BYTES;
+    const uint32_t* SW = reinterpret_cast<const uint32_t*>(Sp + ST_S);
+    if (kb > 0) {  // acc from units of sa[kb - 1] to units of sa[kb]
+      const int g = lane_now().g;
+      const float4 r0 = *reinterpret_cast<const float4*>(Sp + ST_R + 32 * g);
+      const float4 r1 = *reinterpret_cast<const float4*>(Sp + ST_R + 32 * g + 16);
+      const float r[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};  // rows g + 8 q
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
+      for (int i = 0; i < 4; ++i)
 #pragma unroll
-      for (int c = 0; c < 2; ++c) sw[j][c] = SB[b_row<KIND>(wn, j) + 2 * t + c];
-    // p: this block's sum over its 4 groups of mma x weight scale. The FP8 mma's f16 form ends in + 0 (tc_mma_f16_pair
-    // leaves it out; PLUS0 adds it), which only turns a -0 sum d into +0. Without it the sums are still the FP8
-    // form's bit for bit when no weight scale of the block is 0 (E8M0 code 0, e8m0_fast): p starts as d * s0 + 0
-    // (an fma onto +0: equal to (0 + d) * s0 unless s0 = 0), so p is never -0 and fma(-0, s, p) == fma(+0, s, p).
-    // Blocks with such a code somewhere in the warp's rows (a vote: rare) take the + 0 and the FP8 form's products.
-    float p[4][2][4];
-    auto groups = [&](auto plus0) {
-      constexpr bool PLUS0 = decltype(plus0)::value;
+        for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        uint32_t b[2][4];  // the n8 tiles' weight fragments, f16 pairs (F16A) or e4m3 (b[j][0..1]), converted once
-        float sc[2][2];    // for the 4 m16 tiles, and the group's scales of weight rows 2 t, 2 t + 1
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const uint32_t w =
-              *reinterpret_cast<const uint32_t*>(Bs + (b_row<KIND>(wn, j) + g) * BT_LDB + 16 * s + 4 * t);
-          if constexpr (F16A) fp4_as_f16x2(w, b[j]);
-          else fp4_as_e4m3(w, b[j][0], b[j][1]);
-#pragma unroll
-          for (int c = 0; c < 2; ++c)
-            sc[j][c] = s == 0 ? e8m0_fast<0>(sw[j][c]) : s == 1 ? e8m0_fast<1>(sw[j][c])
-                     : s == 2 ? e8m0_fast<2>(sw[j][c]) : e8m0_fast<3>(sw[j][c]);
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          // rows g, g + 8 of m16 tile i, the 8 columns 32 s + 8 t .. of this thread: 4 e4m3 columns of each half of
-          // the k32 mma (F16A: their f16 pairs, as the two f16 mmas take them: bytes 0-1 of the e4m3 registers in
-          // a, bytes 2-3 in hi)
-          uint32_t a[4];
-          [[maybe_unused]] uint32_t hi[4];
-          if constexpr (F16A) {
-            ldsm_x4(As + 16 * i * St::lda + 64 * s + a_ld, a);
-            ldsm_x4(As + 16 * i * St::lda + 64 * s + 32 + a_ld, hi);
-          } else {
-            const uint8_t* pa = As + (16 * i + g) * St::lda + 32 * s + 8 * t;
-            const uint2 r0 = *reinterpret_cast<const uint2*>(pa);
-            const uint2 r8 = *reinterpret_cast<const uint2*>(pa + 8 * St::lda);
-            a[0] = r0.x, a[1] = r8.x, a[2] = r0.y, a[3] = r8.y;
-          }
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            float d[4];
-            if constexpr (F16A) {
-              tc_mma_f16_pair(a, hi, b[j], d);
-              if constexpr (PLUS0)
-#pragma unroll
-                for (int c = 0; c < 4; ++c) d[c] = __fadd_rn(0.0f, d[c]);
-            } else {
-              tc_mma(a, b[j][0], b[j][1], d);  // (+ 0 included)
-            }
-            const float s0 = sc[j][0], s1 = sc[j][1];
-            if (s == 0 && PLUS0) {
-              p[i][j][0] = __fmul_rn(d[0], s0), p[i][j][1] = __fmul_rn(d[1], s1);
-              p[i][j][2] = __fmul_rn(d[2], s0), p[i][j][3] = __fmul_rn(d[3], s1);
-            } else {
-              const bool first = s == 0;  // (!PLUS0: onto +0)
-              p[i][j][0] = __fmaf_rn(d[0], s0, first ? 0.0f : p[i][j][0]);
-              p[i][j][1] = __fmaf_rn(d[1], s1, first ? 0.0f : p[i][j][1]);
-              p[i][j][2] = __fmaf_rn(d[2], s0, first ? 0.0f : p[i][j][2]);
-              p[i][j][3] = __fmaf_rn(d[3], s1, first ? 0.0f : p[i][j][3]);
-            }
-          }
-        }
-      }
-    };
-    if constexpr (F16A) {
-      uint32_t zero = 0;  // bit 7 of a byte set where a scale byte is 0 (a borrow only passes a zero byte)
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) zero |= (sw[j][c] - 0x01010101u) & ~sw[j][c];
-      if (__any_sync(0xFFFFFFFFu, (zero & 0x80808080u) != 0)) groups(std::true_type{});
-      else groups(std::false_type{});
-    } else {
-      groups(std::true_type{});
+          for (int c = 0; c < 4; ++c) acc[i][j][c] = __fmul_rn(acc[i][j][c], r[2 * i + (c >> 1)]);
     }
+    // the fast path when the warp's 32 weight rows have every code of this block in range (lane (g, t) checks row
+    // g of n8 tile t)
+    const bool fast = [&] {
+      const Lane L = lane_now();
+      return __all_sync(0xFFFFFFFFu, e8m0_word_fast(SW[L.row(L.t) + L.g]));
+    }();
+    if (fast) {
+      const Lane L = lane_now();
+      const int g = L.g;
+      uint32_t f16hi[4];  // n8 tile j: row g's 4 scale factors (e8m0_word_f16_hi)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float sa0 = __fmul_rn(SA[16 * i + g], 64.0f), sa8 = __fmul_rn(SA[16 * i + g + 8], 64.0f);
+      for (int j = 0; j < 4; ++j) f16hi[j] = e8m0_word_f16_hi(SW[L.row(j) + g]);
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        tot[i][j][0] = __fmaf_rn(p[i][j][0], sa0, tot[i][j][0]), tot[i][j][1] = __fmaf_rn(p[i][j][1], sa0, tot[i][j][1]);
-        tot[i][j][2] = __fmaf_rn(p[i][j][2], sa8, tot[i][j][2]), tot[i][j][3] = __fmaf_rn(p[i][j][3], sa8, tot[i][j][3]);
+      for (int G = 0; G < 4; ++G) {
+        uint32_t b[4][4];  // n8 tile j: steps 2 G (b[j][0], b[j][1]) and 2 G + 1 (b[j][2], b[j][3])
+        const uint32_t bg = L.b(G);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t w = *reinterpret_cast<const uint32_t*>(Sp + bg + 64 * L.row(j));
+          const uint32_t f = G == 0 ? f16_factor<0>(f16hi[j]) : G == 1 ? f16_factor<1>(f16hi[j])
+                           : G == 2 ? f16_factor<2>(f16hi[j]) : f16_factor<3>(f16hi[j]);
+          fp4x8_as_f16x2(w, f, b[j]);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int s = 2 * G + h;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            uint32_t a[4];
+            ldsm_x4_s(S + L.a(s) + 4096 * i, a);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) mma_f16(acc[i][j], a, b[j][2 * h], b[j][2 * h + 1]);
+          }
+        }
       }
+    } else {  // per group: 2 mmas from 0 on the bare E2M1 values, then times the group's scale into acc (two n8
+              // tiles at a time: fewer registers than the fast path, the A fragments read twice)
+      const Lane L = lane_now();
+      const int t = L.t;
+#pragma unroll
+      for (int G = 0; G < 4; ++G)
+#pragma unroll
+        for (int jh = 0; jh < 4; jh += 2) {
+          uint32_t b[2][4];
+          float sc[2][2];  // group G's scales of weight rows 2 t, 2 t + 1 of the n8 tiles (the output columns)
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj) {
+            fp4x8_as_f16x2(*reinterpret_cast<const uint32_t*>(Sp + L.b(G) + 64 * L.row(jh + jj)), kF16Two14, b[jj]);
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const uint32_t w = SW[L.row(jh + jj) + 2 * t + c];
+              sc[jj][c] = G == 0 ? e8m0_fast<0>(w) : G == 1 ? e8m0_fast<1>(w) : G == 2 ? e8m0_fast<2>(w)
+                                                                                        : e8m0_fast<3>(w);
+            }
+          }
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            uint32_t a0[4], a1[4];
+            ldsm_x4_s(S + L.a(2 * G) + 4096 * i, a0);
+            ldsm_x4_s(S + L.a(2 * G + 1) + 4096 * i, a1);
+#pragma unroll
+            for (int jj = 0; jj < 2; ++jj) {
+              float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+              mma_f16(d, a0, b[jj][0], b[jj][1]);
+              mma_f16(d, a1, b[jj][2], b[jj][3]);
+#pragma unroll
+              for (int c = 0; c < 4; ++c) acc[i][jh + jj][c] = __fmaf_rn(d[c], sc[jj][c & 1], acc[i][jh + jj][c]);
+            }
+          }
+        }
     }
   }
   cp_wait<0>();
 
-  // epilogue: rows g, g + 8 of each m16 tile, columns 2 t, 2 t + 1 of each n8 tile
+  // epilogue: rows 16 i + g + 8 h, columns 2 t, 2 t + 1 of each n8 tile, times the last block's activation scale
+  const int tm0 = tile[0], tcnt = tile[1];
+  const Lane L = lane_now();
+  const int warp = L.warp, g = L.g, t = L.t;
 #pragma unroll
   for (int i = 0; i < 4; ++i)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int m = 16 * i + g + 8 * h;
-      if (m >= mcnt) continue;
-      const int64_t row = m0 + m;
+      if (m >= tcnt) continue;
+      const int64_t row = tm0 + m;
+      const float sl = A.sa[int64_t(tile[2 + m]) * nkb + nkb - 1];
+      auto out = [&](int j, int c) {
+        const float v = __fmul_rn(acc[i][j][2 * h + c], sl);
+        return A.out_bf16 ? round_bf16(v) : v;
+      };
       if constexpr (KIND == kW13) {
         const float rw = A.row_w[row];
-        float v[2];
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float gg = A.out_bf16 ? round_bf16(tot[i][0][2 * h + c]) : tot[i][0][2 * h + c];
-          const float uu = A.out_bf16 ? round_bf16(tot[i][1][2 * h + c]) : tot[i][1][2 * h + c];
-          v[c] = swiglu_val(gg, uu, A.limit, true, rw, A.bf16);
-        }
-        *reinterpret_cast<float2*>(A.y + row * A.ldy + n0 + 8 * wn + 2 * t) = make_float2(v[0], v[1]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
+        for (int jj = 0; jj < 2; ++jj) {
           float v[2];
 #pragma unroll
-          for (int c = 0; c < 2; ++c) v[c] = A.out_bf16 ? round_bf16(tot[i][j][2 * h + c]) : tot[i][j][2 * h + c];
-          *reinterpret_cast<float2*>(A.y + row * A.ldy + n0 + 16 * wn + 8 * j + 2 * t) = make_float2(v[0], v[1]);
+          for (int c = 0; c < 2; ++c) v[c] = swiglu_val(out(jj, c), out(jj + 2, c), A.limit, true, rw, A.bf16);
+          *reinterpret_cast<float2*>(A.y + row * A.ldy + n0 + 16 * warp + 8 * jj + 2 * t) = make_float2(v[0], v[1]);
         }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          *reinterpret_cast<float2*>(A.y + row * A.ldy + n0 + 32 * warp + 8 * j + 2 * t) =
+              make_float2(out(j, 0), out(j, 1));
       }
     }
 #else
@@ -332,8 +427,8 @@ __global__ void __launch_bounds__(BT_THREADS, 1) moe_tc_big_kernel(const BigArgs
 #endif
 }
 
-// Whether the device and the binary run moe_tc_big_kernel (e4m3 conversions: sm_89+) with its shared memory; per
-// device.
+// Whether the device and the binary run moe_tc_big_kernel (the e4m3 conversions of moe_a16_kernel: sm_89+) with its
+// shared memory; per device.
 bool device_ok() {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
@@ -341,27 +436,34 @@ bool device_ok() {
   if (cached[dev] == 0) {
     cudaFuncAttributes fa{};
     int major = 0, minor = 0;
-    bool ok = cudaFuncGetAttributes(&fa, moe_tc_big_kernel<kW2, true>) == cudaSuccess &&
+    bool ok = cudaFuncGetAttributes(&fa, moe_tc_big_kernel<kW2>) == cudaSuccess &&
               cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
               cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
               fa.binaryVersion >= 89 && major * 10 + minor >= 89;
-    auto smem = [](auto kernel, int bytes) {
-      return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == cudaSuccess;
+    auto smem = [](auto kernel) {  // (and all of the unified L1 as shared memory: two blocks per SM)
+      return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, BT_SMEM + BT_BASES) ==
+                 cudaSuccess &&
+             cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                  cudaSharedmemCarveoutMaxShared) == cudaSuccess;
     };
-    ok = ok && smem(moe_tc_big_kernel<kW13, true>, Stage<true>::smem) &&
-         smem(moe_tc_big_kernel<kW2, true>, Stage<true>::smem) &&
-         smem(moe_tc_big_kernel<kW13, false>, Stage<false>::smem) &&
-         smem(moe_tc_big_kernel<kW2, false>, Stage<false>::smem);
+    ok = ok && smem(moe_tc_big_kernel<kW13>) && smem(moe_tc_big_kernel<kW2>);
     cudaGetLastError();  // (a refusal above is an answer, not an error of the next launch)
     cached[dev] = ok ? 1 : 2;
   }
   return cached[dev] == 1;
 }
 
+// Scratch of a call: the f16 activations (max(n_tok D, P I) elements), then the ratios (one per 128 of them).
+size_t a16_bytes(int64_t n_tok, int64_t P, int64_t D, int64_t I) {
+  return (size_t(std::max(n_tok * D, P * I)) * 2 + 255) & ~size_t(255);
+}
+size_t ratio_bytes(int64_t n_tok, int64_t P, int64_t D, int64_t I) {
+  return (size_t(std::max(n_tok * D, P * I) / BT_KT) * 4 + 255) & ~size_t(255);
+}
+
 }  // namespace
 
 int64_t moe_tc_big_calls() { return g_calls.load(); }
-void set_moe_tc_big_e4m3_for_test(bool on) { g_e4m3_for_test.store(on); }
 
 namespace gemm_internal {
 
@@ -375,7 +477,7 @@ bool moe_tc_big_ok(const MoeGemmArgs& g) {
 
 size_t moe_tc_big_scratch_bytes(GemmFormat fmt, bool quant, int64_t n_tok, int64_t P, int64_t D, int64_t I) {
   if (!quant || fmt != GemmFormat::fp4 || P <= kMoeSmallMax) return 0;
-  return (size_t(std::max(n_tok * D, P * I)) * 2 + 255) & ~size_t(255);  // f16 activations
+  return a16_bytes(n_tok, P, D, I) + ratio_bytes(n_tok, P, D, I);
 }
 
 void moe_tc_big(bool w13, const MoeGemmArgs& g, const float* a, const float* sa, float* y, int64_t ldy, float limit,
@@ -383,16 +485,18 @@ void moe_tc_big(bool w13, const MoeGemmArgs& g, const float* a, const float* sa,
   const int64_t K = w13 ? g.d_model : g.inter, rows = w13 ? g.n_tok : g.n_rows_bound;
   const int64_t n8 = rows * K / 8;
   if (n8 <= 0) return;
-  const bool f16a = !g_e4m3_for_test.load();
-  if (f16a) moe_a16_kernel<<<unsigned((n8 + 255) / 256), 256, 0, stream>>>(a, n8, static_cast<uint32_t*>(g.a8_ws));
-  else moe_a8_kernel<<<unsigned((n8 + 255) / 256), 256, 0, stream>>>(a, n8, static_cast<uint8_t*>(g.a8_ws));
+  uint8_t* ws = static_cast<uint8_t*>(g.a8_ws);
+  float* ratio = reinterpret_cast<float*>(ws + a16_bytes(g.n_tok, g.n_rows_bound, g.d_model, g.inter));
+  moe_a16_kernel<<<unsigned((n8 + 255) / 256), 256, 0, stream>>>(a, sa, n8, K / 8, reinterpret_cast<uint32_t*>(ws),
+                                                                   ratio);
   BigArgs A;
   A.table = g.table;
   A.n_experts = g.n_experts;
   A.seg_start = g.seg_start;
   A.big_tile_start = g.big_tile_start;
   A.row_tok = w13 ? g.row_tok : nullptr;
-  A.act = static_cast<const uint8_t*>(g.a8_ws);
+  A.act = ws;
+  A.ratio = ratio;
   A.sa = sa;
   A.K = K;
   A.y = y;
@@ -405,12 +509,10 @@ void moe_tc_big(bool w13, const MoeGemmArgs& g, const float* a, const float* sa,
   const int64_t P = g.n_rows_bound;
   const int64_t slots = (P + BT_M - 1) / BT_M + std::min<int64_t>(g.n_experts, P / (kMoeSmallMax + 1));
   const dim3 grid(unsigned(w13 ? g.inter / (BT_N / 2) : g.d_model / BT_N), unsigned(slots));
-  if (w13 && f16a) moe_tc_big_kernel<kW13, true><<<grid, BT_THREADS, Stage<true>::smem, stream>>>(A);
-  else if (f16a) moe_tc_big_kernel<kW2, true><<<grid, BT_THREADS, Stage<true>::smem, stream>>>(A);
-  else if (w13) moe_tc_big_kernel<kW13, false><<<grid, BT_THREADS, Stage<false>::smem, stream>>>(A);
-  else moe_tc_big_kernel<kW2, false><<<grid, BT_THREADS, Stage<false>::smem, stream>>>(A);
+  if (w13) moe_tc_big_kernel<kW13><<<grid, BT_THREADS, BT_SMEM + BT_BASES, stream>>>(A);
+  else moe_tc_big_kernel<kW2><<<grid, BT_THREADS, BT_SMEM + BT_BASES, stream>>>(A);
   const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) fail_msg(std::string("moe (FP8 tensor cores, prefill): ") + cudaGetErrorString(err));
+  if (err != cudaSuccess) fail_msg(std::string("moe (f16 tensor cores, prefill): ") + cudaGetErrorString(err));
   g_calls.fetch_add(1);
 }
 

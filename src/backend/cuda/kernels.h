@@ -143,10 +143,6 @@ struct MoePrefillTcStats {
 MoePrefillTcStats moe_prefill_tc_stats();
 // How many MoE calls of this process ran their big expert segments on moe_tc_big_kernel (k_moe_tc.cu; for tests).
 int64_t moe_tc_big_calls();
-// For tests: the big segments on moe_tc_big_kernel's FP8-mma form (activations staged as e4m3 bytes, tc_mma) instead
-// of its f16 form (activations staged as f16, the f16 mmas that ptxas makes of the FP8 mma on sm_90, issued
-// directly): on sm_90 the two give the same bits. Process-wide, off by default.
-void set_moe_tc_big_e4m3_for_test(bool on);
 // How many launches of moe_tc_small_kernel (the small expert segments in the fast mode, k_gemm.cu: one per MoE
 // product) this process queued (for tests).
 int64_t moe_tc_small_launches();
