@@ -10,6 +10,9 @@
 #   bench1   only the first of those (CUDA graphs)
 #   pdl      batch-1 decode at ctx 4096 (CUDA graphs) with Programmatic Dependent Launch (the default) and with
 #            --no-pdl, interleaved, 3 runs each (JSON "pdl" tells which way each ran)
+#   ab       the built dsv4 against a baseline binary carried as .scratch/base-dsv4-<commit>.xz (xz of a stripped
+#            dsv4 built the same way), interleaved on the same card, 2 rounds: b1 (ctx 4096), b8 / b32 / b128 (ctx 4096)
+#            and prefill of 8192 tokens, --no-profile (AB_CFGS="b1 prefill8192 ..." picks some); JSON bench-ab-{new,base}-*.json
 #   prefill  the same, prefill of 8192 tokens (fast)
 #   dense    batch-1 decode at ctx 4096 with --numerics dense (fast)
 #   batch    --batch 128, 8, 32 at ctx 4096 (batched decode over one state pool)
@@ -49,7 +52,7 @@
 #   hf       tools/bench/hf_side_by_side.py (issue 9 item 5): HF transformers vs dsv4, 4 layers, into $OUT/side-by-side.json
 # Environment: OUT (results folder), DSV4_COMMIT (the commit the tree is: pass it as a literal, e.g.
 # DSV4_COMMIT=0a8d6df; `$(git rev-parse --short HEAD)` on the device resolves to main's tip, not the tree sent),
-# GTEST_FILTER (optional), LAYERS (dummy layers of the 24-layer runs; 16 fits an 80 GB H100).
+# GTEST_FILTER (optional), AB_CFGS (ab: which configurations), LAYERS (dummy layers of the 24-layer runs; 16 fits an 80 GB H100).
 # Every step is time-limited (the whole run stays under ~560 s) so partial results still come back.
 set -u
 OUT=${OUT:-/tmp/dsv4-out}
@@ -67,7 +70,7 @@ bench_run() {  # bench_run LABEL TAIL NAME ARGS...: one dsv4 bench model run, JS
   local label=$1 tail_n=$2 name=$3; shift 3
   local l; l=$(left)
   if [ "$l" -lt 40 ]; then echo "skip $label $name (time)"; return; fi
-  local cmd=("$B/dsv4" bench model --config "$CFG" --load-format dummy "$@" --json)
+  local cmd=("$B/${DSV4_BIN:-dsv4}" bench model --config "$CFG" --load-format dummy "$@" --json)
   log "$label $name: ${cmd[*]}"
   mkdir -p /tmp/benchjson
   timeout $((l - 10)) "${cmd[@]}" > "/tmp/benchjson/bench-$name.json" 2> /tmp/bench.err
@@ -109,6 +112,22 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
         bench b1-ctx4096-nopdl-$r --ctx 4096 --prefill 0 --steps 32 --no-profile --no-pdl
       done
     fi
+  fi
+  if has ab && [ -x "$B/dsv4" ] && ls .scratch/base-dsv4-*.xz > /dev/null 2>&1; then
+    BASEXZ=$(ls .scratch/base-dsv4-*.xz | head -1); BASEC=${BASEXZ##*/base-dsv4-}; BASEC=${BASEC%.xz}
+    xz -dc "$BASEXZ" > "$B/dsv4-base-$BASEC" && chmod +x "$B/dsv4-base-$BASEC"
+    for r in 1 2; do
+      for cfg in "b1:--ctx 4096 --prefill 0 --steps 32" "b128:--batch 128 --ctx 4096 --prefill 0 --steps 8" \
+                 "prefill8192:--ctx 0 --prefill 8192 --steps 1" "b32:--batch 32 --ctx 4096 --prefill 0 --steps 8" \
+                 "b8:--batch 8 --ctx 4096 --prefill 0 --steps 8"; do
+        [[ " ${AB_CFGS:-b1 b128 prefill8192 b32 b8} " == *" ${cfg%%:*} "* ]] || continue
+        for side in new base; do
+          BIN=dsv4; [ $side = base ] && BIN=dsv4-base-$BASEC
+          # shellcheck disable=SC2086
+          DSV4_BIN=$BIN bench ab-$side-${cfg%%:*}-r$r ${cfg#*:} --no-profile
+        done
+      done
+    done
   fi
   if has test && [ -x "$B/test_gpu" ]; then
     log "GPU tests"
