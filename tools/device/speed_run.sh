@@ -10,8 +10,8 @@
 #   bench1   only the first of those (CUDA graphs)
 #   pdl      batch-1 decode at ctx 4096 (CUDA graphs) with Programmatic Dependent Launch (the default) and with
 #            --no-pdl, interleaved, 3 runs each (JSON "pdl" tells which way each ran)
-#   ab       the built dsv4 against a baseline binary carried as .scratch/base-dsv4-<commit>.xz (xz of a stripped
-#            dsv4 built the same way), interleaved on the same card, 2 rounds: b1 (ctx 4096), b8 / b32 / b128 (ctx 4096)
+#   ab       the built dsv4 against a baseline binary build-cuda/dsv4-base-<commit> (packed by pack_devbin.sh with
+#            BASE=<stripped dsv4> BASE_COMMIT=<commit>) or carried as .scratch/base-dsv4-<commit>.xz, interleaved on the same card, 2 rounds: b1 (ctx 4096), b8 / b32 / b128 (ctx 4096)
 #            and prefill of 8192 tokens, --no-profile (AB_CFGS="b1 prefill8192 ..." picks some); JSON bench-ab-{new,base}-*.json
 #   prefill  the same, prefill of 8192 tokens (fast)
 #   dense    batch-1 decode at ctx 4096 with --numerics dense (fast)
@@ -113,9 +113,13 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
       done
     fi
   fi
-  if has ab && [ -x "$B/dsv4" ] && ls .scratch/base-dsv4-*.xz > /dev/null 2>&1; then
-    BASEXZ=$(ls .scratch/base-dsv4-*.xz | head -1); BASEC=${BASEXZ##*/base-dsv4-}; BASEC=${BASEC%.xz}
-    xz -dc "$BASEXZ" > "$B/dsv4-base-$BASEC" && chmod +x "$B/dsv4-base-$BASEC"
+  if has ab && [ -x "$B/dsv4" ] && ls "$B"/dsv4-base-* .scratch/base-dsv4-*.xz > /dev/null 2>&1; then
+    if ls "$B"/dsv4-base-* > /dev/null 2>&1; then  # packed in the devbin (pack_devbin.sh with a base binary)
+      BASEC=$(ls "$B"/dsv4-base-* | head -1); BASEC=${BASEC##*/dsv4-base-}
+    else
+      BASEXZ=$(ls .scratch/base-dsv4-*.xz | head -1); BASEC=${BASEXZ##*/base-dsv4-}; BASEC=${BASEC%.xz}
+      xz -dc "$BASEXZ" > "$B/dsv4-base-$BASEC" && chmod +x "$B/dsv4-base-$BASEC"
+    fi
     for r in 1 2; do
       for cfg in "b1:--ctx 4096 --prefill 0 --steps 32" "b128:--batch 128 --ctx 4096 --prefill 0 --steps 8" \
                  "prefill8192:--ctx 0 --prefill 8192 --steps 1" "b32:--batch 32 --ctx 4096 --prefill 0 --steps 8" \
