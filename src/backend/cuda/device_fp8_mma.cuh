@@ -1,6 +1,6 @@
 // FP8 tensor-core building blocks shared by the expert kernels (k_gemm.cu, k_moe_tc.cu): FP4 nibbles placed as e4m3
-// bytes, four E8M0 scale bytes of a word as floats, and one mma.sync m16n8k32 e4m3 x e4m3 -> fp32 (sm_89+), also
-// as the two f16 mmas sm_90 runs it as (tc_mma_b).
+// bytes or as f16 values, four E8M0 scale bytes of a word as floats, and one mma.sync m16n8k32 e4m3 x e4m3 -> fp32
+// (sm_89+), also as the two f16 mmas sm_90 runs it as (tc_mma_b, tc_mma_f16_pair).
 #pragma once
 #include <cstdint>
 
@@ -14,13 +14,37 @@ __device__ __forceinline__ void fp4_as_e4m3(uint32_t w, uint32_t& ev, uint32_t& 
   od = ((o << 4) & 0x80808080u) | ((o << 2) & 0x1C1C1C1Cu);
 }
 
-// Byte s of four E8M0 scales (w) as a float, e8m0_to_float's special codes (0: 2^-127, 0xFF: NaN) from sp (bytes
-// 0xFF where w's byte is 0 or 0xFF: __vcmpeq4, once per word).
-template <int S>
-__device__ __forceinline__ float e8m0_byte(uint32_t w, uint32_t sp) {
-  const uint32_t e = S <= 2 ? w << (23 - 8 * S) : w >> (8 * S - 23);    // byte S at the exponent field
-  const uint32_t q = S <= 2 ? sp << (22 - 8 * S) : sp >> (8 * S - 22);  // its special flag at bit 22
-  return __uint_as_float((e & 0x7F800000u) | (q & 0x00400000u));
+// Byte s (0..3) of four E8M0 scales (w) as a float 2^(e - 127) without e8m0_to_float's special codes: e = 0 gives 0
+// (not 2^-127), e = 255 infinity (not NaN: non-finite either way). One shift and one AND once s is a constant.
+__device__ __forceinline__ float e8m0_byte_fast(uint32_t w, int s) {
+  return __uint_as_float((s < 3 ? w << (23 - 8 * s) : w >> 1) & 0x7F800000u);  // byte s at the exponent field
+}
+
+// (a & m) | (b & ~m) in one LOP3. (Written in C, the compiler narrows m by the bits of b it knows to be zero and then
+// needs two.)
+__device__ __forceinline__ uint32_t lop3_select(uint32_t a, uint32_t b, uint32_t m) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xE4;\n" : "=r"(d) : "r"(a), "r"(b), "r"(m));
+  return d;
+}
+
+// The 8 FP4 nibbles of w (low nibble = even column) as f16 pairs of columns 0, 2 | 1, 3 | 4, 6 | 5, 7 (the order of
+// fp4_as_f16x2 and of tc_mma_f16_pair's operands) by bit placement, the E2M1 values times 2^-14 exactly: nibble
+// s|e1 e0 m becomes the f16 bits s 000 e1 e0 m 0000000 00, exponent field e1 e0 and mantissa m / 2, i.e.
+// (1 + m / 2) 2^(e - 15) for e > 0 and m 2^-15 (an f16 subnormal) for e = 0. First the f16 high bytes
+// s 0 0 0 e1 e0 m 0 of the even nibbles (ev: byte b is column 2 b's) and of the odd ones (od: column 2 b + 1's),
+// then each pair by a byte permute that puts two of them over zero low bytes: 3 LOP3, 3 shifts (2 of them left: the
+// compiler may make them multiplies on the FMA pipe), 4 PRMT; no conversion instruction.
+__device__ __forceinline__ void fp4_as_f16x2_bits(uint32_t w, uint32_t (&r)[4]) {
+  // the signs (bits 3, 7 of every byte), through the LOP3 helper so that the compiler keeps s << 4 a shift of s
+  // instead of masking w << 4 anew
+  const uint32_t s = lop3_select(w, 0u, 0x88888888u);
+  const uint32_t ev = lop3_select(w << 1, s << 4, 0x0E0E0E0Eu);  // magnitude bits 0..2 -> 1..3, sign 3 -> 7
+  const uint32_t od = lop3_select(w >> 3, s, 0x0E0E0E0Eu);       // magnitude bits 4..6 -> 1..3, sign 7 stays
+  r[0] = __byte_perm(ev, 0u, 0x1404);  // columns 0, 2: bytes 0, 1 of ev over zero bytes
+  r[1] = __byte_perm(od, 0u, 0x1404);  // 1, 3
+  r[2] = __byte_perm(ev, 0u, 0x3424);  // 4, 6: bytes 2, 3
+  r[3] = __byte_perm(od, 0u, 0x3424);  // 5, 7
 }
 
 __device__ __forceinline__ void tc_mma(const uint32_t a[4], uint32_t b0, uint32_t b1, float d[4]) {
