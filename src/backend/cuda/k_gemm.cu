@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "backend/cuda/device_async_copy.cuh"
 #include "backend/cuda/device_fp8_mma.cuh"
@@ -360,6 +361,7 @@ struct GArgs {
   const float* row_w = nullptr;
   float limit = 0.0f;
   bool bf16 = false;
+  float* raw_gu = nullptr;  // tests: moe_tc_small_kernel<kW13> stores g and u here ([rows, 2 inter]), not SwiGLU
 };
 
 // Weights, K and the output width of a block of kind KIND (expert e for the MoE kinds).
@@ -1862,7 +1864,12 @@ __device__ __forceinline__ void moe_tc_small_run(const GArgs& A, const WDesc (&w
 #pragma unroll
             for (int q = 1; q < MT_WARPS; ++q) sm[w] = __fadd_rn(sm[w], red[q][w][m][r]);
           }
-          store_out<KIND>(A, base + g0 + m, c_tile * MT_ROWS + r, sm[0], sm[NW - 1]);
+          if (KIND == kW13 && A.raw_gu != nullptr) {  // (tests: g and u instead of SwiGLU)
+            A.raw_gu[(base + g0 + m) * 2 * A.inter + c_tile * MT_ROWS + r] = sm[0];
+            A.raw_gu[(base + g0 + m) * 2 * A.inter + A.inter + c_tile * MT_ROWS + r] = sm[NW - 1];
+          } else {
+            store_out<KIND>(A, base + g0 + m, c_tile * MT_ROWS + r, sm[0], sm[NW - 1]);
+          }
         }
         __syncthreads();  // red (and, after the last tile, xq / xs) are reused
         c_kb = 0;
@@ -2474,6 +2481,59 @@ void moe_w2(const MoeGemmArgs& g, const float* h, const float* sh, float* o, cud
   moe_launch_both(kW2, g, A, g.d_model, stream);
 }
 
+// moe_tc_small_for_test (kernels.h): the expert as a one-expert layer whose only segment is `rows` sorted rows
+// (row r's token is r).
+bool moe_tc_small_test(bool w13, const ExpertView& ex, const float* a, const float* sa, int64_t rows, float* y) {
+  const int kind = w13 ? kW13 : kW2;
+  MoeGemmArgs g;
+  g.n_experts = 1;
+  g.fmt = ex.w1.fmt;
+  g.d_model = ex.w1.cols;
+  g.inter = ex.w1.rows;
+  g.n_rows_bound = g.n_tok = rows;
+  g.quant = true;
+  const WeightView* ws[3] = {&ex.w1, &ex.w2, &ex.w3};
+  g.words_ok = g.w16_ok = true;
+  for (const WeightView* w : ws)
+    g.w16_ok = g.w16_ok && aligned16(w->w) && (w->cols / 2) % 16 == 0,
+    g.words_ok = g.words_ok && (reinterpret_cast<uintptr_t>(w->scale) & 3) == 0 && (w->cols / 32) % 4 == 0;
+  const int64_t K = w13 ? g.d_model : g.inter, nout = w13 ? g.inter : g.d_model;
+  GArgs A;
+  A.a = a;
+  A.lda = K;
+  A.sa = sa;
+  A.ldsa = K / 128;
+  A.a_vec = aligned16(a) && K % 4 == 0;
+  if (rows < 1 || rows > kMoeSmallMax || K % 128 != 0 || !moe_tc_small_ok(g, kind, A)) return false;
+  std::vector<int32_t> meta = {0, int32_t(rows), 0, 1};  // seg_start [2], small_list [1], n_small [1], row_tok
+  for (int64_t r = 0; r < rows; ++r) meta.push_back(int32_t(r));
+  void *dtable = nullptr, *dmeta = nullptr;
+  // (the inputs may still be in flight on the backend's streams, which do not wait for the default stream's work)
+  bool ok = cudaDeviceSynchronize() == cudaSuccess && cudaMalloc(&dtable, sizeof(ExpertView)) == cudaSuccess &&
+            cudaMalloc(&dmeta, meta.size() * sizeof(int32_t)) == cudaSuccess &&
+            cudaMemcpy(dtable, &ex, sizeof(ExpertView), cudaMemcpyHostToDevice) == cudaSuccess &&
+            cudaMemcpy(dmeta, meta.data(), meta.size() * sizeof(int32_t), cudaMemcpyHostToDevice) == cudaSuccess;
+  if (ok) {
+    const int32_t* m = static_cast<const int32_t*>(dmeta);
+    g.table = static_cast<const ExpertView*>(dtable);
+    g.seg_start = m;
+    g.small_list = m + 2;
+    g.n_small = m + 3;
+    g.row_tok = m + 4;
+    GArgs As = moe_args(g);
+    As.a = A.a, As.lda = A.lda, As.sa = A.sa, As.ldsa = A.ldsa, As.a_vec = A.a_vec;
+    As.y = y;
+    As.ldy = nout;
+    As.raw_gu = w13 ? y : nullptr;
+    As.n_slots = 1;
+    launch_small_tc(kind, g, As, nout, nullptr);
+    ok = cudaGetLastError() == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess;
+  }
+  cudaFree(dtable);
+  cudaFree(dmeta);
+  return ok;
+}
+
 }  // namespace gemm_internal
 
 // ---- public launchers ---------------------------------------------------------------------------------------------
@@ -2717,6 +2777,11 @@ bool linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int64_t 
 }
 
 int64_t moe_tc_small_launches() { return gemm_internal::g_small_tc_launches.load(); }
+
+bool moe_tc_small_for_test(bool w13, const ExpertView& dev_expert, const float* a, const float* sa, int64_t rows,
+                           float* y) {
+  return gemm_internal::moe_tc_small_test(w13, dev_expert, a, sa, rows, y);
+}
 
 bool linear_grouped_tc(const WeightView& W, int64_t n_tok, int64_t groups, const float* x, const LinearOpts& o) {
   if (groups <= 1 || W.rows % groups != 0 || deterministic() || gemm_path() != GemmPath::auto_) return false;
