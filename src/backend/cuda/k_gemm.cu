@@ -1649,7 +1649,7 @@ __host__ __device__ constexpr int64_t mt_act_pitch(int kind, int64_t K) {
 }
 
 // Dynamic shared memory of moe_tc_small_kernel<KIND, KB> for K: the 8 rows' staged activations and their scales
-// [8, K / 128], then the warps' rings.
+// [K / 128, 8], then the warps' rings.
 size_t moe_tc_smem(int kind, int kb, int64_t K) {
   return size_t(MT_COLS * mt_act_pitch(kind, K)) + size_t(MT_COLS * (K / 128)) * 4 +
          size_t(MT_WARPS * mt_pf(kind, kb) * mt_stage_bytes(kind, kb));
@@ -1706,7 +1706,7 @@ __device__ __forceinline__ void moe_tc_small_run(const GArgs& A, const WDesc (&w
   // kbw items of KB blocks per warp and tile; the warp's blocks start at kbs
   const int kbw = nkb / MT_WARPS / KB, kbs = warp * (nkb / MT_WARPS), n_items = static_cast<int>(n_mine) * kbw;
   uint8_t* xq = mt_smem;                                            // [8, pitch] staged activation codes
-  float* xs = reinterpret_cast<float*>(mt_smem + MT_COLS * pitch);  // [8, K / 128] their scales x 2^14
+  float* xs = reinterpret_cast<float*>(mt_smem + MT_COLS * pitch);  // [K / 128, 8] their scales x 2^14
   const uint32_t ring = smem_addr(mt_smem + MT_COLS * pitch + MT_COLS * nkb * 4) + warp * PF * SB;  // the warp's
   // this lane's part of a stage fill, per matrix. KB = 1: rows frow + 8 u (u = 0, 1), 16-byte chunk fch of the row's
   // 64 bytes, the scale word of row `lane` (lanes < 16). KB = 2: rows frow + 4 u (u = 0..3), chunk fch of the row's
@@ -1715,9 +1715,10 @@ __device__ __forceinline__ void moe_tc_small_run(const GArgs& A, const WDesc (&w
   const int frow = KB == 1 ? lane >> 2 : lane >> 3, fch = KB == 1 ? lane & 3 : lane & 7;
   const int srow = lane & 15, sblk = KB == 1 ? 0 : lane >> 4;
   const bool scopy = KB == 2 || lane < MT_ROWS;
-  int wdst[NCP];  // the copies' offsets in a matrix's part of a stage
-#pragma unroll
-  for (int u = 0; u < NCP; ++u) wdst[u] = (fch >> 2) * MT_WBYTES + mt_chunk(frow + RSTEP * u, fch & 3);
+  // the copies' offsets in a matrix's part of a stage: copy u at wdst[u % 2] + 512 (u / 2) (rows r and r + 8 have
+  // the same swizzle)
+  const int wdst[2] = {(fch >> 2) * MT_WBYTES + mt_chunk(frow, fch & 3),
+                       (fch >> 2) * MT_WBYTES + mt_chunk(frow + RSTEP, fch & 3)};
   const int sdst = KB * MT_WBYTES + sblk * MT_SBYTES + mt_sword(srow);
   const int64_t rstep = RSTEP * wd[0].row_bytes;  // (w1 and w3 have the same shape)
   // this lane's ldmatrix row address inside a matrix's weight block: matrix j = lane / 8 (rows j % 2 ? 8..15 : 0..7,
@@ -1748,7 +1749,7 @@ __device__ __forceinline__ void moe_tc_small_run(const GArgs& A, const WDesc (&w
         for (int q = 0; q < NW; ++q) {
           const uint8_t* src = wsrc[q];
 #pragma unroll
-          for (int u = 0; u < NCP; ++u, src += rstep) cp16(st + q * MB + wdst[u], src);
+          for (int u = 0; u < NCP; ++u, src += rstep) cp16(st + wdst[u & 1] + (q * MB + 512 * (u >> 1)), src);
           if (scopy) cp4(st + q * MB + sdst, ssrc[q]);
           wsrc[q] += KB * 64;
           ssrc[q] += KB * 4;
@@ -1778,14 +1779,15 @@ __device__ __forceinline__ void moe_tc_small_run(const GArgs& A, const WDesc (&w
           *reinterpret_cast<uint2*>(dst + c) = make_uint2(mt_e4m3x2(v0.x, v0.z) | (mt_e4m3x2(v1.x, v1.z) << 16),
                                                           mt_e4m3x2(v0.y, v0.w) | (mt_e4m3x2(v1.y, v1.w) << 16));
       }
-      for (int b = tid; b < nkb; b += MT_THREADS) xs[m * nkb + b] = __fmul_rn(__ldg(A.sa + ar * A.ldsa + b), 0x1p14f);
+      for (int b = tid; b < nkb; b += MT_THREADS)
+        xs[b * MT_COLS + m] = __fmul_rn(__ldg(A.sa + ar * A.ldsa + b), 0x1p14f);
     }
     __syncthreads();
     // B column g: the segment row g0 + g's codes, or row 0's past the segment (any valid codes: an mma's output
     // columns do not mix, and those are not stored); the scales of D columns m0, m1 likewise
     const uint8_t* xg = xq + (g < mc ? g : 0) * pitch + (F16A ? 16 : 8) * t;
-    const float* xs0 = xs + (m0 < mc ? m0 : 0) * nkb;
-    const float* xs1 = xs + (m1 < mc ? m1 : 0) * nkb;
+    const float* xs0 = xs + (m0 < mc ? m0 : 0);
+    const float* xs1 = xs + (m1 < mc ? m1 : 0);
     float tot[NW][4];
 #pragma unroll
     for (int w = 0; w < NW; ++w) tot[w][0] = tot[w][1] = tot[w][2] = tot[w][3] = 0.0f;
@@ -1798,7 +1800,7 @@ __device__ __forceinline__ void moe_tc_small_run(const GArgs& A, const WDesc (&w
 #pragma unroll
       for (int j = 0; j < KB; ++j) {  // the item's 128-column blocks in order
         const int kb = kbs + c_kb * KB + j;
-        const float sa0 = xs0[kb], sa1 = xs1[kb];
+        const float sa0 = xs0[kb * MT_COLS], sa1 = xs1[kb * MT_COLS];
         uint32_t wv[NW][4][2];  // [matrix][group][row g, g + 8]
         uint2 sw[NW];           // [matrix]: the scale words of rows g, g + 8
 #pragma unroll
