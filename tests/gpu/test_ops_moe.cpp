@@ -789,7 +789,8 @@ TEST(CudaMoe, TcMmaBEqualsTcMma) {
 
 TEST(CudaMoe, MoeDecodeSpecialScaleCodes) {
   DSV4_REQUIRE_GPU();
-  // moe_tc_small_kernel's E8M0 decoding of code 0 (2^-127) where a 32-column group is all zero: it must add zero.
+  // moe_tc_small_kernel's E8M0 decoding of code 0 (taken as 0, not 2^-127) where a 32-column group is all zero: it
+  // must add zero.
   // Two layers of 4 experts (w1 / w3 [1024, 2048]: 2-block items, w2 [2048, 1024]: 1-block items) that differ only in a few 32-column groups
   // whose weights are all zero: scale 2^-6..2^-4 in one, code 0 (2^-127) in the other. Those groups add zero in both,
   // so every output must be bitwise equal.
@@ -854,6 +855,215 @@ TEST(CudaMoe, MoeDecodeSpecialScaleCodes) {
     double e2 = 0, r2 = 0;
     for (size_t i = 0; i < ref.size(); ++i) e2 += double(ys[i] - ref[i]) * (ys[i] - ref[i]), r2 += double(ref[i]) * ref[i];
     EXPECT_LE(std::sqrt(e2 / std::max(r2, 1e-300)), std::ldexp(1.0, -5)) << "n_tok " << n;
+  }
+}
+
+// ---- moe_tc_small_kernel alone (cuda::moe_tc_small_for_test) ---------------------------------------------------------
+namespace mt {
+// One FP4 expert (w1 / w3 [I, D], w2 [D, I]) on the host and the device; scale codes drawn from [lo, hi].
+struct SmallExpert {
+  HostWeight w[3];  // w1, w2, w3
+  std::vector<Buffer> storage;
+  ExpertView dev;
+  SmallExpert(int64_t D, int64_t I, uint64_t seed, int lo, int hi) {
+    Rng rng(seed);
+    w[0] = fp4_weight(I, D, rng), w[1] = fp4_weight(D, I, rng), w[2] = fp4_weight(I, D, rng);
+    for (auto& h : w)
+      for (auto& c : h.scale) c = uint8_t(lo + int(rng.next() % uint64_t(hi - lo + 1)));
+  }
+  void upload() {
+    for (auto& h : w) h.view.w = h.w.data(), h.view.scale = h.scale.data();
+    dev = ExpertView{cuda()->upload(w[0].view, storage), cuda()->upload(w[1].view, storage),
+                     cuda()->upload(w[2].view, storage)};
+  }
+};
+
+// rows x K activation codes: exact e4m3 values with |v| in [2^elo, 2^ehi) (random mantissa and sign; elo >= -6),
+// and block scales 2^-4..2^4.
+struct SmallActs {
+  std::vector<float> a, sa;
+  SmallActs(int64_t rows, int64_t K, uint64_t seed, int elo, int ehi) : a(size_t(rows * K)), sa(size_t(rows * K / 128)) {
+    Rng rng(seed);
+    for (auto& v : a) {
+      const int e = elo + int(rng.next() % uint64_t(ehi - elo));
+      v = std::ldexp(1.0f + float(rng.next() % 8) / 8.0f, e) * ((rng.next() & 1) ? -1.0f : 1.0f);
+    }
+    for (auto& v : sa) v = std::ldexp(1.0f, int(rng.next() % 9) - 4);
+  }
+};
+
+// The kernel's outputs for `rows` activation rows: w13: [rows, 2 I] (g then u), else [rows, D].
+std::vector<float> small_run(bool w13, const SmallExpert& ex, const SmallActs& x, int64_t rows) {
+  const WeightView& w = ex.w[w13 ? 0 : 1].view;
+  const int64_t n = w13 ? 2 * w.rows : w.rows;
+  const Buffer ad = to_device(*cuda(), x.a), sd = to_device(*cuda(), x.sa);
+  Buffer yd = out_buffer<float>(*cuda(), size_t(rows * n));
+  const bool ran = cuda::moe_tc_small_for_test(w13, ex.dev, ad.as<float>(), sd.as<float>(), rows, yd.as<float>());
+  EXPECT_TRUE(ran) << "moe_tc_small_kernel did not take the shape";
+  return ran ? to_host<float>(*cuda(), yd, size_t(rows * n)) : std::vector<float>(size_t(rows * n), NAN);
+}
+
+// The exact products of the same operands in fp64: for every output, the sum over K of a * e2m1 * 2^(e - 127) * sa
+// and the sum of their absolute values. E8M0 code 0 as 2^-127 (the CPU's value; the kernel takes 0).
+void small_ref(bool w13, const SmallExpert& ex, const SmallActs& x, int64_t rows, std::vector<double>& ref,
+               std::vector<double>& mag) {
+  const int nm = w13 ? 2 : 1;
+  const int64_t nout = ex.w[w13 ? 0 : 1].view.rows, K = ex.w[w13 ? 0 : 1].view.cols;
+  ref.assign(size_t(rows * nm * nout), 0.0);
+  mag.assign(ref.size(), 0.0);
+  for (int q = 0; q < nm; ++q) {
+    const HostWeight& h = ex.w[w13 ? 2 * q : 1];
+    for (int64_t m = 0; m < rows; ++m)
+      for (int64_t r = 0; r < nout; ++r) {
+        double sum = 0, abs = 0;
+        for (int64_t c = 0; c < K; ++c) {
+          const uint8_t byte = h.w[size_t(r * K / 2 + c / 2)];
+          const double t = double(x.a[size_t(m * K + c)]) * e2m1_to_float(uint8_t((c & 1) ? byte >> 4 : byte & 15)) *
+                           double(e8m0_to_float(h.scale[size_t(r * K / 32 + c / 32)])) *
+                           double(x.sa[size_t(m * K / 128 + c / 128)]);
+          sum += t, abs += std::fabs(t);
+        }
+        ref[size_t((m * nm + q) * nout + r)] = sum, mag[size_t((m * nm + q) * nout + r)] = abs;
+      }
+  }
+}
+
+// |got - ref| <= 2^-12 of the sum of the products' magnitudes, every output. The kernel's products are exact; its
+// sums round about 20 times along an output's path (two mmas per group, 4 groups, the warp's blocks, 8 warps): in
+// fp32, at most ~2^-18 of that sum, and even a tensor-core adder that kept only 14 bits (as reported for Hopper's
+// FP8 wgmma) would stay near 2^-13. A wrong nibble value, pair order, row, column or scale byte moves many products
+// (every value at every fragment position occurs hundreds of times in these random weights): E2M1 code 1 taken as 0,
+// for one, moves an output of K = 2048 by ~2^-9 of it. (The worst ratio printed shows the precision the GPU keeps.)
+void check_small(const std::string& label, const std::vector<double>& ref, const std::vector<double>& mag,
+                 const std::vector<float>& got) {
+  double worst = 0;
+  int64_t bad = 0, first = -1;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double err = std::fabs(double(got[i]) - ref[i]), lim = std::ldexp(mag[i], -12);
+    if (!(err <= lim)) {
+      if (first < 0) first = int64_t(i);
+      ++bad;
+    }
+    if (mag[i] > 0) worst = std::max(worst, err / mag[i]);
+  }
+  std::printf("[moe_tc_small] %s: max |diff| / sum |products| %.3g (limit 2^-12 = %.3g), %lld of %zu outside %s\n",
+              label.c_str(), worst, std::ldexp(1.0, -12), (long long)bad, ref.size(), bad == 0 ? "PASS" : "FAIL");
+  std::fflush(stdout);
+  if (bad > 0)
+    ADD_FAILURE() << label << ": " << bad << " outputs off; first " << first << ": got " << got[size_t(first)]
+                  << " ref " << ref[size_t(first)] << " (sum |products| " << mag[size_t(first)] << ")";
+}
+}  // namespace mt
+
+TEST(CudaMoe, MoeTcSmallProductsVsFp64) {
+  DSV4_REQUIRE_GPU();
+  // moe_tc_small_kernel (the decode experts of the fast mode: FP4 -> f16 by bit placement, f16 mmas, E8M0 scales in
+  // fp32) against the exact products in fp64, for both kinds (w13: e4m3-staged activations, two matrices; w2:
+  // f16-staged) with 2-block (K % 2048 == 0) and 1-block items, 1..16 rows (two passes of 8 B columns). Random
+  // nibbles (each of the 16 values at every fragment position), activation codes of every mantissa; scales in a
+  // narrow range (so that every product counts) and in a wide one with codes 0 and 1 in it (E8M0 code 0 on nonzero
+  // weights: the kernel adds 0 instead of 2^-127 times them, invisible at this bound).
+  struct Case {
+    bool w13;
+    int64_t D, I, rows;
+    int slo, shi, elo, ehi;
+  };
+  const Case cases[] = {{true, 2048, 1024, 8, 126, 128, 0, 2},   {true, 3072, 1024, 3, 126, 128, 0, 2},
+                        {false, 2048, 2048, 16, 126, 128, 0, 2}, {false, 2048, 1024, 1, 126, 128, 0, 2},
+                        {true, 2048, 1024, 13, 0, 160, -6, 8},   {false, 2048, 2048, 5, 0, 160, -6, 8}};
+  uint64_t seed = 900;
+  for (const Case& c : cases) {
+    SmallExpert ex(c.D, c.I, ++seed, c.slo, c.shi);
+    if (c.slo == 0)  // some whole groups code 0 and code 1
+      for (auto& h : ex.w)
+        for (size_t i = 0; i < h.scale.size(); i += 97) h.scale[i] = uint8_t(i % 2);
+    ex.upload();
+    const int64_t K = c.w13 ? c.D : c.I;
+    const SmallActs x(c.rows, K, ++seed, c.elo, c.ehi);
+    std::vector<double> ref, mag;
+    small_ref(c.w13, ex, x, c.rows, ref, mag);
+    check_small(strf("%s D=%lld I=%lld rows=%lld (K %% 2048 %s 0), scale codes %d..%d, |a| in [2^%d, 2^%d)",
+                     c.w13 ? "w1|w3" : "w2", (long long)c.D, (long long)c.I, (long long)c.rows,
+                     K % 2048 == 0 ? "==" : "!=", c.slo, c.shi, c.elo, c.ehi),
+                ref, mag, small_run(c.w13, ex, x, c.rows));
+  }
+}
+
+TEST(CudaMoe, MoeTcSmallRowIndependentOfOthers) {
+  DSV4_REQUIRE_GPU();
+  // A row's outputs do not depend on the other rows of the segment, their number or its own position among them
+  // (columns of the mmas, the first or the second pass of 8), and repeat bit for bit: the same activation row in
+  // segments of 1..16 rows among different random rows.
+  for (const bool w13 : {true, false}) {
+    SmallExpert ex(2048, 2048, w13 ? 950 : 951, 120, 125);
+    ex.upload();
+    const int64_t K = 2048, n = w13 ? 2 * 2048 : 2048;
+    const SmallActs one(1, K, 952, -6, 8);
+    const std::vector<float> alone = small_run(w13, ex, one, 1);
+    int64_t runs = 0, differ = 0;
+    for (const int64_t rows : {1, 2, 3, 5, 8, 9, 16})
+      for (const int64_t pos : {int64_t(0), rows / 2, rows - 1}) {
+        SmallActs x(rows, K, 960 + uint64_t(rows * 16 + pos), -6, 8);
+        std::copy(one.a.begin(), one.a.end(), x.a.begin() + pos * K);
+        std::copy(one.sa.begin(), one.sa.end(), x.sa.begin() + pos * (K / 128));
+        const std::vector<float> y = small_run(w13, ex, x, rows);
+        ++runs;
+        if (std::memcmp(y.data() + pos * n, alone.data(), size_t(n) * sizeof(float)) != 0) {
+          ++differ;
+          ADD_FAILURE() << (w13 ? "w1|w3" : "w2") << ": row " << pos << " of " << rows << " differs from the row alone";
+        }
+      }
+    const std::vector<float> again = small_run(w13, ex, one, 1);
+    const bool same = std::memcmp(again.data(), alone.data(), size_t(n) * sizeof(float)) == 0;
+    EXPECT_TRUE(same) << "a repeated call gave other bits";
+    std::printf("[moe_tc_small] %s: one row at every position of segments of 1..16 rows (%lld calls): %lld differ from "
+                "the row alone; repeated call %s %s\n",
+                w13 ? "w1|w3" : "w2", (long long)runs, (long long)differ, same ? "equal" : "DIFFERENT",
+                differ == 0 && same ? "PASS" : "FAIL");
+  }
+}
+
+TEST(CudaMoe, MoeTcSmallSpecialScaleCodes) {
+  DSV4_REQUIRE_GPU();
+  // E8M0 code 0 on all-zero (+-0) groups adds exactly nothing (outputs bitwise those with a plain scale there); code
+  // 255 (NaN) makes its output row non-finite and leaves every other output's bits alone.
+  for (const bool w13 : {true, false}) {
+    SmallExpert plain(2048, 1024, w13 ? 970 : 971, 120, 125);
+    const int m = w13 ? 0 : 1;  // the matrix changed: w1, or w2
+    const int64_t rows_w = plain.w[m].view.rows, cols = plain.w[m].view.cols, sc = cols / 32;
+    std::vector<int64_t> zero_groups;
+    for (int64_t r = 5; r < rows_w; r += 37) {
+      const int64_t grp = (r * 11) % sc;
+      std::fill_n(plain.w[m].w.begin() + r * cols / 2 + grp * 16, 16, uint8_t((r & 1) ? 0x88 : 0x00));
+      zero_groups.push_back(r * sc + grp);
+    }
+    SmallExpert code0 = plain, nan = plain;
+    for (const int64_t i : zero_groups) code0.w[m].scale[size_t(i)] = 0;
+    const int64_t nan_row = 300;
+    nan.w[m].scale[size_t(nan_row * sc + 7)] = 255;
+    plain.upload(), code0.upload(), nan.upload();
+    const int64_t rows = 6, K = w13 ? 2048 : 1024, n = w13 ? 2 * 1024 : 2048;
+    const SmallActs x(rows, K, 972, -6, 8);
+    const std::vector<float> yp = small_run(w13, plain, x, rows), y0 = small_run(w13, code0, x, rows),
+                             yn = small_run(w13, nan, x, rows);
+    expect_bitwise("moe_tc_small special scale codes",
+                   strf("%s: %zu all-zero groups with code 0 vs 2^-7..2^-2", w13 ? "w1" : "w2", zero_groups.size()),
+                   yp, y0);
+    int64_t finite_bad = 0, other_diff = 0;
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t o = 0; o < n; ++o) {
+        const size_t i = size_t(t * n + o);
+        if (o == nan_row)
+          finite_bad += std::isfinite(yn[i]) ? 1 : 0;
+        else
+          other_diff += fbits(yn[i]) != fbits(yp[i]) ? 1 : 0;
+      }
+    std::printf("[moe_tc_small] %s: scale code 255 in one group of output %lld: %lld of %lld of its outputs finite, "
+                "%lld other outputs changed %s\n",
+                w13 ? "w1" : "w2", (long long)nan_row, (long long)finite_bad, (long long)rows, (long long)other_diff,
+                finite_bad == 0 && other_diff == 0 ? "PASS" : "FAIL");
+    EXPECT_EQ(finite_bad, 0);
+    EXPECT_EQ(other_diff, 0);
   }
 }
 

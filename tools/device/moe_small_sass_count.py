@@ -5,9 +5,11 @@ Usage: tools/device/moe_small_sass_count.py [--slow] [--lines] [--src REPO] [--n
 
 Compiles REPO's k_gemm.cu for sm_90a with the build's flags (CUDA 13.0 nvcc at /usr/local/cuda), disassembles it and,
 for each instantiation (kW13 / kW2 x KB = 2 / 1), walks the item loop once along the hot path: the fill issued,
-no tile end, no new tile's sources, and the plain-scale path (--slow: the path with the special-code masks). Prints
-the instructions on that path by opcode and the ones of the ALU pipe (integer / logic / conversion: LOP3, SHF,
-IADD3, F2FP, ...) and of the FMA pipe (IMAD, FFMA, FMUL, FADD); --lines adds them per source line.
+no tile end, no new tile's sources, and (in sources with a per-stage vote, mt_plain_scales) the plain-scale path
+(--slow: the path with the special-code masks). Prints the instructions on that path by opcode and the ones of the
+ALU pipe (integer / logic / conversion: LOP3, SHF, IADD3, F2FP, PRMT, ...) and of the FMA pipe (IMAD, FFMA, FMUL,
+FADD, HMUL2, ...), and the size of the item loop's code (tile end included: what the instruction caches must hold
+while the loop runs); --lines adds the path's instructions per source line.
 
 nvdisasm: the one of CUDA 13 where installed; else the CUDA 11.8 one of Debian's nvidia-cuda-toolkit (it reads
 sm_90 instructions but not the ELF header that CUDA 13 writes, so the header is rewritten to the older layout first;
@@ -150,8 +152,12 @@ def main():
         c = collections.Counter(op(ins[k][1]) for k in path)
         alu = sum(n for o, n in c.items() if o in ALU or o.startswith('UNK_'))
         fma = sum(n for o, n in c.items() if o in FMA)
-        print('%-11s %4d instructions per item: ALU pipe %d, FMA pipe %d, HMMA %d, LDS %d, LDSM %d, LDGSTS %d' %
-              (label, len(path), alu, fma, c['HMMA'], c['LDS'], c['LDSM'], c['LDGSTS']))
+        # the item loop's code (from its head to its last back branch: the tile end and the new tile's sources too)
+        head = path[0]
+        size = max(k for k in tgt if tgt[k] == head and k >= head) - head + 1
+        print('%-11s %4d instructions per item: ALU pipe %d, FMA pipe %d, HMMA %d, LDS %d, LDSM %d, LDGSTS %d; '
+              'item loop %d instructions (%.1f KB of code)' %
+              (label, len(path), alu, fma, c['HMMA'], c['LDS'], c['LDSM'], c['LDGSTS'], size, size * 16 / 1024))
         print('            ' + ' '.join('%s:%d' % kv for kv in c.most_common()))
         if a.lines:
             by = collections.defaultdict(collections.Counter)

@@ -1,6 +1,6 @@
-// FP8 tensor-core building blocks shared by the expert kernels (k_gemm.cu) and their check (k_mma_check.cu): FP4
-// nibbles placed as e4m3 bytes, four E8M0 scale bytes of a word as floats, and one mma.sync m16n8k32 e4m3 x e4m3 ->
-// fp32 (sm_89+), also as the two f16 mmas sm_90 runs it as (tc_mma_b).
+// FP8 tensor-core building blocks of the decode expert kernel (k_gemm.cu) and their check (k_mma_check.cu): FP4
+// nibbles placed as e4m3 bytes or as f16 values, four E8M0 scale bytes of a word as floats, and one mma.sync
+// m16n8k32 e4m3 x e4m3 -> fp32 (sm_89+), also as the two f16 mmas sm_90 runs it as (tc_mma_b, tc_mma_f16_pair).
 #pragma once
 #include <cstdint>
 
@@ -14,13 +14,39 @@ __device__ __forceinline__ void fp4_as_e4m3(uint32_t w, uint32_t& ev, uint32_t& 
   od = ((o << 4) & 0x80808080u) | ((o << 2) & 0x1C1C1C1Cu);
 }
 
-// Byte s of four E8M0 scales (w) as a float, e8m0_to_float's special codes (0: 2^-127, 0xFF: NaN) from sp (bytes
-// 0xFF where w's byte is 0 or 0xFF: __vcmpeq4, once per word).
-template <int S>
-__device__ __forceinline__ float e8m0_byte(uint32_t w, uint32_t sp) {
-  const uint32_t e = S <= 2 ? w << (23 - 8 * S) : w >> (8 * S - 23);    // byte S at the exponent field
-  const uint32_t q = S <= 2 ? sp << (22 - 8 * S) : sp >> (8 * S - 22);  // its special flag at bit 22
-  return __uint_as_float((e & 0x7F800000u) | (q & 0x00400000u));
+// Byte s (0..3) of four E8M0 scales (w) as a float 2^(e - 127) without e8m0_to_float's special codes: e = 0 gives 0
+// (not 2^-127), e = 255 infinity (not NaN: non-finite either way). Once s is a constant: one ALU operation (an AND,
+// or for byte 3 a byte permute) and one left shift (which the compiler may run on the FMA pipe).
+__device__ __forceinline__ float e8m0_byte_fast(uint32_t w, int s) {
+  if (s < 3) return __uint_as_float((w << (23 - 8 * s)) & 0x7F800000u);  // byte s at the exponent field
+  return __uint_as_float(__byte_perm(w, 0u, 0x4443) << 23);  // (as (w >> 1) & mask it would be two ALU operations)
+}
+
+// (a & m) | (b & ~m) in one LOP3. (Written in C, the compiler narrows m by the bits of b it knows to be zero and then
+// needs two.)
+__device__ __forceinline__ uint32_t lop3_select(uint32_t a, uint32_t b, uint32_t m) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xE4;\n" : "=r"(d) : "r"(a), "r"(b), "r"(m));
+  return d;
+}
+
+// The 8 FP4 nibbles of w (low nibble = even column) as f16 pairs of columns 0, 2 | 1, 3 | 4, 6 | 5, 7 (the order of
+// tc_mma_f16_pair's operands) by bit placement, the E2M1 values times 2^-14 exactly: nibble
+// s|e1 e0 m becomes the f16 bits s 000 e1 e0 m 0000000 00, exponent field e1 e0 and mantissa m / 2, i.e.
+// (1 + m / 2) 2^(e - 15) for e > 0 and m 2^-15 (an f16 subnormal) for e = 0. First the f16 high bytes
+// s 0 0 0 e1 e0 m 0 of the even nibbles (ev: byte b is column 2 b's) and of the odd ones (od: column 2 b + 1's),
+// then each pair by a byte permute that puts two of them over zero low bytes: 3 LOP3, 3 shifts (2 of them left: the
+// compiler may make them multiplies on the FMA pipe), 4 PRMT; no conversion instruction.
+__device__ __forceinline__ void fp4_as_f16x2_bits(uint32_t w, uint32_t (&r)[4]) {
+  // the signs (bits 3, 7 of every byte), through the LOP3 helper so that the compiler keeps s << 4 a shift of s
+  // instead of masking w << 4 anew
+  const uint32_t s = lop3_select(w, 0u, 0x88888888u);
+  const uint32_t ev = lop3_select(w << 1, s << 4, 0x0E0E0E0Eu);  // magnitude bits 0..2 -> 1..3, sign 3 -> 7
+  const uint32_t od = lop3_select(w >> 3, s, 0x0E0E0E0Eu);       // magnitude bits 4..6 -> 1..3, sign 7 stays
+  r[0] = __byte_perm(ev, 0u, 0x1404);  // columns 0, 2: bytes 0, 1 of ev over zero bytes
+  r[1] = __byte_perm(od, 0u, 0x1404);  // 1, 3
+  r[2] = __byte_perm(ev, 0u, 0x3424);  // 4, 6: bytes 2, 3
+  r[3] = __byte_perm(od, 0u, 0x3424);  // 5, 7
 }
 
 __device__ __forceinline__ void tc_mma(const uint32_t a[4], uint32_t b0, uint32_t b1, float d[4]) {
@@ -91,6 +117,30 @@ __device__ __forceinline__ void tc_mma_b(const uint32_t a[4], const MmaB& b, flo
       : "r"(hi[0]), "r"(hi[1]), "r"(hi[2]), "r"(hi[3]), "r"(b.r[2]), "r"(b.r[3]));
 #else
   tc_mma(a, b.r[0], b.r[1], d);
+#endif
+}
+
+// tc_mma on f16 operands, the two mmas ptxas runs it as on sm_90 (CUDA 13.0, sm_90a) without the final + 0 (as
+// tc_mma_b): lo holds bytes 0, 1 of tc_mma's A registers as f16 pairs and hi bytes 2, 3 (e4m3x2_as_f16x2<false /
+// true> of a[0..3]); b is MmaB::r of sm_90 (mma_b_e4m3) or f16 pairs of the same values. On sm_90, 0 + d equals tc_mma's d bit for
+// bit; on other targets (sm_89 / sm_100+, FP8 mma in hardware) it is the same products summed by the f16 mma (the
+// fp32 accumulation may round differently). sm_80+.
+__device__ __forceinline__ void tc_mma_f16_pair(const uint32_t lo[4], const uint32_t hi[4], const uint32_t b[4],
+                                                float d[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%10,%10,%10,%10};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(lo[0]), "r"(lo[1]), "r"(lo[2]), "r"(lo[3]), "r"(b[0]), "r"(b[1]), "f"(0.0f));
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(hi[0]), "r"(hi[1]), "r"(hi[2]), "r"(hi[3]), "r"(b[2]), "r"(b[3]));
+#else
+  d[0] = d[1] = d[2] = d[3] = 0.0f;
+  __trap();  // the launchers check the device and the binary first
 #endif
 }
 

@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "backend/cuda/device_async_copy.cuh"
 #include "backend/cuda/device_fp8_mma.cuh"
@@ -365,6 +366,7 @@ struct GArgs {
   const float* row_w = nullptr;
   float limit = 0.0f;
   bool bf16 = false;
+  float* raw_gu = nullptr;  // tests: moe_tc_small_kernel<kW13> stores g and u here ([rows, 2 inter]), not SwiGLU
 };
 
 // Weights, K and the output width of a block of kind KIND (expert e for the MoE kinds).
@@ -1594,26 +1596,47 @@ __global__ void __launch_bounds__(GT_THREADS, 2) gemv_tc_kernel(const GArgs A) {
 }
 
 // ---- moe_tc_small_kernel: the small segments (1..16 rows) of FP4 (Q) experts on tensor cores (fast mode) ----------
-// gemv_kernel's products for the MoE kinds (kW13: w1 and w3 of the expert, then SwiGLU; kW2) as mma.sync m16n8k32
-// e4m3: the FP4 weights' per-32 scales differ by row, so every mma covers one 32-column scale group and its result
-// is scaled in fp32 (as tc_kernel does). Lane (g, t) takes the 4-byte word 16 s + 4 t of the tile's rows g, g + 8 in
-// each 64-byte (128-column) block, i.e. columns 32 s + 8 t .. + 7 of group s; fp4_as_e4m3 puts its even columns in
-// a0 / a1 and its odd ones in a2 / a3, and the activation codes are staged in shared memory in the same order (per
-// 8 columns: the 4 even ones, then the 4 odd ones). Rows of the segment are taken 8 at a time (the 8 columns of B;
-// a row's result does not depend on the others).
+// gemv_kernel's products for the MoE kinds (kW13: w1 and w3 of the expert, then SwiGLU; kW2) on f16 tensor cores
+// (mma.sync m16n8k16, fp32 accumulation). The FP4 weights' per-32 scales differ by row, so every 32-column scale
+// group has its own pair of mmas and its result is scaled in fp32 (as tc_kernel does).
+// Order per output: per 128-column block, d_s = the 32 products of group s summed by two f16 mmas (columns 0..3 of
+// every 8 of the group, then columns 4..7 onto that sum), p = d_0 sw_0, then p = fma(d_s, sw_s, p) for s = 1..3
+// (sw: the rows' E8M0 scales), acc = fma(p, sa, acc) (sa: the activation's block scale) over the warp's blocks in
+// ascending order from 0, then the 8 warps' sums added in warp order. Every product is exact; the sums differ from
+// the CPU's order by fp32 rounding (the fast mode's tolerance). That order depends on the shape only, and a row's
+// result does not depend on the other rows of the call or their number (the columns of an mma do not mix):
+// deterministic and batch invariant.
+// These are the mmas ptxas (CUDA 13.0) made of the e4m3 mma.sync m16n8k32 this kernel issued before (sm_90 has no
+// FP8 mma.sync; it converted both operands' e4m3 codes to f16 for every mma, the weights' codes being the E2M1
+// values x 2^-6, and added + 0 to the result). Now the weights go from FP4 straight to f16 as the E2M1 values x 2^-14
+// (fp4_as_f16x2_bits: bit placement, no conversion), the activation codes are converted once per block (below), the
+// block scale carries the 2^14 (sa x 2^14 instead of sa x 2^6) and the + 0 is gone: d is the old d x 2^-8 and every
+// later product the old one, so the results are the old kernel's (on sm_90; where no fp32 product of a scale is
+// subnormal, i.e. weight scales >= 2^-100) but for E8M0 codes 0 and 255, decoded as moe_tc_big_kernel decodes them
+// (e8m0_byte_fast: code 0 as 0 instead of 2^-127, which changes only groups with nonzero weights by less than 2^-100
+// of their products (such groups are all zero in real checkpoints); code 255 as infinity instead of NaN).
+// Fragments: lane (g, t) takes the 4-byte word 16 s + 4 t of the tile's rows g, g + 8 in each 64-byte (128-column)
+// block, i.e. columns 32 s + 8 t .. + 7 of group s, as f16 pairs of columns 0, 2 | 1, 3 | 4, 6 | 5, 7: the first mma
+// takes pairs (0, 2), (1, 3) of rows g and g + 8 as a0..a3, the second (4, 6), (5, 7). B's column n is the segment's
+// row g0 + n (rows taken 8 at a time). The activation codes (exact e4m3 values) are staged once per block in shared
+// memory in that order: kW2 as f16 (16 bytes per 8 columns: one 16-byte load gives a lane the B pairs of a group),
+// kW13 as e4m3 bytes (per 8 columns the 4 even ones, then the 4 odd ones: one 8-byte load and 4 conversions per group,
+// for both matrices), because f16 codes of K = 4096 would leave room for one block per SM only. Staged rows are
+// padded so that the rows one load phase reads lie on different banks.
 // Work: blockIdx.x = bt * n_slots + slot: the block takes expert slot's 16-row output tiles bt, bt + n_bt, ...
 // (n_bt = gridDim.x / n_slots: the launcher sizes the grid to what the GPU holds at once), its 8 warps splitting K;
 // every warp streams its (tile, KB x 128-column blocks) items through its own ring of mt_pf(KIND, KB) stages in
 // shared memory: each stage is filled by cp.async (16 bytes per lane, whole row blocks: one pass over the lines,
-// nothing held in registers while in flight) and read back by ldmatrix, whose fragment layout hands lane (g, t)
-// exactly word t of a row's 16-byte scale group. KB = 2 (K a multiple of 2048: an item covers 128 contiguous bytes
-// of each of its 16 rows, a whole cache line) where possible: items of 64 bytes per row (half lines) streamed at
-// most ~2.0 TB/s on an H100 even without any arithmetic, whole lines at 3.0 (a microbenchmark of the two patterns);
-// KB = 1 otherwise. Each 128-column block of a stage is stored as its own 16 x 64-byte sub-block, the rows' four
-// 16-byte chunks XOR-swizzled by (row / 2) % 4, so the 8 rows one ldmatrix phase reads hit 8 different bank groups.
-// So the expert's pointers and the staged activations are paid once per block. A warp consumes its 128-column
-// blocks in the same order whatever KB, and the 8 warps' sums are added in warp order (the order depends on the
-// shape only, not on the grid or KB).
+// nothing held in registers while in flight; each lane's sources are set per tile and advanced per item) and read
+// back by ldmatrix, whose fragment layout hands lane (g, t) exactly word t of a row's 16-byte scale group. KB = 2 (K
+// a multiple of 2048: an item covers 128 contiguous bytes of each of its 16 rows, a whole cache line) where
+// possible: items of 64 bytes per row (half lines) streamed at most ~2.0 TB/s on an H100 even without any
+// arithmetic, whole lines at 3.0 (a microbenchmark of the two patterns); KB = 1 otherwise. Each 128-column block of
+// a stage is stored as its own 16 x 64-byte sub-block, the rows' four 16-byte chunks XOR-swizzled by (row / 2) % 4,
+// so the 8 rows one ldmatrix phase reads hit 8 different bank groups; its 16 scale words follow, those of rows r
+// and r + 8 side by side (one 8-byte load per lane). So the expert's pointers and the staged activations are paid
+// once per block. A warp consumes its 128-column blocks in the same order whatever KB, and the 8 warps' sums are
+// added in warp order (the order depends on the shape only, not on the grid or KB).
 constexpr int MT_THREADS = 256, MT_WARPS = 8, MT_ROWS = 16, MT_COLS = 8, MT_MAXK = 8192;
 constexpr int64_t kMtMaxTiles = 8;  // output tiles one block of moe_tc_small_kernel takes at most
 constexpr int MT_WBYTES = MT_ROWS * 64, MT_SBYTES = MT_ROWS * 4;  // a 128-column block's weight / scale bytes
@@ -1628,149 +1651,198 @@ __host__ __device__ constexpr int mt_stage_bytes(int kind, int kb) {
 // 128-column blocks per item for the product's K (see above)
 int mt_kb(int64_t K) { return (K / 128) % (2 * MT_WARPS) == 0 ? 2 : 1; }
 
-// Dynamic shared memory of moe_tc_small_kernel<KIND, KB> for K: the 8 rows' activation codes [8, K] and scales
-// [8, K / 128], then the warps' rings.
+// The activations staged as f16 (kW2) or as e4m3 codes (kW13), see above; bytes of a staged row for K: 64 more than a
+// multiple of 128 for f16 (16-byte loads: the 2 rows of a phase on all banks), 32 more for e4m3 (8-byte loads: 4 rows).
+__host__ __device__ constexpr bool mt_f16_act(int kind) { return kind == kW2; }
+__host__ __device__ constexpr int64_t mt_act_pitch(int kind, int64_t K) {
+  return mt_f16_act(kind) ? 2 * K + 64 : K + 32;
+}
+
+// Dynamic shared memory of moe_tc_small_kernel<KIND, KB> for K: the 8 rows' staged activations and their scales
+// [K / 128, 8], then the warps' rings.
 size_t moe_tc_smem(int kind, int kb, int64_t K) {
-  return size_t(MT_COLS * K) + size_t(MT_COLS * (K / 128)) * 4 +
+  return size_t(MT_COLS * mt_act_pitch(kind, K)) + size_t(MT_COLS * (K / 128)) * 4 +
          size_t(MT_WARPS * mt_pf(kind, kb) * mt_stage_bytes(kind, kb));
 }
 
 // Byte offset of 16-byte chunk c of row r (0..15) in a stage's weight block (the bank swizzle above).
 __device__ __forceinline__ int mt_chunk(int r, int c) { return r * 64 + 16 * (c ^ ((r >> 1) & 3)); }
+// Byte offset of row r's scale word (r = 0..15) in a stage's scale block: rows r, r + 8 side by side.
+__device__ __forceinline__ int mt_sword(int r) { return 8 * (r & 7) + 4 * (r >> 3); }
+
+// 8 bytes of shared memory at a shared-window address.
+__device__ __forceinline__ uint2 mt_lds64(uint32_t addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+  return v;
+}
+
+// tc_mma_f16_pair's B for group s of a 128-column block, from the lane's staged 8 columns at x (F16: f16 pairs of
+// columns 0, 2 | 1, 3 | 4, 6 | 5, 7; else e4m3 codes of columns 0, 2, 4, 6 then 1, 3, 5, 7, converted here).
+template <bool F16>
+__device__ __forceinline__ void mt_act_pairs(const uint8_t* x, uint32_t (&b)[4]) {
+  if constexpr (F16) {
+    const uint4 v = *reinterpret_cast<const uint4*>(x);
+    b[0] = v.x, b[1] = v.y, b[2] = v.z, b[3] = v.w;
+  } else {
+    const uint2 v = *reinterpret_cast<const uint2*>(x);
+    b[0] = e4m3x2_as_f16x2<false>(v.x), b[1] = e4m3x2_as_f16x2<false>(v.y);
+    b[2] = e4m3x2_as_f16x2<true>(v.x), b[3] = e4m3x2_as_f16x2<true>(v.y);
+  }
+}
+
+// f16 pair (lo = a, hi = b) of two exact e4m3 values (exact); e4m3 byte pair likewise.
+__device__ __forceinline__ uint32_t mt_f16x2(float a, float b) {
+  const __half2_raw h = __floats2half2_rn(a, b);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+__device__ __forceinline__ uint32_t mt_e4m3x2(float a, float b) {
+  return uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3));
+}
 
 // The block's work on expert slot `slot` (see moe_tc_small_kernel); every weight row is 16-byte aligned and every
 // scale row 4-byte aligned (MoeGemmArgs::w16_ok, words_ok).
 template <int KIND, int KB>
-__device__ __forceinline__ void moe_tc_small_run(const GArgs& A, const WDesc (&wd)[KIND == kW13 ? 2 : 1], int64_t K,
+__device__ __forceinline__ void moe_tc_small_run(const GArgs& A, const WDesc (&wd)[KIND == kW13 ? 2 : 1], int64_t K64,
                                                  int64_t n_tiles, int64_t wrow0, int64_t base, int64_t cnt,
                                                  int64_t bt, int64_t n_bt, int64_t n_mine,
                                                  float (&red)[MT_WARPS][KIND == kW13 ? 2 : 1][MT_COLS][MT_ROWS]) {
   constexpr int NW = KIND == kW13 ? 2 : 1;
+  constexpr bool F16A = mt_f16_act(KIND);
   constexpr int PF = mt_pf(KIND, KB), SB = mt_stage_bytes(KIND, KB), MB = KB * (MT_WBYTES + MT_SBYTES);
   extern __shared__ __align__(16) uint8_t mt_smem[];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int K = static_cast<int>(K64), nkb = K / 128, pitch = static_cast<int>(mt_act_pitch(KIND, K));
   // kbw items of KB blocks per warp and tile; the warp's blocks start at kbs
-  const int64_t nkb = K / 128, kbw = nkb / MT_WARPS / KB, kbs = int64_t(warp) * (nkb / MT_WARPS),
-                n_items = n_mine * kbw;
-  uint8_t* xq = mt_smem;                                          // [8, K] codes, permuted per 8 columns
-  float* xs = reinterpret_cast<float*>(mt_smem + MT_COLS * K);    // [8, K / 128] scales
-  uint8_t* ring = mt_smem + MT_COLS * K + MT_COLS * (K / 128) * 4 + warp * PF * SB;  // this warp's stages
-  // this lane's part of a stage fill. KB = 1: rows r0 and r0 + 8, chunk cc; the scale word of row `lane` (lanes
-  // < 16). KB = 2: rows fr + 4 u (u = 0..3), 16-byte chunk fc of the row's 128 bytes (block fc / 4; 8 lanes read a
-  // row's whole line), the scale word of row lane % 16, block lane / 16.
-  const int r0 = lane >> 2, cc = lane & 3;
-  const int off0 = mt_chunk(r0, cc), off8 = mt_chunk(r0 + 8, cc);
-  const int fr = lane >> 3, fc = lane & 7;
+  const int kbw = nkb / MT_WARPS / KB, kbs = warp * (nkb / MT_WARPS), n_items = static_cast<int>(n_mine) * kbw;
+  uint8_t* xq = mt_smem;                                            // [8, pitch] staged activation codes
+  float* xs = reinterpret_cast<float*>(mt_smem + MT_COLS * pitch);  // [K / 128, 8] their scales x 2^14
+  const uint32_t ring = smem_addr(mt_smem + MT_COLS * pitch + MT_COLS * nkb * 4) + warp * PF * SB;  // the warp's
+  // this lane's part of a stage fill, per matrix. KB = 1: rows frow + 8 u (u = 0, 1), 16-byte chunk fch of the row's
+  // 64 bytes, the scale word of row `lane` (lanes < 16). KB = 2: rows frow + 4 u (u = 0..3), chunk fch of the row's
+  // 128 bytes (block fch / 4; 8 lanes read a row's whole line), the scale word of row lane % 16, block lane / 16.
+  constexpr int NCP = KB == 1 ? 2 : 4, RSTEP = KB == 1 ? 8 : 4;  // 16-byte copies per lane and matrix, their row step
+  const int frow = KB == 1 ? lane >> 2 : lane >> 3, fch = KB == 1 ? lane & 3 : lane & 7;
+  const int srow = lane & 15, sblk = KB == 1 ? 0 : lane >> 4;
+  const bool scopy = KB == 2 || lane < MT_ROWS;
+  // the copies' offsets in a matrix's part of a stage: copy u at wdst[u % 2] + 512 (u / 2) (rows r and r + 8 have
+  // the same swizzle)
+  const int wdst[2] = {(fch >> 2) * MT_WBYTES + mt_chunk(frow, fch & 3),
+                       (fch >> 2) * MT_WBYTES + mt_chunk(frow + RSTEP, fch & 3)};
+  const int sdst = KB * MT_WBYTES + sblk * MT_SBYTES + mt_sword(srow);
+  const int64_t rstep = RSTEP * wd[0].row_bytes;  // (w1 and w3 have the same shape)
   // this lane's ldmatrix row address inside a matrix's weight block: matrix j = lane / 8 (rows j % 2 ? 8..15 : 0..7,
   // chunk s + j / 2 for groups s, s + 1)
   const int lr = (lane & 7) + 8 * ((lane >> 3) & 1), lc = lane >> 4;
   const int lm0 = mt_chunk(lr, lc), lm2 = mt_chunk(lr, lc + 2);
+  const int m0 = 2 * t, m1 = 2 * t + 1;  // D columns of this lane
   for (int64_t g0 = 0; g0 < cnt; g0 += MT_COLS) {
     const int mc = static_cast<int>(imin(MT_COLS, cnt - g0));
-    int64_t l_tile = bt, l_kb = 0;  // next item to fill
-    auto fill = [&](uint8_t* st) {   // the next item into stage st, one commit group (empty past the last item)
+    // the next item to fill: item l_kb of tile l_tile; this lane's sources of it per matrix (the bytes of its first
+    // row, its scale word), set from the tile at the tile's first item and advanced by KB blocks per item
+    int64_t l_tile = bt;
+    int l_kb = 0;
+    const uint8_t* wsrc[NW];
+    const uint8_t* ssrc[NW];
+    auto tile_sources = [&] {
+      const int64_t row = wrow0 + l_tile * MT_ROWS;
+#pragma unroll
+      for (int q = 0; q < NW; ++q) {
+        wsrc[q] = wd[q].w + (row + frow) * wd[q].row_bytes + kbs * 64 + 16 * fch;
+        ssrc[q] = wd[q].scale + (row + srow) * wd[q].scols + (kbs + sblk) * 4;
+      }
+    };
+    tile_sources();
+    auto fill = [&](uint32_t st) {  // the next item into stage st, one commit group (empty past the last item)
       if (l_tile < n_tiles) {
 #pragma unroll
         for (int q = 0; q < NW; ++q) {
-          const int64_t row = wrow0 + l_tile * MT_ROWS, kb = kbs + l_kb * KB;
-          uint8_t* wq = st + q * MB;
-          if constexpr (KB == 1) {
-            const uint8_t* src = wd[q].w + (row + r0) * wd[q].row_bytes + kb * 64 + 16 * cc;
-            cp16(wq + off0, src);
-            cp16(wq + off8, src + 8 * wd[q].row_bytes);
-            if (lane < MT_ROWS) cp4(wq + MT_WBYTES + 4 * lane, wd[q].scale + (row + lane) * wd[q].scols + kb * 4);
-          } else {
-            const uint8_t* src = wd[q].w + (row + fr) * wd[q].row_bytes + kb * 64 + 16 * fc;
+          const uint8_t* src = wsrc[q];
 #pragma unroll
-            for (int u = 0; u < 4; ++u)
-              cp16(wq + (fc >> 2) * MT_WBYTES + mt_chunk(fr + 4 * u, fc & 3), src + 4 * u * wd[q].row_bytes);
-            cp4(wq + KB * MT_WBYTES + (lane >> 4) * MT_SBYTES + 4 * (lane & 15),
-                wd[q].scale + (row + (lane & 15)) * wd[q].scols + (kb + (lane >> 4)) * 4);
-          }
+          for (int u = 0; u < NCP; ++u, src += rstep) cp16(st + wdst[u & 1] + (q * MB + 512 * (u >> 1)), src);
+          if (scopy) cp4(st + q * MB + sdst, ssrc[q]);
+          wsrc[q] += KB * 64;
+          ssrc[q] += KB * 4;
         }
       }
       cp_commit();
-      if (++l_kb == kbw) l_kb = 0, l_tile += n_bt;
+      if (++l_kb == kbw) {
+        l_kb = 0, l_tile += n_bt;
+        if (l_tile < n_tiles) tile_sources();
+      }
     };
 #pragma unroll
     for (int i = 0; i < PF; ++i) fill(ring + i * SB);  // in flight while the block stages the activations
-    for (int64_t q = tid; q < mc * K / 4; q += MT_THREADS) {  // 4 consecutive columns per thread
-      const int64_t m = q / (K / 4), c = 4 * (q % (K / 4));
+    // the rows' activation codes, 8 columns per thread and step (F16A: f16 pairs of columns 0, 2 | 1, 3 | 4, 6 | 5, 7;
+    // else e4m3 codes of columns 0, 2, 4, 6 | 1, 3, 5, 7), and their block scales x 2^14
+    for (int m = 0; m < mc; ++m) {
       const int64_t ar = act_row<KIND>(A, base + g0 + m);
-      const float4 v = __ldg(reinterpret_cast<const float4*>(A.a + ar * A.lda + c));
-      const float vv[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int64_t cc4 = c + i, o8 = cc4 & ~int64_t(7);
-        const int j = static_cast<int>(cc4 & 7);
-        xq[m * K + o8 + ((j & 1) ? 4 + (j >> 1) : (j >> 1))] = static_cast<uint8_t>(enc_e4m3(vv[i]));
+      const float* src = A.a + ar * A.lda;
+      uint8_t* dst = xq + m * pitch;
+      for (int c = 8 * tid; c < K; c += 8 * MT_THREADS) {
+        const float4 v0 = __ldg(reinterpret_cast<const float4*>(src + c));
+        const float4 v1 = __ldg(reinterpret_cast<const float4*>(src + c + 4));
+        if constexpr (F16A)
+          *reinterpret_cast<uint4*>(dst + 2 * c) = make_uint4(mt_f16x2(v0.x, v0.z), mt_f16x2(v0.y, v0.w),
+                                                              mt_f16x2(v1.x, v1.z), mt_f16x2(v1.y, v1.w));
+        else
+          *reinterpret_cast<uint2*>(dst + c) = make_uint2(mt_e4m3x2(v0.x, v0.z) | (mt_e4m3x2(v1.x, v1.z) << 16),
+                                                          mt_e4m3x2(v0.y, v0.w) | (mt_e4m3x2(v1.y, v1.w) << 16));
       }
-      if (c % 128 == 0) xs[m * nkb + c / 128] = __ldg(A.sa + ar * A.ldsa + c / 128);
+      for (int b = tid; b < nkb; b += MT_THREADS)
+        xs[b * MT_COLS + m] = __fmul_rn(__ldg(A.sa + ar * A.ldsa + b), 0x1p14f);
     }
     __syncthreads();
-    const int m0 = 2 * t, m1 = 2 * t + 1;
+    // B column g: the segment row g0 + g's codes, or row 0's past the segment (any valid codes: an mma's output
+    // columns do not mix, and those are not stored); the scales of D columns m0, m1 likewise
+    const uint8_t* xg = xq + (g < mc ? g : 0) * pitch + (F16A ? 16 : 8) * t;
+    const float* xs0 = xs + (m0 < mc ? m0 : 0);
+    const float* xs1 = xs + (m1 < mc ? m1 : 0);
     float tot[NW][4];
 #pragma unroll
     for (int w = 0; w < NW; ++w) tot[w][0] = tot[w][1] = tot[w][2] = tot[w][3] = 0.0f;
-    int64_t c_tile = bt, c_kb = 0;  // item being consumed
-    int slot = 0;
-    for (int64_t it = 0; it < n_items; ++it) {
-      uint8_t* st = ring + slot * SB;
+    int64_t c_tile = bt;  // item being consumed: item c_kb of tile c_tile, in ring slot `slot`
+    int c_kb = 0, slot = 0;
+    for (int it = 0; it < n_items; ++it) {
+      const uint32_t st = ring + slot * SB;
       cp_wait<PF - 1>();  // this lane's copies of item it are done ...
       __syncwarp();       // ... and every lane's
 #pragma unroll
       for (int j = 0; j < KB; ++j) {  // the item's 128-column blocks in order
-        const int64_t kb = kbs + c_kb * KB + j;
-        // activation scales x 64 (the fp4 codes as e4m3 are the values / 64)
-        const float sa0 = m0 < mc ? __fmul_rn(xs[m0 * nkb + kb], 64.0f) : 0.0f;
-        const float sa1 = m1 < mc ? __fmul_rn(xs[m1 * nkb + kb], 64.0f) : 0.0f;
+        const int kb = kbs + c_kb * KB + j;
+        const float sa0 = xs0[kb * MT_COLS], sa1 = xs1[kb * MT_COLS];
         uint32_t wv[NW][4][2];  // [matrix][group][row g, g + 8]
-        uint32_t sc[NW][2], spc[NW][2];  // the rows' scale words and their special bytes
+        uint2 sw[NW];           // [matrix]: the scale words of rows g, g + 8
 #pragma unroll
         for (int w = 0; w < NW; ++w) {
-          const uint8_t* wb = st + w * MB + j * MT_WBYTES;
-          const uint8_t* sb = st + w * MB + KB * MT_WBYTES + j * MT_SBYTES;
+          const uint32_t wb = st + w * MB + j * MT_WBYTES;
           uint32_t r[4];
           ldsm_x4(wb + lm0, r);  // groups 0, 1
           wv[w][0][0] = r[0], wv[w][0][1] = r[1], wv[w][1][0] = r[2], wv[w][1][1] = r[3];
           ldsm_x4(wb + lm2, r);  // groups 2, 3
           wv[w][2][0] = r[0], wv[w][2][1] = r[1], wv[w][3][0] = r[2], wv[w][3][1] = r[3];
-          sc[w][0] = *reinterpret_cast<const uint32_t*>(sb + 4 * g);
-          sc[w][1] = *reinterpret_cast<const uint32_t*>(sb + 4 * (g + 8));
-#pragma unroll
-          for (int h = 0; h < 2; ++h) spc[w][h] = __vcmpeq4(sc[w][h], 0u) | __vcmpeq4(sc[w][h], 0xFFFFFFFFu);
+          sw[w] = mt_lds64(st + w * MB + KB * MT_WBYTES + j * MT_SBYTES + 8 * g);
         }
         if (j == KB - 1) {
           __syncwarp();  // every lane has read the stage: it can be refilled
           fill(st);      // the item PF ahead into the stage just read
         }
-        // the block's sum over its 4 groups of each mma's result times its weight scale (a power of two: exact
+        // the block's sum over its 4 groups of each group's mma result times its weight scale (a power of two: exact
         // products), then one multiply by the activation scale
         float p[NW][4];
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
-          uint32_t b0 = 0u, b1 = 0u;
-          if (g < mc) {
-            const uint8_t* xp = xq + g * K + kb * 128 + 32 * s + 8 * t;
-            b0 = *reinterpret_cast<const uint32_t*>(xp);
-            b1 = *reinterpret_cast<const uint32_t*>(xp + 4);
-          }
+          uint32_t b[4];
+          mt_act_pairs<F16A>(xg + (F16A ? 2 : 1) * (kb * 128 + 32 * s), b);
 #pragma unroll
           for (int w = 0; w < NW; ++w) {
-            uint32_t ev0, od0, ev8, od8;
-            fp4_as_e4m3(wv[w][s][0], ev0, od0);
-            fp4_as_e4m3(wv[w][s][1], ev8, od8);
-            const uint32_t a[4] = {ev0, ev8, od0, od8};
+            uint32_t rg[4], r8[4];  // the f16 pairs of rows g, g + 8
+            fp4_as_f16x2_bits(wv[w][s][0], rg);
+            fp4_as_f16x2_bits(wv[w][s][1], r8);
+            const uint32_t lo[4] = {rg[0], r8[0], rg[1], r8[1]}, hi[4] = {rg[2], r8[2], rg[3], r8[3]};
             float d[4];
-            tc_mma(a, b0, b1, d);
-            const float sg = s == 0 ? e8m0_byte<0>(sc[w][0], spc[w][0])
-                           : s == 1 ? e8m0_byte<1>(sc[w][0], spc[w][0])
-                           : s == 2 ? e8m0_byte<2>(sc[w][0], spc[w][0])
-                                    : e8m0_byte<3>(sc[w][0], spc[w][0]);
-            const float s8 = s == 0 ? e8m0_byte<0>(sc[w][1], spc[w][1])
-                           : s == 1 ? e8m0_byte<1>(sc[w][1], spc[w][1])
-                           : s == 2 ? e8m0_byte<2>(sc[w][1], spc[w][1])
-                                    : e8m0_byte<3>(sc[w][1], spc[w][1]);
+            tc_mma_f16_pair(lo, hi, b, d);
+            const float sg = e8m0_byte_fast(sw[w].x, s), s8 = e8m0_byte_fast(sw[w].y, s);
             if (s == 0) {
               p[w][0] = __fmul_rn(d[0], sg), p[w][1] = __fmul_rn(d[1], sg);
               p[w][2] = __fmul_rn(d[2], s8), p[w][3] = __fmul_rn(d[3], s8);
@@ -1804,7 +1876,12 @@ __device__ __forceinline__ void moe_tc_small_run(const GArgs& A, const WDesc (&w
 #pragma unroll
             for (int q = 1; q < MT_WARPS; ++q) sm[w] = __fadd_rn(sm[w], red[q][w][m][r]);
           }
-          store_out<KIND>(A, base + g0 + m, c_tile * MT_ROWS + r, sm[0], sm[NW - 1]);
+          if (KIND == kW13 && A.raw_gu != nullptr) {  // (tests: g and u instead of SwiGLU)
+            A.raw_gu[(base + g0 + m) * 2 * A.inter + c_tile * MT_ROWS + r] = sm[0];
+            A.raw_gu[(base + g0 + m) * 2 * A.inter + A.inter + c_tile * MT_ROWS + r] = sm[NW - 1];
+          } else {
+            store_out<KIND>(A, base + g0 + m, c_tile * MT_ROWS + r, sm[0], sm[NW - 1]);
+          }
         }
         __syncthreads();  // red (and, after the last tile, xq / xs) are reused
         c_kb = 0;
@@ -2421,6 +2498,59 @@ void moe_w2(const MoeGemmArgs& g, const float* h, const float* sh, float* o, cud
   moe_launch_both(kW2, g, A, g.d_model, stream);
 }
 
+// moe_tc_small_for_test (kernels.h): the expert as a one-expert layer whose only segment is `rows` sorted rows
+// (row r's token is r).
+bool moe_tc_small_test(bool w13, const ExpertView& ex, const float* a, const float* sa, int64_t rows, float* y) {
+  const int kind = w13 ? kW13 : kW2;
+  MoeGemmArgs g;
+  g.n_experts = 1;
+  g.fmt = ex.w1.fmt;
+  g.d_model = ex.w1.cols;
+  g.inter = ex.w1.rows;
+  g.n_rows_bound = g.n_tok = rows;
+  g.quant = true;
+  const WeightView* ws[3] = {&ex.w1, &ex.w2, &ex.w3};
+  g.words_ok = g.w16_ok = true;
+  for (const WeightView* w : ws)
+    g.w16_ok = g.w16_ok && aligned16(w->w) && (w->cols / 2) % 16 == 0,
+    g.words_ok = g.words_ok && (reinterpret_cast<uintptr_t>(w->scale) & 3) == 0 && (w->cols / 32) % 4 == 0;
+  const int64_t K = w13 ? g.d_model : g.inter, nout = w13 ? g.inter : g.d_model;
+  GArgs A;
+  A.a = a;
+  A.lda = K;
+  A.sa = sa;
+  A.ldsa = K / 128;
+  A.a_vec = aligned16(a) && K % 4 == 0;
+  if (rows < 1 || rows > kMoeSmallMax || K % 128 != 0 || !moe_tc_small_ok(g, kind, A)) return false;
+  std::vector<int32_t> meta = {0, int32_t(rows), 0, 1};  // seg_start [2], small_list [1], n_small [1], row_tok
+  for (int64_t r = 0; r < rows; ++r) meta.push_back(int32_t(r));
+  void *dtable = nullptr, *dmeta = nullptr;
+  // (the inputs may still be in flight on the backend's streams, which do not wait for the default stream's work)
+  bool ok = cudaDeviceSynchronize() == cudaSuccess && cudaMalloc(&dtable, sizeof(ExpertView)) == cudaSuccess &&
+            cudaMalloc(&dmeta, meta.size() * sizeof(int32_t)) == cudaSuccess &&
+            cudaMemcpy(dtable, &ex, sizeof(ExpertView), cudaMemcpyHostToDevice) == cudaSuccess &&
+            cudaMemcpy(dmeta, meta.data(), meta.size() * sizeof(int32_t), cudaMemcpyHostToDevice) == cudaSuccess;
+  if (ok) {
+    const int32_t* m = static_cast<const int32_t*>(dmeta);
+    g.table = static_cast<const ExpertView*>(dtable);
+    g.seg_start = m;
+    g.small_list = m + 2;
+    g.n_small = m + 3;
+    g.row_tok = m + 4;
+    GArgs As = moe_args(g);
+    As.a = A.a, As.lda = A.lda, As.sa = A.sa, As.ldsa = A.ldsa, As.a_vec = A.a_vec;
+    As.y = y;
+    As.ldy = nout;
+    As.raw_gu = w13 ? y : nullptr;
+    As.n_slots = 1;
+    launch_small_tc(kind, g, As, nout, nullptr);
+    ok = cudaGetLastError() == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess;
+  }
+  cudaFree(dtable);
+  cudaFree(dmeta);
+  return ok;
+}
+
 }  // namespace gemm_internal
 
 // ---- public launchers ---------------------------------------------------------------------------------------------
@@ -2664,6 +2794,11 @@ bool linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int64_t 
 }
 
 int64_t moe_tc_small_launches() { return gemm_internal::g_small_tc_launches.load(); }
+
+bool moe_tc_small_for_test(bool w13, const ExpertView& dev_expert, const float* a, const float* sa, int64_t rows,
+                           float* y) {
+  return gemm_internal::moe_tc_small_test(w13, dev_expert, a, sa, rows, y);
+}
 
 bool linear_grouped_tc(const WeightView& W, int64_t n_tok, int64_t groups, const float* x, const LinearOpts& o) {
   if (groups <= 1 || W.rows % groups != 0 || deterministic() || gemm_path() != GemmPath::auto_) return false;

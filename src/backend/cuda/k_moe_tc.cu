@@ -250,16 +250,16 @@ __global__ void __launch_bounds__(BT_THREADS, 2) moe_tc_big_kernel(const BigArgs
     const uint8_t* a = A.act + (int64_t(a_row) * K + kb * BT_KT) * 2 + 16 * q;
     const uint32_t ad = S + ST_A + r * 256, ax = 16 * (q ^ a_swizzle(r));
 #pragma unroll
-    for (int c = 0; c < 4; ++c) cp16_s(ad + ((64 * c) ^ ax), a + 64 * c);
+    for (int c = 0; c < 4; ++c) cp16(ad + ((64 * c) ^ ax), a + 64 * c);
     // B: group q of staged rows r + 64 c
     const int64_t bo = r * rb + 16 * q + kb * 64;
     const uint32_t bd = S + ST_B + r * 64 + 16 * (q ^ ((r >> 1) & 3));
-    cp16_s(bd, b0 + bo);
-    cp16_s(bd + 4096, b0 + bo + 64 * rb);
-    cp16_s(bd + 8192, b1 + bo);
-    cp16_s(bd + 12288, b1 + bo + 64 * rb);
-    cp4_s(S + ST_S + 4 * tid, s0 + (tid & 127) * sb + kb * 4);
-    if (tid < BT_M) cp4_s(S + ST_R + 4 * ((tid & 7) * 8 + (tid >> 3)), A.ratio + int64_t(r_row) * nkb + kb);
+    cp16(bd, b0 + bo);
+    cp16(bd + 4096, b0 + bo + 64 * rb);
+    cp16(bd + 8192, b1 + bo);
+    cp16(bd + 12288, b1 + bo + 64 * rb);
+    cp4(S + ST_S + 4 * tid, s0 + (tid & 127) * sb + kb * 4);
+    if (tid < BT_M) cp4(S + ST_R + 4 * ((tid & 7) * 8 + (tid >> 3)), A.ratio + int64_t(r_row) * nkb + kb);
   };
 
   // ---- this lane's reads. Registers are scarce (acc alone takes 64): the lane's indices and offsets are recomputed
@@ -345,7 +345,7 @@ __global__ void __launch_bounds__(BT_THREADS, 2) moe_tc_big_kernel(const BigArgs
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             uint32_t a[4];
-            ldsm_x4_s(S + L.a(s) + 4096 * i, a);
+            ldsm_x4(S + L.a(s) + 4096 * i, a);
 #pragma unroll
             for (int j = 0; j < 4; ++j) mma_f16(acc[i][j], a, b[j][2 * h], b[j][2 * h + 1]);
           }
@@ -374,8 +374,8 @@ __global__ void __launch_bounds__(BT_THREADS, 2) moe_tc_big_kernel(const BigArgs
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             uint32_t a0[4], a1[4];
-            ldsm_x4_s(S + L.a(2 * G) + 4096 * i, a0);
-            ldsm_x4_s(S + L.a(2 * G + 1) + 4096 * i, a1);
+            ldsm_x4(S + L.a(2 * G) + 4096 * i, a0);
+            ldsm_x4(S + L.a(2 * G + 1) + 4096 * i, a1);
 #pragma unroll
             for (int jj = 0; jj < 2; ++jj) {
               float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};

@@ -146,6 +146,13 @@ int64_t moe_tc_big_calls();
 // How many launches of moe_tc_small_kernel (the small expert segments in the fast mode, k_gemm.cu: one per MoE
 // product) this process queued (for tests).
 int64_t moe_tc_small_launches();
+// For tests: moe_tc_small_kernel alone, on one expert whose only segment is `rows` (1..16) sorted rows (row r's
+// token is r). w13: w1 and w3 ([inter, d_model]) on a [rows, d_model] into y [rows, 2 inter]: g, then u, the fp32
+// sums (no SwiGLU, no rounding); else w2 ([d_model, inter]) on a [rows, inter] into y [rows, d_model]. a: exact
+// e4m3 values as fp32 with block scales sa [rows, K / 128]; dev_expert: FP4 weight views of device memory; a, sa, y
+// device memory. Synchronous; false (nothing run) where the kernel cannot take the shape, the mode or the device.
+bool moe_tc_small_for_test(bool w13, const ExpertView& dev_expert, const float* a, const float* sa, int64_t rows,
+                           float* y);
 // How many of the fp32 outputs of rounds x 64 x 256 lanes' random mma operands tc_mma_b and tc_mma disagree on
 // (other than a zero's sign or a NaN's bits); -1 where the device or the binary has no FP8 mma (k_mma_check.cu;
 // for tests).
