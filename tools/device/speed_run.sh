@@ -52,7 +52,8 @@
 #   hf       tools/bench/hf_side_by_side.py (issue 9 item 5): HF transformers vs dsv4, 4 layers, into $OUT/side-by-side.json
 # Environment: OUT (results folder), DSV4_COMMIT (the commit the tree is: pass it as a literal, e.g.
 # DSV4_COMMIT=0a8d6df; `$(git rev-parse --short HEAD)` on the device resolves to main's tip, not the tree sent),
-# GTEST_FILTER (optional), AB_CFGS (ab: which configurations), LAYERS (dummy layers of the 24-layer runs; 16 fits an 80 GB H100).
+# GTEST_FILTER (optional), AB_CFGS (ab: which configurations), LAYERS (dummy layers of the 24-layer runs; default 24
+# where the GPU has more than 100 GB, else 16, which fits an 80 GB H100).
 # Every step is time-limited (the whole run stays under ~560 s) so partial results still come back.
 set -u
 OUT=${OUT:-/tmp/dsv4-out}
@@ -86,6 +87,11 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
   nvidia-smi -L 2>&1 | head -2
   nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv 2>&1 | tail -1
   echo "cpus $(nproc): $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
+  if [ -z "${LAYERS:-}" ]; then  # 24 dummy layers where they fit (H200: 141 GB), else 16 (H100 80 GB)
+    MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+    LAYERS=16; [ "${MIB:-0}" -gt 100000 ] 2>/dev/null && LAYERS=24
+    echo "LAYERS=$LAYERS (GPU memory ${MIB:-?} MiB)"
+  fi
   # a prebuilt tree may come as .scratch/devbin.tar.xz (tools/device/pack_devbin.sh: build-cuda/{dsv4,test_gpu,lib/*}
   # built on the dev machine with the same CUDA 13.0); it names its data by the source path it was built from
   # (DSV4_BUILT_AT, default /work/main): make that path point here
