@@ -168,7 +168,7 @@ TEST(CudaPdl, BenchModelReportsPdlAndNoPdl) {
   };
   const std::string base = "bench model --config " + std::string(DSV4_SOURCE_DIR) +
                            "/tests/data/tiny-a/config.json --load-format dummy --device cuda --ctx 128 --prefill 0 "
-                           "--steps 3 --no-profile --json";
+                           "--steps 3 --batch 2 --no-profile --json";  // (batch > 1: nonfinite_logit_rows reported)
   const CliResult on = cli(base), off = cli(base + " --no-pdl");
   ASSERT_EQ(on.rc, 0) << on.out;
   ASSERT_EQ(off.rc, 0) << off.out;
@@ -178,7 +178,7 @@ TEST(CudaPdl, BenchModelReportsPdlAndNoPdl) {
   EXPECT_FALSE(joff.at("pdl").get<bool>());
   EXPECT_EQ(jon.at("nonfinite_logit_rows").get<int>(), 0);
   EXPECT_EQ(joff.at("nonfinite_logit_rows").get<int>(), 0);
-  std::printf("[cuda-pdl] bench model tiny-a dummy ctx 128: %.3f ms/step with PDL (%s), %.3f without\n",
+  std::printf("[cuda-pdl] bench model tiny-a dummy ctx 128 batch 2: %.3f ms/step with PDL (%s), %.3f without\n",
               jon.at("decode_ms_per_step").get<double>(), active ? "active" : "inactive",
               joff.at("decode_ms_per_step").get<double>());
 }

@@ -12,7 +12,8 @@
 #            --no-pdl, interleaved, 3 runs each (JSON "pdl" tells which way each ran)
 #   ab       the built dsv4 against a baseline binary build-cuda/dsv4-base-<commit> (packed by pack_devbin.sh with
 #            BASE=<stripped dsv4> BASE_COMMIT=<commit>) or carried as .scratch/base-dsv4-<commit>.xz, interleaved on the same card, 2 rounds: b1 (ctx 4096), b8 / b32 / b128 (ctx 4096)
-#            and prefill of 8192 tokens, --no-profile (AB_CFGS="b1 prefill8192 ..." picks some); JSON bench-ab-{new,base}-*.json
+#            and prefill of 8192 tokens, --no-profile (AB_CFGS="b1 prefill8192 ..." picks some; AB_NOPDL=1 adds the built
+#            dsv4 with --no-pdl); JSON bench-ab-{new,newnopdl,base}-*.json
 #   prefill  the same, prefill of 8192 tokens (fast)
 #   dense    batch-1 decode at ctx 4096 with --numerics dense (fast)
 #   batch    --batch 128, 8, 32 at ctx 4096 (batched decode over one state pool)
@@ -119,8 +120,8 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
       done
     fi
   fi
-  if has ab && [ -x "$B/dsv4" ] && ls "$B"/dsv4-base-* .scratch/base-dsv4-*.xz > /dev/null 2>&1; then
-    if ls "$B"/dsv4-base-* > /dev/null 2>&1; then  # packed in the devbin (pack_devbin.sh with a base binary)
+  if has ab && [ -x "$B/dsv4" ] && { compgen -G "$B/dsv4-base-*" > /dev/null || compgen -G ".scratch/base-dsv4-*.xz" > /dev/null; }; then
+    if compgen -G "$B/dsv4-base-*" > /dev/null; then  # packed in the devbin (pack_devbin.sh with a base binary)
       BASEC=$(ls "$B"/dsv4-base-* | head -1); BASEC=${BASEC##*/dsv4-base-}
     else
       BASEXZ=$(ls .scratch/base-dsv4-*.xz | head -1); BASEC=${BASEXZ##*/base-dsv4-}; BASEC=${BASEC%.xz}
@@ -131,10 +132,10 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
                  "prefill8192:--ctx 0 --prefill 8192 --steps 1" "b32:--batch 32 --ctx 4096 --prefill 0 --steps 8" \
                  "b8:--batch 8 --ctx 4096 --prefill 0 --steps 8"; do
         [[ " ${AB_CFGS:-b1 b128 prefill8192 b32 b8} " == *" ${cfg%%:*} "* ]] || continue
-        for side in new base; do
-          BIN=dsv4; [ $side = base ] && BIN=dsv4-base-$BASEC
+        for side in new ${AB_NOPDL:+newnopdl} base; do
+          BIN=dsv4; X=; [ $side = base ] && BIN=dsv4-base-$BASEC; [ $side = newnopdl ] && X=--no-pdl
           # shellcheck disable=SC2086
-          DSV4_BIN=$BIN bench ab-$side-${cfg%%:*}-r$r ${cfg#*:} --no-profile
+          DSV4_BIN=$BIN bench ab-$side-${cfg%%:*}-r$r ${cfg#*:} --no-profile $X
         done
       done
     done
