@@ -78,6 +78,12 @@ void* Backend::alloc_pinned(size_t bytes, const char* what) {
 
 void Backend::free_pinned(void* p) noexcept { std::free(p); }
 
+Workspace& Backend::lane_workspace(int i) {
+  if (i <= 0) return *ws_;
+  while (lane_ws_list_.size() < size_t(i)) lane_ws_list_.push_back(std::make_unique<Workspace>(*this));
+  return *lane_ws_list_[size_t(i - 1)];
+}
+
 std::unique_ptr<UploadQueue> Backend::make_upload_queue(int slots) {
   return std::make_unique<InOrderUploadQueue>(*this, slots);
 }
