@@ -139,25 +139,38 @@ void Model::forward(const Batch& b, StatePool& pool, const BatchLogitsSink& sink
 
 // Lanes (CPU). linear_batch runs a product of fewer than 2^21 multiply-adds on the calling thread, and the other ops
 // have bars of the same order, so a step of a few tokens of a small model (the demo model's 8 decodes) runs nearly
-// all of its layers on one thread while the others wait. Such a step of several sequences runs as lanes instead: the
-// sequences in groups of about equal token counts, each group's layers on a thread of its own as a step of its own
-// (its plan, its workspace; the ops inside run on that thread), then one head over the wanted rows of all groups on
-// the whole pool. A sequence's results do not depend on what else shares its step (batch invariance), so they are
-// bitwise those of the single step, and they reach the head and the sink in the single step's order.
-int64_t Model::largest_layer_product() const {
-  int64_t m = 0;
-  auto el = [&](const WeightView& w) { m = std::max(m, w.rows * w.cols); };
-  for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
-    const LayerResident& p = lr_[size_t(l)];
-    for (const WeightView* w : p.dense_linears()) el(*w);
-    for (const ExpertView* e : {&p.shared, p.experts.empty() ? nullptr : &p.experts[0]})
-      if (e) el(e->w1), el(e->w2), el(e->w3);
+// all of its layers on one thread while the others wait; larger steps of a small model run each op on the pool, but
+// with a fork and join per op (with sleeping workers, a wake-up each) and little work between them. Such a step of
+// several sequences runs as lanes instead: the sequences in groups of about equal token counts, each group's layers
+// on a thread of its own as a step of its own (its plan, its workspace; the ops inside run on that thread), then one
+// head over the wanted rows of all groups on the whole pool. A sequence's results do not depend on what else shares
+// its step (batch invariance), so they are bitwise those of the single step, and they reach the head and the sink in
+// the single step's order. Each lane reads every layer weight: lanes for steps of more than small products only
+// when all the layers' weights are a few MiB (they stay in cache) and the longest lane is shorter than the step over
+// the pool's speedup, taken as 2/3 of its threads (measured on the demo model, 2 threads: ~1.3x for a 512-token step).
+namespace {
+// Pieces to lanes: longest first, each to the lane with the fewest tokens so far. Returns the lane of each piece and
+// the tokens of the longest lane.
+std::vector<int> assign_lanes(const std::vector<PlanPiece>& pieces, int n_lanes, int64_t* longest) {
+  std::vector<size_t> order(pieces.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return pieces[a].tokens.size() > pieces[b].tokens.size(); });
+  std::vector<int64_t> lane_tokens(static_cast<size_t>(n_lanes), 0);
+  std::vector<int> lane_of(pieces.size());
+  for (size_t i : order) {
+    const auto it = std::min_element(lane_tokens.begin(), lane_tokens.end());
+    lane_of[i] = int(it - lane_tokens.begin());
+    *it += int64_t(pieces[i].tokens.size());
   }
-  return m;
+  *longest = *std::max_element(lane_tokens.begin(), lane_tokens.end());
+  return lane_of;
 }
+}  // namespace
 
 int Model::lane_count(const std::vector<PlanPiece>& pieces, const StatePool& pool) const {
-  constexpr int64_t kSmallProduct = int64_t(1) << 21;  // linear_batch's bar for the pool
+  constexpr int64_t kSmallProduct = int64_t(1) << 21;          // linear_batch's bar for the pool
+  constexpr uint64_t kCachedWeights = uint64_t(16) << 20;      // "a few MiB" of layer weights
   if (!be_->device().is_cpu() || graphs_ || hook_ || route_observer_ || split_ || pool.layout().has_drafter() ||
       pieces.size() < 2)
     return 1;
@@ -166,26 +179,22 @@ int Model::lane_count(const std::vector<PlanPiece>& pieces, const StatePool& poo
     if (pc.spec) return 1;
     n += int64_t(pc.tokens.size());
   }
-  if (n * largest_layer_product() >= kSmallProduct) return 1;
-  return int(std::min<int64_t>(max_threads(), int64_t(pieces.size())));
+  const int threads = max_threads();
+  const int lanes = int(std::min<int64_t>(threads, int64_t(pieces.size())));
+  if (lanes < 2) return 1;
+  if (n * largest_layer_product_ < kSmallProduct) return lanes;
+  if (layer_weight_bytes_ > kCachedWeights) return 1;
+  int64_t longest = 0;
+  assign_lanes(pieces, lanes, &longest);
+  return 2 * int64_t(threads) * longest < 3 * n ? lanes : 1;
 }
 
 void Model::forward_lanes(std::vector<PlanPiece> pieces, int n_lanes, StatePool& pool,
                           const BatchLogitsSink& sink) const {
   const int64_t D = cfg_.hidden_size, HC = cfg_.hc_mult;
-  // pieces to lanes: longest first, each to the lane with the fewest tokens so far; a lane keeps batch order
-  std::vector<size_t> order(pieces.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return pieces[a].tokens.size() > pieces[b].tokens.size(); });
   const size_t lanes = static_cast<size_t>(n_lanes);
-  std::vector<int64_t> lane_tokens(lanes, 0);
-  std::vector<int> lane_of(pieces.size());
-  for (size_t i : order) {
-    const int lane = int(std::min_element(lane_tokens.begin(), lane_tokens.end()) - lane_tokens.begin());
-    lane_of[i] = lane;
-    lane_tokens[size_t(lane)] += int64_t(pieces[i].tokens.size());
-  }
+  int64_t longest = 0;
+  const std::vector<int> lane_of = assign_lanes(pieces, n_lanes, &longest);  // (a lane keeps batch order)
   // the wanted rows in the single step's order (pieces in batch order, positions ascending); per lane, the place of
   // each of its wanted rows in that order (its plan lists them in its own piece order, positions ascending)
   std::vector<std::vector<PlanPiece>> lane_pieces(lanes);

@@ -247,7 +247,6 @@ class Model final : public LanguageModel {
   void forward_ubatch(StepPlan plan, StatePool& pool, const BatchLogitsSink& sink) const;
   // The CPU's lanes for the pieces of one ubatch (forward.cpp): how many (1: none), and the step run as lanes.
   int lane_count(const std::vector<PlanPiece>& pieces, const StatePool& pool) const;
-  int64_t largest_layer_product() const;  // elements of the largest matrix of a main layer
   void forward_lanes(std::vector<PlanPiece> pieces, int n_lanes, StatePool& pool, const BatchLogitsSink& sink) const;
   // §5.8 the head for rows rows[0, nl) of X [n, hc, D] (device indices), nl = seq.size(); sink(seq[i], pos[i], ...).
   void head_rows(const float* X, int64_t n, const int32_t* rows, std::span<const size_t> seq,
@@ -338,6 +337,8 @@ class Model final : public LanguageModel {
   mutable std::vector<float> logits_host_;
   mutable std::vector<int32_t> bad_host_;
   mutable std::atomic<int64_t> lane_steps_{0};
+  int64_t largest_layer_product_ = 0;  // elements of the largest matrix of a main layer (lanes' rule)
+  uint64_t layer_weight_bytes_ = 0;    // bytes of every main layer's weights, all experts (lanes' rule)
 };
 
 }  // namespace dsv4
