@@ -152,6 +152,13 @@ void Ops::linear_pair(const WeightView& Wa, const WeightView& Wb, const float* x
   linear(Wb, x, n_tok, yb, o);
 }
 
+void Ops::linear_check_finite(const WeightView& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o,
+                              int32_t* bad) const {
+  linear(W, x, n_tok, y, o);
+  const int64_t rows = (o.row_end < 0 ? W.rows : o.row_end) - o.row_begin;
+  check_finite(y, n_tok, rows, bad);
+}
+
 void Ops::encode_rows(const float*, int64_t, const RowCodec& c, float*) const {
   fail("internal: this backend does not store compact state rows ({})", row_kind_name(c.kind));
 }

@@ -330,9 +330,8 @@ void Model::head_rows(const float* X, int64_t n, const int32_t* rows, std::span<
     float* xs = ws.alloc<float>(nr * HC * D);
     ops().gather_rows(X, n, nullptr, rows + r0, nr, HC * D, xs);
     float* logits = ws.alloc<float>(nr * V);
-    head(xs, nr, logits);
     int32_t* bad = ws.alloc<int32_t>(nr);
-    ops().check_finite(logits, nr, V, bad);
+    head(xs, nr, logits, bad);
     bad_host_.resize(size_t(nr));
     be_->copy_to_host(bad_host_.data(), bad, size_t(nr) * 4);
     const float* host = logits;  // the CPU backend's memory is host memory: no copy
@@ -371,7 +370,7 @@ void Model::block(int l, StatePool& pool, const StepPlan& plan, const DevicePlan
   ops().hc_post(y, X, post, comb, n, HC, D, bf16(), X);
 }
 
-void Model::head(const float* X, int64_t n, float* logits) const {
+void Model::head(const float* X, int64_t n, float* logits, int32_t* bad) const {
   const int64_t D = cfg_.hidden_size;
   Workspace& ws = be_->workspace();
   Workspace::Scope scope(ws);
@@ -379,7 +378,8 @@ void Model::head(const float* X, int64_t n, float* logits) const {
   ops().hc_head(X, n, cfg_.hc_mult, D, hc_head_fn_, hc_head_scale_, hc_head_base_, float(cfg_.hc_eps),
                 float(cfg_.rms_norm_eps), bf16(), u);
   ops().rmsnorm(u, n, D, norm_, float(cfg_.rms_norm_eps), bf16(), u);
-  ops().linear(head_, u, n, logits, bf16_weight_opts());  // fp32 logits from the upcast bf16 head (§5.8)
+  // fp32 logits from the upcast bf16 head (§5.8), and which rows hold a NaN or inf
+  ops().linear_check_finite(head_, u, n, logits, bf16_weight_opts(), bad);
 }
 
 std::vector<float> Model::logits_all(std::span<const int32_t> tokens) const {

@@ -278,7 +278,8 @@ class Model final : public LanguageModel {
   void moe(int layer, const DevicePlan& dp, int64_t n, const float* x, float* out) const;
   // The route observer (set_route_observer) of layer l's ids [n, k] (device), when one is set.
   void observe_route(int layer, const int32_t* ids, int64_t n, int64_t k) const;
-  void head(const float* X, int64_t n, float* logits) const;
+  // §5.8 logits [n, vocab] of the streams X [n, hc, D]; bad[t] = 1 where row t holds a NaN or inf, else 0.
+  void head(const float* X, int64_t n, float* logits, int32_t* bad) const;
   // MTP (mtp.cpp): the block input e_proj(enorm(embed[next])) + h_proj(hnorm(H)) of H [n, hc, D] into Xm, and the
   // MTP head's logits of its block output X [n, hc, D].
   void mtp_input(const float* H, const int32_t* next, const int32_t* hc_rows, int64_t n, float* Xm) const;
