@@ -79,6 +79,12 @@ void* Backend::alloc_pinned(size_t bytes, const char* what) {
 
 void Backend::free_pinned(void* p) noexcept { std::free(p); }
 
+Workspace& Backend::lane_workspace(int i) {
+  if (i <= 0) return *ws_;
+  while (lane_ws_list_.size() < size_t(i)) lane_ws_list_.push_back(std::make_unique<Workspace>(*this));
+  return *lane_ws_list_[size_t(i - 1)];
+}
+
 std::unique_ptr<UploadQueue> Backend::make_upload_queue(int slots) {
   return std::make_unique<InOrderUploadQueue>(*this, slots);
 }
@@ -145,6 +151,13 @@ void Ops::linear_pair(const WeightView& Wa, const WeightView& Wb, const float* x
          o.row_begin, o.row_end);
   linear(Wa, x, n_tok, ya, o);
   linear(Wb, x, n_tok, yb, o);
+}
+
+void Ops::linear_check_finite(const WeightView& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o,
+                              int32_t* bad) const {
+  linear(W, x, n_tok, y, o);
+  const int64_t rows = (o.row_end < 0 ? W.rows : o.row_end) - o.row_begin;
+  check_finite(y, n_tok, rows, bad);
 }
 
 void Ops::encode_rows(const float*, int64_t, const RowCodec& c, float*) const {

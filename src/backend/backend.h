@@ -172,7 +172,29 @@ class Backend {
   enum class RandomFill { e4m3, fp4_pairs, e8m0, bf16 };
   virtual void fill_random(void* p, size_t bytes, RandomFill kind, float param, uint64_t seed) = 0;
 
-  Workspace& workspace() { return *ws_; }
+  // The calling thread's workspace: the backend's own or, while a LaneScope of this backend is alive on the thread,
+  // that lane's (CPU: the lanes of a batched step run beside each other, each on its own thread, model/forward.cpp).
+  Workspace& workspace() { return lane_be_ == this ? *lane_ws_ : *ws_; }
+  // Lane i's workspace: 0 is the backend's own, i >= 1 one more, made on first use (call before the lanes start).
+  Workspace& lane_workspace(int i);
+  // Makes `ws` (a lane_workspace of `be`) the calling thread's workspace() of `be` while alive.
+  class LaneScope {
+   public:
+    LaneScope(Backend& be, Workspace& ws) : be_(lane_be_), ws_(lane_ws_) {
+      lane_be_ = &be;
+      lane_ws_ = &ws;
+    }
+    ~LaneScope() {
+      lane_be_ = be_;
+      lane_ws_ = ws_;
+    }
+    LaneScope(const LaneScope&) = delete;
+    LaneScope& operator=(const LaneScope&) = delete;
+
+   private:
+    Backend* be_;  // what the thread had before
+    Workspace* ws_;
+  };
 
   // Helpers over copy_to_device.
   Buffer upload_bytes(const void* src, size_t bytes, const char* what);
@@ -185,11 +207,15 @@ class Backend {
   // Derived destructors call this first: the workspace's chunks are freed through the (still complete) backend.
   void release_workspace() {
     kept_.clear();
+    lane_ws_list_.clear();
     ws_.reset();
   }
 
  private:
   std::unique_ptr<Workspace> ws_;
+  std::vector<std::unique_ptr<Workspace>> lane_ws_list_;  // lanes 1, 2, ...
+  static inline thread_local Backend* lane_be_ = nullptr;  // LaneScope: the backend and workspace of this thread
+  static inline thread_local Workspace* lane_ws_ = nullptr;
   std::vector<Buffer> kept_;
 };
 

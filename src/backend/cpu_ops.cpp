@@ -448,6 +448,12 @@ void CpuOps::linear(const WeightView& W, const float* x, int64_t n_tok, float* y
   dsv4::linear(W, x, n_tok, y, o);
 }
 
+void CpuOps::linear_check_finite(const WeightView& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o,
+                                 int32_t* bad) const {
+  const LinearJob job{W, x, n_tok, y, o, bad};
+  linear_batch(std::span<const LinearJob>(&job, 1));
+}
+
 void CpuOps::fill(float* x, int64_t n, float value) const { std::fill(x, x + n, value); }
 
 void CpuOps::round_bf16(float* x, int64_t n) const { round_bf16_inplace(x, n); }

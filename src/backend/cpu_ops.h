@@ -9,6 +9,8 @@ namespace dsv4 {
 class CpuOps : public Ops {
  public:
   void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o) const override;
+  void linear_check_finite(const WeightView& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o,
+                           int32_t* bad) const override;
   void fill(float* x, int64_t n, float value) const override;
   void round_bf16(float* x, int64_t n) const override;
   void scale(float* x, int64_t n, float alpha, bool bf16) const override;

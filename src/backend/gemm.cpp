@@ -137,6 +137,7 @@ struct Product {
   const float* sa = nullptr;  // (Q) act scales [n_tok][nsb]
   float* y = nullptr;
   LinearOpts opts;
+  int32_t* nonfinite = nullptr;  // LinearJob::nonfinite
   int64_t n_tok = 0, K = 0, nsb = 0, r0 = 0, r1 = 0, nout = 0;
   bool Q = false, quantized_fmt = false, scales_per_chunk = false;
   int bk = 0, sblk = 0;
@@ -239,6 +240,21 @@ void quantize_row(const Kernels& kq, const float* x, int64_t K, float* q, float*
     act_quant_fp8(x, K, 128, q, s);
 }
 
+// LinearJob::nonfinite: tokens [t0, t0 + mr) of P.y, rows [n0, n0 + nrows) (just written by this thread): a token
+// with a non-finite value there is flagged (relaxed atomic stores: other threads flag other rows of the same token).
+void flag_nonfinite(const Product& P, int64_t t0, int64_t mr, int64_t n0, int64_t nrows) {
+  for (int64_t m = 0; m < mr; ++m) {
+    const float* yr = P.y + (t0 + m) * P.nout + (n0 - P.r0);
+    uint32_t bad = 0;
+    for (int64_t j = 0; j < nrows; ++j) {
+      uint32_t u;
+      std::memcpy(&u, yr + j, 4);
+      bad |= uint32_t((u & 0x7F800000u) == 0x7F800000u);
+    }
+    if (bad) std::atomic_ref<int32_t>(P.nonfinite[t0 + m]).store(1, std::memory_order_relaxed);
+  }
+}
+
 // Unit u of product P: its 64-row group for its token tile, written to P.y. `next` (or null): the product of the next
 // unit this thread runs and that unit, whose weight bytes the fused GEMVs prefetch meanwhile. `prefetched`: whether
 // the thread's previous unit prefetched this one's (what the previous call returned). Returns whether this unit ran a
@@ -284,6 +300,7 @@ bool run_unit(const Product& P, const Kernels& ker, int64_t u, const Product* ne
     if (done) {
       if (P.opts.out_bf16)
         for (int64_t m = 0; m < mr; ++m) round_bf16_row(yg + m * P.nout, nrows, yg + m * P.nout);
+      if (P.nonfinite) flag_nonfinite(P, t0, mr, n0, nrows);
       return src.panels == nullptr;
     }
   }
@@ -347,6 +364,7 @@ bool run_unit(const Product& P, const Kernels& ker, int64_t u, const Product* ne
     else
       std::memcpy(yr, c, static_cast<size_t>(nrows) * 4);
   }
+  if (P.nonfinite) flag_nonfinite(P, t0, mr, n0, nrows);
   return fused;
 }
 
@@ -422,6 +440,8 @@ void linear_batch(std::span<const LinearJob> jobs) {
   for (const LinearJob& j : jobs) {
     Product P = describe(j.W, j.x, j.n_tok, j.y, j.opts);
     if (P.n_tok == 0) continue;
+    P.nonfinite = j.nonfinite;
+    if (P.nonfinite) std::fill(P.nonfinite, P.nonfinite + P.n_tok, 0);
     work += P.n_tok * P.K * P.nout;
     if (P.Q) quant += P.n_tok * P.K;
     prods.push_back(P);

@@ -72,12 +72,15 @@ inline void linear(const WeightRef& W, std::span<const float> x, int64_t n_tok, 
 // over the pool together, each thread taking one contiguous run of groups across the products (with the next group's
 // weight bytes prefetched while one is computed), and products with the same x share its activation quantization.
 // No job's y may overlap another job's x or y.
+// nonfinite (optional, [n_tok]): set to 1 where token t's row of y holds a non-finite value, else 0; each thread
+// checks the part of y it just wrote (Ops::linear_check_finite).
 struct LinearJob {
   GemmWeight W;
   const float* x = nullptr;
   int64_t n_tok = 0;
   float* y = nullptr;
   LinearOpts opts;
+  int32_t* nonfinite = nullptr;
 };
 void linear_batch(std::span<const LinearJob> jobs);
 

@@ -96,6 +96,11 @@ class Ops {
   // output is exactly its linear() (a backend may run both in one kernel: CUDA's decode steps). Default: the two calls.
   virtual void linear_pair(const WeightView& Wa, const WeightView& Wb, const float* x, int64_t n_tok, float* ya,
                            float* yb, const LinearOpts& o) const;
+  // linear(W, x) and then check_finite of its rows (the head's logits): bad[t] = 1 if row t of y holds a NaN or inf,
+  // else 0. Default: the two ops; the CPU checks each part of y on the thread that computed it, in the product's
+  // parallel region.
+  virtual void linear_check_finite(const WeightView& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o,
+                                   int32_t* bad) const;
 
   // ---- elementwise / per-row -----------------------------------------------------------------------------------
   // x <- value.

@@ -17,4 +17,12 @@ void parallel_for(int64_t n, Fn&& fn) {
   for (int64_t i = 0; i < n; ++i) fn(i);
 }
 
+// Calls fn(i) for i in [0, n), each on a thread of its own when the pool has n threads (else a thread runs several,
+// one after the other). fn must not throw.
+template <typename Fn>
+void parallel_tasks(int n, Fn&& fn) {
+#pragma omp parallel for schedule(static, 1) num_threads(n)
+  for (int i = 0; i < n; ++i) fn(i);
+}
+
 }  // namespace dsv4

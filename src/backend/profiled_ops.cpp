@@ -22,6 +22,10 @@ static const char* linear_kind(const WeightView& W) {
 void ProfiledOps::linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o) const {
   timed(linear_kind(W), [&] { inner_.linear(W, x, n_tok, y, o); });
 }
+void ProfiledOps::linear_check_finite(const WeightView& W, const float* x, int64_t n_tok, float* y,
+                                      const LinearOpts& o, int32_t* bad) const {
+  timed(linear_kind(W), [&] { inner_.linear_check_finite(W, x, n_tok, y, o, bad); });
+}
 void ProfiledOps::linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int64_t groups, float* y,
                                  const LinearOpts& o) const {
   timed(linear_kind(W), [&] { inner_.linear_grouped(W, x, n_tok, groups, y, o); });

@@ -22,6 +22,8 @@ class ProfiledOps final : public Ops {
   void reset() { times_.clear(); }
 
   void linear(const WeightView& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o) const override;
+  void linear_check_finite(const WeightView& W, const float* x, int64_t n_tok, float* y, const LinearOpts& o,
+                           int32_t* bad) const override;
   void linear_grouped(const WeightView& W, const float* x, int64_t n_tok, int64_t groups, float* y,
                       const LinearOpts& o) const override;
   void linear_pair(const WeightView& Wa, const WeightView& Wb, const float* x, int64_t n_tok, float* ya, float* yb,

@@ -288,6 +288,17 @@ void Model::make_resident() {
     mtp_.hc_head_base = upload_f32(mw.hc_head_base, size_t(HC), "mtp.hc_head_base", ml);
     mtp_.hc_head_scale = upload_f32(mw.hc_head_scale, 1, "mtp.hc_head_scale", ml);
   }
+  // what the CPU lanes' rule reads (forward.cpp)
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerResident& p = lr_[size_t(l)];
+    auto add = [&](const WeightView& w) {
+      largest_layer_product_ = std::max(largest_layer_product_, w.rows * w.cols);
+      layer_weight_bytes_ += view_bytes(w);
+    };
+    for (const WeightView* w : p.dense_linears()) add(*w);
+    for (const ExpertView& e : p.experts) add(e.w1), add(e.w2), add(e.w3);
+    if (p.has_shared) add(p.shared.w1), add(p.shared.w2), add(p.shared.w3);
+  }
   if (split_) {
     split_->finish(c.num_experts_per_tok);  // page-locks the host experts, picks the staging threshold
     if (split_->stage_min_tokens() > 0)

@@ -16,6 +16,7 @@
 // sinks / biases + per-sequence state (sequence_state.h) + a workspace bounded by the ubatch size.
 #pragma once
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -203,6 +204,9 @@ class Model final : public LanguageModel {
   // experts per MoE layer): the numerator of `dsv4 bench model`'s prefill TFLOP/s. Attention scores and the head
   // (one row per prompt) are not counted. `outside_layers` receives the part outside the layers (hc_head).
   double matmul_flops_per_token(double* outside_layers = nullptr) const;
+  // Ubatches run as lanes (forward.cpp: several sequences of small products, each group on a thread of its own) since
+  // the model was loaded.
+  int64_t lane_steps() const { return lane_steps_; }
   // Benchmarks: route every op through `ops` (a decorator of backend().ops(), e.g. ProfiledOps); nullptr: direct.
   void set_op_hook(const Ops* ops) { hook_ = ops; }
   // The recorded forward steps (CUDA graphs), or nullptr (CPU backend, ModelOptions::cuda_graphs off).
@@ -241,6 +245,12 @@ class Model final : public LanguageModel {
   };
   void validate(const Batch& batch, const StatePool& pool) const;
   void forward_ubatch(StepPlan plan, StatePool& pool, const BatchLogitsSink& sink) const;
+  // The CPU's lanes for the pieces of one ubatch (forward.cpp): how many (1: none), and the step run as lanes.
+  int lane_count(const std::vector<PlanPiece>& pieces, const StatePool& pool) const;
+  void forward_lanes(std::vector<PlanPiece> pieces, int n_lanes, StatePool& pool, const BatchLogitsSink& sink) const;
+  // §5.8 the head for rows rows[0, nl) of X [n, hc, D] (device indices), nl = seq.size(); sink(seq[i], pos[i], ...).
+  void head_rows(const float* X, int64_t n, const int32_t* rows, std::span<const size_t> seq,
+                 std::span<const int64_t> pos, const BatchLogitsSink& sink) const;
   void block(int layer, StatePool& pool, const StepPlan& plan, const DevicePlan& dp, float* X) const;
   void attention(int layer, StatePool& pool, const StepPlan& plan, const DevicePlan& dp, const float* x,
                  float* out) const;
@@ -268,7 +278,8 @@ class Model final : public LanguageModel {
   void moe(int layer, const DevicePlan& dp, int64_t n, const float* x, float* out) const;
   // The route observer (set_route_observer) of layer l's ids [n, k] (device), when one is set.
   void observe_route(int layer, const int32_t* ids, int64_t n, int64_t k) const;
-  void head(const float* X, int64_t n, float* logits) const;
+  // §5.8 logits [n, vocab] of the streams X [n, hc, D]; bad[t] = 1 where row t holds a NaN or inf, else 0.
+  void head(const float* X, int64_t n, float* logits, int32_t* bad) const;
   // MTP (mtp.cpp): the block input e_proj(enorm(embed[next])) + h_proj(hnorm(H)) of H [n, hc, D] into Xm, and the
   // MTP head's logits of its block output X [n, hc, D].
   void mtp_input(const float* H, const int32_t* next, const int32_t* hc_rows, int64_t n, float* Xm) const;
@@ -326,6 +337,9 @@ class Model final : public LanguageModel {
   mutable std::unique_ptr<StepGraphs> graphs_;  // recorded steps (null: eager); destroyed before owned_be_
   mutable std::vector<float> logits_host_;
   mutable std::vector<int32_t> bad_host_;
+  mutable std::atomic<int64_t> lane_steps_{0};
+  int64_t largest_layer_product_ = 0;  // elements of the largest matrix of a main layer (lanes' rule)
+  uint64_t layer_weight_bytes_ = 0;    // bytes of every main layer's weights, all experts (lanes' rule)
 };
 
 }  // namespace dsv4

@@ -12,6 +12,7 @@
 #include "backend/act_quant.h"
 #include "backend/cpu_backend.h"
 #include "backend/cpu_features.h"
+#include "backend/cpu_ops.h"
 #include "backend/gemm.h"
 #include "backend/gemm_kernels.h"
 #include "core/error.h"
@@ -550,6 +551,56 @@ TEST(Gemm, Bf16PanelCopy) {
       linear(wp, x.data(), n, y.data(), D());
       expect_bitwise(slow_linear(l >= SimdLevel::avx512 ? V : W, x, n, D()), y,
                      fmt::format("read the copy, n_tok={} level={}", n, simd_level_name(l)));
+    }
+  }
+}
+
+// Ops::linear_check_finite on the CPU (the head's logits, checked by the threads that computed them): y bitwise
+// linear()'s, and the flags those of check_finite on y — also when one token's only non-finite output lies in one
+// row group (a weight row with a huge value that only that token's input overflows), for tokens with a NaN or inf
+// input, every kernel and thread count, with and without the BF16 panel copy, and over flags that held garbage.
+TEST(Gemm, LinearCheckFiniteFlagsTheRowsThatHoldNanOrInf) {
+  std::mt19937 rng(91);
+  const CpuOps ops;
+  for (const bool panels : {false, true}) {
+    TestWeight W = make_weight(GemmFormat::bf16, 1000, 96, rng);
+    const float huge = 3.0e38f;
+    uint32_t hb;
+    std::memcpy(&hb, &huge, 4);
+    const uint16_t h = uint16_t(hb >> 16);
+    std::memcpy(&W.w[2 * (700 * 96 + 5)], &h, 2);  // W[700, 5] ~ 3e38: an input of 10 there overflows row 700 alone
+    std::vector<uint32_t> pan(size_t(bf16_panel_words(W.view())));
+    pack_bf16_panels(W.view(), pan.data());
+    GemmWeight wv = W.view();
+    if (panels) wv.panels = pan.data();
+    for (int64_t n : {1, 2, 5, 8, 9, 20}) {
+      LevelGuard guard;
+      std::vector<float> x = make_x(n * 96, rng, false);
+      for (int64_t t = 0; t < n; ++t) x[size_t(t * 96 + 5)] = 1e-3f;  // W[700, 5] x[5] stays finite
+      const int64_t over = n / 2;                                       // ... but for this token
+      x[size_t(over * 96 + 5)] = 10.0f;
+      if (n >= 5) {
+        x[size_t(1 * 96 + 40)] = std::numeric_limits<float>::quiet_NaN();
+        x[size_t(3 * 96 + 7)] = std::numeric_limits<float>::infinity();
+      }
+      std::vector<float> want(size_t(n * 1000));
+      linear(wv, x.data(), n, want.data(), D());
+      std::vector<int32_t> want_bad(static_cast<size_t>(n));
+      ops.check_finite(want.data(), n, 1000, want_bad.data());
+      ASSERT_EQ(want_bad[size_t(over)], 1);
+      for (SimdLevel l : levels()) {
+        ASSERT_EQ(set_simd_level(l), l);
+        for (int th : {1, 2, 3}) {
+          omp_set_num_threads(th);
+          std::vector<float> y(size_t(n * 1000), -1.0f);
+          std::vector<int32_t> bad(size_t(n), 7);
+          ops.linear_check_finite(wv, x.data(), n, y.data(), D(), bad.data());
+          const std::string what =
+              fmt::format("panels {} n_tok={} level={} threads={}", panels, n, simd_level_name(l), th);
+          expect_bitwise(want, y, what);
+          EXPECT_EQ(bad, want_bad) << what;
+        }
+      }
     }
   }
 }

@@ -286,6 +286,90 @@ TEST_P(BatchInvariance, SnapshotRestoreEqualsColdRun) {
   }
 }
 
+// Lanes (Model::forward_lanes): with more than one thread, a step of several sequences of a small model runs its
+// sequences in groups, each group's layers on a thread of its own, then one head. The same steps (prefill chunks,
+// decodes, snapshots) on 1, 2 and 3 threads (3: groups of unequal sizes): the same sink calls in the same order with
+// bitwise equal logits, the same snapshots; and the steps on 2 or 3 threads that lanes suit did run as lanes.
+TEST_P(BatchInvariance, LanesEqualOneThread) {
+  const Model& m = model();
+  const int32_t V = m.n_vocab();
+  const int saved = omp_get_max_threads();
+  struct Call {
+    size_t seq;
+    int64_t pos;
+    std::vector<float> logits;
+    bool operator==(const Call&) const = default;
+  };
+  // 5 sequences: prompts of 1 ... 140 tokens in chunks, then 3 decode steps; every step's calls and, at the end, the
+  // snapshot taken at position 128 of the longest one
+  auto run = [&](int threads, int64_t& lane_steps) {
+    omp_set_num_threads(threads);
+    const int64_t lanes0 = m.lane_steps();
+    const std::vector<int64_t> lens = {140, 1, 37, 9, 64};
+    std::vector<std::vector<int32_t>> ids;
+    for (size_t i = 0; i < lens.size(); ++i) ids.push_back(random_ids(lens[i] + 3, V, uint32_t(60 + i)));
+    Pool pool(m, int64_t(lens.size()) + 1, 16, 1, 9);
+    std::vector<Call> calls;
+    std::vector<int64_t> done(lens.size(), 0);
+    for (int step = 0; step < 6; ++step) {
+      Batch b;
+      for (size_t i = 0; i < lens.size(); ++i) {
+        const int64_t end = int64_t(ids[i].size());
+        if (done[i] >= end) continue;
+        const int64_t n = done[i] < lens[i] ? std::min<int64_t>(lens[i] - done[i], 70) : 1;  // prefill, then decode
+        pool.ensure(int64_t(i) + 1, done[i] + n);
+        BatchSeq bs;
+        bs.slot = int64_t(i) + 1;
+        bs.p0 = done[i];
+        bs.tokens = std::span<const int32_t>(ids[i].data() + done[i], size_t(n));
+        bs.pages = pool.pages[size_t(bs.slot)];
+        bs.logits = i == 2 ? BatchSeq::Logits::all : BatchSeq::Logits::last;
+        if (done[i] < 128 && done[i] + n >= 128) bs.snapshots.push_back({128, 0});
+        b.seqs.push_back(std::move(bs));
+        done[i] += n;
+      }
+      if (b.seqs.empty()) break;
+      m.forward(b, pool.pool, [&](size_t si, int64_t pos, std::span<const float> lg, bool finite) {
+        EXPECT_TRUE(finite);
+        calls.push_back({si, pos, std::vector<float>(lg.begin(), lg.end())});
+      });
+    }
+    omp_set_num_threads(saved);
+    lane_steps = m.lane_steps() - lanes0;
+    // the snapshot of sequence 0 at 128, restored into slot 0 and continued by one token: its logits
+    pool.pool.restore_snapshot(0, 0);
+    Batch b;
+    BatchSeq bs;
+    bs.slot = 0;
+    bs.p0 = 128;
+    bs.tokens = std::span<const int32_t>(ids[0].data() + 128, 1);
+    bs.pages = pool.pages[1];
+    bs.logits = BatchSeq::Logits::last;
+    b.seqs.push_back(bs);
+    m.forward(b, pool.pool, [&](size_t, int64_t pos, std::span<const float> lg, bool) {
+      calls.push_back({99, pos, std::vector<float>(lg.begin(), lg.end())});
+    });
+    return calls;
+  };
+  int64_t lanes1 = 0, lanes2 = 0, lanes3 = 0;
+  const std::vector<Call> one = run(1, lanes1);
+  EXPECT_EQ(lanes1, 0);
+  ASSERT_GT(one.size(), 40u);
+  for (int threads : {2, 3}) {
+    const std::vector<Call> got = run(threads, threads == 2 ? lanes2 : lanes3);
+    ASSERT_EQ(got.size(), one.size()) << threads << " threads";
+    for (size_t i = 0; i < one.size(); ++i) {
+      ASSERT_EQ(got[i].seq, one[i].seq) << threads << " threads, call " << i;
+      ASSERT_EQ(got[i].pos, one[i].pos) << threads << " threads, call " << i;
+      ASSERT_TRUE(got[i].logits == one[i].logits) << threads << " threads: logits differ at call " << i;
+    }
+  }
+  // the first step (prompts of 181 tokens in all, in lanes of at most 101: balanced) and the two decode steps of all
+  // five; not the second (70 of its 74 tokens in one sequence)
+  EXPECT_EQ(lanes2, 3);
+  EXPECT_EQ(lanes3, 3);
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, BatchInvariance,
                          ::testing::Combine(::testing::Values("tiny-a", "tiny-b", "demo"),
                                             ::testing::Values(Numerics::reference, Numerics::dense)),

@@ -67,6 +67,11 @@ class PoisonOps final : public CpuOps {
     CpuOps::linear(W, x, n, y, o);
     if (poison && W.rows == vocab) y[0] = std::numeric_limits<float>::quiet_NaN();
   }
+  // the head's product: this class's linear(), then check_finite (the ops' default)
+  void linear_check_finite(const WeightView& W, const float* x, int64_t n, float* y, const LinearOpts& o,
+                           int32_t* bad) const override {
+    Ops::linear_check_finite(W, x, n, y, o, bad);
+  }
 };
 class PoisonBackend final : public CpuBackend {
  public:
