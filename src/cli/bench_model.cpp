@@ -110,11 +110,13 @@ int run_model_bench(const ModelBenchOpts& o) {
       o.config.empty() ? std::filesystem::path(o.model) / "config.json" : std::filesystem::path(o.config);
   const ModelConfig full = load_config(cfg_path);
   if (o.layers < 0 || o.layers > full.num_hidden_layers)
-    fail("bench model: --layers must be in [1, {}] (got {})", full.num_hidden_layers, o.layers);
+    usage_fail("bench model: --layers must be in [1, {}], or 0 for all (got {})", full.num_hidden_layers, o.layers);
   const ModelConfig cfg = keep_first_layers(full, o.layers);
   if (fmt_ == "safetensors" && cfg.num_hidden_layers != full.num_hidden_layers)
     fail("bench model: --layers needs --load-format dummy (a checkpoint holds all of its layers)");
-  if (o.ctx + o.prefill + o.steps + 9 > cfg.max_position_embeddings) fail("bench model: --ctx + --prefill too long");
+  const int64_t max_pos = cfg.max_position_embeddings;  // (each term bounded first: the sum cannot overflow)
+  if (o.ctx > max_pos || o.prefill > max_pos || o.steps > max_pos || o.ctx + o.prefill + o.steps + 9 > max_pos)
+    usage_fail("bench model: --ctx + --prefill + --steps must stay below the model's {} positions", max_pos);
 
   ModelOptions mo;
   mo.numerics = *num;

@@ -162,6 +162,7 @@ int run_serve_bench(const ServeBenchOpts& o) {
   std::thread serving;
   std::string device_name = "remote";
   EngineLoopOptions eo;
+  if (!o.url.empty() && !o.model.empty()) fail("give one of -m MODEL (an in-process server) and --url (a running one)");
   if (!o.url.empty()) {
     const auto colon = o.url.rfind(':');
     const auto slashes = o.url.find("//");

@@ -55,4 +55,28 @@ TEST(CliBenchModel, ReportsPdlAndAcceptsNoPdl) {
   EXPECT_FALSE(nlohmann::json::parse(off.out).at("pdl").get<bool>()) << off.out;
 }
 
+// Impossible lengths and layer counts are usage errors before anything runs (a --ctx near INT64_MAX used to pass the
+// length check by overflowing it and then fail inside the prefill); -m with --url of bench serve is refused.
+TEST(CliBenchModel, ImpossibleLengthsAndLayersAreUsageErrors) {
+  const std::string cfg = std::string(DSV4_SOURCE_DIR) + "/tests/data/tiny-a/config.json";
+  const std::vector<std::string> base = {"bench", "model", "--config", cfg, "--device", "cpu", "--steps", "1",
+                                         "--no-profile"};
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{"--ctx", "9223372036854775807", "--prefill", "1"},
+        std::vector<std::string>{"--ctx", "9223372036854775800", "--prefill", "100"},
+        std::vector<std::string>{"--prefill", "9223372036854775807"}, std::vector<std::string>{"--layers", "99"}}) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    const ProcResult r = run_dsv4(args, "benchbad");
+    EXPECT_EQ(r.code, 2) << extra[0] << " " << extra[1] << ": " << r.err;
+    EXPECT_NE(r.err.find("bench model: --"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+  }
+  const ProcResult s = run_dsv4({"bench", "serve", "-m", std::string(DSV4_SOURCE_DIR) + "/tests/data/tiny-a", "--url",
+                                 "http://127.0.0.1:1", "--clients", "1", "--tokens", "8", "--requests", "1"},
+                                "benchserveboth");
+  EXPECT_NE(s.code, 0);
+  EXPECT_NE(s.err.find("give one of -m MODEL"), std::string::npos) << s.err;
+}
+
 }  // namespace
