@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdarg>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -19,6 +20,16 @@
 #include "format/numeric.h"
 
 namespace dsv4::test::gpu {
+
+// printf into a std::string (test names and messages; at most 511 characters).
+inline std::string strf(const char* f, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, f);
+  std::vsnprintf(buf, sizeof buf, f, ap);
+  va_end(ap);
+  return buf;
+}
 
 inline Backend& cpu() { return cpu_backend(); }
 
@@ -59,6 +70,15 @@ Buffer out_buffer(Backend& be, size_t n) {
   std::vector<T> init(n);
   std::memset(init.data(), 0xFF, n * sizeof(T));
   return to_device(be, init);
+}
+
+// n random token ids in [2, vocab) (ids 0 and 1 are BOS / EOS in the test models).
+inline std::vector<int32_t> random_ids(int64_t n, int32_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> d(2, vocab - 1);
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (auto& x : v) x = d(rng);
+  return v;
 }
 
 // ---- random inputs -----------------------------------------------------------------------------------------------

@@ -27,19 +27,12 @@ namespace dsv4::test {
 namespace {
 
 using gpu::cuda;
+using gpu::random_ids;
 
 using gpu::DeterministicGemm;
 
 std::shared_ptr<const Model> model(const std::string& name, Numerics num, bool on_cuda) {
   return gpu::cached_model(name, num, on_cuda);
-}
-
-std::vector<int32_t> random_ids(int64_t n, int32_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> d(2, vocab - 1);
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (auto& x : v) x = d(rng);
-  return v;
 }
 
 std::vector<int64_t> random_chunks(int64_t n, std::mt19937& rng, int64_t max_chunk) {

@@ -27,6 +27,7 @@
 #include "core/error.h"
 #include "common/replica.h"
 #include "gpu_modes.h"
+#include "gpu_cli.h"
 #include "gpu_test_util.h"
 #include "model/model.h"
 #include "model/sequence.h"
@@ -36,6 +37,9 @@ namespace {
 
 using gpu::cuda;
 
+using gpu::cli;
+using gpu::cli_json;
+using gpu::CliResult;
 using gpu::DeterministicGemm;
 using gpu::model_dir;
 using DeterministicMode = gpu::DeterministicScope;
@@ -458,32 +462,11 @@ TEST(CudaGraphs, ReplayedDecodeStepsEqualEagerStepsAndTheCpuBitwise) {
 
 // ---- errors ------------------------------------------------------------------------------------------------------
 
-struct CliResult {
-  int rc = -1;
-  std::string out;  // stdout + stderr
-};
-CliResult cli(const std::string& args, const std::string& env = "") {
-  const std::string cmd = env + " " + std::string(DSV4_BINARY) + " " + args + " 2>&1";
-  CliResult r;
-  FILE* f = popen(cmd.c_str(), "r");
-  if (!f) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) r.out.append(buf, n);
-  const int st = pclose(f);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
-
 // `dsv4 bench model --batch B` (batched decode over one state pool) end to end on a small dummy model: it runs, every
 // logit row is finite, the JSON reports the batch, B / step time as tok/s and more weight bytes than batch 1 (more
 // distinct experts); --deterministic and --no-cuda-graph are reported; a --ctx that is not a multiple of 128 is a one-line error.
 TEST(CudaBench, BatchedDecodeRunsAndReports) {
   DSV4_REQUIRE_GPU();
-  auto json_of = [](const CliResult& r) {
-    const size_t at = r.out.rfind("\n{");
-    return nlohmann::json::parse(at == std::string::npos ? r.out : r.out.substr(at + 1));
-  };
   const std::string cfg = "bench model --config " + std::string(DSV4_SOURCE_DIR) +
                           "/tests/data/tiny-a/config.json --load-format dummy --device cuda --prefill 0 --steps 3 "
                           "--no-profile --json";
@@ -491,12 +474,12 @@ TEST(CudaBench, BatchedDecodeRunsAndReports) {
   const CliResult one = cli(base + " --batch 1"), four = cli(base + " --batch 4"),
                   det = cli(base + " --batch 4 --deterministic"), nog = cli(base + " --batch 4 --no-cuda-graph");
   ASSERT_EQ(nog.rc, 0) << nog.out;
-  EXPECT_FALSE(json_of(nog).at("cuda_graph").get<bool>());
-  EXPECT_EQ(json_of(nog).at("nonfinite_logit_rows").get<int>(), 0);
+  EXPECT_FALSE(cli_json(nog).at("cuda_graph").get<bool>());
+  EXPECT_EQ(cli_json(nog).at("nonfinite_logit_rows").get<int>(), 0);
   ASSERT_EQ(one.rc, 0) << one.out;
   ASSERT_EQ(four.rc, 0) << four.out;
   ASSERT_EQ(det.rc, 0) << det.out;
-  const auto j1 = json_of(one), j4 = json_of(four), jd = json_of(det);
+  const auto j1 = cli_json(one), j4 = cli_json(four), jd = cli_json(det);
   std::printf("[cuda-bench] tiny-a dummy ctx 128: batch 1 %.3f ms/step, batch 4 %.3f ms/step (%.1f tok/s), "
               "deterministic batch 4 %.3f ms/step\n",
               j1.at("decode_ms_per_step").get<double>(), j4.at("decode_ms_per_step").get<double>(),

@@ -23,6 +23,7 @@
 #include "backend/cuda/kernels.h"
 #include "common/replica.h"
 #include "gpu_modes.h"
+#include "gpu_cli.h"
 #include "gpu_test_util.h"
 #include "model/dummy_weights.h"
 #include "model/model.h"
@@ -37,14 +38,6 @@ struct PdlScope {
   ~PdlScope() { dsv4::cuda::set_pdl(was); }
   bool was;
 };
-
-std::vector<int32_t> random_ids(int64_t n, int32_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> d(2, vocab - 1);
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 // The last prompt position's logits and those of `steps` decode steps, feeding `tokens` (empty: greedy, and the
 // greedy tokens are stored there so that later runs feed the same ones).
@@ -143,29 +136,8 @@ TEST(CudaPdl, SmallModelsDecodeBitwiseEqualWithAndWithoutPdl) {
   }
 }
 
-struct CliResult {
-  int rc = -1;
-  std::string out;  // stdout + stderr
-};
-CliResult cli(const std::string& args) {
-  const std::string cmd = std::string(DSV4_BINARY) + " " + args + " 2>&1";
-  CliResult r;
-  FILE* f = popen(cmd.c_str(), "r");
-  if (!f) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) r.out.append(buf, n);
-  const int st = pclose(f);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
-
 TEST(CudaPdl, BenchModelReportsPdlAndNoPdl) {
   DSV4_REQUIRE_GPU();
-  auto json_of = [](const CliResult& r) {
-    const size_t at = r.out.rfind("\n{");
-    return nlohmann::json::parse(at == std::string::npos ? r.out : r.out.substr(at + 1));
-  };
   const std::string base = "bench model --config " + std::string(DSV4_SOURCE_DIR) +
                            "/tests/data/tiny-a/config.json --load-format dummy --device cuda --ctx 128 --prefill 0 "
                            "--steps 3 --batch 2 --no-profile --json";  // (batch > 1: nonfinite_logit_rows reported)
@@ -173,7 +145,7 @@ TEST(CudaPdl, BenchModelReportsPdlAndNoPdl) {
   ASSERT_EQ(on.rc, 0) << on.out;
   ASSERT_EQ(off.rc, 0) << off.out;
   const bool active = cuda_pdl_active(*cuda());
-  const auto jon = json_of(on), joff = json_of(off);
+  const auto jon = cli_json(on), joff = cli_json(off);
   EXPECT_EQ(jon.at("pdl").get<bool>(), active);
   EXPECT_FALSE(joff.at("pdl").get<bool>());
   EXPECT_EQ(jon.at("nonfinite_logit_rows").get<int>(), 0);

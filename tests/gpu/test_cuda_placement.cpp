@@ -29,6 +29,7 @@
 #include "common/split_moe_fixture.h"
 #include "model/expert_staging.h"
 #include "gpu_modes.h"
+#include "gpu_cli.h"
 #include "gpu_test_util.h"
 #include "model/expert_placement.h"
 #include "model/sequence.h"
@@ -540,23 +541,6 @@ TEST(CudaPlacement, DemoModelStagedPrefillEqualsTheCpuBitwise) {
       EXPECT_GT(st.host_pairs, 0) << name << ": decode steps stay on the CPU";
     }
   }
-}
-
-struct CliResult {
-  int rc = -1;
-  std::string out;
-};
-CliResult cli(const std::string& args) {
-  const std::string cmd = std::string(DSV4_BINARY) + " " + args + " 2>&1";
-  CliResult r;
-  FILE* f = popen(cmd.c_str(), "r");
-  if (!f) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) r.out.append(buf, n);
-  const int st = pclose(f);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
 }
 
 TEST(CudaPlacement, FullFlashPlacementsThatCannotFitAreOneLineErrors) {

@@ -35,14 +35,6 @@ const Ops& cops() { return cpu().ops(); }
 const Ops& gops() { return cuda()->ops(); }
 Backend& dev() { return *cuda(); }
 
-std::string strf(const char* f, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, f);
-  std::vsnprintf(buf, sizeof buf, f, ap);
-  va_end(ap);
-  return buf;
-}
 const char* num(bool bf16) { return bf16 ? "reference" : "dense"; }
 
 uint32_t fbits(float f) {

@@ -47,15 +47,6 @@ using cuda::GemmPath;
 const Ops& cops() { return cpu().ops(); }
 const Ops& gops() { return cuda()->ops(); }
 
-std::string strf(const char* f, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, f);
-  std::vsnprintf(buf, sizeof buf, f, ap);
-  va_end(ap);
-  return buf;
-}
-
 uint32_t fbits(float f) {
   uint32_t b;
   std::memcpy(&b, &f, 4);
