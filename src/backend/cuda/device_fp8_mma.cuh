@@ -1,6 +1,7 @@
-// FP8 tensor-core building blocks of the decode expert kernel (k_gemm.cu) and their check (k_mma_check.cu): FP4
-// nibbles placed as e4m3 bytes or as f16 values, four E8M0 scale bytes of a word as floats, and one mma.sync
-// m16n8k32 e4m3 x e4m3 -> fp32 (sm_89+), also as the two f16 mmas sm_90 runs it as (tc_mma_b, tc_mma_f16_pair).
+// Tensor-core building blocks of the expert kernels (k_gemm.cu; k_moe_tc.cu takes mma_f16_acc) and their check
+// (k_mma_check.cu): FP4 nibbles placed as e4m3 bytes or as f16 values, four E8M0 scale bytes of a word as floats, one
+// accumulating f16 mma.sync, and one mma.sync m16n8k32 e4m3 x e4m3 -> fp32 (sm_89+), also as the two f16 mmas sm_90
+// runs it as (tc_mma_b, tc_mma_f16_pair).
 #pragma once
 #include <cstdint>
 
@@ -120,6 +121,21 @@ __device__ __forceinline__ void tc_mma_b(const uint32_t a[4], const MmaB& b, flo
 #endif
 }
 
+// d += A B, one mma.sync m16n8k16 f16 x f16 -> fp32 accumulator (sm_80+; the launchers check the device first):
+// a[0..3] rows g, g + 8 at k positions 2 t, 2 t + 1 and + 8 (ldmatrix x4 order), b0 / b1 column g at k positions
+// 2 t, 2 t + 1 / + 8.
+__device__ __forceinline__ void mma_f16_acc(const uint32_t a[4], uint32_t b0, uint32_t b1, float d[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();
+#endif
+}
+
 // tc_mma on f16 operands, the two mmas ptxas runs it as on sm_90 (CUDA 13.0, sm_90a) without the final + 0 (as
 // tc_mma_b): lo holds bytes 0, 1 of tc_mma's A registers as f16 pairs and hi bytes 2, 3 (e4m3x2_as_f16x2<false /
 // true> of a[0..3]); b is MmaB::r of sm_90 (mma_b_e4m3) or f16 pairs of the same values. On sm_90, 0 + d equals tc_mma's d bit for
@@ -133,11 +149,7 @@ __device__ __forceinline__ void tc_mma_f16_pair(const uint32_t lo[4], const uint
       "{%10,%10,%10,%10};\n"
       : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
       : "r"(lo[0]), "r"(lo[1]), "r"(lo[2]), "r"(lo[3]), "r"(b[0]), "r"(b[1]), "f"(0.0f));
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(hi[0]), "r"(hi[1]), "r"(hi[2]), "r"(hi[3]), "r"(b[2]), "r"(b[3]));
+  mma_f16_acc(hi, b[2], b[3], d);
 #else
   d[0] = d[1] = d[2] = d[3] = 0.0f;
   __trap();  // the launchers check the device and the binary first

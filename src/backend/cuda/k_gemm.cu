@@ -1995,18 +1995,6 @@ __device__ __forceinline__ void e4m3x4_to_f16x4(uint32_t w, uint32_t& lo, uint32
 #endif
 }
 
-// d = a * b + d, m16n8k16 f16 x f16 -> f32.
-__device__ __forceinline__ void tc16_mma(const uint32_t a[4], uint32_t b0, uint32_t b1, float d[4]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-  __trap();
-#endif
-}
 
 __global__ void __launch_bounds__(G16_THREADS, 2) gemv_tc16_kernel(const GArgs A) {
   extern __shared__ __align__(16) uint8_t g16_smem[];
@@ -2098,7 +2086,7 @@ __global__ void __launch_bounds__(G16_THREADS, 2) gemv_tc16_kernel(const GArgs A
           e4m3x4_to_f16x4(rg[j], a[0], a[2]);
           e4m3x4_to_f16x4(r8[j], a[1], a[3]);
           const uint4& xv = x[j >> 1];
-          tc16_mma(a, (j & 1) ? xv.z : xv.x, (j & 1) ? xv.w : xv.y, blk);
+          mma_f16_acc(a, (j & 1) ? xv.z : xv.x, (j & 1) ? xv.w : xv.y, blk);
         }
         const float sw = wd.sf32 ? __uint_as_float(sv[s]) : e8m0_to_float(sv[s]);
         load(wv[s], sv[s]);  // the item G16_PF ahead into the slot just used

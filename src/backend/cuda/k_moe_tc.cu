@@ -44,6 +44,7 @@
 #include <string>
 
 #include "backend/cuda/device_async_copy.cuh"
+#include "backend/cuda/device_fp8_mma.cuh"
 #include "backend/cuda/device_numeric.cuh"
 #include "backend/cuda/device_swiglu.cuh"
 #include "backend/cuda/gemm_path.h"
@@ -172,18 +173,6 @@ __device__ __forceinline__ void fp4x8_as_f16x2(uint32_t w, uint32_t f, uint32_t 
   r[1] = hmul2_u32(__byte_perm(ho, 0u, 0x1404u), f);
   r[2] = hmul2_u32(__byte_perm(he, 0u, 0x3424u), f);  // bytes 0, he.2, 0, he.3
   r[3] = hmul2_u32(__byte_perm(ho, 0u, 0x3424u), f);
-}
-
-// d += A B over k16 (fp32 accumulation in the tensor core): a[0..3] from ldmatrix x4 (rows g, g + 8, k positions 2 t,
-// 2 t + 1 and + 8), b0 / b1 = weight row g at k positions 2 t, 2 t + 1 / + 8.
-__device__ __forceinline__ void mma_f16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
 }
 
 // threadIdx.x read where it is used (volatile: the compiler cannot hoist what is computed from it out of a loop).
@@ -347,7 +336,7 @@ __global__ void __launch_bounds__(BT_THREADS, 2) moe_tc_big_kernel(const BigArgs
             uint32_t a[4];
             ldsm_x4(S + L.a(s) + 4096 * i, a);
 #pragma unroll
-            for (int j = 0; j < 4; ++j) mma_f16(acc[i][j], a, b[j][2 * h], b[j][2 * h + 1]);
+            for (int j = 0; j < 4; ++j) mma_f16_acc(a, b[j][2 * h], b[j][2 * h + 1], acc[i][j]);
           }
         }
       }
@@ -379,8 +368,8 @@ __global__ void __launch_bounds__(BT_THREADS, 2) moe_tc_big_kernel(const BigArgs
 #pragma unroll
             for (int jj = 0; jj < 2; ++jj) {
               float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-              mma_f16(d, a0, b[jj][0], b[jj][1]);
-              mma_f16(d, a1, b[jj][2], b[jj][3]);
+              mma_f16_acc(a0, b[jj][0], b[jj][1], d);
+              mma_f16_acc(a1, b[jj][2], b[jj][3], d);
 #pragma unroll
               for (int c = 0; c < 4; ++c) acc[i][jh + jj][c] = __fmaf_rn(d[c], sc[jj][c & 1], acc[i][jh + jj][c]);
             }
