@@ -28,20 +28,20 @@ const char* to_string(StreamEnd e) {
 
 std::vector<int32_t> RequestStream::next(size_t have) const {
   std::unique_lock<std::mutex> lock(mu_);
-  tokens_cv_.wait(lock, [&] { return r_.tokens.size() > have || r_.end != StreamEnd::running; });
+  cv_.wait(lock, [&] { return r_.tokens.size() > have || r_.end != StreamEnd::running; });
   if (r_.tokens.size() <= have) return {};
   return std::vector<int32_t>(r_.tokens.begin() + int64_t(have), r_.tokens.end());
 }
 
 RequestStream::Result RequestStream::wait() const {
   std::unique_lock<std::mutex> lock(mu_);
-  end_cv_.wait(lock, [&] { return r_.end != StreamEnd::running; });
+  cv_.wait(lock, [&] { return r_.end != StreamEnd::running; });
   return r_;
 }
 
 bool RequestStream::wait_end_for(std::chrono::milliseconds timeout) const {
   std::unique_lock<std::mutex> lock(mu_);
-  return end_cv_.wait_for(lock, timeout, [&] { return r_.end != StreamEnd::running; });
+  return cv_.wait_for(lock, timeout, [&] { return r_.end != StreamEnd::running; });
 }
 
 bool RequestStream::finished() const {
@@ -52,7 +52,7 @@ bool RequestStream::finished() const {
 std::vector<int32_t> RequestStream::next_for(size_t have, std::chrono::milliseconds timeout,
                                              std::vector<TokenLogprobs>* logprobs) const {
   std::unique_lock<std::mutex> lock(mu_);
-  tokens_cv_.wait_for(lock, timeout, [&] { return r_.tokens.size() > have || r_.end != StreamEnd::running; });
+  cv_.wait_for(lock, timeout, [&] { return r_.tokens.size() > have || r_.end != StreamEnd::running; });
   if (r_.tokens.size() <= have) return {};
   if (logprobs && r_.logprobs.size() == r_.tokens.size())
     logprobs->insert(logprobs->end(), r_.logprobs.begin() + int64_t(have), r_.logprobs.end());
@@ -67,7 +67,7 @@ void RequestStream::push(int32_t token, TokenLogprobs* lp) {
     if (lp) r_.logprobs.push_back(std::move(*lp));
     if (listener_) listener_();
   }
-  tokens_cv_.notify_all();
+  cv_.notify_all();
 }
 
 void RequestStream::add_spec(int64_t drafted, int64_t accepted) {
@@ -89,8 +89,7 @@ void RequestStream::finish(StreamEnd end, std::string error, int64_t prompt_toke
     r_.preemptions = preemptions;
     if (listener_) listener_();
   }
-  tokens_cv_.notify_all();
-  end_cv_.notify_all();
+  cv_.notify_all();
 }
 
 void RequestStream::set_listener(std::function<void()> fn) {

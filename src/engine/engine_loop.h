@@ -119,9 +119,7 @@ class RequestStream {
  private:
   const uint64_t id_;
   mutable std::mutex mu_;
-  // tokens_cv_: a new token or the end (next, next_for); end_cv_: the end only (wait, wait_end_for), so that a
-  // consumer that waits for the whole result is not woken once per token
-  mutable std::condition_variable tokens_cv_, end_cv_;
+  mutable std::condition_variable cv_;
   Result r_;
   std::function<void()> listener_;
 };

@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
-#include <atomic>
 #include <limits>
 #include <map>
 #include <thread>
@@ -394,41 +393,4 @@ TEST(EngineLoop, ConstraintsAndLogprobsArePerRequestAndBatchInvariant) {
     EXPECT_EQ(alone[0].logprobs[0].logprob, want.logprob);
     EXPECT_EQ(alone[0].logprobs[0].top[0].id, want.top[0].id);
   }
-}
-
-// RequestStream's two waits: next() / next_for() wake on every token, wait() / wait_end_for() only at the end (a
-// whole-result consumer is not woken once per token): each returns what it waits for, from another thread.
-TEST(RequestStream, TokenWaitersWakeOnTokensEndWaitersAtTheEnd) {
-  RequestStream s(7);
-  std::vector<int32_t> got;
-  std::thread reader([&] {
-    while (true) {
-      const std::vector<int32_t> t = s.next(got.size());
-      if (t.empty()) break;  // the end, nothing more
-      got.insert(got.end(), t.begin(), t.end());
-    }
-  });
-  std::atomic<bool> ended{false};
-  std::chrono::steady_clock::time_point woke{};
-  std::thread waiter([&] {
-    EXPECT_TRUE(s.wait_end_for(std::chrono::seconds(60)));  // (a missed wake-up would return only after 60 s)
-    woke = std::chrono::steady_clock::now();
-    ended = true;
-  });
-  for (int32_t t = 10; t < 20; ++t) {
-    s.push(t);
-    EXPECT_EQ(s.next_for(size_t(t - 10), std::chrono::seconds(60)).front(), t);  // already there: no wait
-  }
-  EXPECT_FALSE(s.wait_end_for(std::chrono::milliseconds(20)));  // tokens alone do not end the wait
-  EXPECT_FALSE(ended);
-  const auto t_end = std::chrono::steady_clock::now();
-  s.finish(StreamEnd::length, {}, 3, 0, 0);
-  waiter.join();
-  EXPECT_LT(woke - t_end, std::chrono::seconds(30));
-  reader.join();
-  EXPECT_TRUE(ended);
-  EXPECT_EQ(got, std::vector<int32_t>({10, 11, 12, 13, 14, 15, 16, 17, 18, 19}));
-  const RequestStream::Result r = s.wait();
-  EXPECT_EQ(r.end, StreamEnd::length);
-  EXPECT_EQ(r.tokens.size(), 10u);
 }
