@@ -176,4 +176,26 @@ TEST(CliBenchServe, AMalformedUrlIsAUsageError) {
   }
 }
 
+// A --draft count beyond the checkpoint's drafter (the demo's MTP module drafts at most 4) is refused before any run
+// (it used to fail only after the whole plain-decoding baseline), naming --draft, the flag bench spec has (not serve's
+// --spec-draft); a --draft or --batch that is not a list of integers in range is a usage error (exit 2).
+TEST(CliBenchSpec, DraftCountsAreCheckedBeforeAnyRunAndNamedAsTyped) {
+  const std::string demo = std::string(DSV4_SOURCE_DIR) + "/models/dsv4-demo";
+  const ProcResult r = run_dsv4({"bench", "spec", "-m", demo, "--batch", "1", "-n", "8", "--draft", "2,9"}, "specdraft");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("dsv4: error: bench spec: --draft 9:"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("at most 4"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("--spec-draft"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("plain"), std::string::npos) << "a run before the check:\n" << r.out;
+  for (const std::vector<std::string>& bad : {std::vector<std::string>{"--draft", "1,x"},
+                                              std::vector<std::string>{"--draft", "0"},
+                                              std::vector<std::string>{"--batch", "99999999999999999999"}}) {
+    std::vector<std::string> args = {"bench", "spec", "-m", demo, "-n", "8"};
+    args.insert(args.end(), bad.begin(), bad.end());
+    const ProcResult u = run_dsv4(args, "specdraftbad");
+    EXPECT_EQ(u.code, 2) << bad[0] << " " << bad[1] << ": " << u.err;
+    EXPECT_NE(u.err.find("bench spec: " + bad[0]), std::string::npos) << u.err;
+  }
+}
+
 }  // namespace
