@@ -222,6 +222,22 @@ TEST(CliUsage, TooLittleStateMemoryIsAClearError) {
   EXPECT_EQ(f.err.find("loading"), std::string::npos) << f.err;
 }
 
+// A bad value of an option with a short and a long name names both spellings, so that the flag the user typed is
+// in the message ("bench structured -n 0" said only "--tokens").
+TEST(CliUsage, BadValuesOfShortFlagsNameBothSpellings) {
+  for (const auto& [args, flag] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"bench", "structured", "-m", kDemo, "-n", "0"}, "-n/--tokens"},
+           {{"bench", "structured", "-m", kDemo, "--tokens", "0"}, "-n/--tokens"},
+           {{"bench", "spec", "-m", kDemo, "-n", "1"}, "-n/--tokens"},
+           {{"generate", "-m", kDemo, "-p", "hi", "-n", "0"}, "-n/--max-tokens"},
+           {{"chat", "-m", kDemo, "-n", "0"}, "-n/--max-tokens"}}) {
+    const ProcResult r = run_dsv4(args, "shortflag");
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_EQ(r.err.rfind("dsv4: error: " + flag + ": ", 0), 0u) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+}
+
 TEST(CliUsage, HelpStillWorks) {
   ProcResult r = run_dsv4({"generate", "--help"});
   EXPECT_EQ(r.code, 0);
