@@ -58,6 +58,8 @@ TEST(CliGenerate, SeededSamplingIsReproducible) {
   };
   EXPECT_EQ(with_seed("11"), with_seed("11"));
   EXPECT_NE(with_seed("11"), with_seed("12"));
+  // the whole uint64 range is a seed of its own (2^64 - 1 used to saturate to 2^63 - 1)
+  EXPECT_NE(with_seed("18446744073709551615"), with_seed("9223372036854775807"));
 }
 
 TEST(CliGenerate, StreamsIdsWithoutTokenizerAndReportsSpeed) {
