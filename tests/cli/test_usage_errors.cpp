@@ -163,6 +163,8 @@ TEST(CliUsage, BadFlagValuesAreRefusedBeforeTheModelLoads) {
     cases.push_back({{"generate", "-m", none, "-p", "hi", "--stage-tokens", g}, "--stage-tokens"});
     cases.push_back({{"bench", "model", "-m", none, "--stage-tokens", g}, "--stage-tokens"});
   }
+  for (const char* k : {"nan", "-nan", "0", "inf"})  // (CLI::Range let NaN through: the server ran with it)
+    cases.push_back({{"serve", "-m", none, "--port", "0", "--keepalive", k}, "--keepalive"});
   for (const char* mib : {"0", "-3", "lots"})
     cases.push_back({{"serve", "-m", none, "--port", "0", "--stage-mib", mib}, "--stage-mib"});
   for (const auto& c : cases) {
