@@ -64,12 +64,13 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
   auto* ids = app.add_option("--prompt-ids", o->prompt_ids, "comma-separated prompt token ids (used as given)");
   p->excludes(ids);
   app.add_option("-n,--max-tokens", o->n, "tokens to generate at most (default 128; -1: until the context is full)")
-      ->check(CLI::Validator(
+      ->transform(CLI::Validator(
           [](std::string& s) -> std::string {
             const std::optional<int64_t> v = dsv4::cli::parse_integer<int64_t>(s);
-            return v && (*v == -1 || (*v >= 1 && *v <= int64_t(1) << 40))
-                       ? std::string()
-                       : fmt::format("must be -1 (until the context is full) or in [1, 2^40] (got '{}')", s);
+            if (!v || !(*v == -1 || (*v >= 1 && *v <= int64_t(1) << 40)))
+              return fmt::format("must be -1 (until the context is full) or in [1, 2^40] (got '{}')", s);
+            s = std::to_string(*v);  // (CLI11 would read a leading 0 as octal)
+            return {};
           },
           "INT"));
   dsv4::cli::add_sampling_options(app, o->sampling);

@@ -91,6 +91,8 @@ TEST(CliGenerate, SeededSamplingIsReproducible) {
   EXPECT_NE(with_seed("11"), with_seed("12"));
   // the whole uint64 range is a seed of its own (2^64 - 1 used to saturate to 2^63 - 1)
   EXPECT_NE(with_seed("18446744073709551615"), with_seed("9223372036854775807"));
+  // integers are decimal: -n 010 is 10 tokens (CLI11 alone reads a leading 0 as octal: 8)
+  EXPECT_EQ(run_json({"-m", kTiny, "--prompt-ids", "0,3", "-n", "010", "--temp", "0"})["ids"].size(), 10u);
 }
 
 TEST(CliGenerate, StreamsIdsWithoutTokenizerAndReportsSpeed) {
