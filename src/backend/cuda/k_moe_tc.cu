@@ -32,8 +32,10 @@
 // A fragment (ldmatrix) feeds 4 mmas, each B fragment 4. Shared memory is swizzled so that every ldmatrix, weight
 // word read and cp.async is free of bank conflicts. No host round trip: the kernel finds its expert and rows on the
 // device, so the path also runs inside recorded steps. Rows past a segment's end repeat its last row and are not
-// stored. Without a GPU: tools/device/moe_big_layout_check.py replays the index arithmetic on the host (layouts,
-// fragments, bank conflicts), tools/device/moe_big_sass_count.py counts the instructions per k-block.
+// stored. On compute capability 9.0 with the sm_90a build the launcher runs the same products on wgmma instead
+// (k_moe_wgmma.cu; MoeBigKernel::mma keeps this kernel). Without a GPU: tools/device/moe_big_layout_check.py replays
+// the index arithmetic on the host (layouts, fragments, bank conflicts), tools/device/moe_big_sass_count.py counts
+// the instructions per k-block.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -390,6 +392,8 @@ bool moe_tc_big_ok(const MoeGemmArgs& g) {
   return device_ok();
 }
 
+bool moe_tc_big_wgmma_ok() { return moe_big_kernel() == MoeBigKernel::auto_ && wgmma_ok(); }
+
 size_t moe_tc_big_scratch_bytes(GemmFormat fmt, bool quant, int64_t n_tok, int64_t P, int64_t D, int64_t I) {
   if (!quant || fmt != GemmFormat::fp4 || P <= kMoeSmallMax) return 0;
   return a16_bytes(n_tok, P, D, I) + ratio_bytes(n_tok, P, D, I);
@@ -424,7 +428,8 @@ void moe_tc_big(bool w13, const MoeGemmArgs& g, const float* a, const float* sa,
   const int64_t P = g.n_rows_bound;
   const int64_t slots = (P + BT_M - 1) / BT_M + std::min<int64_t>(g.n_experts, P / (kMoeSmallMax + 1));
   const dim3 grid(unsigned(w13 ? g.inter / (BT_N / 2) : g.d_model / BT_N), unsigned(slots));
-  if (w13) moe_tc_big_kernel<kW13><<<grid, BT_THREADS, BT_SMEM + BT_BASES, stream>>>(A);
+  if (moe_tc_big_wgmma_ok()) wgmma_launch(w13, A, grid, stream);  // (the same grid: k_moe_wgmma.cu)
+  else if (w13) moe_tc_big_kernel<kW13><<<grid, BT_THREADS, BT_SMEM + BT_BASES, stream>>>(A);
   else moe_tc_big_kernel<kW2><<<grid, BT_THREADS, BT_SMEM + BT_BASES, stream>>>(A);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) fail_msg(std::string("moe (f16 tensor cores, prefill): ") + cudaGetErrorString(err));

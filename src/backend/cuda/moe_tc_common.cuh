@@ -1,4 +1,4 @@
-// What the two prefill expert kernels share (k_moe_tc.cu: mma.sync; a wgmma one to come): their arguments,
+// What the two prefill expert kernels share (k_moe_tc.cu: mma.sync; k_moe_wgmma.cu: wgmma, sm_90a): their arguments,
 // the E8M0 scale tests and f16 factors, and the FP4 -> f16 conversion with the scale folded in (the values and the
 // column order: k_moe_tc.cu's file comment).
 #pragma once
@@ -89,5 +89,10 @@ __device__ __forceinline__ int thread_index() {
   asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(v));
   return v;
 }
+
+// The wgmma kernel (k_moe_wgmma.cu): whether it runs on the current device (per device, cached; no launch, so also
+// while a stream captures), and its launch for the arguments and the grid of moe_tc_big_kernel.
+bool wgmma_ok();
+void wgmma_launch(bool w13, const BigArgs& A, dim3 grid, cudaStream_t stream);
 
 }  // namespace dsv4::cuda::moe_tc
