@@ -77,7 +77,10 @@ __device__ __forceinline__ int staged_row(int h, int j) {
 #ifdef DSV4_WGMMA
 __device__ __forceinline__ uint4 lds128(uint32_t a) {
   uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(a)
+               : "memory");
   return v;
 }
 __device__ __forceinline__ void sts128(uint32_t a, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
@@ -85,7 +88,7 @@ __device__ __forceinline__ void sts128(uint32_t a, uint32_t x, uint32_t y, uint3
 }
 __device__ __forceinline__ uint32_t lds32(uint32_t a) {
   uint32_t v;
-  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(a));
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(a) : "memory");
   return v;
 }
 __device__ __forceinline__ float lds_f32(uint32_t a) { return __uint_as_float(lds32(a)); }
@@ -135,32 +138,33 @@ __global__ void __launch_bounds__(WG_THREADS, 1) moe_wgmma_kernel(const BigArgs 
   __syncthreads();
   const uint32_t smem = (smem_addr(wg_smem_raw) + 1023u) & ~1023u;
 
-  // ---- copies of block kb (all threads; addresses recomputed from shared memory, nothing kept across the loop)
-  auto load = [&](int kb) {
-    const int tid = thread_index();
-    const uint32_t SA = smem + OFF_A + (kb % A_STAGES) * A_STAGE, SF = smem + OFF_F + (kb % F_STAGES) * F_STAGE;
-    // A: round c copies row 16 c + tid / 16, chunk tid % 16 (16 lanes read a row's 256 contiguous bytes; 8 lanes
-    // write one row's 8 chunks of a K half: 8 distinct bank groups)
-    const int ch = tid & 15;
+  // ---- this thread's copies of block kb (block 0's sources, kept in registers: one CTA per SM leaves room)
+  // A: round c copies row 16 c + tid / 16, chunk tid % 16 (16 lanes read a row's 256 contiguous bytes; 8 lanes write
+  // one row's 8 chunks of a K half: 8 distinct bank groups). FP4: group q of staged rows r + 64 c (r = tid / 4,
+  // q = tid % 4; as k_moe_tc.cu's loader). S: the E8M0 word of staged row tid. R: (tid < 64) the ratio of row tid.
+  const uint8_t* a_src[4];
+  uint32_t a_dst[4];
+  const int ch = tid & 15;
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int r = 16 * c + (tid >> 4);
-      const uint8_t* src = A.act + (int64_t(tile[2 + r]) * K + int64_t(kb) * WG_KT) * 2 + 16 * ch;
-      cp16(SA + (ch >> 3) * 8192 + r * 128 + 16 * ((ch & 7) ^ (r & 7)), src);
-    }
-    // FP4: group q of staged rows r + 64 c (as k_moe_tc.cu's loader)
-    const int r = tid >> 2, q = tid & 3;
-    const int64_t bo = r * rb + 16 * q + kb * 64;
-    const uint32_t bd = SF + r * 64 + 16 * (q ^ ((r >> 1) & 3));
-    const uint8_t* b0 = bases[0];
-    const uint8_t* b1 = bases[1];
-    cp16(bd, b0 + bo);
-    cp16(bd + 4096, b0 + bo + 64 * rb);
-    cp16(bd + 8192, b1 + bo);
-    cp16(bd + 12288, b1 + bo + 64 * rb);
-    // S: the E8M0 word of staged row tid; R: the ratio of tile row tid
-    cp4(SA + A_S + 4 * tid, bases[2 + (tid >> 7)] + (tid & 127) * sb + kb * 4);
-    if (tid < WG_M) cp4(SA + A_R + 4 * tid, A.ratio + int64_t(tile[2 + tid]) * nkb + kb);
+  for (int c = 0; c < 4; ++c) {
+    const int r = 16 * c + (tid >> 4);
+    a_src[c] = A.act + int64_t(tile[2 + r]) * K * 2 + 16 * ch;
+    a_dst[c] = uint32_t((ch >> 3) * 8192 + r * 128 + 16 * ((ch & 7) ^ (r & 7)));
+  }
+  const int fr = tid >> 2, fq = tid & 3;
+  const uint8_t* f_src[4] = {bases[0] + fr * rb + 16 * fq, bases[0] + (fr + 64) * rb + 16 * fq,
+                             bases[1] + fr * rb + 16 * fq, bases[1] + (fr + 64) * rb + 16 * fq};
+  const uint32_t f_dst = uint32_t(fr * 64 + 16 * (fq ^ ((fr >> 1) & 3)));
+  const uint8_t* s_src = bases[2 + (tid >> 7)] + (tid & 127) * sb;
+  const float* r_src = A.ratio + int64_t(tile[2 + (tid & (WG_M - 1))]) * nkb;
+  auto load = [&](int kb) {
+    const uint32_t SA = smem + OFF_A + (kb % A_STAGES) * A_STAGE, SF = smem + OFF_F + (kb % F_STAGES) * F_STAGE;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) cp16(SA + a_dst[c], a_src[c] + kb * (WG_KT * 2));
+#pragma unroll
+    for (int c = 0; c < 4; ++c) cp16(SF + f_dst + 4096 * c, f_src[c] + kb * 64);
+    cp4(SA + A_S + 4 * tid, s_src + kb * 4);
+    if (tid < WG_M) cp4(SA + A_R + 4 * tid, r_src + kb);
   };
   // whether staged row tid's 4 codes of block kb are all in the fast range (block kb has landed)
   auto row_fast = [&](int kb) {
