@@ -332,8 +332,10 @@ bool wgmma_ok() {
               cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
               major == 9 && minor == 0 && cudaFuncGetAttributes(&fa, moe_wgmma_kernel<kW2>) == cudaSuccess &&
               fa.binaryVersion == 90 && fa.sharedSizeBytes > 0;
-    auto smem = [](auto kernel) {
-      return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_DYN) == cudaSuccess;
+    auto smem = [](auto kernel) {  // (and all of the unified L1 as shared memory)
+      return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_DYN) == cudaSuccess &&
+             cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                  cudaSharedmemCarveoutMaxShared) == cudaSuccess;
     };
     ok = ok && smem(moe_wgmma_kernel<kW13>) && smem(moe_wgmma_kernel<kW2>);
     (void)cudaGetLastError();  // (a refusal above is an answer, not an error of the next launch)
