@@ -210,6 +210,14 @@ void set_cuda_pdl(bool on) {
 #endif
 }
 
+void set_cuda_wgmma(bool on) {
+#ifdef DSV4_WITH_CUDA
+  cuda::set_moe_big_kernel(on ? cuda::MoeBigKernel::auto_ : cuda::MoeBigKernel::mma);
+#else
+  (void)on;
+#endif
+}
+
 bool cuda_pdl() {
 #ifdef DSV4_WITH_CUDA
   return cuda::pdl();
