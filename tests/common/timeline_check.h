@@ -24,13 +24,17 @@ inline void check_timeline(const TimelineOps& tl, double end, const std::string&
     const auto& r = rows[i];
     ASSERT_TRUE(r.queue == 0 || r.queue == 1) << what << " row " << i;
     EXPECT_LE(r.host_begin, r.host_end) << what << " row " << i << " " << r.op;
-    if (i + 1 < rows.size()) EXPECT_LE(r.host_end, rows[i + 1].host_begin) << what << " row " << i << " " << r.op;
+    if (i + 1 < rows.size()) {
+      EXPECT_LE(r.host_end, rows[i + 1].host_begin) << what << " row " << i << " " << r.op;
+    }
     EXPECT_GE(r.device_end, r.host_begin - tol) << what << " row " << i << " " << r.op << ": done before enqueued";
     EXPECT_GE(r.device_end, last_end[r.queue] - 1e-9) << what << " row " << i << " " << r.op << ": out of order";
     last_end[r.queue] = r.device_end;
     for (int d : r.after) {
       EXPECT_LT(d, int(i)) << what << " row " << i;
-      if (d >= 0) EXPECT_GE(r.device_end, rows[size_t(d)].device_end - 1e-9) << what << " row " << i << " " << r.op;
+      if (d >= 0) {
+        EXPECT_GE(r.device_end, rows[size_t(d)].device_end - 1e-9) << what << " row " << i << " " << r.op;
+      }
     }
     EXPECT_LE(r.device_end, end + tol) << what << " row " << i << " " << r.op << ": done after the step returned";
   }
