@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -196,6 +197,42 @@ TEST(CliBenchSpec, DraftCountsAreCheckedBeforeAnyRunAndNamedAsTyped) {
     EXPECT_EQ(u.code, 2) << bad[0] << " " << bad[1] << ": " << u.err;
     EXPECT_NE(u.err.find("bench spec: " + bad[0]), std::string::npos) << u.err;
   }
+// --timeline FILE traces one more prefill (backend/timeline_ops.h): the rows (a header and one line per op) into FILE,
+// the summary into the JSON ("timeline") and stderr; without a prefill to trace it is a usage error.
+TEST(CliBenchModel, TimelineWritesRowsAndSummary) {
+  const std::string cfg = std::string(DSV4_SOURCE_DIR) + "/tests/data/tiny-a/config.json";
+  const std::filesystem::path dir = dsv4::clitest::scratch_dir("benchtimeline");
+  const std::string file = (dir / "timeline.tsv").string();
+  const ProcResult r = run_dsv4({"bench", "model", "--config", cfg, "--device", "cpu", "--prefill", "40", "--steps",
+                                 "1", "--no-profile", "--json", "--timeline", file},
+                                "benchtimeline");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(j.contains("timeline")) << r.out;
+  const nlohmann::json& t = j.at("timeline");
+  const int64_t ops = t.at("ops").get<int64_t>();
+  EXPECT_GT(ops, 10);
+  EXPECT_EQ(t.at("tokens").get<int64_t>(), 40);
+  EXPECT_EQ(t.at("file").get<std::string>(), file);
+  for (const char* k : {"wall_ms", "before_first_op_ms", "after_last_op_ms", "host_enqueue_ms", "device_intervals_ms",
+                        "device_busy_ms", "device_idle_ms", "host_behind_ms", "host_behind_between_ops_ms",
+                        "host_behind_in_enqueue_ms", "clock_uncertainty_ms"})
+    EXPECT_GE(t.at(k).get<double>(), 0.0) << k;
+  EXPECT_NEAR(t.at("device_busy_ms").get<double>() + t.at("device_idle_ms").get<double>(),
+              t.at("wall_ms").get<double>(), 1e-6);
+  int64_t calls = 0;
+  for (const auto& o : t.at("by_op")) calls += o.at("calls").get<int64_t>();
+  EXPECT_EQ(calls, ops);
+  const std::string tsv = dsv4::clitest::slurp(file);
+  EXPECT_EQ(tsv.rfind("i\top\tqueue\t", 0), 0u) << tsv.substr(0, 200);
+  EXPECT_EQ(int64_t(std::count(tsv.begin(), tsv.end(), '\n')), ops + 1);
+  EXPECT_NE(r.err.find("timeline of a prefill of 40 tokens"), std::string::npos) << r.err;
+
+  const ProcResult bad = run_dsv4({"bench", "model", "--config", cfg, "--device", "cpu", "--prefill", "0", "--steps",
+                                   "1", "--no-profile", "--timeline", file},
+                                  "benchtimelinebad");
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("--timeline traces a prefill"), std::string::npos) << bad.err;
 }
 
 }  // namespace

@@ -43,6 +43,9 @@
 #   ncub     Nsight Compute per-kernel durations and DRAM bytes of eager batch-128 decode steps (2 layers, ctx 4096)
 #   ncuk     Nsight Compute sections (speed of light, warp stalls, occupancy, launch, memory) of the gemv and
 #            gemv_tc, moe_tc_small and hc_finish kernels of eager decode steps (2 layers, ctx 4096), CSV into $OUT/ncu-kernels.csv
+#   timeline where an unsynchronized prefill's time goes without nsys or ncu: the 4-layer prefill of 8192 tokens with
+#            --timeline (one more prefill traced: per op the host's enqueue times and a CUDA event after it), the rows
+#            into $OUT/timeline-prefill8192.tsv, the summary in bench.log and the JSON (bench-timeline-prefill8192-l4)
 #   ncum     Nsight Compute sections of the prefill expert kernel (moe_wgmma_kernel, else moe_tc_big_kernel;
 #            w1|w3 and w2 of a 1-layer prefill of 2048 tokens), CSV into
 #            $OUT/ncu-moe-big.csv
@@ -280,6 +283,10 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
       --layers 4 --device cuda --ctx 0 --prefill 8192 --steps 1 --no-profile > "$OUT/ncu-prefill.csv" 2> /tmp/ncu.err
     echo "ncu prefill rc=$? ($(wc -l < "$OUT/ncu-prefill.csv") lines)"
     tail -3 /tmp/ncu.err
+  fi
+  if has timeline && [ -x "$B/dsv4" ]; then
+    bench_run timeline 8 timeline-prefill8192-l4 --layers 4 --device cuda --ctx 0 --prefill 8192 --steps 1 --no-profile \
+      --timeline "$OUT/timeline-prefill8192.tsv"
   fi
   if has ncum && [ -x "$B/dsv4" ] && command -v ncu > /dev/null && [ "$(left)" -gt 70 ]; then
     log "ncu moe_tc_big_kernel / moe_wgmma_kernel details (prefill of 2048 tokens, 1 layer)"
