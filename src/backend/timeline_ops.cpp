@@ -69,6 +69,20 @@ void TimelineOps::traced(const char* op, int64_t n, int64_t a, int64_t b, F&& f)
   last_[queue_] = i;
 }
 
+namespace {
+// The length of the union of the intervals [a, b) within [lo, hi].
+double union_length(std::vector<std::pair<double, double>> iv, double lo, double hi) {
+  std::sort(iv.begin(), iv.end());
+  double total = 0, cover = lo;
+  for (const auto& [a, b] : iv) {
+    const double x = std::max(a, cover), y = std::min(b, hi);
+    if (y > x) total += y - x;
+    cover = std::max(cover, b);
+  }
+  return total;
+}
+}  // namespace
+
 TimelineOps::Summary TimelineOps::summarize(double end) const {
   if (!read_) fail("internal: timeline summarized before finish()");
   Summary s;
@@ -82,21 +96,21 @@ TimelineOps::Summary TimelineOps::summarize(double end) const {
   }
   s.before_first_op = rows_[0].host_begin - origin_;
   std::map<std::string, OpTotal> per;
-  std::vector<std::pair<double, double>> busy;
+  // wall time intervals: the device busy with an op; an op's device work waiting for the host (from the end of
+  // what it follows, or from its enqueue's begin for the first op, to the end of its enqueue); the part of that
+  // inside the op's own enqueue
+  std::vector<std::pair<double, double>> busy, behind, inside;
   double last_end = origin_;
   for (size_t i = 0; i < rows_.size(); ++i) {
     const Row& r = rows_[i];
     double prev = origin_;
     for (int d : r.after)
       if (d >= 0) prev = std::max(prev, rows_[size_t(d)].device_end);
-    const double dev = std::max(0.0, r.device_end - prev);
-    const double start = std::max(prev, r.host_begin);
+    const double start = std::max(prev, r.host_begin), wait_end = std::min(r.host_end, r.device_end);
     if (r.device_end > start) busy.push_back({start, r.device_end});
-    const double behind = std::max(0.0, std::min(r.host_end, r.device_end) - prev);
-    const double between = i == 0 ? 0.0 : std::max(0.0, std::min(r.host_begin, r.device_end) - prev);
-    const double first_gap = i == 0 ? std::max(0.0, std::min(r.host_begin, r.device_end) - prev) : 0.0;
-    s.host_behind_between += between;
-    s.host_behind_enqueue += behind - between - first_gap;
+    if (wait_end > (i == 0 ? start : prev)) behind.push_back({i == 0 ? start : prev, wait_end});
+    if (wait_end > start) inside.push_back({start, wait_end});
+    const double dev = std::max(0.0, r.device_end - prev);
     s.host_enqueue += r.host_end - r.host_begin;
     s.device_intervals += dev;
     last_end = std::max(last_end, r.device_end);
@@ -105,18 +119,14 @@ TimelineOps::Summary TimelineOps::summarize(double end) const {
     ++o.calls;
     o.host += r.host_end - r.host_begin;
     o.device += dev;
-    o.host_behind += behind - first_gap;
+    o.host_behind += std::max(0.0, wait_end - (i == 0 ? start : prev));
   }
-  s.host_behind = s.host_behind_between + s.host_behind_enqueue;
   s.after_last_op = std::max(0.0, end - last_end);
-  std::sort(busy.begin(), busy.end());
-  double cover_end = origin_;
-  for (const auto& [a, b] : busy) {
-    const double lo = std::max(a, cover_end), hi = std::min(b, end);
-    if (hi > lo) s.device_busy += hi - lo;
-    cover_end = std::max(cover_end, b);
-  }
+  s.device_busy = union_length(busy, origin_, end);
   s.device_idle = std::max(0.0, s.wall - s.device_busy);
+  s.host_behind = union_length(behind, origin_, end);
+  s.host_behind_enqueue = std::min(s.host_behind, union_length(inside, origin_, end));
+  s.host_behind_between = s.host_behind - s.host_behind_enqueue;
   for (auto& [k, v] : per) s.by_op.push_back(v);
   std::sort(s.by_op.begin(), s.by_op.end(), [](const OpTotal& x, const OpTotal& y) { return x.device > y.device; });
   return s;

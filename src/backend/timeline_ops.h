@@ -43,13 +43,14 @@ class TimelineOps final : public Ops {
     double after_last_op = 0;     // the last op's device end .. end (copies back, host work after the ops)
     double host_enqueue = 0;      // Σ host enqueue time of the ops
     double device_intervals = 0;  // Σ device interval of the ops
-    double device_busy = 0;       // the union over the ops of [the later of its start on the host and the end of
+    double device_busy = 0;       // the union over the ops of [the later of its enqueue's begin and the end of
                                   // what it follows, its device end]
     double device_idle = 0;       // wall - device_busy
-    double host_behind = 0;       // Σ over the ops of the time the device had finished what the op follows while
-                                  // the host had not yet finished enqueueing it (the brief's "GPU waits on the host")
-    double host_behind_between = 0;  // ... of which the host was between ops (not inside an op's enqueue)
-    double host_behind_enqueue = 0;  // ... of which the host was inside the op's enqueue
+    double host_behind = 0;       // the union over the ops (after the first op's enqueue began) of the time the
+                                  // device had finished what the op follows while the host had not yet finished
+                                  // enqueueing it: wall time in which device work waited on the host
+    double host_behind_enqueue = 0;  // ... of which inside the waiting op's own enqueue
+    double host_behind_between = 0;  // ... the rest: the host between ops (not inside the op's enqueue)
     double clock_uncertainty = 0;    // how far device times may be off the host clock (Backend::timeline_start)
     std::vector<OpTotal> by_op;      // per op name, by device time (descending)
   };

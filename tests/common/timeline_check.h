@@ -48,6 +48,10 @@ inline void check_timeline(const TimelineOps& tl, double end, const std::string&
   EXPECT_NEAR(s.device_busy + s.device_idle, s.wall, 1e-9) << what;
   EXPECT_NEAR(s.host_behind, s.host_behind_between + s.host_behind_enqueue, 1e-9) << what;
   EXPECT_LE(s.device_busy, s.wall + 1e-9) << what;
+  EXPECT_LE(s.host_behind, s.wall + 1e-9) << what;
+  // every idle moment is before the first op, after the last one, or one in which some op's device work waited on
+  // the host (the first op in queue order that ends after it had not been enqueued yet)
+  EXPECT_LE(s.device_idle, s.before_first_op + s.host_behind + s.after_last_op + 1e-9) << what;
   // the file: a header and one line per row
   std::ostringstream os;
   tl.write_tsv(os);
