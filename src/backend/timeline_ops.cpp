@@ -143,7 +143,10 @@ void TimelineOps::write_tsv(std::ostream& os) const {
     std::string after;
     for (int d : r.after) {
       if (d >= 0) prev = std::max(prev, rows_[size_t(d)].device_end);
-      if (d >= 0 || after.empty()) after += (after.empty() ? "" : "+") + std::to_string(d);
+      if (d >= 0 || after.empty()) {
+        if (!after.empty()) after += '+';
+        after += std::to_string(d);
+      }
     }
     const double behind = std::max(0.0, std::min(r.host_end, r.device_end) - prev);
     os << fmt::format("{}\t{}\t{}\t{}\t{}\t{}\t{}\t{:.4f}\t{:.4f}\t{:.4f}\t{:.4f}\t{:.4f}\t{:.4f}\n", i, r.op, r.queue,
