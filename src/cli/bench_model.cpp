@@ -3,7 +3,7 @@
 // run, the same figures extrapolated to the config's full layer count (`*_full`), and a per-op time breakdown.
 //   dsv4 bench model (-m DIR | --config FILE) [--load-format auto|dummy|safetensors] [--layers N] [--device D]
 //                    [--numerics reference|dense] [--batch B] [--ctx C] [--prefill T] [--steps S] [--json]
-//                    [--deterministic] [--no-cuda-graph] [--no-pdl] [--no-wgmma]
+//                    [--deterministic] [--no-cuda-graph] [--no-pdl] [--wgmma]
 //                    [--cpu-moe | --n-cpu-moe N | --gpu-experts auto|N] [--hot-experts FILE]
 //                    [--stage-tokens auto|N] [--stage-mib M] [--timeline FILE]
 // --batch B > 1: B sequences decode together (one batched forward step per token of each), sharing one prefilled
@@ -60,7 +60,7 @@ struct ModelBenchOpts {
   std::string model, config, load_format = "auto", device, numerics = "reference", timeline;
   int layers = 0, batch = 1, steps = 32;
   int64_t ctx = 0, prefill = 512;
-  bool json = false, no_profile = false, no_cuda_graph = false, no_pdl = false, no_wgmma = false;
+  bool json = false, no_profile = false, no_cuda_graph = false, no_pdl = false, wgmma = false;
   PlacementOptions placement;
 };
 
@@ -222,7 +222,7 @@ int run_model_bench(const ModelBenchOpts& o) {
   mo.ubatch = std::max<int64_t>({256, o.prefill, std::min<int64_t>(o.ctx, 8192)});  // the context in few steps
   mo.cuda_graphs = !o.no_cuda_graph;
   set_cuda_pdl(!o.no_pdl);  // process-wide (backend.h), before any kernel of the run is launched
-  set_cuda_wgmma(!o.no_wgmma);
+  set_cuda_wgmma(o.wgmma);
   // the copy bandwidth first: with --gpu-experts auto the model fills the device memory
   std::unique_ptr<Backend> backend = make_backend(mo.device);
   const double copy = copy_gbps(*backend);
@@ -533,9 +533,9 @@ void setup_bench_model(CLI::App& app, Runner& run) {
   app.add_flag("--no-pdl", o->no_pdl,
                "CUDA: launch the decode kernels without Programmatic Dependent Launch (each starts when the one before "
                "it completed; same results)");
-  app.add_flag("--no-wgmma", o->no_wgmma,
-               "CUDA: the prefill expert segments on the mma.sync kernel instead of wgmma (compute capability 9.0; "
-               "results within the fast mode's tolerance of each other)");
+  app.add_flag("--wgmma", o->wgmma,
+               "CUDA: the prefill expert segments on the wgmma kernel instead of mma.sync (compute capability 9.0; "
+               "results within the fast mode's tolerance of each other; not yet run on a GPU, so not the default)");
   app.add_option("--timeline", o->timeline,
                  "trace one more prefill without per-op synchronization: per op the host's enqueue time and the "
                  "device's end (TSV rows into FILE), where the device waited for the host (stderr, JSON \"timeline\")");
