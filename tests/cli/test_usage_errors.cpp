@@ -314,4 +314,21 @@ TEST(CliUsage, IntegerOptionsAreDecimal) {
   EXPECT_NE(t.err.find("10000"), std::string::npos) << t.err;
 }
 
+// bench gemm's bounds are readable (CLI::PositiveNumber quoted DBL_MAX in ~300 digits) and NaN is no number of
+// seconds.
+TEST(CliUsage, BenchGemmRangesAreReadable) {
+  for (const auto& [option, value] : std::vector<std::pair<std::string, std::string>>{{"--seconds", "0"},
+                                                                                      {"--seconds", "inf"},
+                                                                                      {"--seconds", "nan"},
+                                                                                      {"--seconds", "-1"},
+                                                                                      {"--mem-mib", "0"},
+                                                                                      {"--prefill-tokens", "0"}}) {
+    const ProcResult r = run_dsv4({"bench", "gemm", option, value}, "gemmrange");
+    EXPECT_EQ(r.code, 2) << option << " " << value << ": " << r.err;
+    EXPECT_EQ(r.err.rfind("dsv4: error: " + option + ": ", 0), 0u) << r.err;
+    EXPECT_NE(r.err.find("'" + value + "'"), std::string::npos) << r.err;
+    EXPECT_LT(r.err.size(), 160u) << r.err;
+  }
+}
+
 }  // namespace
