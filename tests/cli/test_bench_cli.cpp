@@ -237,4 +237,19 @@ TEST(CliBenchModel, TimelineWritesRowsAndSummary) {
   EXPECT_NE(bad.err.find("--timeline traces a prefill"), std::string::npos) << bad.err;
 }
 
+// An unwritable --timeline FILE is an error before the model loads, not after the whole run; "" is a usage error.
+TEST(CliBenchModel, TimelineFileIsCheckedFirst) {
+  const std::string cfg = std::string(DSV4_SOURCE_DIR) + "/tests/data/tiny-a/config.json";
+  const ProcResult r = run_dsv4({"bench", "model", "--config", cfg, "--device", "cpu", "--prefill", "8", "--steps",
+                                 "1", "--no-profile", "--timeline", "/nonexistent-dir/t.tsv"},
+                                "timelinefirst");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("cannot write the timeline to /nonexistent-dir/t.tsv"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("loaded in"), std::string::npos) << "checked after loading:\n" << r.err;
+  const ProcResult e =
+      run_dsv4({"bench", "model", "--config", cfg, "--prefill", "8", "--timeline", ""}, "timelineempty");
+  EXPECT_EQ(e.code, 2) << e.err;
+  EXPECT_NE(e.err.find("--timeline"), std::string::npos) << e.err;
+}
+
 }  // namespace
