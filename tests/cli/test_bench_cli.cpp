@@ -252,4 +252,18 @@ TEST(CliBenchModel, TimelineFileIsCheckedFirst) {
   EXPECT_NE(e.err.find("--timeline"), std::string::npos) << e.err;
 }
 
+// bench spec checks --layers as bench model does (it ran the full checkpoint for -m DIR --layers 3, and ran with
+// --layers 99), before loading: exit 2.
+TEST(CliBenchSpec, LayersAreCheckedLikeBenchModel) {
+  const std::string demo = std::string(DSV4_SOURCE_DIR) + "/models/dsv4-demo";
+  const std::string cfg = std::string(DSV4_SOURCE_DIR) + "/tests/data/tiny-a/config.json";
+  const ProcResult r = run_dsv4({"bench", "spec", "--config", cfg, "--layers", "99", "-n", "8"}, "speclayers");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("bench spec: --layers must be in [1, 2], or 0 for all (got 99)"), std::string::npos) << r.err;
+  const ProcResult c = run_dsv4({"bench", "spec", "-m", demo, "--layers", "3", "-n", "8"}, "speclayersckpt");
+  EXPECT_EQ(c.code, 2) << c.err;
+  EXPECT_NE(c.err.find("bench spec: --layers needs --load-format dummy"), std::string::npos) << c.err;
+  EXPECT_EQ(c.out.find("plain"), std::string::npos) << "a run before the check:\n" << c.out;
+}
+
 }  // namespace
