@@ -331,4 +331,11 @@ TEST(CliUsage, BenchGemmRangesAreReadable) {
   }
 }
 
+// An empty --host ("$HOST" unset) is a usage error, not a server listening on whatever "" resolves to.
+TEST(CliUsage, EmptyHostIsAUsageError) {
+  const ProcResult r = run_dsv4({"serve", "-m", kDemo, "--host", "", "--port", "0"}, "emptyhost");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--host: needs an address"), std::string::npos) << r.err;
+}
+
 }  // namespace
