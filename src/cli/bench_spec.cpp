@@ -225,8 +225,7 @@ void setup_bench_spec(CLI::App& app, Runner& run) {
   app.add_option("-m,--model", o->model, "checkpoint folder");
   app.add_option("--config", o->config, "config.json of the model to build (with --load-format dummy)");
   dsv4::cli::add_load_format_option(app, o->load_format, "auto (dummy with --config) | dummy | safetensors");
-  app.add_option("--layers", o->layers, "keep the first N layers (dummy weights; 0: all)")
-      ->check(CLI::NonNegativeNumber);
+  app.add_option("--layers", o->layers, "keep the first N layers (dummy weights; 0: all)");  // checked in run_bench
   app.add_option("--batch", o->batch, "comma-separated batch sizes (default 1,8)");
   app.add_option("--draft", o->draft, "comma-separated draft counts (default 1,2,3,4)");
   app.add_option("-n,--tokens", o->n, "tokens per request (default 128)")->check(CLI::Range(2, 1 << 20));

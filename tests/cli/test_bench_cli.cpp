@@ -260,6 +260,9 @@ TEST(CliBenchSpec, LayersAreCheckedLikeBenchModel) {
   const ProcResult r = run_dsv4({"bench", "spec", "--config", cfg, "--layers", "99", "-n", "8"}, "speclayers");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("bench spec: --layers must be in [1, 2], or 0 for all (got 99)"), std::string::npos) << r.err;
+  const ProcResult n = run_dsv4({"bench", "spec", "--config", cfg, "--layers", "-1", "-n", "8"}, "speclayersneg");
+  EXPECT_EQ(n.code, 2) << n.err;  // (CLI::NonNegativeNumber quoted DBL_MAX in ~300 digits)
+  EXPECT_NE(n.err.find("bench spec: --layers must be in [1, 2], or 0 for all (got -1)"), std::string::npos) << n.err;
   const ProcResult c = run_dsv4({"bench", "spec", "-m", demo, "--layers", "3", "-n", "8"}, "speclayersckpt");
   EXPECT_EQ(c.code, 2) << c.err;
   EXPECT_NE(c.err.find("bench spec: --layers needs --load-format dummy"), std::string::npos) << c.err;
