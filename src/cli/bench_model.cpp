@@ -201,6 +201,8 @@ int run_model_bench(const ModelBenchOpts& o) {
   if (o.steps < 1) usage_fail("bench model: --steps must be >= 1");
   if (o.prefill < 0 || o.ctx < 0) usage_fail("bench model: --prefill and --ctx must be >= 0");
   if (!o.timeline.empty() && o.prefill == 0) usage_fail("bench model: --timeline traces a prefill: give --prefill > 0");
+  if (!o.timeline.empty() && !std::ofstream(o.timeline, std::ios::app))  // now, not after the whole run
+    fail("bench model: cannot write the timeline to {}", o.timeline);
   const auto num = parse_numerics(o.numerics);
   if (!num) usage_fail("bench model: --numerics must be reference or dense (got '{}')", o.numerics);
   const std::filesystem::path cfg_path =
@@ -538,7 +540,8 @@ void setup_bench_model(CLI::App& app, Runner& run) {
                "results within the fast mode's tolerance of each other; not yet run on a GPU, so not the default)");
   app.add_option("--timeline", o->timeline,
                  "trace one more prefill without per-op synchronization: per op the host's enqueue time and the "
-                 "device's end (TSV rows into FILE), where the device waited for the host (stderr, JSON \"timeline\")");
+                 "device's end (TSV rows into FILE), where the device waited for the host (stderr, JSON \"timeline\")")
+      ->check(CLI::Validator([](std::string& s) { return s.empty() ? "needs a file name" : std::string(); }, ""));
   app.add_flag("--json", o->json, "print one JSON object on stdout (progress stays on stderr)");
   run = [o] { return run_model_bench(*o); };
 }
