@@ -156,6 +156,8 @@ class Backend {
   //   timeline_read(n, t): waits for markers 0..n-1; t[i] = the host steady_clock seconds at which the device reached
   //     marker i (the origin plus the device's time since the origin).
   virtual double timeline_start(int n_markers, double* uncertainty = nullptr);
+  // The timeline's host clock: steady_clock seconds (every host time above and in TimelineOps).
+  static double timeline_clock();
   virtual void timeline_mark(int i, int queue);
   virtual void timeline_read(int n, double* t);
 

@@ -110,7 +110,7 @@ void prefill_timeline(Model& m, std::span<const int32_t> ids, const std::string&
     m.set_op_hook(nullptr);
     throw;
   }
-  const double end = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+  const double end = Backend::timeline_clock();
   m.set_op_hook(nullptr);
   tl.finish();
   const TimelineOps::Summary s = tl.summarize(end);
