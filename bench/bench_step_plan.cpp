@@ -2,11 +2,12 @@
 // arrays), then DevicePlan::upload (pack into a staging buffer kept across steps + one copy) on the CPU backend,
 // as Model::forward_ubatch does. No weights: the plan depends on the config and the positions alone.
 //
-//   build/bench_step_plan [--config FILE] [--tokens N] [--p0 P] [--reps R] [--threads T] [--drafter]
+//   build/bench_step_plan [--config FILE] [--tokens N] [--p0 P] [--reps R] [--threads T] [--drafter] [--cold-rope]
 //
-// Run from the repository root. Defaults: V4-Flash (tests/data/configs/deepseek-v4-flash-config.json), one sequence of 8,192 tokens at position 0,
-// 15 timed reps after one untimed, the OpenMP pool's threads. Prints one JSON object: the per-rep times in ms
-// (build, pack + upload, both) and their medians.
+// --cold-rope: new RoPE caches per rep (the first step that reaches these positions).
+// Run from the repository root. Defaults: V4-Flash (tests/data/configs/deepseek-v4-flash-config.json), one
+// sequence of 8,192 tokens at position 0, 15 timed reps after one untimed, the OpenMP pool's threads. Prints one
+// JSON object: the per-rep times in ms (build, pack + upload) and the medians (build, pack + upload, both).
 #include <algorithm>
 #include <exception>
 #include <chrono>
@@ -21,7 +22,7 @@
 #include "backend/backend.h"
 #include "backend/parallel.h"
 #include "loader/config.h"
-#include "model/rope.h"
+#include "model/rope_cache.h"
 #include "model/state_layout.h"
 #include "model/step_plan.h"
 
@@ -55,7 +56,7 @@ int run(int argc, char** argv) {
   std::string config = "tests/data/configs/deepseek-v4-flash-config.json";
   int64_t tokens = 8192, p0 = 0;
   int reps = 15, threads = 0;
-  bool drafter = false;
+  bool drafter = false, cold_rope = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> const char* {
@@ -71,9 +72,10 @@ int run(int argc, char** argv) {
     else if (a == "--reps") reps = std::atoi(next());
     else if (a == "--threads") threads = std::atoi(next());
     else if (a == "--drafter") drafter = true;
+    else if (a == "--cold-rope") cold_rope = true;
     else {
       std::fprintf(stderr, "usage: bench_step_plan [--config FILE] [--tokens N] [--p0 P] [--reps R] [--threads T] "
-                           "[--drafter]\n");
+                           "[--drafter] [--cold-rope]\n");
       return 2;
     }
   }
@@ -84,7 +86,8 @@ int run(int argc, char** argv) {
   set_num_threads(threads);
   const ModelConfig cfg = load_config(config);
   const StateLayout layout = StateLayout::of(cfg, drafter);
-  const RopeTable plain = RopeTable::for_ratio(cfg, 0), yarn = RopeTable::for_ratio(cfg, 4);
+  auto rope = [&](int ratio) { return RopeCache(RopeTable::for_ratio(cfg, ratio), cfg.max_position_embeddings); };
+  RopeCache plain = rope(0), yarn = rope(4);
   std::unique_ptr<Backend> be = make_backend(Device{});
 
   std::vector<int32_t> tok(static_cast<size_t>(tokens));
@@ -110,6 +113,7 @@ int run(int argc, char** argv) {
     std::vector<PlanPiece> pcs = pieces();
     Workspace& ws = be->workspace();
     Workspace::Scope scope(ws);
+    if (cold_rope) plain = rope(0), yarn = rope(4);
     const double t0 = now_ms();
     const StepPlan plan = StepPlan::build(cfg, layout, plain, yarn, 1, std::move(pcs));
     const double t1 = now_ms();
@@ -121,10 +125,12 @@ int run(int argc, char** argv) {
     t_upload.push_back(t2 - t1);
     t_all.push_back(t2 - t0);
   }
-  std::printf("{\"tokens\":%lld,\"p0\":%lld,\"threads\":%d,\"drafter\":%s,\"build_ms_median\":%.3f,"
-              "\"pack_upload_ms_median\":%.3f,\"total_ms_median\":%.3f,\"build_ms\":%s,\"pack_upload_ms\":%s}\n",
-              (long long)tokens, (long long)p0, max_threads(), drafter ? "true" : "false", median(t_build),
-              median(t_upload), median(t_all), list(t_build).c_str(), list(t_upload).c_str());
+  std::printf("{\"tokens\":%lld,\"p0\":%lld,\"threads\":%d,\"drafter\":%s,\"cold_rope\":%s,"
+              "\"build_ms_median\":%.3f,\"pack_upload_ms_median\":%.3f,\"total_ms_median\":%.3f,\"build_ms\":%s,"
+              "\"pack_upload_ms\":%s}\n",
+              (long long)tokens, (long long)p0, max_threads(), drafter ? "true" : "false",
+              cold_rope ? "true" : "false", median(t_build), median(t_upload), median(t_all), list(t_build).c_str(),
+              list(t_upload).c_str());
   return 0;
 }
 

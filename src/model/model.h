@@ -36,7 +36,7 @@
 #include "model/batch.h"
 #include "model/expert_placement.h"
 #include "model/language_model.h"
-#include "model/rope.h"
+#include "model/rope_cache.h"
 #include "model/sequence_state.h"
 #include "model/speculation.h"
 #include "model/split_moe.h"
@@ -325,7 +325,7 @@ class Model final : public LanguageModel {
   DsparkResident dspark_;
   StateLayout::Drafter drafter_ = StateLayout::Drafter::none;
   int draft_layer_ = -1;               // index of the drafter's first block in lr_ (= num_hidden_layers) when resident
-  RopeTable rope_plain_, rope_yarn_;
+  RopeCache rope_plain_, rope_yarn_;  // RoPE rows of ratio-0 and of compressed layers, kept per position
   size_t resident_bytes_ = 0;
   const Ops* hook_ = nullptr;
   ExpertPlacement placement_;

@@ -36,7 +36,7 @@ namespace {
 // The compressor plan of ratio m for the pieces of a step (spec §5.5; index spaces in step_plan.h).
 // R: the layout's speculation rows (verify steps of <= R tokens).
 RatioPlan plan_ratio(int m, int64_t n, const std::vector<PlanPiece>& pieces, const std::vector<int64_t>& piece_t0,
-                     const RopeTable& yarn, int64_t R) {
+                     const RopeCache& yarn, int64_t R) {
   RatioPlan r;
   r.m = m;
   r.coff = ModelConfig::compressor_coff(m);
@@ -150,8 +150,8 @@ RatioPlan plan_ratio(int m, int64_t n, const std::vector<PlanPiece>& pieces, con
 
 }  // namespace
 
-StepPlan StepPlan::build(const ModelConfig& cfg, const StateLayout& layout, const RopeTable& plain,
-                         const RopeTable& yarn, int64_t n_slots, std::vector<PlanPiece> pieces) {
+StepPlan StepPlan::build(const ModelConfig& cfg, const StateLayout& layout, const RopeCache& plain,
+                         const RopeCache& yarn, int64_t n_slots, std::vector<PlanPiece> pieces) {
   StepPlan p;
   const int64_t W = cfg.sliding_window;
   p.window = W;
