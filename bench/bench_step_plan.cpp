@@ -1,10 +1,13 @@
-// Host cost of one forward step's plan (model/step_plan.h) for a prefill chunk: StepPlan::build (positions ->
-// arrays), then DevicePlan::upload (pack into a staging buffer kept across steps + one copy) on the CPU backend,
-// as Model::forward_ubatch does. No weights: the plan depends on the config and the positions alone.
+// Host cost of one forward step's plan (model/step_plan.h) for a prefill chunk: StepPlan::rebuild (positions ->
+// arrays, into the plan of the step before), then DevicePlan::upload (pack into a staging buffer kept across steps
+// + one copy) on the CPU backend, as Model::forward does. No weights: the plan depends on the config and the
+// positions alone.
 //
-//   build/bench_step_plan [--config FILE] [--tokens N] [--p0 P] [--reps R] [--threads T] [--drafter] [--cold-rope]
+//   build/bench_step_plan [--config FILE] [--tokens N] [--p0 P] [--reps R] [--threads T] [--drafter] [--fresh]
+//                         [--cold-rope]
 //
-// --cold-rope: new RoPE caches per rep (the first step that reaches these positions).
+// --fresh: a new plan per rep (StepPlan::build, as the lanes and verify steps do); --cold-rope: new RoPE caches per
+// rep (the first step that reaches these positions).
 // Run from the repository root. Defaults: V4-Flash (tests/data/configs/deepseek-v4-flash-config.json), one
 // sequence of 8,192 tokens at position 0, 15 timed reps after one untimed, the OpenMP pool's threads. Prints one
 // JSON object: the per-rep times in ms (build, pack + upload) and the medians (build, pack + upload, both).
@@ -56,7 +59,7 @@ int run(int argc, char** argv) {
   std::string config = "tests/data/configs/deepseek-v4-flash-config.json";
   int64_t tokens = 8192, p0 = 0;
   int reps = 15, threads = 0;
-  bool drafter = false, cold_rope = false;
+  bool drafter = false, fresh = false, cold_rope = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> const char* {
@@ -72,10 +75,11 @@ int run(int argc, char** argv) {
     else if (a == "--reps") reps = std::atoi(next());
     else if (a == "--threads") threads = std::atoi(next());
     else if (a == "--drafter") drafter = true;
+    else if (a == "--fresh") fresh = true;
     else if (a == "--cold-rope") cold_rope = true;
     else {
       std::fprintf(stderr, "usage: bench_step_plan [--config FILE] [--tokens N] [--p0 P] [--reps R] [--threads T] "
-                           "[--drafter] [--cold-rope]\n");
+                           "[--drafter] [--fresh] [--cold-rope]\n");
       return 2;
     }
   }
@@ -108,14 +112,19 @@ int run(int argc, char** argv) {
   };
 
   std::vector<uint8_t> staging;
+  StepPlan plan;
   std::vector<double> t_build, t_upload, t_all;
   for (int r = -1; r < reps; ++r) {
     std::vector<PlanPiece> pcs = pieces();
     Workspace& ws = be->workspace();
     Workspace::Scope scope(ws);
     if (cold_rope) plain = rope(0), yarn = rope(4);
+    if (fresh) plan = StepPlan{};
     const double t0 = now_ms();
-    const StepPlan plan = StepPlan::build(cfg, layout, plain, yarn, 1, std::move(pcs));
+    if (fresh)
+      plan = StepPlan::build(cfg, layout, plain, yarn, 1, std::move(pcs));
+    else
+      plan.rebuild(cfg, layout, plain, yarn, 1, std::move(pcs));
     const double t1 = now_ms();
     const DevicePlan dp = DevicePlan::upload(plan, *be, ws, &staging);
     const double t2 = now_ms();
@@ -125,12 +134,12 @@ int run(int argc, char** argv) {
     t_upload.push_back(t2 - t1);
     t_all.push_back(t2 - t0);
   }
-  std::printf("{\"tokens\":%lld,\"p0\":%lld,\"threads\":%d,\"drafter\":%s,\"cold_rope\":%s,"
+  std::printf("{\"tokens\":%lld,\"p0\":%lld,\"threads\":%d,\"drafter\":%s,\"fresh\":%s,\"cold_rope\":%s,"
               "\"build_ms_median\":%.3f,\"pack_upload_ms_median\":%.3f,\"total_ms_median\":%.3f,\"build_ms\":%s,"
               "\"pack_upload_ms\":%s}\n",
               (long long)tokens, (long long)p0, max_threads(), drafter ? "true" : "false",
-              cold_rope ? "true" : "false", median(t_build), median(t_upload), median(t_all), list(t_build).c_str(),
-              list(t_upload).c_str());
+              fresh ? "true" : "false", cold_rope ? "true" : "false", median(t_build),
+              median(t_upload), median(t_all), list(t_build).c_str(), list(t_upload).c_str());
   return 0;
 }
 

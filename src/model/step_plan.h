@@ -114,6 +114,10 @@ struct StepPlan {
   // compressed layers.
   static StepPlan build(const ModelConfig& cfg, const StateLayout& layout, const RopeCache& plain,
                         const RopeCache& yarn, int64_t n_slots, std::vector<PlanPiece> pieces);
+  // The same plan, built into this one: every field is set anew, the arrays keep their capacity (a step of the
+  // shape of the one before allocates nothing and writes each element once; the plan of a long prefill is ~12 MB).
+  void rebuild(const ModelConfig& cfg, const StateLayout& layout, const RopeCache& plain, const RopeCache& yarn,
+               int64_t n_slots, std::vector<PlanPiece> pieces);
 };
 
 // The plan's arrays on the device: one upload into workspace memory. Pointers are null for empty arrays.
