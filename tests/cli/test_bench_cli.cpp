@@ -13,7 +13,7 @@
 #include <string>
 #include <thread>
 
-#include "cli/run_child.h"
+#include "common/run_child.h"
 
 namespace {
 using dsv4::clitest::ProcResult;

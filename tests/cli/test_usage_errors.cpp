@@ -9,7 +9,7 @@
 #include <tuple>
 #include <vector>
 
-#include "cli/run_child.h"
+#include "common/run_child.h"
 
 namespace {
 using dsv4::clitest::ProcResult;
