@@ -35,7 +35,7 @@ void add_tokenizer_opts(CLI::App& app, TokOpts& o) {
 dsv4::Tokenizer load_tokenizer(const TokOpts& o) {
   if (!o.tokenizer.empty()) return dsv4::Tokenizer::from_file(o.tokenizer);
   if (!o.model.empty()) return dsv4::Tokenizer::from_file(std::filesystem::path(o.model) / "tokenizer.json");
-  dsv4::fail("give --tokenizer FILE or -m MODEL_DIR");
+  dsv4::usage_fail("give --tokenizer FILE or -m MODEL_DIR");
 }
 
 std::string read_stdin() {

@@ -121,7 +121,7 @@ TEST(CliGenerate, BadArgumentsGiveOneLineErrors) {
       {{"-m", kTiny}, "prompt", 2},
       {{"-m", kTiny, "-p", "hello"}, "tokenizer.json"},
       {{"-m", kTiny, "--prompt-ids", "0,x"}, "--prompt-ids", 2},
-      {{"-m", kTiny, "--prompt-ids", "0,999999"}, "vocabulary"},
+      {{"-m", kTiny, "--prompt-ids", "0,999999"}, "vocabulary", 2},  // (config.json tells, before loading)
       {{"-m", kTiny, "--prompt-ids", "0", "--top-p", "2"}, "--top-p: top_p", 2},
       {{"-m", kTiny, "--prompt-ids", "0", "--temp", "-1"}, "--temp: temperature", 2},
   };

@@ -65,9 +65,9 @@ TEST(CliLogprobs, TableAndErrors) {
   const Result t = run("logprobs -m " + kModel + " --prompt-ids 1,2,3");
   ASSERT_EQ(t.rc, 0) << t.out;
   EXPECT_NE(t.out.find("pos"), std::string::npos);
-  // exit 2: a usage error (the command line alone is wrong); 1: wrong for this model (id 256 is past its vocabulary)
+  // exit 2: a usage error (the command line alone is wrong, or config.json tells: id 256 is past the vocabulary)
   for (const auto& [bad, code] : std::vector<std::pair<std::string, int>>{
-           {"--prompt-ids 1,x", 2}, {"--prompt-ids 1,,2", 2}, {"--prompt-ids 1,256", 1},
+           {"--prompt-ids 1,x", 2}, {"--prompt-ids 1,,2", 2}, {"--prompt-ids 1,256", 2},
            {"--prompt-ids 1 --numerics fp8", 2}}) {
     const Result r = run("logprobs -m " + kModel + " " + bad);
     EXPECT_EQ(r.rc, code) << bad << ": " << r.out;

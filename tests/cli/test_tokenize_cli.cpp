@@ -69,9 +69,11 @@ int64_t added_token_id(const std::string& content) {
   return -1;
 }
 
-// A failed command: exit 1 (not a signal), exactly one stderr line "dsv4: error: ...", nothing on stdout.
-void expect_one_line_error(const ProcResult& r, const std::string& what, const std::string& needle = "") {
-  EXPECT_EQ(r.code, 1) << what << ": " << r.err;
+// A failed command: exit `code` (1; 2 for a usage error, not a signal), exactly one stderr line "dsv4: error: ...",
+// nothing on stdout.
+void expect_one_line_error(const ProcResult& r, const std::string& what, const std::string& needle = "",
+                           int code = 1) {
+  EXPECT_EQ(r.code, code) << what << ": " << r.err;
   EXPECT_EQ(r.err.rfind("dsv4: error: ", 0), 0u) << what << ": '" << r.err << "'";
   ASSERT_FALSE(r.err.empty()) << what;
   EXPECT_EQ(r.err.back(), '\n') << what;
@@ -192,7 +194,7 @@ TEST(CliTokenize, BadInputGivesOneLineError) {
   expect_one_line_error(run_dsv4({"tokenize", "--tokenizer", "/nonexistent/tokenizer.json", "hi"}, "bad"),
                         "missing tokenizer file");
   expect_one_line_error(run_dsv4({"tokenize", "-m", "/nonexistent-model-dir", "hi"}, "bad"), "missing model dir");
-  expect_one_line_error(run_dsv4({"tokenize", "hi"}, "bad"), "no tokenizer given");
+  expect_one_line_error(run_dsv4({"tokenize", "hi"}, "bad"), "no tokenizer given", "", 2);
   const auto broken = dir / "broken_tokenizer.json";
   std::ofstream(broken) << "{\"model\": {\"type\": \"BPE\", \"vocab\": [";
   expect_one_line_error(run_dsv4({"tokenize", "--tokenizer", broken.string(), "hi"}, "bad"), "truncated tokenizer");
@@ -222,8 +224,9 @@ TEST(CliRender, BadInputGivesOneLineError) {
   expect_one_line_error(run_dsv4({"render", "-"}, "bad", "not json at all\n"), "malformed JSON on stdin");
   expect_one_line_error(run_dsv4({"render", "-"}, "bad", "{\"messages\": [{\"role\": \"wizard\", \"content\": \"x\"}]}"),
                         "unknown role");
-  // --ids needs a tokenizer.
-  expect_one_line_error(run_dsv4({"render", "--ids", kOfficial + "input_2.json"}, "bad"), "--ids without tokenizer");
+  // --ids needs a tokenizer (a usage error: the command line lacks it).
+  expect_one_line_error(run_dsv4({"render", "--ids", kOfficial + "input_2.json"}, "bad"), "--ids without tokenizer",
+                        "--tokenizer", 2);
   // Every error case of the chat cases table fails the same way through the CLI.
   std::ifstream cases(kRoot + "/tests/data/chat/cases.jsonl");
   std::string line;
