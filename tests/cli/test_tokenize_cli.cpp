@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "common/run_child.h"
@@ -199,19 +200,59 @@ TEST(CliTokenize, BadInputGivesOneLineError) {
   std::ofstream(broken) << "{\"model\": {\"type\": \"BPE\", \"vocab\": [";
   expect_one_line_error(run_dsv4({"tokenize", "--tokenizer", broken.string(), "hi"}, "bad"), "truncated tokenizer");
 
+  // ids that are not token ids: usage errors (exit 2) in an argument, errors (exit 1) on stdin, which is data
   expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "12", "abc"}, "bad"), "non-numeric id",
-                        "abc");
-  expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "12x"}, "bad"), "trailing garbage");
-  expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "1.5"}, "bad"), "fractional id");
+                        "abc", 2);
+  expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "12x"}, "bad"), "trailing garbage", "", 2);
+  expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "1.5"}, "bad"), "fractional id", "", 2);
   expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "-"}, "bad", "1 2 three\n"),
-                        "non-numeric id on stdin");
-  expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "99999999"}, "bad"), "out-of-range id");
-  expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "-1"}, "bad"), "negative id");
+                        "non-numeric id on stdin", "on stdin");
+  expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "99999999"}, "bad"), "out-of-range id",
+                        "vocabulary", 2);
+  expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "-"}, "bad", "99999999"),
+                        "out-of-range id on stdin", "on stdin");
+  expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "-1"}, "bad"), "negative id", "", 2);
   // 2^32 + 66 used to wrap to id 66 and print its text
   expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "4294967362"}, "bad"), "id beyond 32 bits",
-                        "4294967362");
+                        "4294967362", 2);
   expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "99999999999999999999"}, "bad"),
-                        "id too long");
+                        "id too long", "", 2);
+}
+
+// An IDS argument is a JSON array or ids separated by commas or spaces, and nothing else: a malformed array ("[1,2"
+// was read as 1 and 2), a trailing comma, an empty entry, a negative, fractional or nested element, a JSON value
+// that is not an array are usage errors naming the argument; "[]" (like blank text) is no ids, hence no output.
+TEST(CliDetokenize, MalformedIdListsAreUsageErrors) {
+  for (const std::string bad : {"[1,2", "[1,2,]", "[,1]", "[1,,2]", "[-1]", "[1.5]", "[1e3]", "[[1]]", "[1, \"2\"]",
+                                "[null]", "[1] 2", "[1]]", "1,,2", "1,", ",1", "1, ,2", "{\"a\": 1}", "\"1\"",
+                                "null", "1;2"}) {
+    const ProcResult r = run_dsv4({"detokenize", "--tokenizer", kTokFile, bad}, "detokbad");
+    expect_one_line_error(r, "detokenize '" + bad + "'", "", 2);
+    EXPECT_NE(r.err.find(bad.substr(0, 3)), std::string::npos) << bad << ": the message quotes it: " << r.err;
+  }
+  // the same text on stdin: an error of the data (exit 1)
+  expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "-"}, "detokbadstdin", "[1,2"),
+                        "malformed array on stdin", "[1,2", 1);
+  for (const std::string none : {"[]", " [ ] ", "", "  "}) {
+    const ProcResult r = run_dsv4({"detokenize", "--tokenizer", kTokFile, none}, "detoknone");
+    EXPECT_EQ(r.code, 0) << "'" << none << "': " << r.err;
+    EXPECT_EQ(r.out, "") << "'" << none << "'";
+  }
+  // every accepted spelling of the same ids gives the same text
+  const auto ids = tokenize(kByFile, "Hello, world");
+  ASSERT_GE(ids.size(), 3u);
+  const std::string want = detokenize(kByFile, ids);
+  ASSERT_FALSE(want.empty());
+  for (const std::vector<std::string>& spelling :
+       {std::vector<std::string>{fmt::format("[{}]", join_ids(ids, ", "))}, {fmt::format("[{}]", join_ids(ids, ","))},
+        {join_ids(ids, ",")}, {join_ids(ids, ", ")}, {join_ids(ids, " ")}, {fmt::format(" {}\n", join_ids(ids, " ,\t"))},
+        {fmt::format("[{}]", ids[0]), join_ids({ids.begin() + 1, ids.end()}, ",")}}) {
+    std::vector<std::string> args{"detokenize", "--tokenizer", kTokFile};
+    args.insert(args.end(), spelling.begin(), spelling.end());
+    const ProcResult r = run_dsv4(args, "detokspell");
+    EXPECT_EQ(r.code, 0) << spelling[0] << ": " << r.err;
+    EXPECT_EQ(r.out, want) << spelling[0];
+  }
 }
 
 TEST(CliRender, BadInputGivesOneLineError) {
