@@ -283,4 +283,26 @@ TEST(CliRender, BadInputGivesOneLineError) {
   EXPECT_GE(n, 1);
 }
 
+// render takes the tool names the server takes (chat/tool_name.h), and refuses the others with the server's
+// reason: it rendered any name, also ones the server answers with 400 (a space, a quote, non-ASCII letters, > 64).
+TEST(CliRender, ToolNamesFollowTheServersRule) {
+  const auto request = [](const json& tool) {
+    return json{{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"tools", {tool}}}.dump();
+  };
+  for (const std::string& name : std::vector<std::string>{"get_weather", "a.b-c_9", "X", std::string(64, 'a')}) {
+    const ProcResult r =
+        run_dsv4({"render", "-"}, "rendertool", request({{"type", "function"}, {"function", {{"name", name}}}}));
+    EXPECT_EQ(r.code, 0) << name << ": " << r.err;
+    EXPECT_NE(r.out.find("\"name\": \"" + name + "\""), std::string::npos) << r.out;
+  }
+  for (const std::string& name :
+       std::vector<std::string>{"has space", "翻译", "a\"b", "a>b", "", std::string(65, 'a')}) {
+    expect_one_line_error(
+        run_dsv4({"render", "-"}, "rendertool", request({{"type", "function"}, {"function", {{"name", name}}}})),
+        "tool name '" + name + "'", "tools[0].function.name: required, 1 to 64 letters, digits");
+    expect_one_line_error(run_dsv4({"render", "-"}, "rendertool", request({{"name", name}})),
+                          "bare tool name '" + name + "'", "tools[0].name: required, 1 to 64 letters, digits");
+  }
+}
+
 }  // namespace
