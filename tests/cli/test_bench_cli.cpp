@@ -9,7 +9,10 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <fstream>
+#include <regex>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -270,6 +273,38 @@ TEST(CliBenchSpec, LayersAreCheckedLikeBenchModel) {
   EXPECT_EQ(c.code, 2) << c.err;
   EXPECT_NE(c.err.find("bench spec: --layers needs --load-format dummy"), std::string::npos) << c.err;
   EXPECT_EQ(c.out.find("plain"), std::string::npos) << "a run before the check:\n" << c.out;
+}
+
+// The README's bench command lines show an option with a number in brackets ("[--tokens 32]") to state its default:
+// each such number is the default its command's --help names ("(default 32)"). The bench serve line showed
+// "[--tokens 64] [--requests 3]", the values of a measurement, while the defaults are 32 and 2.
+TEST(CliReadme, BracketedNumbersAreTheDefaults) {
+  std::ifstream readme(std::string(DSV4_SOURCE_DIR) + "/README.md");
+  const std::regex bracket(R"(\[(-{1,2}[a-z][-a-z]*) ([0-9][0-9,.]*)\])");
+  int checked = 0;
+  for (std::string line; std::getline(readme, line);) {
+    if (line.rfind("build/dsv4 ", 0) != 0) continue;
+    std::vector<std::string> cmd;  // the command words: up to the first option
+    std::istringstream words(line.substr(11));
+    for (std::string w; words >> w && w[0] != '-';) cmd.push_back(w);
+    for (std::sregex_iterator m(line.begin(), line.end(), bracket), end; m != end; ++m) {
+      const std::string option = (*m)[1], value = (*m)[2];
+      std::vector<std::string> args = cmd;
+      args.push_back("--help");
+      const ProcResult h = run_dsv4(args, "readmehelp");
+      ASSERT_EQ(h.code, 0) << line << "\n" << h.err;
+      // the option's entry: from its name ("  -n,--tokens ...", "  --tokens ...") to the next option's line
+      const std::regex entry("\n  (-[a-z],)?" + option + "[ ,]");
+      std::smatch at;
+      ASSERT_TRUE(std::regex_search(h.out, at, entry)) << option << " not in the help of: " << line << "\n" << h.out;
+      const size_t from = size_t(at.position(0)) + 1;
+      const std::string text = h.out.substr(from, h.out.find("\n  -", from) - from);
+      EXPECT_NE(text.find("default " + value), std::string::npos)
+          << "README: " << (*m)[0] << " in\n" << line << "\nbut --help says:\n" << text;
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 6);  // bench structured -n, bench serve's four, bench spec's three
 }
 
 }  // namespace
