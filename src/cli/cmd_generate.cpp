@@ -1,6 +1,7 @@
 // `dsv4 generate`: raw text completion from a prompt (text with BOS prepended, or token ids as given).
-// Text streams to stdout as it is produced; progress and prefill/decode speed go to stderr; --json prints one
-// object instead. Ctrl-C stops the generation and prints what was produced.
+// The prompt text (-p) is echoed, then the continuation streams to stdout as it is produced, so that the output reads
+// as one text (as llama.cpp's CLI; --no-echo: the continuation alone); progress and prefill/decode speed go to stderr;
+// --json prints one object instead. Ctrl-C stops the generation and prints what was produced.
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -40,7 +41,7 @@ struct Opts {
   dsv4::PlacementOptions placement;
   std::string device;
   std::vector<std::string> stop;
-  bool json = false, ignore_eos = false;
+  bool json = false, ignore_eos = false, echo = true;
 };
 
 void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
@@ -80,6 +81,8 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
   app.add_option("--ctx", o->ctx, "context size in tokens (default 0: the model's maximum)")
       ->transform(dsv4::cli::integer_in<int64_t>(0, int64_t(1) << 40));
   app.add_flag("--ignore-eos", o->ignore_eos, "keep generating after the end-of-sequence token");
+  app.add_flag("--echo,!--no-echo", o->echo,
+               "print the -p prompt text before the generated text (default; --no-echo: the generated text alone)");
   app.add_flag("--json", o->json,
                "print one JSON object {prompt_ids, ids, text, finish_reason, timings} instead of streaming text");
   run = [o, p] {
@@ -142,6 +145,10 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
     };
     cb.should_cancel = [] { return g_interrupted.load(); };
     std::fprintf(stderr, "prompt: %zu tokens\n", req.prompt.size());
+    if (o->echo && !o->json && !o->prompt.empty()) {  // the text as typed (--prompt-ids: nothing to echo)
+      std::fwrite(o->prompt.data(), 1, o->prompt.size(), stdout);
+      std::fflush(stdout);
+    }
     GenerationResult r = engine.generate(req, tok, cb);
     std::signal(SIGINT, SIG_DFL);
     const auto& t = r.timings;
