@@ -17,7 +17,9 @@ class ProfiledOps final : public Ops {
     double seconds = 0;
     int64_t calls = 0;
   };
-  explicit ProfiledOps(Backend& be) : be_(be), inner_(be.ops()) {}
+  // Times the ops of `inner` (default: be.ops()), each bracketed by be.synchronize().
+  ProfiledOps(Backend& be, const Ops& inner) : be_(be), inner_(inner) {}
+  explicit ProfiledOps(Backend& be) : ProfiledOps(be, be.ops()) {}
   const std::map<std::string, Entry>& times() const { return times_; }
   void reset() { times_.clear(); }
 

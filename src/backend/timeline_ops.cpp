@@ -23,7 +23,8 @@ const char* linear_name(int kind, const WeightView& W) {
 }
 }  // namespace
 
-TimelineOps::TimelineOps(Backend& be, int reserve) : be_(be), inner_(be.ops()), reserve_(std::max(reserve, 1)) {}
+TimelineOps::TimelineOps(Backend& be, const Ops& inner, int reserve)
+    : be_(be), inner_(inner), reserve_(std::max(reserve, 1)) {}
 
 void TimelineOps::start() {
   rows_.clear();

@@ -55,8 +55,10 @@ class TimelineOps final : public Ops {
     std::vector<OpTotal> by_op;      // per op name, by device time (descending)
   };
 
-  // reserve: markers made ready before the step (more are made when needed, at some host cost).
-  explicit TimelineOps(Backend& be, int reserve = 4096);
+  // Traces the ops of `inner` (default: be.ops()) with be's markers. reserve: markers made ready before the step
+  // (more are made when needed, at some host cost).
+  TimelineOps(Backend& be, const Ops& inner, int reserve = 4096);
+  explicit TimelineOps(Backend& be, int reserve = 4096) : TimelineOps(be, be.ops(), reserve) {}
 
   // Begin a timeline (waits for the queued work; clears the rows): the origin.
   void start();
