@@ -1,7 +1,8 @@
-// The benchmarks' op decorators (ProfiledOps: `bench model`'s per-op breakdown; TimelineOps: `bench model
-// --timeline`) over an Ops that records its calls, for every Ops method: the wrapped Ops gets the call once, as
-// itself (ProfiledOps: the three older composites as their parts, the branch calls not at all), under the names
-// and sizes that the benchmark's JSON and the timeline's rows show (other tools read them: they must not change).
+// The op decorators' base (backend/forwarding_ops.h) and the benchmarks' two decorators (ProfiledOps: `bench
+// model`'s per-op breakdown; TimelineOps: `bench model --timeline`) over an Ops that records its calls, for every
+// Ops method: the wrapped Ops gets the call once, as itself (ProfiledOps: the three older composites as their
+// parts, the branch calls not at all), inside the hook, under the names and sizes that the benchmark's JSON and the
+// timeline's rows show (other tools read them: they must not change). An op added to Ops gets a case in every_op().
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -238,6 +239,35 @@ std::vector<Case> every_op() {
       plain("moe_combine", [](const Ops& o) { o.moe_combine(nullptr, nullptr, 35, 6, 64, nullptr, true, nullptr); },
             35, 0, 6),
   };
+}
+
+// A decorator that logs its hook into the wrapped RecordingOps' calls: "[name" before the op, "]" after it.
+class LoggingOps final : public ForwardingOps {
+ public:
+  explicit LoggingOps(const RecordingOps& rec) : ForwardingOps(rec), rec_(rec) {}
+
+ private:
+  void around(const OpCall& call, OpBody body) const override {
+    rec_.calls.push_back(std::string("[") + call.op);
+    body();
+    rec_.calls.push_back("]");
+  }
+  const RecordingOps& rec_;
+};
+
+TEST(OpDecorators, ForwardingOpsForwardsEveryOpOnceInsideTheHook) {
+  RecordingOps rec;
+  const LoggingOps ops(rec);
+  for (const Case& c : every_op()) {
+    rec.calls.clear();
+    c.call(ops);
+    EXPECT_EQ(rec.calls, (Calls{"[" + c.row, c.op, "]"})) << c.op;
+  }
+  rec.calls.clear();
+  ops.branch_begin();
+  ops.branch_end();
+  ops.branch_join();
+  EXPECT_EQ(rec.calls, (Calls{"branch_begin", "branch_end", "branch_join"})) << "the branch calls skip the hook";
 }
 
 TEST(OpDecorators, ProfiledOpsTimesEveryOpUnderItsName) {
