@@ -2,6 +2,7 @@
 
 #include <optional>
 
+#include "core/json_depth.h"
 #include "server/api_error.h"
 #include "server/request_fields.h"
 
@@ -248,7 +249,7 @@ ojson anthropic_usage_json(const GenerationResult& r) {
 
 namespace {
 J tool_use_block(const ToolCall& c) {
-  J input = J::parse(c.arguments, nullptr, false);
+  J input = json_nesting_exceeds(c.arguments, kMaxJsonRequestDepth) ? J() : J::parse(c.arguments, nullptr, false);
   if (input.is_discarded() || !input.is_object()) input = J::object();
   return {{"type", "tool_use"}, {"id", c.id}, {"name", c.name}, {"input", std::move(input)}};
 }

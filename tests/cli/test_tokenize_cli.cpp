@@ -263,6 +263,22 @@ TEST(CliRender, BadInputGivesOneLineError) {
   std::ofstream(malformed) << "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}";
   expect_one_line_error(run_dsv4({"render", malformed.string()}, "bad"), "malformed JSON file");
   expect_one_line_error(run_dsv4({"render", "-"}, "bad", "not json at all\n"), "malformed JSON on stdin");
+  // deep nesting (printing the parsed value recursed once per level: a segfault at ~70,000 levels)
+  std::string deep = "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"x\": ";
+  deep += std::string(70000, '[') + std::string(70000, ']') + "}";
+  expect_one_line_error(run_dsv4({"render", "-"}, "bad", deep), "deeply nested request", "nested deeper than");
+  std::string args;
+  for (int i = 0; i < 70000; ++i) args += "{\"a\":";
+  args += '1';
+  args.append(70000, '}');
+  const json call = {{"messages",
+                      {{{"role", "user"}, {"content", "x"}},
+                       {{"role", "assistant"},
+                        {"content", nullptr},
+                        {"tool_calls", {{{"id", "c1"}, {"type", "function"},
+                                         {"function", {{"name", "f"}, {"arguments", args}}}}}}}}}};
+  expect_one_line_error(run_dsv4({"render", "-"}, "bad", call.dump()), "deeply nested tool arguments",
+                        "nested deeper than");
   expect_one_line_error(run_dsv4({"render", "-"}, "bad", "{\"messages\": [{\"role\": \"wizard\", \"content\": \"x\"}]}"),
                         "unknown role");
   // --ids needs a tokenizer (a usage error: the command line lacks it).
