@@ -215,7 +215,8 @@ ApiRequest parse_anthropic_request(std::string_view body_text, const Tokenizer& 
   }
   ApiRequest r;
   try {
-    r = chat_request_from_json(std::move(chat), tok, n_ctx);
+    // count_tokens counts any prompt (as Anthropic's): the context size limits generation, not counting
+    r = chat_request_from_json(std::move(chat), tok, count_only ? int64_t(1) << 62 : n_ctx);
   } catch (const ApiError& e) {
     if (e.param() == "tool_choice.function.name") {  // Anthropic's errors have no param: the message names the field
       std::string msg = e.what();

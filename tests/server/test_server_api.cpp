@@ -1039,3 +1039,20 @@ TEST_F(ServerTest, DeeplyNestedJsonIsA400AndTheServerLives) {
   EXPECT_EQ(ok->body.find("nested deeper"), std::string::npos) << ok->body.substr(0, 300);
   EXPECT_EQ(client().Get("/health")->status, 200);
 }
+
+// count_tokens answers for a prompt longer than the context too (it answered 400 context_length_exceeded, which made
+// it useless for finding how much to trim); generating from that prompt is still a 400.
+TEST_F(ServerTest, CountTokensCountsPromptsBeyondTheContext) {
+  std::string text;
+  for (int i = 0; i < 3000; ++i) text += "word ";  // > 2,048 tokens (the fixture's context)
+  const json req = {{"messages", {{{"role", "user"}, {"content", text}}}}};
+  auto r = post("/v1/messages/count_tokens", req.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body.substr(0, 300);
+  EXPECT_GT(json::parse(r->body)["input_tokens"].get<int64_t>(), 2048);
+  json gen = req;
+  gen["max_tokens"] = 2;
+  auto g = post("/v1/messages", gen.dump());
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->status, 400) << g->body.substr(0, 300);
+}
