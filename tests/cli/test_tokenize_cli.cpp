@@ -233,6 +233,10 @@ TEST(CliDetokenize, MalformedIdListsAreUsageErrors) {
   // the same text on stdin: an error of the data (exit 1)
   expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "-"}, "detokbadstdin", "[1,2"),
                         "malformed array on stdin", "[1,2", 1);
+  // deeply nested (printing the element in the message recursed once per level: a segfault at ~300,000 levels)
+  expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "-"}, "detokdeep",
+                                 std::string(300000, '[') + std::string(300000, ']')),
+                        "deeply nested array on stdin", "nested deeper than", 1);
   for (const std::string none : {"[]", " [ ] ", "", "  "}) {
     const ProcResult r = run_dsv4({"detokenize", "--tokenizer", kTokFile, none}, "detoknone");
     EXPECT_EQ(r.code, 0) << "'" << none << "': " << r.err;
