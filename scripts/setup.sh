@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install what a fresh Debian 12 machine lacks, then configure and build dsv4 into ./build (Release).
+# Install what a fresh Debian 12 machine lacks, then configure and build the dsv4 program into ./build (Release).
+# The test and benchmark programs are built by scripts/test.sh (or `cmake --build build`), not here.
 # Usage: scripts/setup.sh [extra cmake -D options]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,5 +33,5 @@ if ((cuda && !given)) && [ -z "${CUDACXX:-}" ] && [ -x /usr/local/cuda/bin/nvcc 
   [ "$(printf '%s\n' 12.9 "${v:-0}" | sort -V | head -n1)" = 12.9 ] || set -- "$@" -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc
 fi
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
-cmake --build build -j"$(nproc)"
+cmake --build build -j"$(nproc)" --target dsv4
 echo "setup: built ./build/dsv4" >&2

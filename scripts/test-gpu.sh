@@ -18,6 +18,10 @@ while (($#)); do
   esac
 done
 PROG=$B/test_gpu
+# a configured CUDA build (scripts/setup.sh -DDSV4_CUDA=ON builds only dsv4): build test_gpu first
+if [ -f "$B/CMakeCache.txt" ] && grep -q "^DSV4_CUDA:BOOL=ON" "$B/CMakeCache.txt"; then
+  cmake --build "$B" -j"$(nproc)" --target test_gpu
+fi
 [ -x "$PROG" ] || die "$PROG not found: build with scripts/build-cuda.sh first"
 LOG=${LOG:-tests/gpu/results/test-gpu-$(date -u +%Y%m%dT%H%M%SZ).log}
 JSON=${LOG%.log}.json
