@@ -91,6 +91,12 @@ void ProfiledOps::scatter_rows(const float* src, const int32_t* src_idx, float* 
 void ProfiledOps::add_rows(float* x, int64_t n, int64_t dim, const float* table, const int32_t* rows) const {
   timed("add_rows", [&] { inner_.add_rows(x, n, dim, table, rows); });
 }
+void ProfiledOps::frontier_update(const float* kv, float* score, int64_t n_tok, const float* ape,
+                                  const int32_t* ape_row, float* state_kv, float* state_score, const int32_t* idx,
+                                  const int32_t* dst, int64_t n, int64_t dim) const {
+  timed("frontier_update",
+        [&] { inner_.frontier_update(kv, score, n_tok, ape, ape_row, state_kv, state_score, idx, dst, n, dim); });
+}
 void ProfiledOps::encode_rows(const float* x, int64_t n, const RowCodec& c, float* out) const {
   timed("encode_rows", [&] { inner_.encode_rows(x, n, c, out); });
 }
