@@ -219,6 +219,17 @@ class Ops {
                                 const int32_t* win_idx, int64_t k_win, const int32_t* comp_idx, int64_t k_comp,
                                 const float* sink, float scale, bool bf16, float* out) const = 0;
 
+  // sparse_attention, then the inverse rope of the last rd dims of every head of out with cos_sin [n_tok, rd/2, 2]
+  // (how the attention output enters wo_a): the two ops' result (a backend may rotate inside the attention's last
+  // kernel: CUDA's decode steps).
+  virtual void sparse_attention_rope(const float* q, int64_t n_tok, int64_t n_heads, const KvRows& kv,
+                                     const int32_t* win_idx, int64_t k_win, const int32_t* comp_idx, int64_t k_comp,
+                                     const float* sink, float scale, bool bf16, int64_t rd, const float* cos_sin,
+                                     float* out) const {
+    sparse_attention(q, n_tok, n_heads, kv, win_idx, k_win, comp_idx, k_comp, sink, scale, bf16, out);
+    rope(out, n_tok, n_heads, kv.dim, rd, cos_sin, true, bf16);
+  }
+
   // ---- compressor (spec §5.5) ----------------------------------------------------------------------------------
   // Gated softmax pooling of n_emit compressed rows. Rows of width coff*c come from two sources: this step's
   // projections kv/score [n_tok, coff*c] and the compressor frontier state_kv/state_score [*, coff*c]; candidate j of

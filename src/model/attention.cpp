@@ -53,10 +53,10 @@ void Model::store_window(int l, StatePool& pool, const StepPlan& plan, const Dev
 }
 
 void Model::attn_output(const LayerResident& lp, float* o, int64_t n, const float* cs, const int32_t* group_fwd,
-                        const int32_t* group_back, float* out) const {
+                        const int32_t* group_back, float* out, bool rope_done) const {
   const int64_t H = cfg_.num_attention_heads, Dh = cfg_.head_dim, rd = cfg_.qk_rope_head_dim;
   const bool bf = bf16();
-  ops().rope(o, n, H, Dh, rd, cs, true, bf);
+  if (!rope_done) ops().rope(o, n, H, Dh, rd, cs, true, bf);
   // grouped low-rank output projection: z_g = wo_a[g] · o_g (reference: bf16 weight, bf16 product); out = wo_b z
   const int64_t G = cfg_.o_groups, R = cfg_.o_lora_rank, Dg = cfg_.group_in_dim();
   Workspace& ws = be_->workspace();
@@ -152,13 +152,13 @@ void Model::attention(int l, StatePool& pool, const StepPlan& plan, const Device
     }
   }
 
-  // 4-7. sparse attention over [ring | fresh] window rows and the compressed rows; inverse RoPE on the output; output
-  // projection
+  // 4-7. sparse attention over [ring | fresh] window rows and the compressed rows with the inverse RoPE on its
+  // output (one op); output projection
   KvRows rows{lb.ring.as<float>(), plan.n_ring, kv, n, ratio > 0 ? lb.comp.as<float>() : nullptr, n_comp, Dh, kc};
   float* o = ws.alloc<float>(n * H * Dh);     // [n, H, Dh]
-  ops().sparse_attention(q, n, H, rows, dp.win_idx, W, comp_idx, k_comp, lp.attn_sink, float(cfg_.softmax_scale()),
-                         bf, o);
-  attn_output(lp, o, n, cs, dp.group_fwd, dp.group_back, out);
+  ops().sparse_attention_rope(q, n, H, rows, dp.win_idx, W, comp_idx, k_comp, lp.attn_sink,
+                              float(cfg_.softmax_scale()), bf, cfg_.qk_rope_head_dim, cs, o);
+  attn_output(lp, o, n, cs, dp.group_fwd, dp.group_back, out, true);
 
   // 8. snapshots, verify backups and the ring update
   store_window(l, pool, plan, dp, kv_st, ring_early);

@@ -270,9 +270,10 @@ class Model final : public LanguageModel {
   // ring_done: window_rows made it).
   void store_window(int layer, StatePool& pool, const StepPlan& plan, const DevicePlan& dp, const float* kv_st,
                     bool ring_done = false) const;
-  // Inverse RoPE on the attention output o [n, H, Dh] (in place), grouped wo_a, wo_b -> out [n, D].
+  // Inverse RoPE on the attention output o [n, H, Dh] (in place; unless rope_done: sparse_attention_rope did it),
+  // grouped wo_a, wo_b -> out [n, D].
   void attn_output(const LayerResident& lp, float* o, int64_t n, const float* cs, const int32_t* group_fwd,
-                   const int32_t* group_back, float* out) const;
+                   const int32_t* group_back, float* out, bool rope_done = false) const;
   // Runs one compressor over x [n, D]: the emitted rows go to their pool rows, snapshots take their frontier rows,
   // and the frontiers of the step's slots advance.
   void compressor(const CompressorResident& w, const CompressorPools& cp, const StepPlan& plan, const DevicePlan& dp,

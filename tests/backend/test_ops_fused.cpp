@@ -1,6 +1,6 @@
-// The fused ops of the decode step (ops.h: norm_rope_fp8, rope_hadamard_fp4, frontier_update) against the op
-// sequences they stand for on the CPU backend: bitwise equal (tests/gpu/test_ops_fused.cpp checks the CUDA kernels
-// against the same sequences).
+// The fused ops of the decode step (ops.h: norm_rope_fp8, rope_hadamard_fp4, frontier_update, sparse_attention_rope)
+// against the op sequences they stand for on the CPU backend: bitwise equal (tests/gpu/test_ops_fused.cpp and
+// test_ops_attention.cpp check the CUDA kernels against the same sequences).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -91,6 +91,26 @@ TEST(OpsFused, RopeHadamardFp4IsRopeHadamardFp4Sim) {
       EXPECT_TRUE(same_bits(ref, got)) << "heads " << heads << " n " << n;
       EXPECT_FALSE(same_bits(x, got));
     }
+}
+
+TEST(OpsFused, SparseAttentionRopeIsAttentionThenRope) {
+  // 2 tokens x 3 heads x 32 dims over 4 ring rows + the 2 fresh rows + 3 compressed rows, 8 rope dims
+  const int64_t n = 2, H = 3, D = 32, rd = 8, n_ring = 4, n_comp = 3;
+  for (bool bf16 : {false, true}) {
+    const auto q = randv(size_t(n * H * D), 40, 1.0f, bf16), ring = randv(size_t(n_ring * D), 41, 1.0f, bf16);
+    const auto fresh = randv(size_t(n * D), 42, 1.0f, bf16), comp = randv(size_t(n_comp * D), 43, 1.0f, bf16);
+    const auto sink = randv(size_t(H), 44, 1.0f, false);
+    const auto cs = cos_sin(n, rd, 45);
+    const std::vector<int32_t> win{1, 2, 3, 4, -1, 2, 3, 4, 5, -1};  // [n, 5]: ring rows, then fresh (4 + t)
+    const std::vector<int32_t> cidx{0, 2, -1, 1};                      // [n, 2]
+    KvRows kv{ring.data(), n_ring, fresh.data(), n, comp.data(), n_comp, D};
+    std::vector<float> ref(size_t(n * H * D)), got(ref.size(), -1.0f);
+    ops().sparse_attention(q.data(), n, H, kv, win.data(), 5, cidx.data(), 2, sink.data(), 0.2f, bf16, ref.data());
+    ops().rope(ref.data(), n, H, D, rd, cs.data(), true, bf16);
+    ops().sparse_attention_rope(q.data(), n, H, kv, win.data(), 5, cidx.data(), 2, sink.data(), 0.2f, bf16, rd,
+                                cs.data(), got.data());
+    EXPECT_TRUE(same_bits(ref, got)) << "bf16 " << bf16;
+  }
 }
 
 // A frontier update whose sources include rows it overwrites, in both orders (a destination written before it is

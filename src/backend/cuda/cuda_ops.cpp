@@ -193,6 +193,13 @@ void CudaOps::hc_head(const float* X, int64_t n_tok, int hc, int64_t dim, const 
 void CudaOps::sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, const KvRows& kv,
                                const int32_t* win_idx, int64_t k_win, const int32_t* comp_idx, int64_t k_comp,
                                const float* sink, float scale, bool bf16, float* out) const {
+  sparse_attention_rope(q, n_tok, n_heads, kv, win_idx, k_win, comp_idx, k_comp, sink, scale, bf16, 0, nullptr, out);
+}
+// (rd = 0 / cos_sin == nullptr: no rope)
+void CudaOps::sparse_attention_rope(const float* q, int64_t n_tok, int64_t n_heads, const KvRows& kv,
+                                    const int32_t* win_idx, int64_t k_win, const int32_t* comp_idx, int64_t k_comp,
+                                    const float* sink, float scale, bool bf16, int64_t rd, const float* cos_sin,
+                                    float* out) const {
   if (n_tok <= 0) return;
   // the fast decode kernel's split mode: partial states of up to 256 MB of scratch (else one CTA per head group)
   constexpr size_t kMaxSplitBytes = size_t(256) << 20;
@@ -200,8 +207,8 @@ void CudaOps::sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, c
   const size_t sb = cuda::attention_split_bytes(n_tok, n_heads, kv.dim, std::max<int64_t>(k_win, 0) +
                                                                         std::max<int64_t>(k_comp, 0));
   void* split = sb > 0 && sb <= kMaxSplitBytes ? be_.workspace().alloc_bytes(sb) : nullptr;
-  DSV4_CUDA_OP(sparse_attention, q, n_tok, n_heads, kv, win_idx, k_win, comp_idx, k_comp, sink, scale, bf16, out,
-               split, split ? sb : 0);
+  DSV4_CUDA_OP(sparse_attention_rope, q, n_tok, n_heads, kv, win_idx, k_win, comp_idx, k_comp, sink, scale, bf16,
+               cos_sin != nullptr ? rd : 0, cos_sin, out, split, split ? sb : 0);
 }
 void CudaOps::compress_pool(const float* kv, const float* score, int64_t n_tok, const float* state_kv,
                             const float* state_score, const int32_t* cand, int64_t n_emit, int64_t n_cand, int coff,

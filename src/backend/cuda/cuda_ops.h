@@ -60,6 +60,10 @@ class CudaOps final : public Ops {
   void sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, const KvRows& kv, const int32_t* win_idx,
                         int64_t k_win, const int32_t* comp_idx, int64_t k_comp, const float* sink, float scale,
                         bool bf16, float* out) const override;
+  void sparse_attention_rope(const float* q, int64_t n_tok, int64_t n_heads, const KvRows& kv,
+                             const int32_t* win_idx, int64_t k_win, const int32_t* comp_idx, int64_t k_comp,
+                             const float* sink, float scale, bool bf16, int64_t rd, const float* cos_sin,
+                             float* out) const override;
   void compress_pool(const float* kv, const float* score, int64_t n_tok, const float* state_kv,
                      const float* state_score, const int32_t* cand, int64_t n_emit, int64_t n_cand, int coff,
                      int64_t c, float* out) const override;

@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/ops.h"
+
 namespace dsv4::cuda {
 
 // Ops::norm_rope_fp8: rmsnorm, rope, fp8_sim (bf16) of each row, then the stores (n_store of them, store_src[i] <
@@ -25,5 +27,12 @@ size_t frontier_update_scratch_bytes(int64_t n_tok, int64_t n, int64_t dim);
 void frontier_update(const float* kv, float* score, int64_t n_tok, const float* ape, const int32_t* ape_row,
                      float* state_kv, float* state_score, const int32_t* idx, const int32_t* dst, int64_t n,
                      int64_t dim, float* tmp, cudaStream_t stream);
+
+// Ops::sparse_attention_rope (k_attention.cu): sparse_attention (kernels.h; split_scratch as there), then the inverse
+// rope of out (rd = 0: none): inside the split mode's combine kernel (decode), else a rope launch after.
+void sparse_attention_rope(const float* q, int64_t n_tok, int64_t n_heads, const KvRows& kv, const int32_t* win_idx,
+                           int64_t k_win, const int32_t* comp_idx, int64_t k_comp, const float* sink, float scale,
+                           bool bf16, int64_t rd, const float* cos_sin, float* out, void* split_scratch,
+                           size_t split_bytes, cudaStream_t stream);
 
 }  // namespace dsv4::cuda
