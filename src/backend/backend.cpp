@@ -2,6 +2,7 @@
 #include "backend/backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 
 #include "backend/cpu_backend.h"
@@ -78,6 +79,25 @@ void* Backend::alloc_pinned(size_t bytes, const char* what) {
 }
 
 void Backend::free_pinned(void* p) noexcept { std::free(p); }
+
+double Backend::timeline_start(int n_markers, double* uncertainty) {
+  synchronize();
+  marks_.assign(size_t(std::max(n_markers, 0)), 0.0);
+  if (uncertainty) *uncertainty = 0.0;
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void Backend::timeline_mark(int i, int queue) {
+  (void)queue;  // one queue: the ops run in order on the calling thread
+  if (i < 0) fail("internal: timeline marker {}", i);
+  if (size_t(i) >= marks_.size()) marks_.resize(size_t(i) + 1, 0.0);
+  marks_[size_t(i)] = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void Backend::timeline_read(int n, double* t) {
+  if (n < 0 || size_t(n) > marks_.size()) fail("internal: {} timeline markers read, {} marked", n, marks_.size());
+  std::copy(marks_.begin(), marks_.begin() + n, t);
+}
 
 Workspace& Backend::lane_workspace(int i) {
   if (i <= 0) return *ws_;
@@ -205,6 +225,14 @@ bool cuda_deterministic() {
 void set_cuda_pdl(bool on) {
 #ifdef DSV4_WITH_CUDA
   cuda::set_pdl(on);
+#else
+  (void)on;
+#endif
+}
+
+void set_cuda_wgmma(bool on) {
+#ifdef DSV4_WITH_CUDA
+  cuda::set_moe_big_kernel(on ? cuda::MoeBigKernel::auto_ : cuda::MoeBigKernel::mma);
 #else
   (void)on;
 #endif

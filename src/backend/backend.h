@@ -144,6 +144,21 @@ class Backend {
   }
   virtual void unpin_host(const void* p) noexcept { (void)p; }
 
+  // Timeline markers (benchmarks: backend/timeline_ops.h): when the device got through the work queued before a
+  // marker, read afterwards, without a wait per op. The default is for backends whose ops have finished when they
+  // return (the CPU): a marker takes the host clock. CUDA records a timing event on the marker's stream (one event
+  // per marker index, created once and reused); recording inside a CUDA graph capture throws.
+  //   timeline_start(n): waits for the queued work, makes room for markers 0..n-1 (more may be marked: each one past
+  //     those is made when first marked) and sets the origin; returns the origin as host steady_clock seconds.
+  //     *uncertainty (optional): how far the origin's device time may be off that host time (seconds).
+  //   timeline_mark(i, queue): marker i after the work queued so far on `queue`: 0 the ops' main queue, 1 the queue
+  //     of the ops between Ops::branch_begin() and branch_end().
+  //   timeline_read(n, t): waits for markers 0..n-1; t[i] = the host steady_clock seconds at which the device reached
+  //     marker i (the origin plus the device's time since the origin).
+  virtual double timeline_start(int n_markers, double* uncertainty = nullptr);
+  virtual void timeline_mark(int i, int queue);
+  virtual void timeline_read(int n, double* t);
+
   // Make a checkpoint weight resident on this device (CPU: a view of the mapped bytes, no copy). The device memory
   // is appended to `storage` (the caller keeps it as long as the view is used).
   virtual WeightView upload(const WeightView& host, std::vector<Buffer>& storage) = 0;
@@ -217,6 +232,7 @@ class Backend {
   static inline thread_local Backend* lane_be_ = nullptr;  // LaneScope: the backend and workspace of this thread
   static inline thread_local Workspace* lane_ws_ = nullptr;
   std::vector<Buffer> kept_;
+  std::vector<double> marks_;  // timeline markers of the default (host clock) implementation
 };
 
 struct BackendOptions {
@@ -240,6 +256,11 @@ bool cuda_deterministic();
 // before sm_90 or in a build without CUDA. cuda_pdl_active: whether `be` launches that way now.
 void set_cuda_pdl(bool on);
 bool cuda_pdl();
+// The prefill expert kernel of the CUDA backend's fast mode, process-wide (default on; the CLI's --no-wgmma turns
+// it off): on a compute capability 9.0 GPU with the sm_90a build, wgmma (k_moe_wgmma.cu); off, or elsewhere, the
+// mma.sync kernel (k_moe_tc.cu). Both within the fast mode's tolerance, not bitwise equal to each other. Later
+// launches follow the switch. No effect on the CPU backend or in a build without CUDA.
+void set_cuda_wgmma(bool on);
 bool cuda_pdl_active(const Backend& be);
 // Whether this build includes the CUDA backend, and how many CUDA devices are usable (0 without a driver or GPU).
 bool cuda_compiled();

@@ -3,8 +3,9 @@
 // run, the same figures extrapolated to the config's full layer count (`*_full`), and a per-op time breakdown.
 //   dsv4 bench model (-m DIR | --config FILE) [--load-format auto|dummy|safetensors] [--layers N] [--device D]
 //                    [--numerics reference|dense] [--batch B] [--ctx C] [--prefill T] [--steps S] [--json]
-//                    [--deterministic] [--no-cuda-graph] [--no-pdl] [--cpu-moe | --n-cpu-moe N | --gpu-experts auto|N] [--hot-experts FILE]
-//                    [--stage-tokens auto|N] [--stage-mib M]
+//                    [--deterministic] [--no-cuda-graph] [--no-pdl] [--no-wgmma]
+//                    [--cpu-moe | --n-cpu-moe N | --gpu-experts auto|N] [--hot-experts FILE]
+//                    [--stage-tokens auto|N] [--stage-mib M] [--timeline FILE]
 // --batch B > 1: B sequences decode together (one batched forward step per token of each), sharing one prefilled
 // ctx-token context (ctx a multiple of 128); decode_tok_s = B / step time.
 // --load-format dummy (the default with --config) builds weights of the config's exact shapes and formats with
@@ -17,9 +18,15 @@
 // device (model/expert_staging.h) the bytes and copy time (staged_*); decode_gpu_ms_per_layer = the profiled device time of
 // all ops per step / layers. The per-op breakdown comes from a separate run with a synchronization around every op
 // (backend/profiled_ops.h), so its total exceeds the timed run by the launch + sync latencies.
+// --timeline FILE: one more prefill of the same tokens, traced without synchronizing (backend/timeline_ops.h): per op
+// the host's enqueue begin and end and the device's end (a timing event after the op on its stream); the rows go to
+// FILE (tab-separated, ms since the step's start), the summary to stderr and the JSON ("timeline"): wall, device
+// busy / idle time, how long the device waited for the host (before the first op, between ops, inside an op's
+// enqueue, after the last op), the ops by device time and by host enqueue time, the longest waits.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -29,6 +36,7 @@
 
 #include "backend/backend.h"
 #include "backend/profiled_ops.h"
+#include "backend/timeline_ops.h"
 #include "cli/numerics_option.h"
 #include "cli/command.h"
 #include "cli/device_option.h"
@@ -49,10 +57,10 @@ using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 struct ModelBenchOpts {
-  std::string model, config, load_format = "auto", device, numerics = "reference";
+  std::string model, config, load_format = "auto", device, numerics = "reference", timeline;
   int layers = 0, batch = 1, steps = 32;
   int64_t ctx = 0, prefill = 512;
-  bool json = false, no_profile = false, no_cuda_graph = false, no_pdl = false;
+  bool json = false, no_profile = false, no_cuda_graph = false, no_pdl = false, no_wgmma = false;
   PlacementOptions placement;
 };
 
@@ -87,6 +95,94 @@ nlohmann::json op_table(const ProfiledOps& p, double per) {
   return j;
 }
 
+// The timeline of one prefill of `ids` in a fresh sequence (--timeline): rows to `path`, the summary to `out` and
+// stderr.
+void prefill_timeline(Model& m, std::span<const int32_t> ids, const std::string& path, nlohmann::json& out) {
+  Backend& be = m.backend();
+  TimelineOps tl(be);
+  ModelSequence seq(m);
+  std::vector<float> lg(static_cast<size_t>(m.n_vocab()));
+  m.set_op_hook(&tl);
+  try {
+    tl.start();
+    seq.append(ids, lg);
+  } catch (...) {
+    m.set_op_hook(nullptr);
+    throw;
+  }
+  const double end = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+  m.set_op_hook(nullptr);
+  tl.finish();
+  const TimelineOps::Summary s = tl.summarize(end);
+  {
+    std::ofstream f(path);
+    if (!f) fail("bench model: cannot write the timeline to {}", path);
+    tl.write_tsv(f);
+    if (!f.flush()) fail("bench model: cannot write the timeline to {}", path);
+  }
+  auto ms = [](double v) { return v * 1e3; };
+  nlohmann::json j;
+  j["file"] = path;
+  j["tokens"] = int64_t(ids.size());
+  j["ops"] = s.ops;
+  j["wall_ms"] = ms(s.wall);
+  j["before_first_op_ms"] = ms(s.before_first_op);
+  j["after_last_op_ms"] = ms(s.after_last_op);
+  j["host_enqueue_ms"] = ms(s.host_enqueue);
+  j["device_intervals_ms"] = ms(s.device_intervals);
+  j["device_busy_ms"] = ms(s.device_busy);
+  j["device_idle_ms"] = ms(s.device_idle);
+  j["host_behind_ms"] = ms(s.host_behind);
+  j["host_behind_between_ops_ms"] = ms(s.host_behind_between);
+  j["host_behind_in_enqueue_ms"] = ms(s.host_behind_enqueue);
+  j["clock_uncertainty_ms"] = ms(s.clock_uncertainty);
+  nlohmann::json by = nlohmann::json::array();
+  for (const auto& o : s.by_op)
+    by.push_back({{"op", o.op}, {"calls", o.calls}, {"device_ms", ms(o.device)}, {"host_ms", ms(o.host)},
+                  {"host_behind_ms", ms(o.host_behind)}});
+  j["by_op"] = by;
+  // the longest single waits of the device on the host (rows of the file)
+  const auto& rows = tl.rows();
+  std::vector<std::pair<double, size_t>> waits;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    double prev = tl.origin();
+    for (int d : rows[i].after)
+      if (d >= 0) prev = std::max(prev, rows[size_t(d)].device_end);
+    if (i > 0) waits.push_back({std::min(rows[i].host_end, rows[i].device_end) - prev, i});
+  }
+  std::sort(waits.rbegin(), waits.rend());
+  nlohmann::json top = nlohmann::json::array();
+  std::string top_line;
+  for (size_t k = 0; k < waits.size() && k < 8 && waits[k].first > 0; ++k) {
+    const auto& r = rows[waits[k].second];
+    top.push_back({{"row", waits[k].second}, {"op", r.op}, {"n", r.n}, {"host_behind_ms", ms(waits[k].first)},
+                   {"host_ms", ms(r.host_end - r.host_begin)}});
+    top_line += fmt::format(" #{} {} {:.3f}", waits[k].second, r.op, ms(waits[k].first));
+  }
+  j["longest_waits"] = top;
+  out["timeline"] = j;
+  std::fprintf(stderr,
+               "timeline of a prefill of %zu tokens (traced again, %s): %.1f ms wall, %lld ops; device busy %.1f ms, "
+               "idle %.1f ms: before the first op %.1f, host behind the device %.1f (between ops %.1f, inside "
+               "enqueues %.1f), after the last op %.1f; ops enqueued in %.1f ms of host time; device intervals sum "
+               "%.1f ms (clock +-%.3f ms)\n",
+               ids.size(), path.c_str(), ms(s.wall), static_cast<long long>(s.ops), ms(s.device_busy),
+               ms(s.device_idle), ms(s.before_first_op), ms(s.host_behind), ms(s.host_behind_between),
+               ms(s.host_behind_enqueue), ms(s.after_last_op), ms(s.host_enqueue), ms(s.device_intervals),
+               ms(s.clock_uncertainty));
+  std::string dev_line, host_line;
+  for (size_t k = 0; k < s.by_op.size() && k < 8; ++k)
+    dev_line += fmt::format(" {} {:.2f}", s.by_op[k].op, ms(s.by_op[k].device));
+  std::vector<TimelineOps::OpTotal> by_host = s.by_op;
+  std::sort(by_host.begin(), by_host.end(), [](const auto& a, const auto& b) { return a.host > b.host; });
+  for (size_t k = 0; k < by_host.size() && k < 8; ++k)
+    host_line += fmt::format(" {} {:.2f}", by_host[k].op, ms(by_host[k].host));
+  std::fprintf(stderr,
+               "  ms by device interval:%s\n  ms by host enqueue:%s\n  longest waits on the host (row op ms):%s\n",
+               dev_line.c_str(), host_line.c_str(), top_line.empty() ? " none" : top_line.c_str());
+  std::fflush(stderr);
+}
+
 int run_model_bench(const ModelBenchOpts& o) {
   auto say = [&](const std::string& s) {
     std::fprintf(stderr, "%s\n", s.c_str());
@@ -104,6 +200,7 @@ int run_model_bench(const ModelBenchOpts& o) {
                StateLayout::kPageTokens);
   if (o.steps < 1) usage_fail("bench model: --steps must be >= 1");
   if (o.prefill < 0 || o.ctx < 0) usage_fail("bench model: --prefill and --ctx must be >= 0");
+  if (!o.timeline.empty() && o.prefill == 0) usage_fail("bench model: --timeline traces a prefill: give --prefill > 0");
   const auto num = parse_numerics(o.numerics);
   if (!num) usage_fail("bench model: --numerics must be reference or dense (got '{}')", o.numerics);
   const std::filesystem::path cfg_path =
@@ -125,6 +222,7 @@ int run_model_bench(const ModelBenchOpts& o) {
   mo.ubatch = std::max<int64_t>({256, o.prefill, std::min<int64_t>(o.ctx, 8192)});  // the context in few steps
   mo.cuda_graphs = !o.no_cuda_graph;
   set_cuda_pdl(!o.no_pdl);  // process-wide (backend.h), before any kernel of the run is launched
+  set_cuda_wgmma(!o.no_wgmma);
   // the copy bandwidth first: with --gpu-experts auto the model fills the device memory
   std::unique_ptr<Backend> backend = make_backend(mo.device);
   const double copy = copy_gbps(*backend);
@@ -253,6 +351,7 @@ int run_model_bench(const ModelBenchOpts& o) {
         report_split("prefill_split", 1.0, t);
       }
     }
+    if (!o.timeline.empty()) prefill_timeline(*m, ids, o.timeline, out);
   }
 
   // decode: ctx tokens already in the sequence, then steps single-token steps (kWarmSteps warm-up steps first)
@@ -434,6 +533,12 @@ void setup_bench_model(CLI::App& app, Runner& run) {
   app.add_flag("--no-pdl", o->no_pdl,
                "CUDA: launch the decode kernels without Programmatic Dependent Launch (each starts when the one before "
                "it completed; same results)");
+  app.add_flag("--no-wgmma", o->no_wgmma,
+               "CUDA: the prefill expert segments on the mma.sync kernel instead of wgmma (compute capability 9.0; "
+               "results within the fast mode's tolerance of each other)");
+  app.add_option("--timeline", o->timeline,
+                 "trace one more prefill without per-op synchronization: per op the host's enqueue time and the "
+                 "device's end (TSV rows into FILE), where the device waited for the host (stderr, JSON \"timeline\")");
   app.add_flag("--json", o->json, "print one JSON object on stdout (progress stays on stderr)");
   run = [o] { return run_model_bench(*o); };
 }

@@ -7,6 +7,8 @@
 // mean request latency, and the ratio of each level's tokens/s to the first level's, with the host's load average
 // (wall-clock figures are comparable only on an idle machine), and the tokens per CPU-second of this process (the
 // in-process server's efficiency, which a loaded machine disturbs less; not meaningful with --url). --json prints one JSON object.
+// Failed requests are explained on stderr once per distinct error (could not connect, HTTP status and a body excerpt,
+// ...) with their count, and make the exit code 1; a failed warm-up request is an error before any level runs.
 //
 //   dsv4 bench serve -m models/dsv4-demo --clients 1,8 [--tokens 32] [--prompt 64] [--requests 2] [--json]
 //   dsv4 bench serve -m DIR --device cuda --clients 1,8,64,256 --parallel 256 --json
@@ -15,10 +17,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -56,6 +61,7 @@ struct Level {
   // The server's engine loop during the level (/metrics differences; -1: not available): forward steps, their time
   // (batched forward + sampling) and the tokens they computed (prefill + decode).
   double steps = -1, step_seconds = -1, step_tokens = -1;
+  std::map<std::string, int64_t> errors;  // why requests failed (failure_reason) -> how many
   double tokens_per_s() const { return wall_s > 0 ? double(completion_tokens) / wall_s : 0; }
   double tokens_per_cpu_s() const { return cpu_s > 0 ? double(completion_tokens) / cpu_s : 0; }
 };
@@ -70,6 +76,29 @@ double process_cpu_seconds() {
 struct LoopCounters {
   double steps = -1, seconds = -1, tokens = -1;
 };
+
+// Why a /v1/completions answer does not count: "" when it is a success with usage.completion_tokens.
+std::string failure_reason(const httplib::Result& res, const std::string& host, int port) {
+  if (!res) {
+    switch (res.error()) {
+      case httplib::Error::Connection:
+        return fmt::format("could not connect to {}:{} (connection refused or unreachable)", host, port);
+      case httplib::Error::ConnectionTimeout: return fmt::format("connecting to {}:{} timed out", host, port);
+      case httplib::Error::Read: return "no answer (the connection closed or the read timed out)";
+      case httplib::Error::Write: return "could not send the request (the connection closed)";
+      default: return "request failed: " + httplib::to_string(res.error());
+    }
+  }
+  std::string excerpt = res->body.substr(0, 200);
+  std::replace(excerpt.begin(), excerpt.end(), '\n', ' ');
+  if (res->status != 200) return fmt::format("HTTP {}: {}", res->status, excerpt);
+  const auto j = nlohmann::json::parse(res->body, nullptr, false);
+  if (j.is_discarded()) return "HTTP 200 but the body is not JSON: " + excerpt;
+  if (!j.contains("usage") || !j["usage"].contains("completion_tokens") ||
+      !j["usage"]["completion_tokens"].is_number_integer())
+    return "HTTP 200 without usage.completion_tokens: " + excerpt;
+  return {};
+}
 
 LoopCounters loop_counters(const std::string& host, int port) {
   LoopCounters c;
@@ -94,6 +123,7 @@ Level run_level(const std::string& host, int port, int clients, const ServeBench
   lv.clients = clients;
   std::atomic<int64_t> tokens{0}, done{0}, failed{0};
   std::atomic<int64_t> latency_us{0};
+  std::mutex errors_mutex;
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::thread> th;
   for (int c = 0; c < clients; ++c)
@@ -112,16 +142,13 @@ Level run_level(const std::string& host, int port, int clients, const ServeBench
         auto res = cl.Post("/v1/completions", body.dump(), "application/json");
         latency_us += std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - q0)
                           .count();
-        if (!res || res->status != 200) {
+        if (const std::string why = failure_reason(res, host, port); !why.empty()) {
           ++failed;
+          const std::lock_guard<std::mutex> lock(errors_mutex);
+          ++lv.errors[why];
           continue;
         }
-        auto j = nlohmann::json::parse(res->body, nullptr, false);
-        if (j.is_discarded()) {
-          ++failed;
-          continue;
-        }
-        tokens += j["usage"]["completion_tokens"].get<int64_t>();
+        tokens += nlohmann::json::parse(res->body)["usage"]["completion_tokens"].get<int64_t>();
         ++done;
       }
     });
@@ -164,11 +191,14 @@ int run_serve_bench(const ServeBenchOpts& o) {
   EngineLoopOptions eo;
   if (!o.url.empty() && !o.model.empty()) fail("give one of -m MODEL (an in-process server) and --url (a running one)");
   if (!o.url.empty()) {
-    const auto colon = o.url.rfind(':');
-    const auto slashes = o.url.find("//");
-    if (colon == std::string::npos || slashes == std::string::npos) fail("--url must look like http://HOST:PORT");
-    host = o.url.substr(slashes + 2, colon - slashes - 2);
-    port = std::stoi(o.url.substr(colon + 1));
+    std::string rest = o.url.rfind("http://", 0) == 0 ? o.url.substr(7) : "";
+    if (!rest.empty() && rest.back() == '/') rest.pop_back();
+    const auto colon = rest.rfind(':');
+    const char* end = rest.data() + rest.size();
+    if (colon == std::string::npos || colon == 0 ||
+        std::from_chars(rest.data() + colon + 1, end, port).ptr != end || port < 1 || port > 65535)
+      usage_fail("bench serve: --url must look like http://HOST:PORT (got '{}')", o.url);
+    host = rest.substr(0, colon);
   } else {
     if (o.model.empty()) fail("give -m MODEL (or --url of a running server)");
     const Device device = resolve_device(o.device);
@@ -209,7 +239,14 @@ int run_serve_bench(const ServeBenchOpts& o) {
     ServeBenchOpts w = o;
     w.requests = 1;
     w.tokens = 2;
-    run_level(host, port, 1, w, n_vocab, 9999);
+    const Level warm = run_level(host, port, 1, w, n_vocab, 9999);
+    if (!warm.errors.empty()) {
+      if (server) {
+        server->stop();
+        serving.join();
+      }
+      fail("bench serve: the warm-up request failed: {}", warm.errors.begin()->first);
+    }
   }
   std::vector<Level> levels;
   const double load_before = load_average();
@@ -225,6 +262,9 @@ int run_serve_bench(const ServeBenchOpts& o) {
                   l.tokens_per_cpu_s(),
                   levels.front().tokens_per_cpu_s() > 0 ? l.tokens_per_cpu_s() / levels.front().tokens_per_cpu_s()
                                                         : 0.0);
+    for (const auto& [why, n] : l.errors)
+      std::fprintf(stderr, "clients %4d: %lld request%s failed: %s\n", l.clients, static_cast<long long>(n),
+                   n == 1 ? "" : "s", why.c_str());
     if (!o.json && l.steps > 0)
       std::printf("              engine loop: %.0f steps, %.1f tokens per step, %.2f ms per step, %.0f%% of the wall "
                   "time in steps\n",
@@ -260,6 +300,7 @@ int run_serve_bench(const ServeBenchOpts& o) {
                     {"engine_steps", l.steps},
                     {"engine_step_seconds", l.step_seconds},
                     {"engine_step_tokens", l.step_tokens},
+                    {"errors", l.errors},
                     {"ratio_to_first", levels.front().tokens_per_s() > 0
                                            ? l.tokens_per_s() / levels.front().tokens_per_s()
                                            : 0.0}});

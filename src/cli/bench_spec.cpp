@@ -47,10 +47,10 @@ std::vector<int> int_list(const std::string& s, const char* what, int lo, int hi
     char* end = nullptr;
     const long x = std::strtol(t.c_str(), &end, 10);
     if (t.empty() || *end || x < lo || x > hi)
-      fail("bench spec: {} '{}' is not a list of integers in [{}, {}]", what, s, lo, hi);
+      usage_fail("bench spec: {} '{}' is not a list of integers in [{}, {}]", what, s, lo, hi);
     v.push_back(int(x));
   }
-  if (v.empty()) fail("bench spec: empty {}", what);
+  if (v.empty()) usage_fail("bench spec: empty {}", what);
   return v;
 }
 
@@ -135,6 +135,11 @@ int run_bench(const Opts& o) {
     if (std::filesystem::exists(std::filesystem::path(o.model) / "tokenizer.json"))
       tok = std::make_shared<Tokenizer>(Tokenizer::from_file(std::filesystem::path(o.model) / "tokenizer.json"));
   }
+  // Before any run (the checkpoint's drafter bounds the drafts; Model::init would name serve's --spec-draft).
+  const char* drafter = m->drafter() == StateLayout::Drafter::dspark ? "DSpark drafter" : "MTP module";
+  for (int k : drafts)
+    if (k > m->max_draft())
+      fail("bench spec: --draft {}: the checkpoint's {} drafts at most {} tokens per step", k, drafter, m->max_draft());
   say(fmt::format("bench spec: {} ({}), {} numerics, on {}", o.model.empty() ? o.config : o.model, fmt_, o.numerics,
                   m->backend().description()));
 

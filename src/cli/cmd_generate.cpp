@@ -13,6 +13,7 @@
 #include "cli/numerics_option.h"
 #include "cli/command.h"
 #include "cli/device_option.h"
+#include "cli/int_option.h"
 #include "cli/placement_option.h"
 #include "cli/sampling_options.h"
 #include "core/error.h"
@@ -63,13 +64,13 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
   auto* ids = app.add_option("--prompt-ids", o->prompt_ids, "comma-separated prompt token ids (used as given)");
   p->excludes(ids);
   app.add_option("-n,--max-tokens", o->n, "tokens to generate at most (default 128; -1: until the context is full)")
-      ->check(CLI::Validator(
+      ->transform(CLI::Validator(
           [](std::string& s) -> std::string {
-            int64_t v = 0;
-            if (!CLI::detail::lexical_cast(s, v)) return {};  // the conversion's own error
-            return v == -1 || (v >= 1 && v <= int64_t(1) << 40)
-                       ? std::string()
-                       : fmt::format("must be -1 (until the context is full) or in [1, 2^40] (got {})", v);
+            const std::optional<int64_t> v = dsv4::cli::parse_integer<int64_t>(s);
+            if (!v || !(*v == -1 || (*v >= 1 && *v <= int64_t(1) << 40)))
+              return fmt::format("must be -1 (until the context is full) or in [1, 2^40] (got '{}')", s);
+            s = std::to_string(*v);  // (CLI11 would read a leading 0 as octal)
+            return {};
           },
           "INT"));
   dsv4::cli::add_sampling_options(app, o->sampling);
@@ -90,7 +91,7 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
   dsv4::cli::add_device_option(app, o->device);
   dsv4::cli::add_placement_options(app, o->placement);
   app.add_option("--ctx", o->ctx, "context size in tokens (default 0: the model's maximum)")
-      ->check(CLI::NonNegativeNumber);
+      ->transform(dsv4::cli::integer_in<int64_t>(0, int64_t(1) << 40));
   app.add_flag("--ignore-eos", o->ignore_eos, "keep generating after the end-of-sequence token");
   app.add_flag("--json", o->json,
                "print one JSON object {prompt_ids, ids, text, finish_reason, timings} instead of streaming text");

@@ -13,6 +13,7 @@
 #include "cli/numerics_option.h"
 #include "cli/command.h"
 #include "cli/device_option.h"
+#include "cli/int_option.h"
 #include "cli/placement_option.h"
 #include "core/error.h"
 #include "model/model.h"
@@ -81,7 +82,7 @@ void setup_logprobs(CLI::App& app, dsv4::cli::Runner& run) {
   app.add_option("--top-k", o->top_k, "entries per position (default 20)")->check(CLI::Range(1, 1 << 20));
   dsv4::cli::add_numerics_option(app, o->numerics, "reference | dense (default reference)");
   app.add_option("--chunk", o->chunk, "feed the prompt in chunks of N tokens (default: one prefill)")
-      ->check(CLI::NonNegativeNumber);
+      ->transform(dsv4::cli::integer_in<int64_t>(0, int64_t(1) << 40));
   dsv4::cli::add_device_option(app, o->device);
   dsv4::cli::add_placement_options(app, o->placement);
   app.add_flag("--json", o->json, "print JSON {\"positions\": [{\"top_ids\", \"top_logprobs\"}, ...]}");

@@ -82,7 +82,14 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
   dsv4::cli::add_placement_options(app, o->placement);
   app.add_option("--model-name", o->model_name, "model id reported by the API (default: the folder name)");
   app.add_option("--keepalive", o->keepalive, "seconds between SSE keepalive comments while waiting (default 5)")
-      ->check(CLI::Range(0.01, 3600.0));
+      ->check(CLI::Validator(
+          [](std::string& s) {
+            double v = 0;
+            if (!CLI::detail::lexical_cast(s, v)) return std::string();  // the conversion's own error
+            return v >= 0.01 && v <= 3600.0 ? std::string()  // (CLI::Range lets NaN through)
+                                            : "must be in [0.01, 3600] seconds (got '" + s + "')";
+          },
+          ""));
   // An empty key (--api-key "$KEY" with KEY unset) is a usage error, not a server without authentication.
   auto* key =
       app.add_option("--api-key", o->api_key,

@@ -4,6 +4,7 @@
 //   dsv4 render [--tokenizer FILE | -m MODEL_DIR] [--ids] [--json] REQUEST.json ("-" = stdin; a bare JSON array
 //     is taken as the messages)
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
 #include <iterator>
@@ -113,7 +114,9 @@ void setup_detokenize(CLI::App& app, dsv4::cli::Runner& run) {
         const size_t end = std::min(all.find_first_of(" ,[]\n\t\r", i), i + 20);  // quote one word, one line
         dsv4::fail("'{}' is not a token id", all.substr(i, end - i));
       }
-      ids.push_back(static_cast<int32_t>(std::stoll(num)));
+      const long long v = std::stoll(num);  // (11 characters at most: fits)
+      if (v < INT32_MIN || v > INT32_MAX) dsv4::fail("token id {} is out of range", num);  // (a cast would wrap)
+      ids.push_back(static_cast<int32_t>(v));
       i = j;
     }
     const std::string text = tok.decode(ids);

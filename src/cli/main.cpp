@@ -46,6 +46,20 @@ std::string unknown_command(CLI::App& app, int argc, char** argv) {
   return {};
 }
 
+// CLI11 names an option by its long name in its errors ("--tokens: Value 0 not in range ..."), also when the user
+// typed the short one (-n): such a message names both spellings ("-n/--tokens: ..."). Looks the option up in the
+// command that was being parsed (the deepest subcommand given).
+std::string with_both_spellings(CLI::App& app, const std::string& msg) {
+  const size_t colon = msg.find(": ");
+  if (msg.rfind("--", 0) != 0 || colon == std::string::npos) return msg;
+  CLI::App* level = &app;
+  for (std::vector<CLI::App*> subs = level->get_subcommands(); !subs.empty(); subs = level->get_subcommands())
+    level = subs.front();
+  const CLI::Option* opt = level->get_option_no_throw(msg.substr(0, colon));
+  if (!opt || opt->get_snames().empty()) return msg;
+  return "-" + opt->get_snames().front() + "/" + msg;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -78,7 +92,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "dsv4: error: %s\n", u.c_str());
       return 2;
     }
-    std::fprintf(stderr, "dsv4: error: %s (see --help)\n", e.what());
+    std::fprintf(stderr, "dsv4: error: %s (see --help)\n", with_both_spellings(app, e.what()).c_str());
     return 2;
   }
   log::set_verbosity(verbosity);

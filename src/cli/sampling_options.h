@@ -3,9 +3,12 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <limits>
+#include <optional>
 #include <random>
 #include <string>
 
+#include "cli/int_option.h"
 #include "core/error.h"
 #include "sampling/sampling_params.h"
 
@@ -14,7 +17,7 @@ namespace dsv4::cli {
 struct SamplingOptions {
   float temp = 1.0f, top_p = 1.0f, min_p = 0.0f;
   int top_k = 0;
-  int64_t seed = -1;  // < 0: a random seed
+  std::optional<uint64_t> seed;  // none: a random seed
 
   // SamplingParams with these fields set and the others at their defaults (not yet validated).
   SamplingParams params() const {
@@ -23,7 +26,7 @@ struct SamplingOptions {
     s.top_p = top_p;
     s.top_k = top_k;
     s.min_p = min_p;
-    s.seed = seed >= 0 ? static_cast<uint64_t>(seed) : std::random_device{}();
+    s.seed = seed ? *seed : std::random_device{}();
     return s;
   }
 };
@@ -57,7 +60,9 @@ inline void add_sampling_options(CLI::App& app, SamplingOptions& o) {
       ->check(CLI::Range(-1, 1 << 30));
   app.add_option("--min-p", o.min_p, "drop tokens below min_p * p_max (default 0 = off)")
       ->check(sampling_range(&SamplingParams::min_p));
-  app.add_option("--seed", o.seed, "random seed (default: random)");
+  app.add_option_function<uint64_t>(
+         "--seed", [&o](const uint64_t& v) { o.seed = v; }, "random seed, 0 .. 2^64 - 1 (default: random)")
+      ->transform(integer_in<uint64_t>(0, std::numeric_limits<uint64_t>::max()));
 }
 
 }  // namespace dsv4::cli

@@ -249,7 +249,7 @@ void Model::forward_ubatch(StepPlan plan, StatePool& pool, const BatchLogitsSink
   Workspace& ws = be_->workspace();
   Workspace::Scope scope(ws);
   const Workspace::Mark ws_at = ws.mark();
-  const DevicePlan dp = DevicePlan::upload(plan, *be_, ws);
+  const DevicePlan dp = DevicePlan::upload(plan, *be_, ws, &plan_staging_);
 
   float* X = ws.alloc<float>(n * HC * D);
   const std::vector<int>& targets = cfg_.dspark.target_layer_ids;

@@ -342,6 +342,7 @@ class Model final : public LanguageModel {
   mutable std::unique_ptr<StepGraphs> graphs_;  // recorded steps (null: eager); destroyed before owned_be_
   mutable std::vector<float> logits_host_;
   mutable std::vector<int32_t> bad_host_;
+  mutable std::vector<uint8_t> plan_staging_;  // forward_ubatch's packed step plan (DevicePlan::upload), kept
   mutable std::atomic<int64_t> lane_steps_{0};
   int64_t largest_layer_product_ = 0;  // elements of the largest matrix of a main layer (lanes' rule)
   uint64_t layer_weight_bytes_ = 0;    // bytes of every main layer's weights, all experts (lanes' rule)

@@ -134,7 +134,8 @@ struct DevicePlan {
   std::vector<DeviceRatioPlan> ratios;  // parallel to StepPlan::ratios
 
   // Copy every array of `p` into `ws` memory of `be` with one host-to-device copy.
-  static DevicePlan upload(const StepPlan& p, Backend& be, Workspace& ws);
+  // staging: a host buffer kept by the caller across steps for the packed arrays (nullptr: a fresh one per call).
+  static DevicePlan upload(const StepPlan& p, Backend& be, Workspace& ws, std::vector<uint8_t>* staging = nullptr);
 };
 
 }  // namespace dsv4

@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -49,6 +51,35 @@ TEST(CliGenerate, DefaultsTo128TokensAndHelpSaysSo) {
   EXPECT_NE(h.out.substr(at, h.out.find('\n', at) - at).find("default 128"), std::string::npos) << h.out;
 }
 
+// The README's first command (a contract: its start is fixed) prints the same text on every run: it used to sample
+// at temperature 1 with a random seed, so a newcomer saw different text, often ending in odd tokens, each time.
+TEST(CliGenerate, TheReadmeFirstCommandIsReproducible) {
+  const std::string contract =
+      "scripts/setup.sh && build/dsv4 generate -m models/dsv4-demo -p \"The Congress of the United States\" -n 48";
+  std::ifstream readme(std::string(DSV4_SOURCE_DIR) + "/README.md");
+  std::string line;
+  while (std::getline(readme, line) && line.rfind("scripts/setup.sh", 0) != 0) {
+  }
+  ASSERT_EQ(line.rfind(contract, 0), 0u) << line;
+  // the words after "build/dsv4", a double-quoted one as one argument
+  std::vector<std::string> args;
+  std::istringstream words(line.substr(line.find("build/dsv4 ") + 11));
+  for (std::string w; words >> w;) {
+    if (w.front() == '"')
+      while (w.size() < 2 || w.back() != '"') {
+        std::string more;
+        ASSERT_TRUE(words >> more) << line;
+        w += " " + more;
+      }
+    args.push_back(w.front() == '"' ? w.substr(1, w.size() - 2) : w == "models/dsv4-demo" ? kDemo : w);
+  }
+  const ProcResult a = run_dsv4(args, "readme1"), b = run_dsv4(args, "readme2");
+  ASSERT_EQ(a.code, 0) << a.err;
+  ASSERT_EQ(b.code, 0) << b.err;
+  EXPECT_GT(a.out.size(), 100u) << a.out;
+  EXPECT_EQ(a.out, b.out);
+}
+
 TEST(CliGenerate, SeededSamplingIsReproducible) {
   std::vector<std::string> base{"-m", kTiny, "--prompt-ids", "0,3", "-n", "12", "--temp", "1.5", "--top-k", "50"};
   auto with_seed = [&](const char* s) {
@@ -58,6 +89,10 @@ TEST(CliGenerate, SeededSamplingIsReproducible) {
   };
   EXPECT_EQ(with_seed("11"), with_seed("11"));
   EXPECT_NE(with_seed("11"), with_seed("12"));
+  // the whole uint64 range is a seed of its own (2^64 - 1 used to saturate to 2^63 - 1)
+  EXPECT_NE(with_seed("18446744073709551615"), with_seed("9223372036854775807"));
+  // integers are decimal: -n 010 is 10 tokens (CLI11 alone reads a leading 0 as octal: 8)
+  EXPECT_EQ(run_json({"-m", kTiny, "--prompt-ids", "0,3", "-n", "010", "--temp", "0"})["ids"].size(), 10u);
 }
 
 TEST(CliGenerate, StreamsIdsWithoutTokenizerAndReportsSpeed) {

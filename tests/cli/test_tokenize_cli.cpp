@@ -205,6 +205,9 @@ TEST(CliTokenize, BadInputGivesOneLineError) {
                         "non-numeric id on stdin");
   expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "99999999"}, "bad"), "out-of-range id");
   expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "-1"}, "bad"), "negative id");
+  // 2^32 + 66 used to wrap to id 66 and print its text
+  expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "4294967362"}, "bad"), "id beyond 32 bits",
+                        "4294967362");
   expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "99999999999999999999"}, "bad"),
                         "id too long");
 }

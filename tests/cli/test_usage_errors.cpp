@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cli/run_child.h"
@@ -162,6 +163,8 @@ TEST(CliUsage, BadFlagValuesAreRefusedBeforeTheModelLoads) {
     cases.push_back({{"generate", "-m", none, "-p", "hi", "--stage-tokens", g}, "--stage-tokens"});
     cases.push_back({{"bench", "model", "-m", none, "--stage-tokens", g}, "--stage-tokens"});
   }
+  for (const char* k : {"nan", "-nan", "0", "inf"})  // (CLI::Range let NaN through: the server ran with it)
+    cases.push_back({{"serve", "-m", none, "--port", "0", "--keepalive", k}, "--keepalive"});
   for (const char* mib : {"0", "-3", "lots"})
     cases.push_back({{"serve", "-m", none, "--port", "0", "--stage-mib", mib}, "--stage-mib"});
   for (const auto& c : cases) {
@@ -220,6 +223,57 @@ TEST(CliUsage, TooLittleStateMemoryIsAClearError) {
   EXPECT_EQ(f.code, 1);
   EXPECT_NE(f.err.find("cannot hold 2 sequence slots"), std::string::npos) << f.err;
   EXPECT_EQ(f.err.find("loading"), std::string::npos) << f.err;
+}
+
+// A bad value of an option with a short and a long name names both spellings, so that the flag the user typed is
+// in the message ("bench structured -n 0" said only "--tokens").
+TEST(CliUsage, BadValuesOfShortFlagsNameBothSpellings) {
+  for (const auto& [args, flag] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"bench", "structured", "-m", kDemo, "-n", "0"}, "-n/--tokens"},
+           {{"bench", "structured", "-m", kDemo, "--tokens", "0"}, "-n/--tokens"},
+           {{"bench", "spec", "-m", kDemo, "-n", "1"}, "-n/--tokens"},
+           {{"generate", "-m", kDemo, "-p", "hi", "-n", "0"}, "-n/--max-tokens"},
+           {{"chat", "-m", kDemo, "-n", "0"}, "-n/--max-tokens"}}) {
+    const ProcResult r = run_dsv4(args, "shortflag");
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_EQ(r.err.rfind("dsv4: error: " + flag + ": ", 0), 0u) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+}
+
+// Integers beyond their option's range are usage errors that quote what was typed, before the model loads: CLI11's
+// conversion saturated values beyond 64 bits (--seed 18446744073709551616 ran with seed 2^63 - 1, --chunk 1e20 with one
+// prefill) and a negative seed silently meant "random". The edges are accepted.
+TEST(CliUsage, OutOfRangeIntegersAreUsageErrors) {
+  const std::string none = "/nonexistent/dsv4-model";
+  for (const auto& [args, flag, typed] : std::vector<std::tuple<std::vector<std::string>, std::string, std::string>>{
+           {{"generate", "-m", none, "-p", "hi", "--seed", "18446744073709551616"}, "--seed", "18446744073709551616"},
+           {{"generate", "-m", none, "-p", "hi", "--seed", "-1"}, "--seed", "-1"},
+           {{"generate", "-m", none, "-p", "hi", "--seed", "1.5"}, "--seed", "1.5"},
+           {{"chat", "-m", none, "--seed", "99999999999999999999999"}, "--seed", "99999999999999999999999"},
+           {{"chat", "-m", none, "--seed", "-3"}, "--seed", "-3"},
+           {{"generate", "-m", none, "-p", "hi", "--ctx", "99999999999999999999"}, "--ctx", "99999999999999999999"},
+           {{"generate", "-m", none, "-p", "hi", "--ctx", "-1"}, "--ctx", "-1"},
+           {{"generate", "-m", none, "-p", "hi", "-n", "99999999999999999999"}, "--max-tokens", "99999999999999999999"},
+           {{"logprobs", "-m", none, "--prompt-ids", "1", "--chunk", "99999999999999999999"}, "--chunk",
+            "99999999999999999999"},
+           {{"logprobs", "-m", none, "--prompt-ids", "1", "--chunk", "-1"}, "--chunk", "-1"}}) {
+    std::string joined;
+    for (const auto& a : args) joined += a + " ";
+    const ProcResult r = run_dsv4(args, "intrange");
+    EXPECT_EQ(r.code, 2) << joined << "\n" << r.err;
+    EXPECT_EQ(r.err.rfind("dsv4: error: ", 0), 0u) << joined << "\n" << r.err;
+    EXPECT_NE(r.err.find(flag), std::string::npos) << joined << "\n" << r.err;
+    EXPECT_NE(r.err.find(typed), std::string::npos) << joined << "\n" << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << joined << "\n" << r.err;
+  }
+  const std::string tiny = std::string(DSV4_SOURCE_DIR) + "/tests/data/tiny-a";
+  for (const char* seed : {"0", "18446744073709551615"}) {
+    const ProcResult r = run_dsv4({"generate", "-m", tiny, "--prompt-ids", "0,1", "-n", "1", "--seed", seed}, "seed");
+    EXPECT_EQ(r.code, 0) << seed << ": " << r.err;
+  }
+  const ProcResult c = run_dsv4({"logprobs", "-m", tiny, "--prompt-ids", "0,1,2", "--chunk", "0"}, "chunk0");
+  EXPECT_EQ(c.code, 0) << c.err;
 }
 
 TEST(CliUsage, HelpStillWorks) {

@@ -467,11 +467,15 @@ TEST(CudaPlacement, DemoModelEveryPlacementEqualsTheCpuBitwise) {
                 name.c_str(), static_cast<long long>(m->placement().n_host()), static_cast<long long>(st.calls), bad,
                 ref.size());
     EXPECT_EQ(bad, 0u) << name;
-    if (m->placement().n_host() > 0) EXPECT_GT(st.host_pairs, 0) << name;
+    if (m->placement().n_host() > 0) {
+      EXPECT_GT(st.host_pairs, 0) << name;
+    }
     // the layers without host experts run as recorded CUDA graph segments between the split ones
     int split_layers = 0;
     for (int l = 0; l < L; ++l) split_layers += m->placement().n_host(l) > 0;
-    if (split_layers < L) EXPECT_GT(replays, 0) << name << ": decode segments of unsplit layers should replay";
+    if (split_layers < L) {
+      EXPECT_GT(replays, 0) << name << ": decode segments of unsplit layers should replay";
+    }
     std::printf("[cuda-placement]   %d split layers, %lld graph replays in 12 decode steps\n", split_layers,
                 static_cast<long long>(replays));
   }

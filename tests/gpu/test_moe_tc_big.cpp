@@ -14,6 +14,13 @@
 // SwiGLU's own fp32 arithmetic.
 // Also: rows past the last segment (and so the rows past a segment's end, which the kernel repeats) are never
 // written; segments of 1..300 rows (full and partial 64-row tiles); tokens of zero activations; every FP4 nibble.
+//
+// Two kernels behind moe_tc_big: CudaMoeTcBig.* run the mma.sync kernel (set_moe_big_kernel(MoeBigKernel::mma)),
+// CudaMoeWgmma.* the same checks on the wgmma kernel (k_moe_wgmma.cu; compute capability 9.0 with the sm_90a build:
+// there it must run, elsewhere the tests skip), plus V4-Flash's shapes (256 experts, ragged segments: sampled
+// outputs against fp64, every output against the mma.sync kernel, two runs bitwise equal). run_big checks that the
+// kernel each test means is the one that ran (moe_wgmma_calls). The wgmma kernel decides fast / other per block for
+// all 256 weight rows of a CTA (the mma.sync kernel per warp of 32): the bound takes either order per block.
 #include <algorithm>
 #include <cmath>
 #include <cstdarg>
@@ -74,7 +81,14 @@ HostWeight make_fp4(int64_t rows, int64_t cols, Scales sc, Rng& rng) {
   h.view.block_rows = 1;
   h.view.block_cols = 32;
   h.w.resize(size_t(rows * cols / 2));
-  for (auto& b : h.w) b = uint8_t(rng.next());  // every nibble
+  if (h.w.size() % 8 == 0 && h.w.size() >= (size_t(1) << 20)) {  // (large weights: 8 bytes per draw)
+    for (size_t i = 0; i < h.w.size(); i += 8) {
+      const uint64_t v = rng.next();
+      std::memcpy(&h.w[i], &v, 8);
+    }
+  } else {
+    for (auto& b : h.w) b = uint8_t(rng.next());  // every nibble
+  }
   h.scale.resize(size_t(rows * (cols / 32)));
   for (auto& s : h.scale) {
     s = uint8_t(110 + rng.below(17));
@@ -247,8 +261,12 @@ Run run_big(bool w13, const Layer& L, const Segs& s, const Acts& a, const std::v
   r.ld = w13 ? L.I : L.D;
   Buffer y = out_buffer<float>(*cuda(), size_t((s.P + 64) * r.ld));
   cuda()->synchronize();
+  const bool want_wgmma = cuda::gemm_internal::moe_tc_big_wgmma_ok();
+  const int64_t wg_before = cuda::moe_wgmma_calls();
   cuda::gemm_internal::moe_tc_big(w13, g, ad.as<float>(), sad.as<float>(), y.as<float>(), r.ld, limit, false, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cuda::moe_wgmma_calls() - wg_before, want_wgmma ? 1 : 0) << "the wgmma kernel ran where not meant to, or "
+                                                                        "did not run where meant to";
   r.y = to_host<float>(*cuda(), y, size_t((s.P + 64) * r.ld));
   return r;
 }
@@ -355,13 +373,12 @@ const std::vector<int64_t> kSizes = {1, 2, 7, 16, 17, 31, 32, 63, 64, 65, 100, 1
 
 using namespace tb;
 
-TEST(CudaMoeTcBig, FastBlocksWithinFp32BoundOfExactProducts) {
-  DSV4_REQUIRE_GPU();
+void fast_blocks() {
   // every block on the fast path: scaled f16 weights, 8 chained mmas per block; K = 512 (w1|w3) and 256 (w2),
   // 17 experts with segments of 1..300 rows, 3 tokens of zero activations
   const Layer L = make_layer(int64_t(kSizes.size()), 512, 256, Scales::fast, 11);
   const Segs s = make_segs(kSizes);
-  if (!big_ok(L, s.P)) GTEST_SKIP() << "moe_tc_big_kernel does not run on this device / binary";
+  if (!big_ok(L, s.P)) GTEST_SKIP() << "moe_tc_big does not run on this device / binary";
   Rng rng(12);
   const Acts x = make_acts(400, L.D, {0, 17, 399}, rng);
   check_w13("fast codes, segments of 1..300 rows", L, s, x, rng, 7.0f);
@@ -369,13 +386,12 @@ TEST(CudaMoeTcBig, FastBlocksWithinFp32BoundOfExactProducts) {
   check_w2("fast codes, segments of 1..300 rows", L, s, h);
 }
 
-TEST(CudaMoeTcBig, OneBlockEveryNibbleTight) {
-  DSV4_REQUIRE_GPU();
+void one_block_every_nibble() {
   // K = 256 (w1|w3) and 128 (w2: one block): the bound is a few 2^-19 of the sum of |products|, so a single wrong
   // nibble, k position or scale shows; the fast range's end codes 104 and 128
   const Layer L = make_layer(3, 256, 128, Scales::edges, 21);
   const Segs s = make_segs({64, 37, 300});
-  if (!big_ok(L, s.P)) GTEST_SKIP() << "moe_tc_big_kernel does not run on this device / binary";
+  if (!big_ok(L, s.P)) GTEST_SKIP() << "moe_tc_big does not run on this device / binary";
   Rng rng(22);
   const Acts x = make_acts(150, L.D, {5}, rng);
   check_w13("K 256, codes 104 and 128", L, s, x, rng, 0.0f);
@@ -383,15 +399,14 @@ TEST(CudaMoeTcBig, OneBlockEveryNibbleTight) {
   check_w2("K 128, codes 104 and 128", L, s, h);
 }
 
-TEST(CudaMoeTcBig, SlowBlocksAndSpecialScaleCodes) {
-  DSV4_REQUIRE_GPU();
+void slow_blocks_special_codes() {
   // scales outside f16's exact range (103, 129, 60..102, 130..160) in 1 group of 300: those warps' blocks take the
   // per-group path, the others the fast one; then also codes 0 (adds 0) and 255 (outputs non-finite; w1|w3 without
   // the clamp, which would turn a NaN g into the limit)
   {
     const Layer L = make_layer(4, 512, 256, Scales::mixed, 31);
     const Segs s = make_segs({65, 128, 300, 20});
-    if (!big_ok(L, s.P)) GTEST_SKIP() << "moe_tc_big_kernel does not run on this device / binary";
+    if (!big_ok(L, s.P)) GTEST_SKIP() << "moe_tc_big does not run on this device / binary";
     Rng rng(32);
     const Acts x = make_acts(200, L.D, {1}, rng);
     check_w13("codes outside the f16 range", L, s, x, rng, 7.0f);
@@ -409,14 +424,13 @@ TEST(CudaMoeTcBig, SlowBlocksAndSpecialScaleCodes) {
   }
 }
 
-TEST(CudaMoeTcBig, LongKChainsBlockScales) {
-  DSV4_REQUIRE_GPU();
+void long_k_chains() {
   // V4-Flash's K: 4096 for w1|w3 (32 blocks whose activation scales vary: the accumulator's rescale by sa[kb - 1] /
   // sa[kb]) and 2048 for w2 (two layers, so that the host reference stays small), two experts
   const Segs s = make_segs({65, 91});
   {
     const Layer L = make_layer(2, 4096, 256, Scales::fast, 51);
-    if (!big_ok(L, s.P)) GTEST_SKIP() << "moe_tc_big_kernel does not run on this device / binary";
+    if (!big_ok(L, s.P)) GTEST_SKIP() << "moe_tc_big does not run on this device / binary";
     Rng rng(52);
     const Acts x = make_acts(120, L.D, {7}, rng);
     check_w13("K 4096", L, s, x, rng, 7.0f);
@@ -429,5 +443,223 @@ TEST(CudaMoeTcBig, LongKChainsBlockScales) {
   }
 }
 
+
+// ---- V4-Flash's shapes on the wgmma kernel ------------------------------------------------------------------------
+
+// Outputs checked against fp64 per expert: its first, middle and last row, at tile-edge and random columns.
+std::vector<int64_t> sample_cols(int64_t n, Rng& rng) {
+  std::vector<int64_t> c = {0, 1, 2, 7, 8, 63, 64, 65, 127, 128, 129, 255, 256, n - 1};
+  for (int i = 0; i < 26; ++i) c.push_back(rng.below(n));
+  std::sort(c.begin(), c.end());
+  c.erase(std::unique(c.begin(), c.end()), c.end());
+  return c;
+}
+std::vector<int64_t> sample_rows(const Segs& s, int64_t e) {
+  const int64_t a = s.seg_start[size_t(e)], b = s.seg_start[size_t(e) + 1];
+  if (b <= a) return {};
+  std::vector<int64_t> r = {a, a + (b - a) / 2, b - 1};
+  r.erase(std::unique(r.begin(), r.end()), r.end());
+  return r;
+}
+
+// got (wgmma) against base (mma.sync) on every output of the segments: both are within their fp32 bounds of the
+// exact sums, so they differ by far less than 2^-8 of the row's rms (a wrong fragment, swizzle or k position moves
+// an output by the order of the rms); non-finite exactly where base is. Rows past the segments stay unwritten.
+void expect_near_base(const std::string& label, const Run& got, const Run& base, int64_t P, int64_t n) {
+  int64_t bad = 0, nonfinite = 0, equal = 0;
+  double worst = 0;
+  std::string first;
+  for (int64_t r = 0; r < P; ++r) {
+    double ss = 0;
+    int64_t cnt = 0;
+    for (int64_t c = 0; c < n; ++c) {
+      const double v = base.y[size_t(r * base.ld + c)];
+      if (std::isfinite(v)) ss += v * v, ++cnt;
+    }
+    const double rms = cnt ? std::sqrt(ss / double(cnt)) : 0.0;
+    for (int64_t c = 0; c < n; ++c) {
+      const float a = got.y[size_t(r * got.ld + c)], b = base.y[size_t(r * base.ld + c)];
+      if (!std::isfinite(b) || !std::isfinite(a)) {
+        if (std::isfinite(a) != std::isfinite(b)) {
+          if (bad++ == 0) first = strf("row %lld col %lld: got %.9g, mma.sync kernel %.9g", (long long)r,
+                                       (long long)c, double(a), double(b));
+        } else {
+          ++nonfinite;
+        }
+        continue;
+      }
+      if (a == b) ++equal;
+      const double tol = std::ldexp(rms + std::fabs(double(b)), -8) + 1e-30;
+      const double e = std::fabs(double(a) - double(b));
+      worst = std::max(worst, e / tol);
+      if (!(e <= tol) && bad++ == 0)
+        first = strf("row %lld col %lld: got %.9g, mma.sync kernel %.9g (row rms %.3g)", (long long)r, (long long)c,
+                     double(a), double(b), rms);
+    }
+  }
+  Check u;
+  expect_unwritten(got, P, u);
+  const bool ok = bad == 0 && u.unwritten_bad == 0;
+  std::printf("[moe_wgmma] %s vs the mma.sync kernel: %lld outputs, %lld bitwise equal, %lld non-finite in both, "
+              "worst |diff| / tol %.3g, %lld outside, %lld written rows past the segments %s\n",
+              label.c_str(), (long long)(P * n), (long long)equal, (long long)nonfinite, worst, (long long)bad,
+              (long long)u.unwritten_bad, ok ? "PASS" : "FAIL");
+  std::fflush(stdout);
+  if (!ok) ADD_FAILURE() << label << ": " << bad << " outputs differ from the mma.sync kernel, "
+                         << u.unwritten_bad << " rows past the segments written; first: " << first;
+}
+
+void expect_bitwise_runs(const std::string& label, const Run& a, const Run& b) {
+  const bool same = a.y.size() == b.y.size() && std::memcmp(a.y.data(), b.y.data(), a.y.size() * 4) == 0;
+  std::printf("[moe_wgmma] %s: two runs bitwise equal: %s\n", label.c_str(), same ? "PASS" : "FAIL");
+  if (!same) ADD_FAILURE() << label << ": two runs of the wgmma kernel differ";
+}
+
+struct KernelScope {  // the mma.sync kernel forced for a scope
+  explicit KernelScope(cuda::MoeBigKernel k) { cuda::set_moe_big_kernel(k); }
+  ~KernelScope() { cuda::set_moe_big_kernel(cuda::MoeBigKernel::auto_); }
+};
+
+// w13 and w2 of a layer of V4-Flash's shapes on the wgmma kernel: fp64 on the sampled outputs, the mma.sync kernel
+// on all, a second run bitwise.
+void flash_layer(const std::string& label, int64_t E, Scales sc, const std::vector<int64_t>& sizes, uint64_t seed) {
+  const Layer L = make_layer(E, 4096, 2048, sc, seed);
+  const Segs s = make_segs(sizes);
+  Rng rng(seed + 1);
+  // w1 | w3 + SwiGLU (limit 7 unless codes 255 occur: the clamp would turn a NaN g into the limit)
+  const float limit = sc == Scales::specials ? 0.0f : 7.0f;
+  const Acts x = make_acts(std::max<int64_t>(s.P / 6, 64), L.D, {0}, rng);
+  std::vector<int32_t> tok(size_t(s.P));
+  std::vector<float> rw(size_t(s.P));
+  for (auto& t : tok) t = int32_t(rng.below(x.rows));
+  for (auto& w : rw) w = float(0.25 + rng.uni());
+  {
+    const Run a = run_big(true, L, s, x, tok, rw, limit), b = run_big(true, L, s, x, tok, rw, limit);
+    expect_bitwise_runs(label + " w1|w3", a, b);
+    Check c;
+    for (int64_t e = 0; e < L.E; ++e)
+      for (const int64_t row : sample_rows(s, e))
+        for (const int64_t n : sample_cols(L.I, rng)) {
+          const Ref g = ref_dot(x, tok[size_t(row)], L.w1[size_t(e)], n);
+          const Ref u = ref_dot(x, tok[size_t(row)], L.w3[size_t(e)], n);
+          const double w = rw[size_t(row)];
+          const double want = std::isnan(g.v) || std::isnan(u.v) ? NAN : swiglu(g.v, u.v, limit, w);
+          const double silu_max = std::max(std::fabs(g.v), 0.3) + 1.1 * g.bound;
+          const double bound = w * (1.1 * g.bound * (std::fabs(u.v) + u.bound) + silu_max * u.bound) +
+                               std::ldexp(std::fabs(want), -21) + 1e-37;
+          note(c, a.y[size_t(row * a.ld + n)], want, bound,
+               strf("expert %lld row %lld col %lld", (long long)e, (long long)row, (long long)n));
+        }
+    expect_unwritten(a, s.P, c);
+    report(label + " w1|w3 [2048, 4096] + SwiGLU, sampled outputs (wgmma)", c);
+    Run base;
+    {
+      KernelScope k(cuda::MoeBigKernel::mma);
+      base = run_big(true, L, s, x, tok, rw, limit);
+    }
+    expect_near_base(label + " w1|w3", a, base, s.P, L.I);
+  }
+  {
+    const Acts h = make_acts(s.P, L.I, {1}, rng);
+    const std::vector<int32_t> tok0(size_t(s.P), 0);
+    const std::vector<float> rw1(size_t(s.P), 1.0f);
+    const Run a = run_big(false, L, s, h, tok0, rw1, 0.0f), b = run_big(false, L, s, h, tok0, rw1, 0.0f);
+    expect_bitwise_runs(label + " w2", a, b);
+    Check c;
+    for (int64_t e = 0; e < L.E; ++e)
+      for (const int64_t row : sample_rows(s, e))
+        for (const int64_t n : sample_cols(L.D, rng)) {
+          const Ref f = ref_dot(h, row, L.w2[size_t(e)], n);
+          note(c, a.y[size_t(row * a.ld + n)], f.v, f.bound,
+               strf("expert %lld row %lld col %lld", (long long)e, (long long)row, (long long)n));
+        }
+    expect_unwritten(a, s.P, c);
+    report(label + " w2 [4096, 2048], sampled outputs (wgmma)", c);
+    Run base;
+    {
+      KernelScope k(cuda::MoeBigKernel::mma);
+      base = run_big(false, L, s, h, tok0, rw1, 0.0f);
+    }
+    expect_near_base(label + " w2", a, base, s.P, L.D);
+  }
+}
+
+// Whether the wgmma kernel must run here: compute capability 9.0 (the build's default architecture is sm_90a).
+bool wgmma_expected() {
+  int dev = 0, major = 0, minor = 0;
+  return cudaGetDevice(&dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
+         minor == 0;
+}
+
+#define DSV4_REQUIRE_WGMMA()                                                                                      \
+  do {                                                                                                            \
+    DSV4_REQUIRE_GPU();                                                                                           \
+    if (!wgmma_expected()) GTEST_SKIP() << "the wgmma kernel runs on compute capability 9.0 only";                \
+    ASSERT_TRUE(cuda::gemm_internal::moe_tc_big_wgmma_ok())                                                       \
+        << "compute capability 9.0 but the wgmma kernel does not run (not an sm_90a build, or its shared memory "  \
+           "refused)";                                                                                            \
+  } while (0)
+
 }  // namespace
+
+TEST(CudaMoeTcBig, FastBlocksWithinFp32BoundOfExactProducts) {
+  DSV4_REQUIRE_GPU();
+  KernelScope k(cuda::MoeBigKernel::mma);
+  fast_blocks();
+}
+TEST(CudaMoeTcBig, OneBlockEveryNibbleTight) {
+  DSV4_REQUIRE_GPU();
+  KernelScope k(cuda::MoeBigKernel::mma);
+  one_block_every_nibble();
+}
+TEST(CudaMoeTcBig, SlowBlocksAndSpecialScaleCodes) {
+  DSV4_REQUIRE_GPU();
+  KernelScope k(cuda::MoeBigKernel::mma);
+  slow_blocks_special_codes();
+}
+TEST(CudaMoeTcBig, LongKChainsBlockScales) {
+  DSV4_REQUIRE_GPU();
+  KernelScope k(cuda::MoeBigKernel::mma);
+  long_k_chains();
+}
+
+TEST(CudaMoeWgmma, FastBlocksWithinFp32BoundOfExactProducts) {
+  DSV4_REQUIRE_WGMMA();
+  fast_blocks();
+}
+TEST(CudaMoeWgmma, OneBlockEveryNibbleTight) {
+  DSV4_REQUIRE_WGMMA();
+  one_block_every_nibble();
+}
+TEST(CudaMoeWgmma, SlowBlocksAndSpecialScaleCodes) {
+  DSV4_REQUIRE_WGMMA();
+  slow_blocks_special_codes();
+}
+TEST(CudaMoeWgmma, LongKChainsBlockScales) {
+  DSV4_REQUIRE_WGMMA();
+  long_k_chains();
+}
+
+TEST(CudaMoeWgmma, FlashShapes256ExpertsRagged) {
+  DSV4_REQUIRE_WGMMA();
+  // V4-Flash: hidden 4096, moe_intermediate 2048, 256 experts; segments of 17..140 rows (ragged: partial 64-row
+  // tiles everywhere), a few of exactly 64, 65, 128 and 1 row; E8M0 codes 110..126 and the fast range's ends
+  Rng rng(61);
+  std::vector<int64_t> sizes(256);
+  for (auto& c : sizes) c = 17 + rng.below(124);
+  sizes[3] = 64, sizes[4] = 65, sizes[100] = 128, sizes[200] = 1, sizes[255] = 2;
+  flash_layer("V4-Flash 256 experts, codes 104..128", 256, Scales::edges, sizes, 62);
+}
+
+TEST(CudaMoeWgmma, FlashShapesEveryScaleCodeClass) {
+  DSV4_REQUIRE_WGMMA();
+  // codes outside the f16 range (103, 129, 60..102, 130..160) and the special 0 and 255 at V4-Flash's K: most
+  // blocks on the per-group path, outputs non-finite where a 255 meets them
+  flash_layer("V4-Flash 8 experts, every code class", 8, Scales::specials, {65, 300, 17, 128, 64, 200, 1, 129}, 71);
+  flash_layer("V4-Flash 8 experts, codes outside the f16 range", 8, Scales::mixed, {100, 64, 33, 250, 129, 17, 70, 90},
+              81);
+}
+
 }  // namespace dsv4::test::gpu

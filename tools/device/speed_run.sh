@@ -15,6 +15,8 @@
 #            and prefill of 8192 tokens, --no-profile (AB_CFGS="b1 prefill8192 ..." picks some; AB_NOPDL=1 adds the built
 #            dsv4 with --no-pdl); JSON bench-ab-{new,newnopdl,base}-*.json
 #   prefill  the same, prefill of 8192 tokens (fast)
+#   wgmma    prefill of 8192 tokens at 4 layers with the prefill experts on wgmma (the default on an H100 / H200) and
+#            on mma.sync (--no-wgmma), interleaved, 2 rounds (bench-prefill8192-l4-{wgmma,nowgmma}-r*.json)
 #   dense    batch-1 decode at ctx 4096 with --numerics dense (fast)
 #   batch    --batch 128, 8, 32 at ctx 4096 (batched decode over one state pool)
 #   ncu      Nsight Compute kernel durations of a few decode steps (4 layers, ctx 0), CSV into $OUT/ncu.csv
@@ -41,7 +43,11 @@
 #   ncub     Nsight Compute per-kernel durations and DRAM bytes of eager batch-128 decode steps (2 layers, ctx 4096)
 #   ncuk     Nsight Compute sections (speed of light, warp stalls, occupancy, launch, memory) of the gemv and
 #            gemv_tc, moe_tc_small and hc_finish kernels of eager decode steps (2 layers, ctx 4096), CSV into $OUT/ncu-kernels.csv
-#   ncum     Nsight Compute sections of moe_tc_big_kernel (w1|w3 and w2 of a 1-layer prefill of 2048 tokens), CSV into
+#   timeline where an unsynchronized prefill's time goes without nsys or ncu: the 4-layer prefill of 8192 tokens with
+#            --timeline (one more prefill traced: per op the host's enqueue times and a CUDA event after it), the rows
+#            into $OUT/timeline-prefill8192.tsv, the summary in bench.log and the JSON (bench-timeline-prefill8192-l4)
+#   ncum     Nsight Compute sections of the prefill expert kernel (moe_wgmma_kernel, else moe_tc_big_kernel;
+#            w1|w3 and w2 of a 1-layer prefill of 2048 tokens), CSV into
 #            $OUT/ncu-moe-big.csv
 #   ncup     where an unsynchronized prefill's time goes: the 4-layer prefill of 8192 tokens timed (bench, no profile),
 #            then every kernel of one such prefill under Nsight Compute at unlocked clocks (gpu__time_duration.sum),
@@ -149,6 +155,13 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
       scripts/test-gpu.sh --log "$OUT/test-gpu.log" "$B" "${F[@]}" > /dev/null 2>&1
     echo "tests rc=$?"
     grep -E "^\[  (PASSED|FAILED) |FAILED  \]|tests? ran" "$OUT/test-gpu.log" | tail -40
+  fi
+  if has wgmma && [ -x "$B/dsv4" ]; then
+    for r in 1 2; do
+      bench_run wgmma 4 prefill8192-l4-wgmma-r$r --layers 4 --device cuda --ctx 0 --prefill 8192 --steps 1 --no-profile
+      bench_run wgmma 4 prefill8192-l4-nowgmma-r$r --layers 4 --device cuda --ctx 0 --prefill 8192 --steps 1 \
+        --no-profile --no-wgmma
+    done
   fi
   if [ -x "$B/dsv4" ]; then
     has dense && bench b1-ctx4096-dense --ctx 4096 --prefill 0 --steps 16 --numerics dense --no-profile
@@ -271,11 +284,15 @@ hbench() { local name=$1; shift; bench_run hybrid 9 "$name" --device cuda "$@"; 
     echo "ncu prefill rc=$? ($(wc -l < "$OUT/ncu-prefill.csv") lines)"
     tail -3 /tmp/ncu.err
   fi
+  if has timeline && [ -x "$B/dsv4" ]; then
+    bench_run timeline 8 timeline-prefill8192-l4 --layers 4 --device cuda --ctx 0 --prefill 8192 --steps 1 --no-profile \
+      --timeline "$OUT/timeline-prefill8192.tsv"
+  fi
   if has ncum && [ -x "$B/dsv4" ] && command -v ncu > /dev/null && [ "$(left)" -gt 70 ]; then
-    log "ncu moe_tc_big_kernel details (prefill of 2048 tokens, 1 layer)"
+    log "ncu moe_tc_big_kernel / moe_wgmma_kernel details (prefill of 2048 tokens, 1 layer)"
     timeout $(($(left) - 15)) ncu --csv --page details --section SpeedOfLight --section WarpStateStats \
       --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-      --kernel-name regex:'moe_tc_big' --launch-count 2 "$B/dsv4" bench model --config "$CFG" --load-format dummy \
+      --kernel-name regex:'moe_tc_big|moe_wgmma' --launch-count 2 "$B/dsv4" bench model --config "$CFG" --load-format dummy \
       --layers 1 --device cuda --ctx 0 --prefill 2048 --steps 1 --no-profile > "$OUT/ncu-moe-big.csv" 2> /tmp/ncu.err
     echo "ncu moe_tc_big rc=$? ($(wc -l < "$OUT/ncu-moe-big.csv") lines)"
     tail -3 /tmp/ncu.err

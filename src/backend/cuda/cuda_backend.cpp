@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <chrono>
+
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_upload_queue.h"
 #include "backend/cuda/kernels.h"
@@ -75,6 +78,8 @@ CudaBackend::~CudaBackend() {
   if (side_.stream) (void)cudaStreamSynchronize(side_.stream);
   release_workspace();
   if (to_host_) (void)cudaEventDestroy(to_host_);
+  for (cudaEvent_t e : tl_events_) (void)cudaEventDestroy(e);
+  if (tl_origin_) (void)cudaEventDestroy(tl_origin_);
   if (side_.fork) (void)cudaEventDestroy(side_.fork);
   if (side_.join) (void)cudaEventDestroy(side_.join);
   if (side_.stream) (void)cudaStreamDestroy(side_.stream);
@@ -253,6 +258,59 @@ WeightView CudaBackend::adopt(const WeightView& resident, std::vector<Buffer>& w
     d.aux = weights_.back().data();
   }
   return d;
+}
+
+// Timeline markers (backend.h). The origin is an event recorded on the idle main stream; its device time lies
+// between the host times just before the record and just after the wait for it, so the origin's host time is their
+// middle, uncertain by half their distance (a few microseconds).
+double CudaBackend::timeline_start(int n_markers, double* uncertainty) {
+  activate();
+  check(cudaStreamSynchronize(side_.stream), "synchronize (timeline)");
+  synchronize();
+  if (!tl_origin_) check(cudaEventCreate(&tl_origin_), "cudaEventCreate (timeline)");
+  while (tl_events_.size() < size_t(std::max(n_markers, 0))) {
+    cudaEvent_t e = nullptr;
+    check(cudaEventCreate(&e), "cudaEventCreate (timeline)");
+    tl_events_.push_back(e);
+  }
+  using clock = std::chrono::steady_clock;
+  const auto h0 = clock::now();
+  check(cudaEventRecord(tl_origin_, stream_), "cudaEventRecord (timeline)");
+  check(cudaEventSynchronize(tl_origin_), "synchronize (timeline)");
+  const auto h1 = clock::now();
+  const double a = std::chrono::duration<double>(h0.time_since_epoch()).count();
+  const double b = std::chrono::duration<double>(h1.time_since_epoch()).count();
+  if (uncertainty) *uncertainty = 0.5 * (b - a);
+  tl_origin_host_ = 0.5 * (a + b);
+  return tl_origin_host_;
+}
+
+void CudaBackend::timeline_mark(int i, int queue) {
+  if (i < 0) fail("internal: timeline marker {}", i);
+  activate();
+  const cudaStream_t s = queue == 1 ? side_.stream : stream_;
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(s, &cs), "timeline marker");
+  if (cs != cudaStreamCaptureStatusNone)
+    fail("a timeline marker cannot be recorded in a recorded step (CUDA graph capture): trace eager steps only");
+  while (tl_events_.size() <= size_t(i)) {
+    cudaEvent_t e = nullptr;
+    check(cudaEventCreate(&e), "cudaEventCreate (timeline)");
+    tl_events_.push_back(e);
+  }
+  check(cudaEventRecord(tl_events_[size_t(i)], s), "cudaEventRecord (timeline)");
+}
+
+void CudaBackend::timeline_read(int n, double* t) {
+  if (n < 0 || size_t(n) > tl_events_.size() || !tl_origin_)
+    fail("internal: {} timeline markers read, {} made", n, tl_events_.size());
+  activate();
+  for (int i = 0; i < n; ++i) {
+    check(cudaEventSynchronize(tl_events_[size_t(i)]), "synchronize (timeline)");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, tl_origin_, tl_events_[size_t(i)]), "timeline marker time");
+    t[i] = tl_origin_host_ + double(ms) * 1e-3;
+  }
 }
 
 std::unique_ptr<Backend> make_cuda_backend(int index) { return std::make_unique<CudaBackend>(index); }

@@ -42,6 +42,9 @@ class CudaBackend final : public Backend {
   WeightView adopt(const WeightView& resident, std::vector<Buffer>& storage) override;
   using Backend::upload;
   size_t resident_bytes(const WeightView& host) const override;
+  double timeline_start(int n_markers, double* uncertainty) override;
+  void timeline_mark(int i, int queue) override;
+  void timeline_read(int n, double* t) override;
 
   cudaStream_t stream() const { return stream_; }
   // The second stream of Ops::branch_* and of moe's shared expert, with its fork / join events (kernels.h).
@@ -55,6 +58,10 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t to_host_ = nullptr;  // recorded after each copy_to_host_async
   SideStream side_;
+  // timeline markers (backend.h): the origin and one timing event per marker index, created on first use, reused
+  cudaEvent_t tl_origin_ = nullptr;
+  std::vector<cudaEvent_t> tl_events_;
+  double tl_origin_host_ = 0;
   std::unique_ptr<CudaOps> ops_;
   std::string name_;
   size_t total_ = 0;

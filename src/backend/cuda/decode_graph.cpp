@@ -26,6 +26,7 @@ void DecodeGraphs::run(const std::vector<int64_t>& step_key, const std::function
   key.push_back(int64_t(gemm_path()));
   key.push_back(int64_t(deterministic()));
   key.push_back(int64_t(pdl()));
+  key.push_back(int64_t(moe_big_kernel()));
   if (eager_.count(key)) {
     body();
     return;

@@ -10,10 +10,13 @@ namespace {
 std::atomic<int> g_path{static_cast<int>(GemmPath::auto_)};
 std::atomic<int> g_last{static_cast<int>(GemmPath::auto_)};
 std::atomic<bool> g_det{false};
+std::atomic<int> g_moe_big{static_cast<int>(MoeBigKernel::auto_)};
 }  // namespace
 
 void set_gemm_path(GemmPath p) { g_path.store(static_cast<int>(p)); }
 GemmPath gemm_path() { return static_cast<GemmPath>(g_path.load()); }
+void set_moe_big_kernel(MoeBigKernel k) { g_moe_big.store(static_cast<int>(k)); }
+MoeBigKernel moe_big_kernel() { return static_cast<MoeBigKernel>(g_moe_big.load()); }
 void set_deterministic(bool on) { g_det.store(on); }
 bool deterministic() { return g_det.load(); }
 GemmPath last_gemm_path() { return static_cast<GemmPath>(g_last.load()); }

@@ -45,6 +45,12 @@ GemmPath gemm_path();
 // CudaBackend sets it from BackendOptions::deterministic.
 void set_deterministic(bool on);
 bool deterministic();
+// Which kernel runs the prefill expert segments of moe_tc_big (process-wide, tests and benchmarks; default auto_):
+// auto_ = the wgmma kernel (k_moe_wgmma.cu) where it runs (its sm_90a code in the binary, compute capability 9.0),
+// else the mma.sync kernel (k_moe_tc.cu); mma = always the mma.sync kernel (A/B comparisons).
+enum class MoeBigKernel { auto_, mma };
+void set_moe_big_kernel(MoeBigKernel k);
+MoeBigKernel moe_big_kernel();
 // The path the most recent linear() of this process actually ran (tests use it to tell which kernel was checked).
 GemmPath last_gemm_path();
 const char* gemm_path_name(GemmPath p);
@@ -119,6 +125,8 @@ void moe_w2(const MoeGemmArgs& g, const float* h, const float* sh, float* o, cud
 // inter]) to f16 values of their e4m3 codes and the scales sa to per-block ratios in g.a8_ws, then writes y rows of
 // the segments with more than kMoeSmallMax rows as moe_w13 / moe_w2 (its own summation order: the file comment).
 bool moe_tc_big_ok(const MoeGemmArgs& g);
+// Whether moe_tc_big runs the wgmma kernel on the current device with moe_big_kernel() == auto_ (for tests).
+bool moe_tc_big_wgmma_ok();
 size_t moe_tc_big_scratch_bytes(GemmFormat fmt, bool quant, int64_t n_tok, int64_t P, int64_t D, int64_t I);
 void moe_tc_big(bool w13, const MoeGemmArgs& g, const float* a, const float* sa, float* y, int64_t ldy, float limit,
                 bool bf16, cudaStream_t stream);

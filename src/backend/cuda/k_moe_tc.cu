@@ -32,8 +32,10 @@
 // A fragment (ldmatrix) feeds 4 mmas, each B fragment 4. Shared memory is swizzled so that every ldmatrix, weight
 // word read and cp.async is free of bank conflicts. No host round trip: the kernel finds its expert and rows on the
 // device, so the path also runs inside recorded steps. Rows past a segment's end repeat its last row and are not
-// stored. Without a GPU: tools/device/moe_big_layout_check.py replays the index arithmetic on the host (layouts,
-// fragments, bank conflicts), tools/device/moe_big_sass_count.py counts the instructions per k-block.
+// stored. On compute capability 9.0 with the sm_90a build the launcher runs the same products on wgmma instead
+// (k_moe_wgmma.cu; MoeBigKernel::mma keeps this kernel). Without a GPU: tools/device/moe_big_layout_check.py replays
+// the index arithmetic on the host (layouts, fragments, bank conflicts), tools/device/moe_big_sass_count.py counts
+// the instructions per k-block.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -49,11 +51,13 @@
 #include "backend/cuda/device_swiglu.cuh"
 #include "backend/cuda/gemm_path.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/moe_tc_common.cuh"
 
 namespace dsv4::cuda {
 namespace {
 
-constexpr int kW13 = 0, kW2 = 1;
+using namespace moe_tc;
+
 constexpr int BT_THREADS = 256, BT_M = gemm_internal::kMoeTileM, BT_N = 256, BT_KT = 128, BT_STAGES = 3;
 static_assert(BT_M == 64, "the loaders assume 64-row M tiles");
 
@@ -72,27 +76,7 @@ static_assert(ST_BYTES % 128 == 0, "stages must stay 128-byte aligned (swizzle p
 // 2 i + 1 differ in bit 2 (a copy instruction's 8 lanes write chunks 4 c .. 4 c + 3 of two rows: 8 bank groups).
 __device__ __forceinline__ int a_swizzle(int r) { return (r & 7) ^ ((r & 1) << 2); }
 
-// The fast path's E8M0 code range: e2m1 x 2^(e - 127) exact in f16.
-constexpr uint32_t kFastLo = 104, kFastHi = 128;
-
 std::atomic<int64_t> g_calls{0};
-
-struct BigArgs {
-  const ExpertView* table = nullptr;  // device [E]
-  int64_t n_experts = 0;
-  const int32_t* seg_start = nullptr;
-  const int32_t* big_tile_start = nullptr;
-  const int32_t* row_tok = nullptr;  // kW13: token of each sorted row (the activation row); kW2: nullptr
-  const uint8_t* act = nullptr;      // f16 activation codes [*, K] in the kernel's column order (moe_a16_kernel)
-  const float* ratio = nullptr;      // [*, K / 128] sa[kb - 1] / sa[kb] (1 for kb = 0)
-  const float* sa = nullptr;         // activation scales [*, K / 128]
-  int64_t K = 0;
-  float* y = nullptr;                // kW13: h [rows, inter]; kW2: o [rows, d_model]
-  int64_t ldy = 0;
-  const float* row_w = nullptr;
-  float limit = 0.0f;
-  bool out_bf16 = false, bf16 = false;
-};
 
 // The f16 values of the e4m3 codes of q (exact), as 32-bit f16 pairs: per 32 columns (16 words) word 4 p + t holds
 // pair p of columns 8 t .. 8 t + 7: columns 0, 2 | 1, 3 | 4, 6 | 5, 7 (p = 0..3; the k positions of lane quad t's A
@@ -125,62 +109,6 @@ __device__ __forceinline__ int b_row(int w, int j) {
   return 32 * w + 8 * j;
 }
 
-// Whether every byte of a word of E8M0 codes is in [kFastLo, kFastHi] = [104, 128]: byte b + 24 (mod 256, no carry
-// between bytes) must lie in [128, 152].
-__device__ __forceinline__ bool e8m0_word_fast(uint32_t w) {
-  static_assert(kFastLo == 104 && kFastHi == 128, "the constants below encode the range");
-  const uint32_t b = ((w & 0x7F7F7F7Fu) + 0x18181818u) ^ (w & 0x80808080u);             // per byte b + 24
-  const uint32_t bad = (~b & 0x80808080u) | (((b & 0x7F7F7F7Fu) + 0x67676767u) & 0x80808080u);  // < 128 or > 152
-  return bad == 0u;
-}
-
-// The fast path's f16 scale factors of a word of E8M0 codes in [104, 128]: per byte 4 (e - 98), the high byte of the
-// f16 2^(e - 113) (exponent field e - 98 in 6..30), so that the f16 2^-14 x e2m1 of fp4x8_as_f16x2 times it is
-// e2m1 x 2^(e - 127). (No borrow or carry between bytes in that range.)
-__device__ __forceinline__ uint32_t e8m0_word_f16_hi(uint32_t w) { return w * 4u + 0x76767678u; }  // 4 (w - 0x62..)
-// Group G's factor as an f16 pair, from e8m0_word_f16_hi's word.
-template <int G>
-__device__ __forceinline__ uint32_t f16_factor(uint32_t hi4) {
-  return __byte_perm(hi4, 0u, 0x0404u + 0x1010u * G);  // bytes 0, hi4.G, 0, hi4.G
-}
-constexpr uint32_t kF16Two14 = 0x74007400u;  // 2^14 as an f16 pair: the slow path's bare E2M1 values
-
-// Byte G of four E8M0 scales as a float 2^(e - 127), without e8m0_to_float's special codes: e = 0 gives 0 (not
-// 2^-127: a difference below 2^-100 of the products), e = 255 gives infinity (not NaN: still non-finite).
-template <int G>
-__device__ __forceinline__ float e8m0_fast(uint32_t w) {
-  const uint32_t e = G <= 2 ? w << (23 - 8 * G) : w >> (8 * G - 23);
-  return __uint_as_float(e & 0x7F800000u);
-}
-
-__device__ __forceinline__ uint32_t hmul2_u32(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-
-// The 8 FP4 nibbles of w (nibble v = bits 4 v .. 4 v + 3: column v of the word) as f16 pairs times the f16 pair f:
-// r[0] = columns 0, 2, r[1] = 1, 3, r[2] = 4, 6, r[3] = 5, 7 (low half first). Each nibble s e1 e0 m becomes the f16
-// s 000 e1 e0 m 000000000 = its E2M1 value x 2^-14 (exact, also 0.5 x 2^-14 as a subnormal); f = 2^(14 + scale
-// exponent) makes it the weight (the product exact in the fast range, f16 subnormals kept).
-__device__ __forceinline__ void fp4x8_as_f16x2(uint32_t w, uint32_t f, uint32_t r[4]) {
-  // the f16s' high bytes s 000 e1 e0 m 0: he byte c of nibble 2 c, ho byte c of nibble 2 c + 1 (whose sign already
-  // is bit 7 of byte c)
-  const uint32_t e2 = (w << 1) & 0x1E1E1E1Eu;        // byte c bits 1..4: nibble 2 c
-  const uint32_t he = e2 + 7u * (e2 & 0x10101010u);  // its sign from bit 4 to bit 7
-  const uint32_t ho = ((w >> 3) & 0x0E0E0E0Eu) | (w & 0x80808080u);
-  r[0] = hmul2_u32(__byte_perm(he, 0u, 0x1404u), f);  // bytes 0, he.0, 0, he.1
-  r[1] = hmul2_u32(__byte_perm(ho, 0u, 0x1404u), f);
-  r[2] = hmul2_u32(__byte_perm(he, 0u, 0x3424u), f);  // bytes 0, he.2, 0, he.3
-  r[3] = hmul2_u32(__byte_perm(ho, 0u, 0x3424u), f);
-}
-
-// threadIdx.x read where it is used (volatile: the compiler cannot hoist what is computed from it out of a loop).
-__device__ __forceinline__ int thread_index() {
-  int v;
-  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(v));
-  return v;
-}
 
 template <int KIND>
 __global__ void __launch_bounds__(BT_THREADS, 2) moe_tc_big_kernel(const BigArgs A) {
@@ -464,6 +392,8 @@ bool moe_tc_big_ok(const MoeGemmArgs& g) {
   return device_ok();
 }
 
+bool moe_tc_big_wgmma_ok() { return moe_big_kernel() == MoeBigKernel::auto_ && wgmma_ok(); }
+
 size_t moe_tc_big_scratch_bytes(GemmFormat fmt, bool quant, int64_t n_tok, int64_t P, int64_t D, int64_t I) {
   if (!quant || fmt != GemmFormat::fp4 || P <= kMoeSmallMax) return 0;
   return a16_bytes(n_tok, P, D, I) + ratio_bytes(n_tok, P, D, I);
@@ -498,7 +428,8 @@ void moe_tc_big(bool w13, const MoeGemmArgs& g, const float* a, const float* sa,
   const int64_t P = g.n_rows_bound;
   const int64_t slots = (P + BT_M - 1) / BT_M + std::min<int64_t>(g.n_experts, P / (kMoeSmallMax + 1));
   const dim3 grid(unsigned(w13 ? g.inter / (BT_N / 2) : g.d_model / BT_N), unsigned(slots));
-  if (w13) moe_tc_big_kernel<kW13><<<grid, BT_THREADS, BT_SMEM + BT_BASES, stream>>>(A);
+  if (moe_tc_big_wgmma_ok()) wgmma_launch(w13, A, grid, stream);  // (the same grid: k_moe_wgmma.cu)
+  else if (w13) moe_tc_big_kernel<kW13><<<grid, BT_THREADS, BT_SMEM + BT_BASES, stream>>>(A);
   else moe_tc_big_kernel<kW2><<<grid, BT_THREADS, BT_SMEM + BT_BASES, stream>>>(A);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) fail_msg(std::string("moe (f16 tensor cores, prefill): ") + cudaGetErrorString(err));

@@ -143,6 +143,8 @@ struct MoePrefillTcStats {
 MoePrefillTcStats moe_prefill_tc_stats();
 // How many MoE calls of this process ran their big expert segments on moe_tc_big_kernel (k_moe_tc.cu; for tests).
 int64_t moe_tc_big_calls();
+// How many of those launches ran the wgmma kernel (k_moe_wgmma.cu) instead of the mma.sync one (for tests).
+int64_t moe_wgmma_calls();
 // How many launches of moe_tc_small_kernel (the small expert segments in the fast mode, k_gemm.cu: one per MoE
 // product) this process queued (for tests).
 int64_t moe_tc_small_launches();
