@@ -64,6 +64,18 @@ void ProfiledOps::rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_di
   timed("rope", [&] { inner_.rope(x, n_tok, n_heads, head_dim, rd, cos_sin, inverse, bf16); });
 }
 
+void ProfiledOps::norm_rope_fp8(float* x, int64_t n_rows, int64_t dim, const float* w, float eps, int64_t rd,
+                                const float* cos_sin, bool bf16, const int32_t* store_src, float* store,
+                                const int32_t* store_dst, int64_t n_store) const {
+  timed("norm_rope_fp8",
+        [&] { inner_.norm_rope_fp8(x, n_rows, dim, w, eps, rd, cos_sin, bf16, store_src, store, store_dst, n_store); });
+}
+
+void ProfiledOps::rope_hadamard_fp4(float* x, int64_t n_tok, int64_t n_heads, int64_t dim, int64_t rd,
+                                    const float* cos_sin) const {
+  timed("rope_hadamard_fp4", [&] { inner_.rope_hadamard_fp4(x, n_tok, n_heads, dim, rd, cos_sin); });
+}
+
 void ProfiledOps::fp8_sim(float* x, int64_t n_rows, int64_t row_stride, int64_t n_cols, int64_t block) const {
   timed("fp8_sim", [&] { inner_.fp8_sim(x, n_rows, row_stride, n_cols, block); });
 }
@@ -115,6 +127,16 @@ void ProfiledOps::hc_head(const float* X, int64_t n_tok, int hc, int64_t dim, co
 
 void ProfiledOps::sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, const KvRows& kv, const int32_t* win_idx, int64_t k_win, const int32_t* comp_idx, int64_t k_comp, const float* sink, float scale, bool bf16, float* out) const {
   timed("sparse_attention", [&] { inner_.sparse_attention(q, n_tok, n_heads, kv, win_idx, k_win, comp_idx, k_comp, sink, scale, bf16, out); });
+}
+
+void ProfiledOps::sparse_attention_rope(const float* q, int64_t n_tok, int64_t n_heads, const KvRows& kv,
+                                        const int32_t* win_idx, int64_t k_win, const int32_t* comp_idx,
+                                        int64_t k_comp, const float* sink, float scale, bool bf16, int64_t rd,
+                                        const float* cos_sin, float* out) const {
+  timed("sparse_attention_rope", [&] {
+    inner_.sparse_attention_rope(q, n_tok, n_heads, kv, win_idx, k_win, comp_idx, k_comp, sink, scale, bf16, rd,
+                                 cos_sin, out);
+  });
 }
 
 void ProfiledOps::compress_pool(const float* kv, const float* score, int64_t n_tok, const float* state_kv, const float* state_score, const int32_t* cand, int64_t n_emit, int64_t n_cand, int coff, int64_t c, float* out) const {

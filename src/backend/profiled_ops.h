@@ -35,6 +35,11 @@ class ProfiledOps final : public Ops {
   void rmsnorm(const float* x, int64_t n_rows, int64_t dim, const float* w, float eps, bool bf16, float* y) const override;
   void head_rms(float* x, int64_t n_rows, int64_t dim, float eps, bool bf16) const override;
   void rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, int64_t rd, const float* cos_sin, bool inverse, bool bf16) const override;
+  void norm_rope_fp8(float* x, int64_t n_rows, int64_t dim, const float* w, float eps, int64_t rd,
+                     const float* cos_sin, bool bf16, const int32_t* store_src, float* store,
+                     const int32_t* store_dst, int64_t n_store) const override;
+  void rope_hadamard_fp4(float* x, int64_t n_tok, int64_t n_heads, int64_t dim, int64_t rd,
+                         const float* cos_sin) const override;
   void fp8_sim(float* x, int64_t n_rows, int64_t row_stride, int64_t n_cols, int64_t block) const override;
   void fp4_sim(float* x, int64_t n_rows, int64_t dim) const override;
   void hadamard(float* x, int64_t n_rows, int64_t dim, bool bf16) const override;
@@ -50,6 +55,10 @@ class ProfiledOps final : public Ops {
   void hc_post(const float* f, const float* X, const float* post, const float* comb, int64_t n_tok, int hc, int64_t dim, bool bf16, float* Xout) const override;
   void hc_head(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale, const float* base, float hc_eps, float norm_eps, bool bf16, float* u) const override;
   void sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, const KvRows& kv, const int32_t* win_idx, int64_t k_win, const int32_t* comp_idx, int64_t k_comp, const float* sink, float scale, bool bf16, float* out) const override;
+  void sparse_attention_rope(const float* q, int64_t n_tok, int64_t n_heads, const KvRows& kv,
+                             const int32_t* win_idx, int64_t k_win, const int32_t* comp_idx, int64_t k_comp,
+                             const float* sink, float scale, bool bf16, int64_t rd, const float* cos_sin,
+                             float* out) const override;
   void compress_pool(const float* kv, const float* score, int64_t n_tok, const float* state_kv, const float* state_score, const int32_t* cand, int64_t n_emit, int64_t n_cand, int coff, int64_t c, float* out) const override;
   void indexer_topk(const float* q, int64_t n_tok, int64_t n_heads, int64_t dim, const PagedRows& keys, const int32_t* n_visible, int64_t max_visible, const float* w, int64_t topk, bool bf16, int32_t* sel) const override;
   void route(const float* logits, int64_t n_tok, int64_t n_experts, int64_t k, const float* bias, const int32_t* tid2eid, const int32_t* tokens, float route_scale, int32_t* ids_out, float* w_out) const override;
