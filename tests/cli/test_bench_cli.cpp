@@ -197,6 +197,8 @@ TEST(CliBenchSpec, DraftCountsAreCheckedBeforeAnyRunAndNamedAsTyped) {
     EXPECT_EQ(u.code, 2) << bad[0] << " " << bad[1] << ": " << u.err;
     EXPECT_NE(u.err.find("bench spec: " + bad[0]), std::string::npos) << u.err;
   }
+}
+
 // --timeline FILE traces one more prefill (backend/timeline_ops.h): the rows (a header and one line per op) into FILE,
 // the summary into the JSON ("timeline") and stderr; without a prefill to trace it is a usage error.
 TEST(CliBenchModel, TimelineWritesRowsAndSummary) {
