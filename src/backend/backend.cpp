@@ -80,18 +80,22 @@ void* Backend::alloc_pinned(size_t bytes, const char* what) {
 
 void Backend::free_pinned(void* p) noexcept { std::free(p); }
 
+double Backend::timeline_clock() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 double Backend::timeline_start(int n_markers, double* uncertainty) {
   synchronize();
   marks_.assign(size_t(std::max(n_markers, 0)), 0.0);
   if (uncertainty) *uncertainty = 0.0;
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return timeline_clock();
 }
 
 void Backend::timeline_mark(int i, int queue) {
   (void)queue;  // one queue: the ops run in order on the calling thread
   if (i < 0) fail("internal: timeline marker {}", i);
   if (size_t(i) >= marks_.size()) marks_.resize(size_t(i) + 1, 0.0);
-  marks_[size_t(i)] = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  marks_[size_t(i)] = timeline_clock();
 }
 
 void Backend::timeline_read(int n, double* t) {

@@ -156,6 +156,8 @@ class Backend {
   //   timeline_read(n, t): waits for markers 0..n-1; t[i] = the host steady_clock seconds at which the device reached
   //     marker i (the origin plus the device's time since the origin).
   virtual double timeline_start(int n_markers, double* uncertainty = nullptr);
+  // The timeline's host clock: steady_clock seconds (every host time above and in TimelineOps).
+  static double timeline_clock();
   virtual void timeline_mark(int i, int queue);
   virtual void timeline_read(int n, double* t);
 
@@ -256,9 +258,9 @@ bool cuda_deterministic();
 // before sm_90 or in a build without CUDA. cuda_pdl_active: whether `be` launches that way now.
 void set_cuda_pdl(bool on);
 bool cuda_pdl();
-// The prefill expert kernel of the CUDA backend's fast mode, process-wide (default on; the CLI's --no-wgmma turns
-// it off): on a compute capability 9.0 GPU with the sm_90a build, wgmma (k_moe_wgmma.cu); off, or elsewhere, the
-// mma.sync kernel (k_moe_tc.cu). Both within the fast mode's tolerance, not bitwise equal to each other. Later
+// The prefill expert kernel of the CUDA backend's fast mode, process-wide (default off until the wgmma kernel has
+// passed its GPU tests; `bench model --wgmma` turns it on): on a compute capability 9.0 GPU with the sm_90a build,
+// wgmma (k_moe_wgmma.cu); off, or elsewhere, the mma.sync kernel (k_moe_tc.cu). Both within the fast mode's tolerance, not bitwise equal to each other. Later
 // launches follow the switch. No effect on the CPU backend or in a build without CUDA.
 void set_cuda_wgmma(bool on);
 bool cuda_pdl_active(const Backend& be);

@@ -1,7 +1,6 @@
 #include "backend/timeline_ops.h"
 
 #include <algorithm>
-#include <chrono>
 #include <map>
 #include <ostream>
 
@@ -12,10 +11,6 @@
 namespace dsv4 {
 
 namespace {
-double host_now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 // The row name of a linear kind (0 linear, 1 linear_pair, 2 linear_grouped, 3 linear_check_finite) of W's format.
 const char* linear_name(int kind, const WeightView& W) {
   static const char* const names[4][4] = {
@@ -62,9 +57,9 @@ void TimelineOps::traced(const char* op, int64_t n, int64_t a, int64_t b, F&& f)
     r.after[1] = join_;
     join_ = -1;
   }
-  r.host_begin = host_now();
+  r.host_begin = Backend::timeline_clock();
   f();
-  rows_[size_t(i)].host_end = host_now();  // (f may not add rows: ops do not nest; by index all the same)
+  rows_[size_t(i)].host_end = Backend::timeline_clock();  // (f may not add rows: ops do not nest; by index all the same)
   be_.timeline_mark(i, queue_);
   last_[queue_] = i;
 }

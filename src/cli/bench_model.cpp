@@ -3,7 +3,7 @@
 // run, the same figures extrapolated to the config's full layer count (`*_full`), and a per-op time breakdown.
 //   dsv4 bench model (-m DIR | --config FILE) [--load-format auto|dummy|safetensors] [--layers N] [--device D]
 //                    [--numerics reference|dense] [--batch B] [--ctx C] [--prefill T] [--steps S] [--json]
-//                    [--deterministic] [--no-cuda-graph] [--no-pdl] [--no-wgmma]
+//                    [--deterministic] [--no-cuda-graph] [--no-pdl] [--wgmma]
 //                    [--cpu-moe | --n-cpu-moe N | --gpu-experts auto|N] [--hot-experts FILE]
 //                    [--stage-tokens auto|N] [--stage-mib M] [--timeline FILE]
 // --batch B > 1: B sequences decode together (one batched forward step per token of each), sharing one prefilled
@@ -60,7 +60,7 @@ struct ModelBenchOpts {
   std::string model, config, load_format = "auto", device, numerics = "reference", timeline;
   int layers = 0, batch = 1, steps = 32;
   int64_t ctx = 0, prefill = 512;
-  bool json = false, no_profile = false, no_cuda_graph = false, no_pdl = false, no_wgmma = false;
+  bool json = false, no_profile = false, no_cuda_graph = false, no_pdl = false, wgmma = false;
   PlacementOptions placement;
 };
 
@@ -110,7 +110,7 @@ void prefill_timeline(Model& m, std::span<const int32_t> ids, const std::string&
     m.set_op_hook(nullptr);
     throw;
   }
-  const double end = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+  const double end = Backend::timeline_clock();
   m.set_op_hook(nullptr);
   tl.finish();
   const TimelineOps::Summary s = tl.summarize(end);
@@ -201,6 +201,8 @@ int run_model_bench(const ModelBenchOpts& o) {
   if (o.steps < 1) usage_fail("bench model: --steps must be >= 1");
   if (o.prefill < 0 || o.ctx < 0) usage_fail("bench model: --prefill and --ctx must be >= 0");
   if (!o.timeline.empty() && o.prefill == 0) usage_fail("bench model: --timeline traces a prefill: give --prefill > 0");
+  if (!o.timeline.empty() && !std::ofstream(o.timeline, std::ios::app))  // now, not after the whole run
+    fail("bench model: cannot write the timeline to {}", o.timeline);
   const auto num = parse_numerics(o.numerics);
   if (!num) usage_fail("bench model: --numerics must be reference or dense (got '{}')", o.numerics);
   const std::filesystem::path cfg_path =
@@ -222,7 +224,7 @@ int run_model_bench(const ModelBenchOpts& o) {
   mo.ubatch = std::max<int64_t>({256, o.prefill, std::min<int64_t>(o.ctx, 8192)});  // the context in few steps
   mo.cuda_graphs = !o.no_cuda_graph;
   set_cuda_pdl(!o.no_pdl);  // process-wide (backend.h), before any kernel of the run is launched
-  set_cuda_wgmma(!o.no_wgmma);
+  set_cuda_wgmma(o.wgmma);
   // the copy bandwidth first: with --gpu-experts auto the model fills the device memory
   std::unique_ptr<Backend> backend = make_backend(mo.device);
   const double copy = copy_gbps(*backend);
@@ -533,12 +535,13 @@ void setup_bench_model(CLI::App& app, Runner& run) {
   app.add_flag("--no-pdl", o->no_pdl,
                "CUDA: launch the decode kernels without Programmatic Dependent Launch (each starts when the one before "
                "it completed; same results)");
-  app.add_flag("--no-wgmma", o->no_wgmma,
-               "CUDA: the prefill expert segments on the mma.sync kernel instead of wgmma (compute capability 9.0; "
-               "results within the fast mode's tolerance of each other)");
+  app.add_flag("--wgmma", o->wgmma,
+               "CUDA: the prefill expert segments on the wgmma kernel instead of mma.sync (compute capability 9.0; "
+               "results within the fast mode's tolerance of each other; not yet run on a GPU, so not the default)");
   app.add_option("--timeline", o->timeline,
                  "trace one more prefill without per-op synchronization: per op the host's enqueue time and the "
-                 "device's end (TSV rows into FILE), where the device waited for the host (stderr, JSON \"timeline\")");
+                 "device's end (TSV rows into FILE), where the device waited for the host (stderr, JSON \"timeline\")")
+      ->check(CLI::Validator([](std::string& s) { return s.empty() ? "needs a file name" : std::string(); }, ""));
   app.add_flag("--json", o->json, "print one JSON object on stdout (progress stays on stderr)");
   run = [o] { return run_model_bench(*o); };
 }

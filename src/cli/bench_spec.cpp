@@ -120,6 +120,12 @@ int run_bench(const Opts& o) {
   if (fmt_ == "auto") fmt_ = o.config.empty() ? "safetensors" : "dummy";
   if (fmt_ != "dummy" && fmt_ != "safetensors") fail("bench spec: --load-format must be auto, dummy or safetensors");
   if (fmt_ == "safetensors" && o.model.empty()) fail("bench spec: give -m DIR (or --config CFG --load-format dummy)");
+  // --layers checked as bench model does, before loading (a checkpoint holds all of its layers)
+  const ModelConfig full = load_config(o.config.empty() ? o.model + "/config.json" : o.config);
+  if (o.layers < 0 || o.layers > full.num_hidden_layers)
+    usage_fail("bench spec: --layers must be in [1, {}], or 0 for all (got {})", full.num_hidden_layers, o.layers);
+  if (fmt_ == "safetensors" && o.layers != 0 && o.layers != full.num_hidden_layers)
+    usage_fail("bench spec: --layers needs --load-format dummy (a checkpoint holds all of its layers)");
   if (o.threads > 0) set_num_threads(o.threads);
   ModelOptions mo;
   mo.numerics = *num;
@@ -128,7 +134,6 @@ int run_bench(const Opts& o) {
   std::shared_ptr<const Model> m;
   std::shared_ptr<const Tokenizer> tok;
   if (fmt_ == "dummy") {
-    const ModelConfig full = load_config(o.config.empty() ? o.model + "/config.json" : o.config);
     m = Model::load_dummy(keep_first_layers(full, o.layers), mo);
   } else {
     m = Model::load(o.model, mo);
@@ -220,8 +225,7 @@ void setup_bench_spec(CLI::App& app, Runner& run) {
   app.add_option("-m,--model", o->model, "checkpoint folder");
   app.add_option("--config", o->config, "config.json of the model to build (with --load-format dummy)");
   dsv4::cli::add_load_format_option(app, o->load_format, "auto (dummy with --config) | dummy | safetensors");
-  app.add_option("--layers", o->layers, "keep the first N layers (dummy weights; 0: all)")
-      ->check(CLI::NonNegativeNumber);
+  app.add_option("--layers", o->layers, "keep the first N layers (dummy weights; 0: all)");  // checked in run_bench
   app.add_option("--batch", o->batch, "comma-separated batch sizes (default 1,8)");
   app.add_option("--draft", o->draft, "comma-separated draft counts (default 1,2,3,4)");
   app.add_option("-n,--tokens", o->n, "tokens per request (default 128)")->check(CLI::Range(2, 1 << 20));

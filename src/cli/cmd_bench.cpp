@@ -40,6 +40,7 @@
 #include "cli/numerics_option.h"
 #include "cli/bench_structured.h"
 #include "cli/command.h"
+#include "cli/int_option.h"
 #include "core/error.h"
 #include "format/numeric.h"
 
@@ -475,10 +476,20 @@ int run_gemm_bench(const GemmBenchOpts& o) {
 void setup_gemm(CLI::App& app, Runner& run) {
   auto o = std::make_shared<GemmBenchOpts>();
   app.add_option("--threads", o->threads, "OpenMP threads (default 0: all)")->check(CLI::Range(0, 4096));
-  app.add_option("--seconds", o->seconds, "measuring time per decode figure (s)")->check(CLI::PositiveNumber);
-  app.add_option("--prefill-tokens", o->prefill_tokens, "prefill chunk length")->check(CLI::PositiveNumber);
+  // (CLI::PositiveNumber quoted its bound, DBL_MAX, in 300 digits, and let NaN through)
+  app.add_option("--seconds", o->seconds, "measuring time per decode figure (s, default 2)")
+      ->check(CLI::Validator(
+          [](std::string& s) {
+            double v = 0;
+            if (!CLI::detail::lexical_cast(s, v)) return std::string();  // the conversion's own error
+            return v > 0 && v <= 3600.0 ? std::string() : "must be in (0, 3600] seconds (got '" + s + "')";
+          },
+          ""));
+  app.add_option("--prefill-tokens", o->prefill_tokens, "prefill chunk length")
+      ->transform(dsv4::cli::integer_in<int64_t>(1, int64_t(1) << 20));
   app.add_option("--experts-alloc", o->experts_alloc, "distinct routed experts allocated (>= 6)");
-  app.add_option("--mem-mib", o->mem_mib, "bandwidth buffer size (MiB)")->check(CLI::PositiveNumber);
+  app.add_option("--mem-mib", o->mem_mib, "bandwidth buffer size (MiB)")
+      ->transform(dsv4::cli::integer_in<int64_t>(1, int64_t(1) << 20));
   dsv4::cli::add_numerics_option(app, o->numerics, "reference (FP8 act quant, bf16 out) or dense (fp32)");
   app.add_flag("--no-head", o->no_head, "skip the BF16 lm-head GEMV (1 GB)");
   app.add_flag("--json", o->json, "print one JSON object");

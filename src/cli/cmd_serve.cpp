@@ -56,7 +56,8 @@ struct Opts {
 void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
   auto o = std::make_shared<Opts>();
   app.add_option("-m,--model", o->model, "model folder (config.json, safetensors, tokenizer.json)")->required();
-  app.add_option("--host", o->host, "address to listen on (default 127.0.0.1)");
+  app.add_option("--host", o->host, "address to listen on (default 127.0.0.1)")
+      ->check(CLI::Validator([](std::string& s) { return s.empty() ? "needs an address" : std::string(); }, ""));
   app.add_option("--port", o->port, "port (default 8080; 0 = any free port)")->check(CLI::Range(0, 65535));
   app.add_option("--ctx", o->ctx, "context size per request: prompt + output tokens (default 32768)")
       ->check(CLI::Range(int64_t(2), int64_t(1) << 40));

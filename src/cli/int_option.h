@@ -3,6 +3,7 @@
 // into an unsigned type (strtoull). integer_in(lo, hi) makes such a value a usage error that quotes it.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <charconv>
 #include <optional>
 #include <string>
@@ -33,6 +34,31 @@ CLI::Validator integer_in(T lo, T hi) {
         return {};
       },
       "");
+}
+
+// Every integer option (type INT or UINT) of `app` and its subcommands, at any depth, reads its value as decimal:
+// CLI11 alone reads "010" as octal 8 and "0x10" as hex 16. A leading-zero number is decimal ("010" is 10); any
+// other text that is not [+-]digits is a usage error ("'0x10' is not a decimal integer"). Call once, after every
+// option is added: the transform runs before the option's own checks (CLI::Range, integer_in).
+inline void decimal_integer_options(CLI::App& app) {
+  for (CLI::Option* opt : app.get_options()) {
+    const std::string type = opt->get_type_name();
+    const std::string base = type.substr(0, type.find(':'));
+    if (opt->get_type_size_max() == 0 || (base != "INT" && base != "UINT")) continue;  // flags, non-integers
+    opt->transform(CLI::Validator(
+        [](std::string& s) -> std::string {
+          size_t i = (!s.empty() && (s[0] == '-' || s[0] == '+')) ? 1 : 0;
+          if (i == s.size() || s.find_first_not_of("0123456789", i) != std::string::npos)
+            return fmt::format("'{}' is not a decimal integer", s);
+          const std::string sign = s[0] == '-' ? "-" : "";
+          const size_t first = std::min(s.find_first_not_of('0', i), s.size() - 1);  // "000" -> "0"
+          s = sign + s.substr(first);
+          if (s == "-0") s = "0";
+          return {};
+        },
+        ""));
+  }
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) decimal_integer_options(*sub);
 }
 
 }  // namespace dsv4::cli

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/int_option.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -78,6 +79,7 @@ int main(int argc, char** argv) {
     CLI::App* sub = app.add_subcommand(c.name, c.help);
     c.setup(*sub, runners[sub]);
   }
+  cli::decimal_integer_options(app);  // "010" is 10 and "0x10" an error, for every integer option
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -1,5 +1,7 @@
 #include "server/anthropic_api.h"
 
+#include <optional>
+
 #include "server/api_error.h"
 #include "server/request_fields.h"
 
@@ -117,7 +119,8 @@ ApiRequest parse_anthropic_request(std::string_view body_text, const Tokenizer& 
   convert_messages(*msgs, messages);
   chat["messages"] = std::move(messages);
 
-  if (auto mt = integer(body, "max_tokens")) {
+  const std::optional<int64_t> max_tokens = integer(body, "max_tokens");
+  if (auto mt = max_tokens) {
     if (*mt < 1) bad_request("max_tokens", fmt::format("'max_tokens' must be at least 1, got {}", *mt));
     chat["max_tokens"] = *mt;
   } else if (!count_only) {
@@ -148,6 +151,10 @@ ApiRequest parse_anthropic_request(std::string_view body_text, const Tokenizer& 
       if (!b) bad_request("thinking.budget_tokens", "'thinking.budget_tokens' is required when thinking is enabled");
       if (*b < 1)
         bad_request("thinking.budget_tokens", fmt::format("'thinking.budget_tokens' must be >= 1, got {}", *b));
+      if (max_tokens && *b >= *max_tokens)  // as Anthropic's API: the thinking is part of max_tokens
+        bad_request("thinking.budget_tokens",
+                    fmt::format("'thinking.budget_tokens' must be less than 'max_tokens', got {} (max_tokens {})", *b,
+                                *max_tokens));
       thinking = {{"type", "enabled"}, {"budget_tokens", *b}};
     } else if (type == "adaptive") {
       thinking = {{"type", "enabled"}};

@@ -55,7 +55,10 @@ void parse_common(const J& body, ApiRequest& r, int64_t n_ctx, const char* promp
     if (*k < -1) bad_request("top_k", fmt::format("'top_k' must be >= -1 (0 or -1: off), got {}", *k));
     s.top_k = static_cast<int32_t>(std::min<int64_t>(*k, 1 << 30));
   }
-  if (auto seed = integer(body, "seed")) {
+  if (const J* sd = field(body, "seed"); sd && sd->is_number_unsigned()) {
+    s.seed = sd->get<uint64_t>();  // the whole of [0, 2^64), like the CLI's --seed
+  } else if (auto seed = integer(body, "seed")) {
+    if (*seed < 0) bad_request("seed", fmt::format("'seed' must be >= 0, got {}", *seed));
     s.seed = static_cast<uint64_t>(*seed);
   } else {
     s.seed = std::random_device{}();

@@ -3,6 +3,7 @@
 // nullopt. Shared by the OpenAI and Anthropic request parsers.
 #pragma once
 #include <cmath>
+#include <cstdint>
 #include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -54,12 +55,14 @@ inline std::optional<double> number(const J& obj, const char* key, double lo, do
 inline std::optional<int64_t> integer(const J& obj, const char* key, const std::string& prefix = "") {
   const J* v = field(obj, key);
   if (!v) return std::nullopt;
+  const std::string p = join(prefix, key);
+  if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX))  // (get<int64_t> would wrap it)
+    bad_request(p, fmt::format("'{}' is too large, got {}", p, v->dump()));
   if (v->is_number_integer()) return v->get<int64_t>();
   if (v->is_number_float()) {
     const double x = v->get<double>();
     if (std::isfinite(x) && x == std::floor(x) && std::fabs(x) < 9e15) return static_cast<int64_t>(x);
   }
-  const std::string p = join(prefix, key);
   bad_request(p, fmt::format("'{}' must be an integer", p));
 }
 

@@ -237,4 +237,36 @@ TEST(CliBenchModel, TimelineWritesRowsAndSummary) {
   EXPECT_NE(bad.err.find("--timeline traces a prefill"), std::string::npos) << bad.err;
 }
 
+// An unwritable --timeline FILE is an error before the model loads, not after the whole run; "" is a usage error.
+TEST(CliBenchModel, TimelineFileIsCheckedFirst) {
+  const std::string cfg = std::string(DSV4_SOURCE_DIR) + "/tests/data/tiny-a/config.json";
+  const ProcResult r = run_dsv4({"bench", "model", "--config", cfg, "--device", "cpu", "--prefill", "8", "--steps",
+                                 "1", "--no-profile", "--timeline", "/nonexistent-dir/t.tsv"},
+                                "timelinefirst");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("cannot write the timeline to /nonexistent-dir/t.tsv"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("loaded in"), std::string::npos) << "checked after loading:\n" << r.err;
+  const ProcResult e =
+      run_dsv4({"bench", "model", "--config", cfg, "--prefill", "8", "--timeline", ""}, "timelineempty");
+  EXPECT_EQ(e.code, 2) << e.err;
+  EXPECT_NE(e.err.find("--timeline"), std::string::npos) << e.err;
+}
+
+// bench spec checks --layers as bench model does (it ran the full checkpoint for -m DIR --layers 3, and ran with
+// --layers 99), before loading: exit 2.
+TEST(CliBenchSpec, LayersAreCheckedLikeBenchModel) {
+  const std::string demo = std::string(DSV4_SOURCE_DIR) + "/models/dsv4-demo";
+  const std::string cfg = std::string(DSV4_SOURCE_DIR) + "/tests/data/tiny-a/config.json";
+  const ProcResult r = run_dsv4({"bench", "spec", "--config", cfg, "--layers", "99", "-n", "8"}, "speclayers");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("bench spec: --layers must be in [1, 2], or 0 for all (got 99)"), std::string::npos) << r.err;
+  const ProcResult n = run_dsv4({"bench", "spec", "--config", cfg, "--layers", "-1", "-n", "8"}, "speclayersneg");
+  EXPECT_EQ(n.code, 2) << n.err;  // (CLI::NonNegativeNumber quoted DBL_MAX in ~300 digits)
+  EXPECT_NE(n.err.find("bench spec: --layers must be in [1, 2], or 0 for all (got -1)"), std::string::npos) << n.err;
+  const ProcResult c = run_dsv4({"bench", "spec", "-m", demo, "--layers", "3", "-n", "8"}, "speclayersckpt");
+  EXPECT_EQ(c.code, 2) << c.err;
+  EXPECT_NE(c.err.find("bench spec: --layers needs --load-format dummy"), std::string::npos) << c.err;
+  EXPECT_EQ(c.out.find("plain"), std::string::npos) << "a run before the check:\n" << c.out;
+}
+
 }  // namespace

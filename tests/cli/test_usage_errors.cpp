@@ -95,7 +95,8 @@ TEST(CliUsage, ThreadCountsOutsideTheirRangeAreOneShortLine) {
       else args.insert(args.end(), {"--prompts", kDemo + "/config.json", "-o", "/tmp/dsv4-test-profile.json"});
       expect_one_line_error(args);
       const ProcResult r = run_dsv4(args);
-      EXPECT_NE(r.err.find("not in range 0 to 4096"), std::string::npos) << cmd << " --threads " << v << ": " << r.err;
+      const char* want = std::string(v) == "abc" ? "'abc' is not a decimal integer" : "not in range 0 to 4096";
+      EXPECT_NE(r.err.find(want), std::string::npos) << cmd << " --threads " << v << ": " << r.err;
       EXPECT_LT(r.err.size(), 200u) << r.err;  // (the range of a double used to print 300 digits)
     }
   }
@@ -280,6 +281,61 @@ TEST(CliUsage, HelpStillWorks) {
   ProcResult r = run_dsv4({"generate", "--help"});
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("--top-k"), std::string::npos);
+}
+
+
+// Every integer option reads its value as decimal (CLI11 alone read "010" as octal 8 and "0x10" as hex 16): a
+// leading zero is still decimal, and hex or any other non-decimal text is a usage error that names the option.
+TEST(CliUsage, IntegerOptionsAreDecimal) {
+  const std::string cfg = std::string(DSV4_SOURCE_DIR) + "/tests/data/tiny-a/config.json";
+  const ProcResult r = run_dsv4(
+      {"bench", "model", "--config", cfg, "--device", "cpu", "--prefill", "010", "--steps", "1", "--no-profile"},
+      "decimal");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("prefill 10 tokens"), std::string::npos) << r.err;
+
+  for (const auto& [args, option] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"serve", "-m", kDemo, "--port", "0x10"}, "--port"},
+           {{"serve", "-m", kDemo, "--ctx", "0x100"}, "--ctx"},
+           {{"generate", "-m", kDemo, "-p", "hi", "--threads", "0x10"}, "--threads"},
+           {{"generate", "-m", kDemo, "-p", "hi", "-n", "1e3"}, "-n/--max-tokens"},
+           {{"bench", "serve", "--tokens", "0x10"}, "--tokens"},
+           {{"bench", "structured", "-m", kDemo, "-n", "0x10"}, "-n/--tokens"},
+           {{"bench", "spec", "-m", kDemo, "-n", "0x10"}, "-n/--tokens"},
+           {{"bench", "model", "--config", cfg, "--prefill", "0b1"}, "--prefill"},
+           {{"logprobs", "-m", kDemo, "--prompt-ids", "1", "--top-k", "0x1"}, "--top-k"}}) {
+    const ProcResult u = run_dsv4(args, "decimalbad");
+    EXPECT_EQ(u.code, 2) << option << ": " << u.err;
+    EXPECT_NE(u.err.find(option + ": '" + args.back() + "' is not a decimal integer"), std::string::npos) << u.err;
+  }
+  // 010000 is 10000 (octal it was 4096, in range): out of range
+  const ProcResult t = run_dsv4({"generate", "-m", kDemo, "-p", "hi", "--threads", "010000"}, "decimalrange");
+  EXPECT_EQ(t.code, 2) << t.err;
+  EXPECT_NE(t.err.find("10000"), std::string::npos) << t.err;
+}
+
+// bench gemm's bounds are readable (CLI::PositiveNumber quoted DBL_MAX in ~300 digits) and NaN is no number of
+// seconds.
+TEST(CliUsage, BenchGemmRangesAreReadable) {
+  for (const auto& [option, value] : std::vector<std::pair<std::string, std::string>>{{"--seconds", "0"},
+                                                                                      {"--seconds", "inf"},
+                                                                                      {"--seconds", "nan"},
+                                                                                      {"--seconds", "-1"},
+                                                                                      {"--mem-mib", "0"},
+                                                                                      {"--prefill-tokens", "0"}}) {
+    const ProcResult r = run_dsv4({"bench", "gemm", option, value}, "gemmrange");
+    EXPECT_EQ(r.code, 2) << option << " " << value << ": " << r.err;
+    EXPECT_EQ(r.err.rfind("dsv4: error: " + option + ": ", 0), 0u) << r.err;
+    EXPECT_NE(r.err.find("'" + value + "'"), std::string::npos) << r.err;
+    EXPECT_LT(r.err.size(), 160u) << r.err;
+  }
+}
+
+// An empty --host ("$HOST" unset) is a usage error, not a server listening on whatever "" resolves to.
+TEST(CliUsage, EmptyHostIsAUsageError) {
+  const ProcResult r = run_dsv4({"serve", "-m", kDemo, "--host", "", "--port", "0"}, "emptyhost");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--host: needs an address"), std::string::npos) << r.err;
 }
 
 }  // namespace

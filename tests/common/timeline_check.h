@@ -7,10 +7,21 @@
 #include <cmath>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "backend/timeline_ops.h"
+#include "model/model.h"
+#include "model/sequence.h"
 
 namespace dsv4::test {
+
+// A prefill of ids in a fresh sequence: the logits of its last position.
+inline std::vector<float> timeline_prefill(const Model& m, const std::vector<int32_t>& ids) {
+  ModelSequence seq(m);
+  std::vector<float> lg(static_cast<size_t>(m.n_vocab()));
+  seq.append(ids, lg);
+  return lg;
+}
 
 // `end`: the host time the step returned (summarize's argument).
 inline void check_timeline(const TimelineOps& tl, double end, const std::string& what) {

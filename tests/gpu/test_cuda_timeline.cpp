@@ -5,7 +5,6 @@
 // --timeline FILE` writes the rows and reports the summary.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -27,17 +26,6 @@
 namespace dsv4::test::gpu {
 namespace {
 
-double host_now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-std::vector<float> prefill(const Model& m, const std::vector<int32_t>& ids) {
-  ModelSequence seq(m);
-  std::vector<float> lg(static_cast<size_t>(m.n_vocab()));
-  seq.append(ids, lg);
-  return lg;
-}
-
 TEST(CudaTimeline, FlashPrefillRowsInOrderAndLogitsUnchanged) {
   DSV4_REQUIRE_GPU();
   const ModelConfig cfg = keep_first_layers(load_config(testing::configs_dir() / "deepseek-v4-flash-config.json"), 2);
@@ -46,7 +34,7 @@ TEST(CudaTimeline, FlashPrefillRowsInOrderAndLogitsUnchanged) {
   o.backend = be.get();
   std::unique_ptr<Model> m = Model::load_dummy(cfg, o);
   const auto ids = random_ids(512, m->n_vocab(), 5);
-  const std::vector<float> plain = prefill(*m, ids);
+  const std::vector<float> plain = timeline_prefill(*m, ids);
 
   TimelineOps tl(*be, 64);  // (fewer markers reserved than ops: the rest are made when first marked)
   m->set_op_hook(&tl);
@@ -54,8 +42,8 @@ TEST(CudaTimeline, FlashPrefillRowsInOrderAndLogitsUnchanged) {
   double end = 0;
   for (int rep = 0; rep < 2; ++rep) {  // the second run reuses the events made by the first
     tl.start();
-    traced = prefill(*m, ids);
-    end = host_now();
+    traced = timeline_prefill(*m, ids);
+    end = Backend::timeline_clock();
     tl.finish();
     check_timeline(tl, end, "V4-Flash 2 layers, 512 tokens, run " + std::to_string(rep));
   }

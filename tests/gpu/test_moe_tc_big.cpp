@@ -515,9 +515,10 @@ void expect_bitwise_runs(const std::string& label, const Run& a, const Run& b) {
   if (!same) ADD_FAILURE() << label << ": two runs of the wgmma kernel differ";
 }
 
-struct KernelScope {  // the mma.sync kernel forced for a scope
-  explicit KernelScope(cuda::MoeBigKernel k) { cuda::set_moe_big_kernel(k); }
-  ~KernelScope() { cuda::set_moe_big_kernel(cuda::MoeBigKernel::auto_); }
+struct KernelScope {  // a prefill expert kernel chosen for a scope (then the one before again)
+  explicit KernelScope(cuda::MoeBigKernel k) : before(cuda::moe_big_kernel()) { cuda::set_moe_big_kernel(k); }
+  ~KernelScope() { cuda::set_moe_big_kernel(before); }
+  cuda::MoeBigKernel before;
 };
 
 // w13 and w2 of a layer of V4-Flash's shapes on the wgmma kernel: fp64 on the sampled outputs, the mma.sync kernel
@@ -626,23 +627,28 @@ TEST(CudaMoeTcBig, LongKChainsBlockScales) {
 }
 
 TEST(CudaMoeWgmma, FastBlocksWithinFp32BoundOfExactProducts) {
+  KernelScope k(cuda::MoeBigKernel::auto_);  // (the default is mma.sync until this kernel has run on a GPU)
   DSV4_REQUIRE_WGMMA();
   fast_blocks();
 }
 TEST(CudaMoeWgmma, OneBlockEveryNibbleTight) {
+  KernelScope k(cuda::MoeBigKernel::auto_);  // (the default is mma.sync until this kernel has run on a GPU)
   DSV4_REQUIRE_WGMMA();
   one_block_every_nibble();
 }
 TEST(CudaMoeWgmma, SlowBlocksAndSpecialScaleCodes) {
+  KernelScope k(cuda::MoeBigKernel::auto_);  // (the default is mma.sync until this kernel has run on a GPU)
   DSV4_REQUIRE_WGMMA();
   slow_blocks_special_codes();
 }
 TEST(CudaMoeWgmma, LongKChainsBlockScales) {
+  KernelScope k(cuda::MoeBigKernel::auto_);  // (the default is mma.sync until this kernel has run on a GPU)
   DSV4_REQUIRE_WGMMA();
   long_k_chains();
 }
 
 TEST(CudaMoeWgmma, FlashShapes256ExpertsRagged) {
+  KernelScope k(cuda::MoeBigKernel::auto_);  // (the default is mma.sync until this kernel has run on a GPU)
   DSV4_REQUIRE_WGMMA();
   // V4-Flash: hidden 4096, moe_intermediate 2048, 256 experts; segments of 17..140 rows (ragged: partial 64-row
   // tiles everywhere), a few of exactly 64, 65, 128 and 1 row; E8M0 codes 110..126 and the fast range's ends
@@ -654,6 +660,7 @@ TEST(CudaMoeWgmma, FlashShapes256ExpertsRagged) {
 }
 
 TEST(CudaMoeWgmma, FlashShapesEveryScaleCodeClass) {
+  KernelScope k(cuda::MoeBigKernel::auto_);  // (the default is mma.sync until this kernel has run on a GPU)
   DSV4_REQUIRE_WGMMA();
   // codes outside the f16 range (103, 129, 60..102, 130..160) and the special 0 and 255 at V4-Flash's K: most
   // blocks on the per-group path, outputs non-finite where a 255 meets them

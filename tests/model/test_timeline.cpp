@@ -4,7 +4,6 @@
 // waits on the host for the whole of every op's enqueue.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cstring>
 #include <string>
 
@@ -16,17 +15,6 @@
 namespace dsv4::test {
 namespace {
 
-double host_now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-std::vector<float> prefill(const Model& m, const std::vector<int32_t>& ids) {
-  ModelSequence seq(m);
-  std::vector<float> lg(static_cast<size_t>(m.n_vocab()));
-  seq.append(ids, lg);
-  return lg;
-}
-
 TEST(Timeline, OneRowPerOpInOrderAndLogitsUnchanged) {
   (void)tiny("tiny-a", Numerics::reference);  // (the tiny models' thread policy)
   for (Numerics num : {Numerics::reference, Numerics::dense}) {
@@ -35,13 +23,13 @@ TEST(Timeline, OneRowPerOpInOrderAndLogitsUnchanged) {
     o.ubatch = 256;
     std::unique_ptr<Model> m = Model::load(tiny_dir("tiny-a"), o);
     const auto ids = random_ids(150, m->n_vocab(), 7);  // ratio-4 and ratio-128 compressors emit rows
-    const std::vector<float> plain = prefill(*m, ids);
+    const std::vector<float> plain = timeline_prefill(*m, ids);
 
     TimelineOps tl(m->backend(), 16);  // (fewer markers reserved than ops: the rest are made when marked)
     m->set_op_hook(&tl);
     tl.start();
-    const std::vector<float> traced = prefill(*m, ids);
-    const double end = host_now();
+    const std::vector<float> traced = timeline_prefill(*m, ids);
+    const double end = Backend::timeline_clock();
     m->set_op_hook(nullptr);
     tl.finish();
     ASSERT_EQ(plain.size(), traced.size());
@@ -52,7 +40,7 @@ TEST(Timeline, OneRowPerOpInOrderAndLogitsUnchanged) {
     // same step's calls
     ProfiledOps prof(m->backend());
     m->set_op_hook(&prof);
-    (void)prefill(*m, ids);
+    (void)timeline_prefill(*m, ids);
     m->set_op_hook(nullptr);
     int64_t calls = 0, composite = 0, branch_rows = 0;
     for (const auto& [name, e] : prof.times()) calls += e.calls;
@@ -87,8 +75,8 @@ TEST(Timeline, StartClearsTheRows) {
   size_t first = 0;
   for (int rep = 0; rep < 2; ++rep) {
     tl.start();
-    (void)prefill(*m, ids);
-    const double end = host_now();
+    (void)timeline_prefill(*m, ids);
+    const double end = Backend::timeline_clock();
     tl.finish();
     check_timeline(tl, end, "rep " + std::to_string(rep));
     if (rep == 0) first = tl.rows().size();

@@ -389,6 +389,17 @@ TEST_F(ServerTest, BadRequestsGetOpenAIErrors) {
   auto j = post_json("/v1/chat/completions",
                      json::parse(R"({"messages":[{"role":"user","content":"x"}],"max_tokens":100000})"), 400);
   EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
+  // a value beyond int64 is quoted as sent (it showed wrapped, -9223372036854775808); a negative seed is a 400
+  j = post_json("/v1/chat/completions",
+                json::parse(R"({"messages":[{"role":"user","content":"x"}],"max_tokens":9223372036854775808})"), 400);
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("9223372036854775808"), std::string::npos) << j.dump();
+  EXPECT_EQ(j["error"]["message"].get<std::string>().find("-9223372036854775808"), std::string::npos) << j.dump();
+  j = post_json("/v1/chat/completions", json::parse(R"({"messages":[{"role":"user","content":"x"}],"seed":-1})"), 400);
+  EXPECT_EQ(j["error"]["param"], "seed") << j.dump();
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("'seed' must be >= 0, got -1"), std::string::npos)
+      << j.dump();
+  post_json("/v1/chat/completions",  // the whole uint64 range is a seed, like the CLI's --seed
+            json::parse(R"({"messages":[{"role":"user","content":"x"}],"seed":18446744073709551615,"max_tokens":2})"));
   // Unknown fields are ignored; the server still serves.
   auto ok = post_json("/v1/chat/completions",
                       json::parse(R"({"messages":[{"role":"user","content":"x"}],"user":"u","metadata":{"a":1},

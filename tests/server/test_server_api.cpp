@@ -483,7 +483,7 @@ TEST_F(ServerTest, AnthropicMessagesWholeAndStreamed) {
   // Streaming with thinking.
   script("Plan.</think>Hi!");
   req["max_tokens"] = 64;
-  req["thinking"] = {{"type", "enabled"}, {"budget_tokens", 100}};
+  req["thinking"] = {{"type", "enabled"}, {"budget_tokens", 32}};
   req["stream"] = true;
   auto r = post("/v1/messages", req.dump());
   ASSERT_TRUE(r);
@@ -514,7 +514,7 @@ TEST_F(ServerTest, AnthropicStopSequenceBeforeAnyText) {
                 {"temperature", 0},
                 {"stop_sequences", {"Hel"}},
                 {"messages", {{{"role", "user"}, {"content", "hi"}}}}};
-    if (thinking) req["thinking"] = {{"type", "enabled"}, {"budget_tokens", 100}};
+    if (thinking) req["thinking"] = {{"type", "enabled"}, {"budget_tokens", 32}};
     const std::string what = thinking ? "thinking" : "plain";
     auto j = post_json("/v1/messages", req);
     ASSERT_TRUE(j["content"].is_array()) << what << ": " << j.dump();
@@ -577,7 +577,7 @@ TEST_F(ServerTest, AnthropicStopSequenceInsideTheReasoning) {
               {"max_tokens", 64},
               {"temperature", 0},
               {"stop_sequences", {"Hel"}},
-              {"thinking", {{"type", "enabled"}, {"budget_tokens", 100}}},
+              {"thinking", {{"type", "enabled"}, {"budget_tokens", 32}}},
               {"messages", {{{"role", "user"}, {"content", "hi"}}}}};
   auto j = post_json("/v1/messages", req);
   EXPECT_EQ(j["stop_reason"], "stop_sequence") << j.dump();
@@ -661,6 +661,23 @@ TEST_F(ServerTest, AnthropicErrorsHaveAnthropicShape) {
   ASSERT_TRUE(nf);
   EXPECT_EQ(nf->status, 404);
   EXPECT_EQ(json::parse(nf->body)["error"]["type"], "not_found_error");
+}
+
+// As Anthropic's API: thinking.budget_tokens counts within max_tokens, so it must be below it (it was accepted).
+TEST_F(ServerTest, AnthropicThinkingBudgetBelowMaxTokens) {
+  for (int budget : {5, 6}) {
+    auto r = post("/v1/messages", R"({"max_tokens": 5, "thinking": {"type": "enabled", "budget_tokens": )" +
+                                      std::to_string(budget) + R"(}, "messages": [{"role": "user", "content": "x"}]})");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << r->body;
+    const std::string msg = json::parse(r->body)["error"]["message"];
+    EXPECT_NE(msg.find("'thinking.budget_tokens' must be less than 'max_tokens'"), std::string::npos) << msg;
+  }
+  script("Plan.</think>Hi!");
+  auto ok = post("/v1/messages", R"({"max_tokens": 6, "thinking": {"type": "enabled", "budget_tokens": 5},
+      "messages": [{"role": "user", "content": "x"}]})");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
 }
 
 // An unknown tool_choice name is reported with Anthropic's field name (tool_choice.name), not the OpenAI one that the

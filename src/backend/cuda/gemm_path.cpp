@@ -10,7 +10,7 @@ namespace {
 std::atomic<int> g_path{static_cast<int>(GemmPath::auto_)};
 std::atomic<int> g_last{static_cast<int>(GemmPath::auto_)};
 std::atomic<bool> g_det{false};
-std::atomic<int> g_moe_big{static_cast<int>(MoeBigKernel::auto_)};
+std::atomic<int> g_moe_big{static_cast<int>(MoeBigKernel::mma)};  // wgmma: opt-in until run on a GPU
 }  // namespace
 
 void set_gemm_path(GemmPath p) { g_path.store(static_cast<int>(p)); }

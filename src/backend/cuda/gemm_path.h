@@ -45,9 +45,10 @@ GemmPath gemm_path();
 // CudaBackend sets it from BackendOptions::deterministic.
 void set_deterministic(bool on);
 bool deterministic();
-// Which kernel runs the prefill expert segments of moe_tc_big (process-wide, tests and benchmarks; default auto_):
+// Which kernel runs the prefill expert segments of moe_tc_big (process-wide, tests and benchmarks; default mma):
 // auto_ = the wgmma kernel (k_moe_wgmma.cu) where it runs (its sm_90a code in the binary, compute capability 9.0),
-// else the mma.sync kernel (k_moe_tc.cu); mma = always the mma.sync kernel (A/B comparisons).
+// else the mma.sync kernel (k_moe_tc.cu); mma = always the mma.sync kernel. The default stays mma until the wgmma
+// kernel's GPU tests (CudaMoeWgmma.*) have passed on a GPU.
 enum class MoeBigKernel { auto_, mma };
 void set_moe_big_kernel(MoeBigKernel k);
 MoeBigKernel moe_big_kernel();
