@@ -101,9 +101,11 @@ void Model::forward(const Batch& b, StatePool& pool, const BatchLogitsSink& sink
     if (pieces.empty()) return;
     if (const int lanes = lane_count(pieces, pool); lanes > 1)
       forward_lanes(std::move(pieces), lanes, pool, sink);
-    else
-      forward_ubatch(StepPlan::build(cfg_, pool.layout(), rope_plain_, rope_yarn_, pool.n_slots(), std::move(pieces)),
-                     pool, sink);
+    else {
+      plan_.rebuild(cfg_, pool.layout(), rope_plain_, rope_yarn_, pool.n_slots(), std::move(pieces));
+      forward_ubatch(plan_, pool, sink);
+      plan_.pieces.clear();  // (they point into the caller's batch)
+    }
     pieces.clear();
     room = opts_.ubatch;
   };
@@ -244,7 +246,7 @@ void Model::forward_lanes(std::vector<PlanPiece> pieces, int n_lanes, StatePool&
   head_rows(rows, nl, all.data(), seq, pos, sink);
 }
 
-void Model::forward_ubatch(StepPlan plan, StatePool& pool, const BatchLogitsSink& sink) const {
+void Model::forward_ubatch(const StepPlan& plan, StatePool& pool, const BatchLogitsSink& sink) const {
   const int64_t n = plan.n, D = cfg_.hidden_size, HC = cfg_.hc_mult;
   Workspace& ws = be_->workspace();
   Workspace::Scope scope(ws);

@@ -409,8 +409,8 @@ std::unique_ptr<Model> Model::init(const ModelOptions& opts, ModelConfig cfg) {
     m->be_ = m->owned_be_.get();
   }
   if (opts.cuda_graphs) m->graphs_ = make_step_graphs(*m->be_);
-  m->rope_plain_ = RopeTable::for_ratio(c, 0);
-  m->rope_yarn_ = RopeTable::for_ratio(c, 4);
+  m->rope_plain_ = RopeCache(RopeTable::for_ratio(c, 0), c.max_position_embeddings);
+  m->rope_yarn_ = RopeCache(RopeTable::for_ratio(c, 4), c.max_position_embeddings);
   return m;
 }
 

@@ -36,7 +36,7 @@
 #include "model/batch.h"
 #include "model/expert_placement.h"
 #include "model/language_model.h"
-#include "model/rope.h"
+#include "model/rope_cache.h"
 #include "model/sequence_state.h"
 #include "model/speculation.h"
 #include "model/split_moe.h"
@@ -244,7 +244,7 @@ class Model final : public LanguageModel {
     float *spec_k = nullptr, *spec_s = nullptr;  // speculation rows (pools with the MTP layer)
   };
   void validate(const Batch& batch, const StatePool& pool) const;
-  void forward_ubatch(StepPlan plan, StatePool& pool, const BatchLogitsSink& sink) const;
+  void forward_ubatch(const StepPlan& plan, StatePool& pool, const BatchLogitsSink& sink) const;
   // The CPU's lanes for the pieces of one ubatch (forward.cpp): how many (1: none), and the step run as lanes.
   int lane_count(const std::vector<PlanPiece>& pieces, const StatePool& pool) const;
   void forward_lanes(std::vector<PlanPiece> pieces, int n_lanes, StatePool& pool, const BatchLogitsSink& sink) const;
@@ -330,7 +330,7 @@ class Model final : public LanguageModel {
   DsparkResident dspark_;
   StateLayout::Drafter drafter_ = StateLayout::Drafter::none;
   int draft_layer_ = -1;               // index of the drafter's first block in lr_ (= num_hidden_layers) when resident
-  RopeTable rope_plain_, rope_yarn_;
+  RopeCache rope_plain_, rope_yarn_;  // RoPE rows of ratio-0 and of compressed layers, kept per position
   size_t resident_bytes_ = 0;
   const Ops* hook_ = nullptr;
   ExpertPlacement placement_;
@@ -343,6 +343,7 @@ class Model final : public LanguageModel {
   mutable std::vector<float> logits_host_;
   mutable std::vector<int32_t> bad_host_;
   mutable std::vector<uint8_t> plan_staging_;  // forward_ubatch's packed step plan (DevicePlan::upload), kept
+  mutable StepPlan plan_;  // forward()'s step plan, rebuilt in place for each ubatch (its arrays' capacity kept)
   mutable std::atomic<int64_t> lane_steps_{0};
   int64_t largest_layer_product_ = 0;  // elements of the largest matrix of a main layer (lanes' rule)
   uint64_t layer_weight_bytes_ = 0;    // bytes of every main layer's weights, all experts (lanes' rule)

@@ -1,7 +1,8 @@
 // RoPE tables of DeepSeek V4 (spec §4.7): interleaved pairs on the last `rd` dims of a head, fp32 frequencies built
 // exactly as the reference `precompute_freqs_cis` (fp32 pow, fp32 YaRN blend, angle = fp32(p) * freq).
 // Layers with compress_ratio == 0 use rope_theta without YaRN; compressed layers use compress_rope_theta + YaRN
-// (when the config has rope_scaling). Angles are computed per position on demand (no [max_ctx, rd/2] table).
+// (when the config has rope_scaling). Angles are computed per position on demand (no [max_ctx, rd/2] table);
+// model/rope_cache.h keeps the rows of the positions a model has seen.
 #pragma once
 #include <cstdint>
 #include <span>

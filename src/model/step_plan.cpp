@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <set>
 
 #include "core/error.h"
@@ -33,19 +34,26 @@ std::vector<int64_t> StepPlan::shape_key() const {
 
 namespace {
 
-// The compressor plan of ratio m for the pieces of a step (spec §5.5; index spaces in step_plan.h).
+// Arrays of the plan are rebuilt in place (StepPlan::rebuild): a list grown by push_back starts with clear(), an
+// array whose every element is written starts with resize() (no fill when its size is that of the previous step).
+
+// The compressor plan of ratio m for the pieces of a step (spec §5.5; index spaces in step_plan.h), into r.
 // R: the layout's speculation rows (verify steps of <= R tokens).
-RatioPlan plan_ratio(int m, int64_t n, const std::vector<PlanPiece>& pieces, const std::vector<int64_t>& piece_t0,
-                     const RopeTable& yarn, int64_t R) {
-  RatioPlan r;
+void plan_ratio(RatioPlan& r, int m, int64_t n, const std::vector<PlanPiece>& pieces,
+                const std::vector<int64_t>& piece_t0, const RopeCache& yarn, int64_t R) {
   r.m = m;
   r.coff = ModelConfig::compressor_coff(m);
   r.rpp = StateLayout::kPageTokens / m;
   r.nr = int64_t(r.coff) * m;
+  r.max_visible = 0;
+  r.max_run = 0;
   const bool overlap = r.coff == 2;
   const int64_t nr = r.nr, rpp = r.rpp;
   r.ape_row.resize(size_t(n));
   r.n_visible.resize(size_t(n));
+  for (auto* v : {&r.cand, &r.emit_dst, &r.upd, &r.upd_dst, &r.key_pages, &r.snap_src, &r.bk_src, &r.bk_dst,
+                  &r.sp_src, &r.sp_dst})
+    v->clear();
   std::vector<int64_t> epos;
   for (size_t i = 0; i < pieces.size(); ++i) {
     const PlanPiece& pc = pieces[i];
@@ -124,153 +132,186 @@ RatioPlan plan_ratio(int m, int64_t n, const std::vector<PlanPiece>& pieces, con
   yarn.cos_sin(epos, r.emit_cs.data());
 
   if (m != 4) {
+    // A token's HCA candidates are the first n_visible rows of its sequence: one list per piece, each token's row
+    // a prefix of it, -1 padded.
     r.k_all = r.max_visible;
-    r.all_idx.assign(size_t(n * r.k_all), -1);
+    r.all_idx.resize(size_t(n * r.k_all));
+    r.key_table.clear();
+    std::vector<int32_t> rows;
     for (size_t i = 0; i < pieces.size(); ++i) {
       const PlanPiece& pc = pieces[i];
-      for (int64_t t = 0; t < int64_t(pc.tokens.size()); ++t) {
-        const int64_t row = piece_t0[i] + t;
+      const int64_t ni = int64_t(pc.tokens.size()), seen = (pc.p0 + ni) / m;
+      rows.resize(size_t(seen));
+      for (int64_t j = 0; j < seen; ++j) rows[size_t(j)] = int32_t(int64_t(pc.pages[size_t(j / rpp)]) * rpp + j % rpp);
+      for (int64_t t = 0; t < ni; ++t) {
+        const int64_t row = piece_t0[i] + t, nv = r.n_visible[size_t(row)];
         int32_t* out = r.all_idx.data() + row * r.k_all;
-        for (int64_t j = 0; j < r.n_visible[size_t(row)]; ++j)
-          out[j] = int32_t(int64_t(pc.pages[size_t(j / rpp)]) * rpp + j % rpp);
+        std::copy_n(rows.data(), nv, out);
+        std::fill(out + nv, out + r.k_all, -1);
       }
     }
   } else {
+    r.k_all = 0;
+    r.all_idx.clear();
     r.key_table.resize(size_t(n));
     for (size_t i = 0; i < pieces.size(); ++i) {
       const PlanPiece& pc = pieces[i];
       const int32_t start = int32_t(r.key_pages.size());
       const int64_t np = StateLayout::pages_for(pc.p0 + int64_t(pc.tokens.size()));
       r.key_pages.insert(r.key_pages.end(), pc.pages.begin(), pc.pages.begin() + np);
-      for (int64_t t = 0; t < int64_t(pc.tokens.size()); ++t) r.key_table[size_t(piece_t0[i] + t)] = start;
+      std::fill_n(r.key_table.begin() + piece_t0[i], pc.tokens.size(), start);
     }
   }
-  return r;
+}
+
+// The window candidates of the token at position q of a piece starting at p0 (spec §5.4-4): positions
+// max(0, q - W + 1) .. q, oldest -> newest, then -1 padding. Earlier positions are the slot's ring rows
+// (ring0 + position % W), this step's are its fresh rows (fresh0 + position - p0).
+void window_row(int32_t* row, int64_t q, int64_t p0, int64_t W, int64_t ring0, int64_t fresh0) {
+  const int64_t lo = std::max<int64_t>(0, q - W + 1), mid = std::max(lo, p0);
+  int32_t* out = row;
+  for (int64_t qp = lo; qp < mid; ++qp) *out++ = int32_t(ring0 + qp % W);
+  const int32_t f = int32_t(fresh0 + mid - p0);
+  for (int64_t k = 0; k <= q - mid; ++k) *out++ = f + int32_t(k);
+  std::fill(out, row + W, -1);
 }
 
 }  // namespace
 
-StepPlan StepPlan::build(const ModelConfig& cfg, const StateLayout& layout, const RopeTable& plain,
-                         const RopeTable& yarn, int64_t n_slots, std::vector<PlanPiece> pieces) {
+StepPlan StepPlan::build(const ModelConfig& cfg, const StateLayout& layout, const RopeCache& plain,
+                         const RopeCache& yarn, int64_t n_slots, std::vector<PlanPiece> pieces) {
   StepPlan p;
-  const int64_t W = cfg.sliding_window;
-  p.window = W;
-  p.rd = cfg.qk_rope_head_dim;
-  p.n_ring = n_slots * W;
-  p.pieces = std::move(pieces);
-  for (const PlanPiece& pc : p.pieces) {
-    p.piece_t0.push_back(p.n);
-    p.n += int64_t(pc.tokens.size());
-  }
-  const int64_t n = p.n;
-  std::vector<int64_t> pos(static_cast<size_t>(n));
-  for (size_t i = 0; i < p.pieces.size(); ++i) {
-    const PlanPiece& pc = p.pieces[i];
-    p.tokens.insert(p.tokens.end(), pc.tokens.begin(), pc.tokens.end());
-    for (int64_t t = 0; t < int64_t(pc.tokens.size()); ++t) pos[size_t(p.piece_t0[i] + t)] = pc.p0 + t;
-  }
-  p.cs_plain.resize(size_t(n * p.rd));
-  p.cs_yarn.resize(size_t(n * p.rd));
-  plain.cos_sin(pos, p.cs_plain.data());
-  yarn.cos_sin(pos, p.cs_yarn.data());
+  p.rebuild(cfg, layout, plain, yarn, n_slots, std::move(pieces));
+  return p;
+}
 
-  // window candidates: positions max(0, p-W+1) .. p, oldest -> newest (spec §5.4-4); ring writes; snapshots
-  p.win_idx.assign(size_t(n * W), -1);
-  for (size_t i = 0; i < p.pieces.size(); ++i) {
-    const PlanPiece& pc = p.pieces[i];
-    const int64_t p0 = pc.p0, ni = int64_t(pc.tokens.size()), t0 = p.piece_t0[i];
-    auto win_src = [&](int64_t qp) {
-      return int32_t(qp >= p0 ? p.n_ring + t0 + (qp - p0) : pc.slot * W + qp % W);
-    };
-    for (int64_t t = 0; t < ni; ++t) {
-      const int64_t q_pos = p0 + t;
-      int32_t* row = &p.win_idx[size_t((t0 + t) * W)];
-      int64_t c = 0;
-      for (int64_t qp = std::max<int64_t>(0, q_pos - W + 1); qp <= q_pos; ++qp) row[c++] = win_src(qp);
-    }
+void StepPlan::rebuild(const ModelConfig& cfg, const StateLayout& layout, const RopeCache& plain,
+                       const RopeCache& yarn, int64_t n_slots, std::vector<PlanPiece> new_pieces) {
+  const int64_t W = cfg.sliding_window;
+  window = W;
+  rd = cfg.qk_rope_head_dim;
+  n_ring = n_slots * W;
+  pieces = std::move(new_pieces);
+  piece_t0.clear();
+  n = 0;
+  for (const PlanPiece& pc : pieces) {
+    piece_t0.push_back(n);
+    n += int64_t(pc.tokens.size());
+  }
+  std::vector<int64_t> pos(static_cast<size_t>(n));
+  tokens.clear();
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const PlanPiece& pc = pieces[i];
+    tokens.insert(tokens.end(), pc.tokens.begin(), pc.tokens.end());
+    std::iota(pos.begin() + piece_t0[i], pos.begin() + piece_t0[i] + int64_t(pc.tokens.size()), pc.p0);
+  }
+  cs_plain.resize(size_t(n * rd));
+  cs_yarn.resize(size_t(n * rd));
+  plain.cos_sin(pos, cs_plain.data());
+  yarn.cos_sin(pos, cs_yarn.data());
+
+  // window candidates; ring writes; snapshots
+  win_idx.resize(size_t(n * W));
+  for (auto* v : {&ring_src, &ring_dst, &snap_ring_src}) v->clear();
+  snap_ids.clear();
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const PlanPiece& pc = pieces[i];
+    const int64_t p0 = pc.p0, ni = int64_t(pc.tokens.size()), t0 = piece_t0[i];
+    for (int64_t t = 0; t < ni; ++t)
+      window_row(&win_idx[size_t((t0 + t) * W)], p0 + t, p0, W, pc.slot * W, n_ring + t0);
     for (int64_t t = std::max<int64_t>(0, ni - W); t < ni; ++t) {
-      p.ring_src.push_back(int32_t(t0 + t));
-      p.ring_dst.push_back(int32_t(pc.slot * W + (p0 + t) % W));
+      ring_src.push_back(int32_t(t0 + t));
+      ring_dst.push_back(int32_t(pc.slot * W + (p0 + t) % W));
     }
     for (const auto& sn : pc.snapshots) {
-      p.snap_ids.push_back(sn.id);
+      snap_ids.push_back(sn.id);
       // ring slot r at position B holds the position q in [B - W, B) with q % W == r (none when q < 0: row 0,
       // never read)
-      std::vector<int32_t> ring(static_cast<size_t>(W), 0);
-      for (int64_t q = std::max<int64_t>(0, sn.at - W); q < sn.at; ++q) ring[size_t(q % W)] = win_src(q);
-      p.snap_ring_src.insert(p.snap_ring_src.end(), ring.begin(), ring.end());
+      const size_t at = snap_ring_src.size();
+      snap_ring_src.resize(at + size_t(W), 0);
+      for (int64_t q = std::max<int64_t>(0, sn.at - W); q < sn.at; ++q)
+        snap_ring_src[at + size_t(q % W)] = int32_t(q >= p0 ? n_ring + t0 + (q - p0) : pc.slot * W + q % W);
     }
   }
 
   // MTP inputs and hidden rows; DSpark capture rows; verify steps' ring backups (state_pool.h, speculation rows)
   const int64_t R = layout.spec_rows;
-  if (layout.has_mtp()) {
-    p.mtp = true;
+  mtp = layout.has_mtp();
+  for (auto* v : {&next, &hc_rows, &hid_src, &hid_dst}) v->clear();
+  if (mtp) {
     const int64_t HC = cfg.hc_mult;
-    p.next.assign(size_t(n), 0);
-    p.hc_rows.resize(size_t(n * HC));
-    for (int64_t i = 0; i < n * HC; ++i) p.hc_rows[size_t(i)] = int32_t(i / HC);
-    for (size_t i = 0; i < p.pieces.size(); ++i) {
-      const PlanPiece& pc = p.pieces[i];
-      const int64_t p0 = pc.p0, ni = int64_t(pc.tokens.size()), t0 = p.piece_t0[i];
-      for (int64_t t = 0; t < ni && t < int64_t(pc.next.size()); ++t)
-        if (pc.next[size_t(t)] >= 0) p.next[size_t(t0 + t)] = pc.next[size_t(t)];
+    next.resize(size_t(n));
+    hc_rows.resize(size_t(n * HC));
+    for (int64_t i = 0; i < n * HC; ++i) hc_rows[size_t(i)] = int32_t(i / HC);
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const PlanPiece& pc = pieces[i];
+      const int64_t p0 = pc.p0, ni = int64_t(pc.tokens.size()), t0 = piece_t0[i];
+      for (int64_t t = 0; t < ni; ++t) {  // 0 where unknown
+        const bool known = t < int64_t(pc.next.size()) && pc.next[size_t(t)] >= 0;
+        next[size_t(t0 + t)] = known ? pc.next[size_t(t)] : 0;
+      }
       for (int64_t t = std::max<int64_t>(0, ni - R); t < ni; ++t) {
-        p.hid_src.push_back(int32_t(t0 + t));
-        p.hid_dst.push_back(int32_t(pc.slot * R + (p0 + t) % R));
+        hid_src.push_back(int32_t(t0 + t));
+        hid_dst.push_back(int32_t(pc.slot * R + (p0 + t) % R));
       }
     }
   }
-  if (layout.has_dspark()) {
-    p.dspark = true;
+  dspark = layout.has_dspark();
+  stream_rows.clear();
+  cat_rows.clear();
+  if (dspark) {
     const int64_t HC = cfg.hc_mult, T = int64_t(cfg.dspark.target_layer_ids.size());
-    p.stream_rows.resize(size_t(HC * n));
+    stream_rows.resize(size_t(HC * n));
     for (int64_t j = 0; j < HC; ++j)
-      for (int64_t t = 0; t < n; ++t) p.stream_rows[size_t(j * n + t)] = int32_t(t * HC + j);
-    p.cat_rows.resize(size_t(T * n));
+      for (int64_t t = 0; t < n; ++t) stream_rows[size_t(j * n + t)] = int32_t(t * HC + j);
+    cat_rows.resize(size_t(T * n));
     for (int64_t i = 0; i < T; ++i)
-      for (int64_t t = 0; t < n; ++t) p.cat_rows[size_t(i * n + t)] = int32_t(t * T + i);
+      for (int64_t t = 0; t < n; ++t) cat_rows[size_t(i * n + t)] = int32_t(t * T + i);
   }
+  spec_ring_src.clear();
+  spec_ring_dst.clear();
   if (layout.has_drafter())
-    for (size_t i = 0; i < p.pieces.size(); ++i) {
-      const PlanPiece& pc = p.pieces[i];
+    for (const PlanPiece& pc : pieces) {
       if (!pc.spec) continue;
       for (int64_t t = 0; t < int64_t(pc.tokens.size()); ++t) {
-        p.spec_ring_src.push_back(int32_t(pc.slot * W + (pc.p0 + t) % W));
-        p.spec_ring_dst.push_back(int32_t(pc.slot * R + t));
+        spec_ring_src.push_back(int32_t(pc.slot * W + (pc.p0 + t) % W));
+        spec_ring_dst.push_back(int32_t(pc.slot * R + t));
       }
     }
 
   const int64_t G = cfg.o_groups;
-  p.group_fwd.resize(size_t(n * G));
-  p.group_back.resize(size_t(n * G));
+  group_fwd.resize(size_t(n * G));
+  group_back.resize(size_t(n * G));
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t t = 0; t < n; ++t) group_fwd[size_t(g * n + t)] = int32_t(t * G + g);
   for (int64_t t = 0; t < n; ++t)
-    for (int64_t g = 0; g < G; ++g) {
-      p.group_fwd[size_t(g * n + t)] = int32_t(t * G + g);
-      p.group_back[size_t(t * G + g)] = int32_t(g * n + t);
-    }
+    for (int64_t g = 0; g < G; ++g) group_back[size_t(t * G + g)] = int32_t(g * n + t);
 
   std::set<int> ms;
   for (const auto& l : layout.layers)
     if (l.ratio > 0) ms.insert(l.ratio);
-  size_t n_iota = p.dspark ? size_t(std::max<int64_t>(n, 1)) : 1;
+  ratios.resize(ms.size());
+  size_t n_iota = dspark ? size_t(std::max<int64_t>(n, 1)) : 1, k = 0;
   for (int m : ms) {
-    p.ratios.push_back(plan_ratio(m, n, p.pieces, p.piece_t0, yarn, R));
-    n_iota = std::max({n_iota, size_t(p.ratios.back().n_emit), p.ratios.back().upd.size()});
+    RatioPlan& r = ratios[k++];
+    plan_ratio(r, m, n, pieces, piece_t0, yarn, R);
+    n_iota = std::max({n_iota, size_t(r.n_emit), r.upd.size()});
   }
-  p.iota.resize(n_iota);
-  for (size_t i = 0; i < n_iota; ++i) p.iota[i] = int32_t(i);
+  iota.resize(n_iota);
+  std::iota(iota.begin(), iota.end(), 0);
 
-  for (size_t i = 0; i < p.pieces.size(); ++i) {
-    const PlanPiece& pc = p.pieces[i];
+  logit_rows.clear();
+  logit_seq.clear();
+  logit_pos.clear();
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const PlanPiece& pc = pieces[i];
     for (int64_t t = 0; t < int64_t(pc.tokens.size()); ++t)
       if (t < int64_t(pc.want.size()) && pc.want[size_t(t)]) {
-        p.logit_rows.push_back(int32_t(p.piece_t0[i] + t));
-        p.logit_seq.push_back(pc.seq);
-        p.logit_pos.push_back(pc.p0 + t);
+        logit_rows.push_back(int32_t(piece_t0[i] + t));
+        logit_seq.push_back(pc.seq);
+        logit_pos.push_back(pc.p0 + t);
       }
   }
-  return p;
 }
 
 namespace {

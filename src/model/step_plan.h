@@ -19,7 +19,7 @@
 
 #include "backend/backend.h"
 #include "loader/config.h"
-#include "model/rope.h"
+#include "model/rope_cache.h"
 #include "model/state_layout.h"
 
 namespace dsv4 {
@@ -110,9 +110,14 @@ struct StepPlan {
   // max_visible beyond bounding every n_visible, so recorded steps pass the bucket and replay for 1,024 positions.
   static int64_t visible_bucket(int64_t max_visible) { return (max_visible + 255) / 256 * 256; }
 
-  // n_slots: the pool's slot count (ring and frontier index spaces).
-  static StepPlan build(const ModelConfig& cfg, const StateLayout& layout, const RopeTable& plain,
-                        const RopeTable& yarn, int64_t n_slots, std::vector<PlanPiece> pieces);
+  // n_slots: the pool's slot count (ring and frontier index spaces); plain, yarn: the RoPE rows of ratio-0 and of
+  // compressed layers.
+  static StepPlan build(const ModelConfig& cfg, const StateLayout& layout, const RopeCache& plain,
+                        const RopeCache& yarn, int64_t n_slots, std::vector<PlanPiece> pieces);
+  // The same plan, built into this one: every field is set anew, the arrays keep their capacity (a step of the
+  // shape of the one before allocates nothing and writes each element once; the plan of a long prefill is ~12 MB).
+  void rebuild(const ModelConfig& cfg, const StateLayout& layout, const RopeCache& plain, const RopeCache& yarn,
+               int64_t n_slots, std::vector<PlanPiece> pieces);
 };
 
 // The plan's arrays on the device: one upload into workspace memory. Pointers are null for empty arrays.

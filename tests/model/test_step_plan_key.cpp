@@ -8,7 +8,7 @@
 #include <numeric>
 
 #include "loader/config.h"
-#include "model/rope.h"
+#include "model/rope_cache.h"
 #include "model/state_layout.h"
 #include "model/step_plan.h"
 
@@ -18,7 +18,8 @@ namespace {
 struct Plans {
   ModelConfig cfg = load_config(std::string(DSV4_SOURCE_DIR) + "/tests/data/tiny-a/config.json");
   StateLayout layout = StateLayout::of(cfg);
-  RopeTable plain = RopeTable::for_ratio(cfg, 0), yarn = RopeTable::for_ratio(cfg, 4);
+  RopeCache plain{RopeTable::for_ratio(cfg, 0), cfg.max_position_embeddings};
+  RopeCache yarn{RopeTable::for_ratio(cfg, 4), cfg.max_position_embeddings};
   std::vector<int32_t> pages = std::vector<int32_t>(128);
   std::vector<int32_t> tok = std::vector<int32_t>(8, 5);
   Plans() { std::iota(pages.begin(), pages.end(), 0); }
