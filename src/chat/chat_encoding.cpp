@@ -6,6 +6,7 @@
 
 #include "chat/dsv4_format.h"
 #include "chat/py_json.h"
+#include "chat/tool_name.h"
 #include "core/error.h"
 
 namespace dsv4 {
@@ -85,14 +86,14 @@ void append_tools(OrderedJson& dst, const OrderedJson& tools, const std::string&
   for (size_t i = 0; i < tools.size(); ++i) {
     const auto& t = tools[i];
     if (!t.is_object()) fail("{}[{}]: expected an object", where, i);
-    if (const OrderedJson* f = field(t, "function")) {
-      if (!f->is_object()) fail("{}[{}].function: expected an object", where, i);
-      dst.push_back(*f);
-    } else if (t.contains("name")) {
-      dst.push_back(t);
-    } else {
-      fail("{}[{}].function: required", where, i);
-    }
+    const OrderedJson* f = field(t, "function");
+    if (f && !f->is_object()) fail("{}[{}].function: expected an object", where, i);
+    if (!f && !t.contains("name")) fail("{}[{}].function: required", where, i);
+    const OrderedJson& fn = f ? *f : t;
+    const OrderedJson* name = field(fn, "name");
+    if (!name || !name->is_string() || !valid_tool_name(name->get<std::string>()))
+      fail("{}[{}]{}.name: required, {}", where, i, f ? ".function" : "", kToolNameRule);
+    dst.push_back(fn);
   }
 }
 
@@ -140,7 +141,8 @@ Msg read_message(const OrderedJson& m, size_t idx) {
       call.id = opt_string(tc, "id", w);
       if (call.id.empty()) call.id = opt_string(*f, "id", w + ".function");
       const OrderedJson* name = field(*f, "name");
-      if (!name || !name->is_string()) fail("{}.function.name: required string", w);
+      if (!name || !name->is_string() || name->get<std::string>().empty())
+        fail("{}.function.name: required non-empty string", w);  // (as the server: openai_request.cpp)
       call.name = name->get<std::string>();
       const OrderedJson* args = field(*f, "arguments");
       if (!args || args->is_null()) {

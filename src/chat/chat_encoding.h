@@ -15,6 +15,7 @@
 //     the trailing EOS), mask (ignored).
 //   tools: OpenAI function tools; attached to the first system message (one with empty content is inserted at the
 //     front when there is none). If that message has its own `tools`, the top-level ones are appended after them.
+//     Tool names follow the server's rule (chat/tool_name.h: 1 to 64 letters, digits, '_', '-' or '.').
 //   response_format: attached like tools; {"type":"text"} (the OpenAI default) renders nothing.
 //   thinking: {"type":"enabled"|"disabled"} — wins over chat_template_kwargs.thinking / .enable_thinking (bool).
 //     Default: enabled (thinking mode).

@@ -212,7 +212,8 @@ int run_model_bench(const ModelBenchOpts& o) {
     usage_fail("bench model: --layers must be in [1, {}], or 0 for all (got {})", full.num_hidden_layers, o.layers);
   const ModelConfig cfg = keep_first_layers(full, o.layers);
   if (fmt_ == "safetensors" && cfg.num_hidden_layers != full.num_hidden_layers)
-    fail("bench model: --layers needs --load-format dummy (a checkpoint holds all of its layers)");
+    usage_fail("bench model: --layers needs --load-format dummy (a checkpoint holds all of its layers)");
+  check_placement(cfg, o.placement);  // (before the copy bandwidth run and the load)
   const int64_t max_pos = cfg.max_position_embeddings;  // (each term bounded first: the sum cannot overflow)
   if (o.ctx > max_pos || o.prefill > max_pos || o.steps > max_pos || o.ctx + o.prefill + o.steps + 9 > max_pos)
     usage_fail("bench model: --ctx + --prefill + --steps must stay below the model's {} positions", max_pos);

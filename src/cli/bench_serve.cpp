@@ -32,7 +32,10 @@
 #include "cli/numerics_option.h"
 #include "cli/byte_size.h"
 #include "cli/command.h"
+#include "cli/config_checks.h"
 #include "cli/device_option.h"
+#include "cli/int_list_option.h"
+#include "cli/kv_memory_check.h"
 #include "cli/placement_option.h"
 #include "core/error.h"
 #include "engine/batch_model.h"
@@ -179,9 +182,6 @@ double load_average() {
 }
 
 int run_serve_bench(const ServeBenchOpts& o) {
-  if (o.clients.empty()) fail("--clients: give at least one number");
-  for (int c : o.clients)
-    if (c < 1) fail("--clients must be positive numbers (got {})", c);
   std::string host = "127.0.0.1";
   int port = 0;
   int32_t n_vocab = 1000;
@@ -189,7 +189,9 @@ int run_serve_bench(const ServeBenchOpts& o) {
   std::thread serving;
   std::string device_name = "remote";
   EngineLoopOptions eo;
-  if (!o.url.empty() && !o.model.empty()) fail("give one of -m MODEL (an in-process server) and --url (a running one)");
+  if (!o.url.empty() && !o.model.empty())
+    usage_fail("bench serve: give one of -m MODEL (an in-process server) and --url (a running one)");
+  if (o.url.empty() && o.model.empty()) usage_fail("bench serve: give -m MODEL (or --url of a running server)");
   if (!o.url.empty()) {
     std::string rest = o.url.rfind("http://", 0) == 0 ? o.url.substr(7) : "";
     if (!rest.empty() && rest.back() == '/') rest.pop_back();
@@ -200,21 +202,28 @@ int run_serve_bench(const ServeBenchOpts& o) {
       usage_fail("bench serve: --url must look like http://HOST:PORT (got '{}')", o.url);
     host = rest.substr(0, colon);
   } else {
-    if (o.model.empty()) fail("give -m MODEL (or --url of a running server)");
     const Device device = resolve_device(o.device);
+    const bool gpu = !device.is_cpu();
+    const uint64_t cpu_default = uint64_t(1) << 30;
+    const auto kv = o.kv_memory.empty() ? (gpu ? ByteSize(Fraction{0.9}) : ByteSize(cpu_default))
+                                        : parse_byte_size(o.kv_memory, "--kv-memory", true);
+    {  // what config.json alone refutes, before the model loads (as serve)
+      const int64_t running = o.parallel > 0 ? o.parallel : gpu ? 256 : 16;
+      if (const auto* b = std::get_if<uint64_t>(&kv))
+        check_kv_memory_early(o.model, *b, running, false);
+      else if (!gpu)
+        check_kv_memory_early(o.model, uint64_t(std::get<Fraction>(kv).value * double(cpu_default)), running, false);
+      if (const std::optional<ModelConfig> cfg = config_if_present(o.model)) check_placement(*cfg, o.placement);
+    }
     LoadedModel lm = load_model(o.model, o.numerics, o.threads, device, 0, o.placement);
     if (!lm.tokenizer) fail("{}: no tokenizer.json", o.model);
     device_name = lm.device;
     auto model = std::dynamic_pointer_cast<const Model>(lm.model);
     if (!model) fail("internal: the loaded model is not a DeepSeek V4 model");
     n_vocab = model->n_vocab();
-    const bool gpu = !device.is_cpu();
     eo.max_running = o.parallel > 0 ? o.parallel : gpu ? 256 : 16;
     eo.batch_tokens = o.batch_tokens > 0 ? o.batch_tokens : gpu ? 2048 : 512;
     eo.n_threads = o.threads;
-    const uint64_t cpu_default = uint64_t(1) << 30;
-    const auto kv = o.kv_memory.empty() ? (gpu ? ByteSize(Fraction{0.9}) : ByteSize(cpu_default))
-                                        : parse_byte_size(o.kv_memory, "--kv-memory", true);
     if (const auto* f = std::get_if<Fraction>(&kv))
       eo.state_bytes = uint64_t(f->value * double(gpu ? model->backend().memory().free : cpu_default));
     else
@@ -318,7 +327,8 @@ void setup_bench_serve(CLI::App& app, Runner& run) {
   auto o = std::make_shared<ServeBenchOpts>();
   app.add_option("-m,--model", o->model, "model folder (an in-process server is started on it)");
   app.add_option("--url", o->url, "measure a running server instead (http://HOST:PORT)");
-  app.add_option("--clients", o->clients, "concurrent clients per level (default 1,8)")->delimiter(',');
+  add_int_list_option(app, "--clients", o->clients, "concurrent clients per level, comma-separated (default 1,8)", 1,
+                      4096);
   app.add_option("--tokens", o->tokens, "generated tokens per request (default 32)")->check(CLI::Range(1, 1 << 20));
   app.add_option("--prompt", o->prompt, "prompt tokens per request (default 64)")->check(CLI::Range(1, 1 << 20));
   app.add_option("--requests", o->requests, "requests per client, one after the other (default 2)")

@@ -14,12 +14,12 @@
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 
 #include "backend/parallel.h"
 #include "cli/numerics_option.h"
 #include "cli/command.h"
+#include "cli/int_list_option.h"
 #include "cli/device_option.h"
 #include "core/error.h"
 #include "engine/engine_loop.h"
@@ -34,25 +34,11 @@ using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 struct Opts {
-  std::string model, config, load_format = "auto", device, numerics = "reference", batch = "1,8", draft = "1,2,3,4";
+  std::string model, config, load_format = "auto", device, numerics = "reference";
+  std::vector<int> batch{1, 8}, draft{1, 2, 3, 4};
   int n = 128, threads = 0, layers = 0, repeat = 1;
   bool json = false;
 };
-
-std::vector<int> int_list(const std::string& s, const char* what, int lo, int hi) {
-  std::vector<int> v;
-  std::stringstream ss(s);
-  std::string t;
-  while (std::getline(ss, t, ',')) {
-    char* end = nullptr;
-    const long x = std::strtol(t.c_str(), &end, 10);
-    if (t.empty() || *end || x < lo || x > hi)
-      usage_fail("bench spec: {} '{}' is not a list of integers in [{}, {}]", what, s, lo, hi);
-    v.push_back(int(x));
-  }
-  if (v.empty()) usage_fail("bench spec: empty {}", what);
-  return v;
-}
 
 const char* const kTexts[] = {
     "The Congress of the United States has",
@@ -113,19 +99,23 @@ Result run_once(std::shared_ptr<const Model> m, const std::vector<std::vector<in
 int run_bench(const Opts& o) {
   auto say = [&](const std::string& s) { std::fprintf(o.json ? stderr : stdout, "%s\n", s.c_str()); };
   const auto num = parse_numerics(o.numerics);
-  if (!num) fail("bench spec: --numerics must be reference or dense (got '{}')", o.numerics);
-  const std::vector<int> batches = int_list(o.batch, "--batch", 1, 256);
-  const std::vector<int> drafts = int_list(o.draft, "--draft", 1, int(StateLayout::kMaxDraftLimit));
+  if (!num) usage_fail("bench spec: --numerics must be reference or dense (got '{}')", o.numerics);
+  const std::vector<int>& batches = o.batch;
+  const std::vector<int>& drafts = o.draft;
+  if (o.model.empty() == o.config.empty()) usage_fail("bench spec: give exactly one of -m DIR and --config FILE");
   std::string fmt_ = o.load_format;
   if (fmt_ == "auto") fmt_ = o.config.empty() ? "safetensors" : "dummy";
-  if (fmt_ != "dummy" && fmt_ != "safetensors") fail("bench spec: --load-format must be auto, dummy or safetensors");
-  if (fmt_ == "safetensors" && o.model.empty()) fail("bench spec: give -m DIR (or --config CFG --load-format dummy)");
+  if (fmt_ != "dummy" && fmt_ != "safetensors")
+    usage_fail("bench spec: --load-format must be auto, dummy or safetensors");
+  if (fmt_ == "safetensors" && o.model.empty())
+    usage_fail("bench spec: give -m DIR (or --config CFG --load-format dummy)");
   // --layers checked as bench model does, before loading (a checkpoint holds all of its layers)
   const ModelConfig full = load_config(o.config.empty() ? o.model + "/config.json" : o.config);
   if (o.layers < 0 || o.layers > full.num_hidden_layers)
     usage_fail("bench spec: --layers must be in [1, {}], or 0 for all (got {})", full.num_hidden_layers, o.layers);
   if (fmt_ == "safetensors" && o.layers != 0 && o.layers != full.num_hidden_layers)
     usage_fail("bench spec: --layers needs --load-format dummy (a checkpoint holds all of its layers)");
+  for (int k : drafts) Model::check_draft(full, k, "--draft");  // the checkpoint's drafter bounds the drafts
   if (o.threads > 0) set_num_threads(o.threads);
   ModelOptions mo;
   mo.numerics = *num;
@@ -140,11 +130,6 @@ int run_bench(const Opts& o) {
     if (std::filesystem::exists(std::filesystem::path(o.model) / "tokenizer.json"))
       tok = std::make_shared<Tokenizer>(Tokenizer::from_file(std::filesystem::path(o.model) / "tokenizer.json"));
   }
-  // Before any run (the checkpoint's drafter bounds the drafts; Model::init would name serve's --spec-draft).
-  const char* drafter = m->drafter() == StateLayout::Drafter::dspark ? "DSpark drafter" : "MTP module";
-  for (int k : drafts)
-    if (k > m->max_draft())
-      fail("bench spec: --draft {}: the checkpoint's {} drafts at most {} tokens per step", k, drafter, m->max_draft());
   say(fmt::format("bench spec: {} ({}), {} numerics, on {}", o.model.empty() ? o.config : o.model, fmt_, o.numerics,
                   m->backend().description()));
 
@@ -226,8 +211,9 @@ void setup_bench_spec(CLI::App& app, Runner& run) {
   app.add_option("--config", o->config, "config.json of the model to build (with --load-format dummy)");
   dsv4::cli::add_load_format_option(app, o->load_format, "auto (dummy with --config) | dummy | safetensors");
   app.add_option("--layers", o->layers, "keep the first N layers (dummy weights; 0: all)");  // checked in run_bench
-  app.add_option("--batch", o->batch, "comma-separated batch sizes (default 1,8)");
-  app.add_option("--draft", o->draft, "comma-separated draft counts (default 1,2,3,4)");
+  add_int_list_option(app, "--batch", o->batch, "comma-separated batch sizes (default 1,8)", 1, 256);
+  add_int_list_option(app, "--draft", o->draft, "comma-separated draft counts (default 1,2,3,4)", 1,
+                      int(StateLayout::kMaxDraftLimit));
   app.add_option("-n,--tokens", o->n, "tokens per request (default 128)")->check(CLI::Range(2, 1 << 20));
   app.add_option("--threads", o->threads, "CPU threads (default 0: all)")->check(CLI::Range(0, 4096));
   app.add_option("--repeat", o->repeat, "runs of each kind; the fastest counts (default 1)")->check(CLI::Range(1, 100));

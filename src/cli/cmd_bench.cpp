@@ -249,9 +249,7 @@ struct GemmBenchOpts {
 int run_gemm_bench(const GemmBenchOpts& o) {
   if (o.threads > 0) omp_set_num_threads(o.threads);
   const auto num = parse_numerics(o.numerics);
-  if (!num) fail("bench gemm: --numerics must be reference or dense, got '{}'", o.numerics);
-  if (o.experts_alloc < 6) fail("bench gemm: --experts-alloc must be >= 6");
-  if (o.prefill_tokens < 1) fail("bench gemm: --prefill-tokens must be >= 1");
+  if (!num) usage_fail("bench gemm: --numerics must be reference or dense, got '{}'", o.numerics);
   const LinearOpts lo = quantized_linear_opts(*num);
   const int nt = omp_get_max_threads();
   const int64_t D = 4096, I = 2048, E = 256, topk = 6;
@@ -487,7 +485,9 @@ void setup_gemm(CLI::App& app, Runner& run) {
           ""));
   app.add_option("--prefill-tokens", o->prefill_tokens, "prefill chunk length")
       ->transform(dsv4::cli::integer_in<int64_t>(1, int64_t(1) << 20));
-  app.add_option("--experts-alloc", o->experts_alloc, "distinct routed experts allocated (>= 6)");
+  app.add_option("--experts-alloc", o->experts_alloc, "distinct routed experts allocated (6 .. 256, the layer's count; "
+                                                      "default 48)")
+      ->transform(dsv4::cli::integer_in<int>(6, 256));
   app.add_option("--mem-mib", o->mem_mib, "bandwidth buffer size (MiB)")
       ->transform(dsv4::cli::integer_in<int64_t>(1, int64_t(1) << 20));
   dsv4::cli::add_numerics_option(app, o->numerics, "reference (FP8 act quant, bf16 out) or dense (fp32)");

@@ -15,12 +15,14 @@
 #include "chat/output_parser.h"
 #include "cli/numerics_option.h"
 #include "cli/command.h"
+#include "cli/config_checks.h"
 #include "cli/device_option.h"
 #include "cli/placement_option.h"
 #include "cli/sampling_options.h"
 #include "core/error.h"
 #include "engine/engine.h"
 #include "engine/model_loader.h"
+#include "model/model.h"
 #include "model/state_layout.h"
 
 namespace {
@@ -68,6 +70,10 @@ void setup_chat(CLI::App& app, dsv4::cli::Runner& run) {
   dsv4::cli::add_placement_options(app, o->placement);
   run = [o] {
     using namespace dsv4;
+    if (const std::optional<ModelConfig> cfg = cli::config_if_present(o->model)) {  // before the model loads
+      if (o->spec_draft > 0) Model::check_draft(*cfg, o->spec_draft);
+      check_placement(*cfg, o->placement);
+    }
     std::fprintf(stderr, "loading %s ...\n", o->model.c_str());
     LoadedModel lm =
         load_model(o->model, o->numerics, o->threads, dsv4::cli::resolve_device(o->device), o->spec_draft,

@@ -1,6 +1,7 @@
 // `dsv4 generate`: raw text completion from a prompt (text with BOS prepended, or token ids as given).
-// Text streams to stdout as it is produced; progress and prefill/decode speed go to stderr; --json prints one
-// object instead. Ctrl-C stops the generation and prints what was produced.
+// The prompt text (-p) is echoed, then the continuation streams to stdout as it is produced, so that the output reads
+// as one text (as llama.cpp's CLI; --no-echo: the continuation alone); progress and prefill/decode speed go to stderr;
+// --json prints one object instead. Ctrl-C stops the generation and prints what was produced.
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -13,12 +14,15 @@
 #include "cli/numerics_option.h"
 #include "cli/command.h"
 #include "cli/device_option.h"
+#include "cli/config_checks.h"
+#include "cli/int_list_option.h"
 #include "cli/int_option.h"
 #include "cli/placement_option.h"
 #include "cli/sampling_options.h"
 #include "core/error.h"
 #include "engine/engine.h"
 #include "engine/model_loader.h"
+#include "model/model.h"
 #include "model/state_layout.h"
 
 namespace {
@@ -27,7 +31,8 @@ std::atomic<bool> g_interrupted{false};
 void on_sigint(int) { g_interrupted = true; }
 
 struct Opts {
-  std::string model, prompt, prompt_ids, numerics = "reference";
+  std::string model, prompt, numerics = "reference";
+  std::vector<int32_t> prompt_ids;
   int64_t n = 128, ctx = 0;
   dsv4::cli::SamplingOptions sampling;
   float repeat = 1.0f, presence = 0.0f, frequency = 0.0f;
@@ -36,32 +41,15 @@ struct Opts {
   dsv4::PlacementOptions placement;
   std::string device;
   std::vector<std::string> stop;
-  bool json = false, ignore_eos = false;
+  bool json = false, ignore_eos = false, echo = true;
 };
-
-std::vector<int32_t> parse_id_list(const std::string& s) {
-  std::vector<int32_t> out;
-  size_t i = 0;
-  while (i <= s.size()) {
-    size_t j = s.find(',', i);
-    if (j == std::string::npos) j = s.size();
-    std::string t = s.substr(i, j - i);
-    t.erase(0, t.find_first_not_of(" \t"));
-    t.erase(t.find_last_not_of(" \t") + 1);
-    char* end = nullptr;
-    long long v = t.empty() ? -1 : std::strtoll(t.c_str(), &end, 10);
-    if (t.empty() || *end != '\0' || v < 0 || v > INT32_MAX) dsv4::usage_fail("--prompt-ids: '{}' is not a token id", t);
-    out.push_back(static_cast<int32_t>(v));
-    i = j + 1;
-  }
-  return out;
-}
 
 void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
   auto o = std::make_shared<Opts>();
   app.add_option("-m,--model", o->model, "model folder (config.json, safetensors, tokenizer.json)")->required();
   auto* p = app.add_option("-p,--prompt", o->prompt, "prompt text (BOS is prepended; special tokens are parsed)");
-  auto* ids = app.add_option("--prompt-ids", o->prompt_ids, "comma-separated prompt token ids (used as given)");
+  auto* ids = dsv4::cli::add_int_list_option(app, "--prompt-ids", o->prompt_ids,
+                                             "comma-separated prompt token ids (used as given)", 0, INT32_MAX);
   p->excludes(ids);
   app.add_option("-n,--max-tokens", o->n, "tokens to generate at most (default 128; -1: until the context is full)")
       ->transform(CLI::Validator(
@@ -93,16 +81,26 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
   app.add_option("--ctx", o->ctx, "context size in tokens (default 0: the model's maximum)")
       ->transform(dsv4::cli::integer_in<int64_t>(0, int64_t(1) << 40));
   app.add_flag("--ignore-eos", o->ignore_eos, "keep generating after the end-of-sequence token");
+  app.add_flag("--echo,!--no-echo", o->echo,
+               "print the -p prompt text before the generated text (default; --no-echo: the generated text alone)");
   app.add_flag("--json", o->json,
                "print one JSON object {prompt_ids, ids, text, finish_reason, timings} instead of streaming text");
-  run = [o, p, ids] {
+  run = [o, p] {
     using namespace dsv4;
     // Everything the command line alone can tell is checked before the model is loaded (usage errors: exit 2).
     if (p->count() > 0 && o->prompt.empty())
       usage_fail("-p/--prompt is empty: give some prompt text (or --prompt-ids LIST)");
-    if (ids->count() > 0 && o->prompt_ids.empty()) usage_fail("--prompt-ids is empty: give a comma-separated id list");
     if (o->prompt.empty() && o->prompt_ids.empty()) usage_fail("give a prompt with -p TEXT or --prompt-ids LIST");
-    const std::vector<int32_t> given_ids = o->prompt_ids.empty() ? std::vector<int32_t>{} : parse_id_list(o->prompt_ids);
+    if (const std::optional<ModelConfig> cfg = cli::config_if_present(o->model)) {  // (before the "loading" line)
+      cli::check_ctx(*cfg, o->ctx);
+      cli::check_prompt_ids(*cfg, o->prompt_ids);
+      const int64_t n_ctx = o->ctx > 0 ? o->ctx : cfg->max_position_embeddings;
+      if (int64_t(o->prompt_ids.size()) >= n_ctx)
+        usage_fail("--prompt-ids: {} ids leave no room to generate in a context of {} tokens (--ctx)",
+                   o->prompt_ids.size(), n_ctx);
+      if (o->spec_draft > 0) Model::check_draft(*cfg, o->spec_draft);
+      check_placement(*cfg, o->placement);
+    }
     std::fprintf(stderr, "loading %s ...\n", o->model.c_str());
     LoadedModel lm =
         load_model(o->model, o->numerics, o->threads, dsv4::cli::resolve_device(o->device), o->spec_draft,
@@ -111,7 +109,7 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
     const Tokenizer* tok = lm.tokenizer.get();
     GenerationRequest req;
     if (!o->prompt_ids.empty()) {
-      req.prompt = given_ids;
+      req.prompt = o->prompt_ids;
     } else {
       if (!tok) fail("{}: no tokenizer.json; use --prompt-ids", o->model);
       req.prompt = tok->encode(o->prompt, true);
@@ -147,6 +145,10 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
     };
     cb.should_cancel = [] { return g_interrupted.load(); };
     std::fprintf(stderr, "prompt: %zu tokens\n", req.prompt.size());
+    if (o->echo && !o->json && !o->prompt.empty()) {  // the text as typed (--prompt-ids: nothing to echo)
+      std::fwrite(o->prompt.data(), 1, o->prompt.size(), stdout);
+      std::fflush(stdout);
+    }
     GenerationResult r = engine.generate(req, tok, cb);
     std::signal(SIGINT, SIG_DFL);
     const auto& t = r.timings;

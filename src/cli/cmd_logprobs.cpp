@@ -12,7 +12,9 @@
 
 #include "cli/numerics_option.h"
 #include "cli/command.h"
+#include "cli/config_checks.h"
 #include "cli/device_option.h"
+#include "cli/int_list_option.h"
 #include "cli/int_option.h"
 #include "cli/placement_option.h"
 #include "core/error.h"
@@ -23,7 +25,7 @@ namespace {
 
 struct Opts {
   std::string model;
-  std::string ids;
+  std::vector<int32_t> ids;
   int top_k = 20;
   std::string numerics = "reference";
   std::string device;
@@ -31,25 +33,6 @@ struct Opts {
   bool json = false;
   dsv4::PlacementOptions placement;
 };
-
-std::vector<int32_t> parse_ids(const std::string& s) {
-  std::vector<int32_t> out;
-  size_t i = 0;
-  while (i <= s.size()) {
-    size_t j = s.find(',', i);
-    if (j == std::string::npos) j = s.size();
-    std::string tok = s.substr(i, j - i);
-    tok.erase(0, tok.find_first_not_of(" \t"));
-    tok.erase(tok.find_last_not_of(" \t") + 1);
-    if (tok.empty()) dsv4::usage_fail("--prompt-ids: empty entry in '{}'", s);
-    char* end = nullptr;
-    const long long v = std::strtoll(tok.c_str(), &end, 10);
-    if (*end != '\0' || v < 0 || v > INT32_MAX) dsv4::usage_fail("--prompt-ids: '{}' is not a token id", tok);
-    out.push_back(int32_t(v));
-    i = j + 1;
-  }
-  return out;
-}
 
 struct PosResult {
   std::vector<int32_t> ids;
@@ -78,7 +61,8 @@ PosResult top_logprobs(std::span<const float> lg, int k) {
 void setup_logprobs(CLI::App& app, dsv4::cli::Runner& run) {
   auto o = std::make_shared<Opts>();
   app.add_option("-m,--model", o->model, "model folder (config.json + safetensors)")->required();
-  app.add_option("--prompt-ids", o->ids, "comma-separated token ids, e.g. 0,15,27")->required();
+  dsv4::cli::add_int_list_option(app, "--prompt-ids", o->ids, "comma-separated token ids, e.g. 0,15,27", 0, INT32_MAX)
+      ->required();
   app.add_option("--top-k", o->top_k, "entries per position (default 20)")->check(CLI::Range(1, 1 << 20));
   dsv4::cli::add_numerics_option(app, o->numerics, "reference | dense (default reference)");
   app.add_option("--chunk", o->chunk, "feed the prompt in chunks of N tokens (default: one prefill)")
@@ -89,7 +73,11 @@ void setup_logprobs(CLI::App& app, dsv4::cli::Runner& run) {
   run = [o] {
     const auto num = dsv4::parse_numerics(o->numerics);
     if (!num) dsv4::usage_fail("--numerics must be 'reference' or 'dense' (got '{}')", o->numerics);
-    const std::vector<int32_t> ids = parse_ids(o->ids);
+    const std::vector<int32_t>& ids = o->ids;
+    if (const std::optional<dsv4::ModelConfig> cfg = dsv4::cli::config_if_present(o->model)) {  // before loading
+      dsv4::cli::check_prompt_ids(*cfg, ids);
+      dsv4::check_placement(*cfg, o->placement);
+    }
     dsv4::ModelOptions mo;
     mo.numerics = *num;
     mo.device = dsv4::cli::resolve_device(o->device);

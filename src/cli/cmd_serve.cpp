@@ -132,6 +132,10 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
     if (const std::string why = probe_listen(o->host, o->port); !why.empty())
       fail("cannot listen on {}:{}: {}", o->host, o->port, why);
     const Device device = dsv4::cli::resolve_device(o->device);
+    if (const std::optional<ModelConfig> cfg = cli::config_if_present(o->model)) {  // before the model loads
+      if (o->spec_draft > 0) Model::check_draft(*cfg, o->spec_draft);
+      check_placement(*cfg, o->placement);
+    }
     {  // an impossible absolute --kv-memory (or a CPU fraction of 1G) is an error before the model loads
       const bool on_gpu = device.kind != DeviceKind::cpu;
       const int64_t running = o->parallel > 0 ? o->parallel : on_gpu ? 256 : 16;

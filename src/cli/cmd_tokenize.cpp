@@ -1,6 +1,9 @@
 // `dsv4 tokenize`, `dsv4 detokenize`, `dsv4 render`: the tokenizer and chat renderer from the command line.
 //   dsv4 tokenize (--tokenizer FILE | -m MODEL_DIR) [--json] [--plain] TEXT   (TEXT "-" = exact stdin bytes)
 //   dsv4 detokenize (--tokenizer FILE | -m MODEL_DIR) IDS...                   (ids as numbers, "-" = stdin)
+//     each IDS argument (or stdin) is a JSON array ("[1, 2]", as tokenize --json prints) or ids separated by commas
+//     or spaces ("1,2", "1 2", as tokenize prints); anything else is an error naming it: a usage error (exit 2) in an
+//     argument, an error (exit 1) on stdin, which is data, as render's request file
 //   dsv4 render [--tokenizer FILE | -m MODEL_DIR] [--ids] [--json] REQUEST.json ("-" = stdin; a bare JSON array
 //     is taken as the messages)
 #include <algorithm>
@@ -9,7 +12,10 @@
 #include <iostream>
 #include <iterator>
 #include <memory>
+#include <optional>
+#include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -17,6 +23,7 @@
 
 #include "chat/chat_encoding.h"
 #include "cli/command.h"
+#include "cli/int_list_option.h"
 #include "core/error.h"
 #include "tokenizer/tokenizer.h"
 
@@ -35,7 +42,7 @@ void add_tokenizer_opts(CLI::App& app, TokOpts& o) {
 dsv4::Tokenizer load_tokenizer(const TokOpts& o) {
   if (!o.tokenizer.empty()) return dsv4::Tokenizer::from_file(o.tokenizer);
   if (!o.model.empty()) return dsv4::Tokenizer::from_file(std::filesystem::path(o.model) / "tokenizer.json");
-  dsv4::fail("give --tokenizer FILE or -m MODEL_DIR");
+  dsv4::usage_fail("give --tokenizer FILE or -m MODEL_DIR");
 }
 
 std::string read_stdin() {
@@ -85,39 +92,72 @@ void setup_tokenize(CLI::App& app, dsv4::cli::Runner& run) {
 }
 DSV4_COMMAND(tokenize, "Text -> token ids (special tokens matched; no BOS added)", setup_tokenize);
 
-struct DetokenizeOpts : TokOpts {
-  std::vector<std::string> ids;
-};
+// At most 40 characters of `s` on one line, for quoting input in an error message.
+std::string excerpt(std::string_view s) {
+  std::string e(s.substr(0, std::min(s.find_first_of("\r\n"), size_t(40))));
+  return e.size() < s.size() ? e + "..." : e;
+}
+
+// The token ids of one IDS argument (`argument`) or of stdin: a JSON array of non-negative 32-bit integers, or such
+// integers in decimal separated by commas (no empty entry: "1,,2" is an error, as in every list option) and/or
+// spaces; blank text or "[]": none. Bad text throws a dsv4::UsageError for an argument, a dsv4::Error for stdin.
+std::vector<int32_t> parse_token_ids(std::string_view text, bool argument) {
+  const auto bad = [&](const std::string& msg) {
+    if (argument) throw dsv4::UsageError(msg);
+    throw dsv4::Error(msg + " (on stdin)");
+  };
+  std::vector<int32_t> ids;
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string_view::npos) return ids;
+  if (text[first] == '[') {
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.is_array()) bad(fmt::format("'{}' is not a JSON array of token ids", excerpt(text)));
+    for (size_t i = 0; i < j.size(); ++i) {
+      if (!j[i].is_number_integer() || j[i].get<int64_t>() < 0 || j[i].get<int64_t>() > INT32_MAX)
+        bad(fmt::format("'{}': element {} ({}) is not a token id", excerpt(text), i, excerpt(j[i].dump())));
+      ids.push_back(int32_t(j[i].get<int64_t>()));
+    }
+    return ids;
+  }
+  std::string why;
+  const auto entries = dsv4::cli::split_list(text, why);  // (text is not blank: only an empty entry fails)
+  if (!entries) bad(fmt::format("'{}': {}", excerpt(text), why.substr(0, why.find(" in '"))));
+  for (const std::string& e : *entries) {
+    std::istringstream words(e);
+    for (std::string w; words >> w;) {
+      const std::optional<int32_t> v = dsv4::cli::decimal_in<int32_t>(w, 0, INT32_MAX);
+      if (!v) bad(fmt::format("'{}' is not a token id (an integer in [0, {}])", excerpt(w), INT32_MAX));
+      ids.push_back(*v);
+    }
+  }
+  return ids;
+}
 
 void setup_detokenize(CLI::App& app, dsv4::cli::Runner& run) {
-  auto o = std::make_shared<DetokenizeOpts>();
+  auto o = std::make_shared<TokOpts>();
   add_tokenizer_opts(app, *o);
-  app.add_option("ids", o->ids, "token ids (separated by spaces, commas or as a JSON array); \"-\" reads stdin")
-      ->required();
-  run = [o] {
+  // The IDS arguments are the command's extras: a positional option would let CLI11 rewrite an argument in brackets
+  // ("[1,,2]" read as 1 and 2, "[]" as no argument at all) before any check could see it.
+  app.allow_extras();
+  app.footer("IDS...: token ids (a JSON array, or separated by commas or spaces); \"-\" reads them from stdin");
+  run = [o, cmd = &app] {
+    const std::vector<std::string> args = cmd->remaining();
+    if (args.empty()) dsv4::usage_fail("give token ids (IDS... or \"-\" for stdin)");
+    for (const std::string& a : args)
+      if (a.size() > 2 && a.rfind("--", 0) == 0) dsv4::usage_fail("unknown option '{}'", a);
+    std::vector<std::vector<int32_t>> parts;  // all arguments checked before the tokenizer loads
+    for (const std::string& a : args) parts.push_back(a == "-" ? std::vector<int32_t>{} : parse_token_ids(a, true));
     const auto tok = load_tokenizer(*o);
-    std::string all;
-    for (const auto& a : o->ids) all += (a == "-" ? read_stdin() : a) + " ";
     std::vector<int32_t> ids;
-    size_t i = 0;
-    while (i < all.size()) {
-      const char c = all[i];
-      if (c == ' ' || c == ',' || c == '[' || c == ']' || c == '\n' || c == '\t' || c == '\r') {
-        ++i;
-        continue;
-      }
-      size_t j = i;
-      if (all[j] == '-') ++j;
-      while (j < all.size() && all[j] >= '0' && all[j] <= '9') ++j;
-      const std::string num = all.substr(i, j - i);
-      if (num.empty() || num == "-" || num.size() > 11) {
-        const size_t end = std::min(all.find_first_of(" ,[]\n\t\r", i), i + 20);  // quote one word, one line
-        dsv4::fail("'{}' is not a token id", all.substr(i, end - i));
-      }
-      const long long v = std::stoll(num);  // (11 characters at most: fits)
-      if (v < INT32_MIN || v > INT32_MAX) dsv4::fail("token id {} is out of range", num);  // (a cast would wrap)
-      ids.push_back(static_cast<int32_t>(v));
-      i = j;
+    for (size_t i = 0; i < args.size(); ++i) {
+      const std::vector<int32_t> part = args[i] == "-" ? parse_token_ids(read_stdin(), false) : parts[i];
+      for (int32_t id : part)
+        if (id >= tok.n_vocab()) {
+          const std::string msg = fmt::format("token id {} is outside the vocabulary [0, {})", id, tok.n_vocab());
+          if (args[i] == "-") dsv4::fail("{} (on stdin)", msg);
+          dsv4::usage_fail("{}", msg);
+        }
+      ids.insert(ids.end(), part.begin(), part.end());
     }
     const std::string text = tok.decode(ids);
     std::fwrite(text.data(), 1, text.size(), stdout);

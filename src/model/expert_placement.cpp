@@ -142,24 +142,44 @@ uint64_t placement_reserve_bytes(const ModelConfig& c, int64_t ubatch) {
   return uint64_t(per_tok * double(std::max<int64_t>(ubatch, 1))) + (uint64_t(1) << 30);
 }
 
+namespace {
+
+// --gpu-experts N as a number (-1 for "auto", "" or not a number).
+int64_t gpu_experts_count(const std::string& g) {
+  const auto digit = [](char ch) { return std::isdigit(static_cast<unsigned char>(ch)) != 0; };
+  if (g.empty() || g.size() >= 10 || !std::all_of(g.begin(), g.end(), digit)) return -1;
+  return std::stoll(g);
+}
+
+}  // namespace
+
+void check_placement(const ModelConfig& cfg, const PlacementOptions& o) {
+  const int L = cfg.num_hidden_layers;
+  const int64_t E = cfg.n_routed_experts;
+  if (!o.any() || E == 0) return;
+  const int modes = int(o.cpu_moe) + int(o.n_cpu_moe >= 0) + int(!o.gpu_experts.empty() || !o.hot_experts.empty());
+  if (modes > 1)
+    usage_fail("--cpu-moe, --n-cpu-moe and --gpu-experts / --hot-experts choose the expert placement in different "
+               "ways; give one of them");
+  if (o.n_cpu_moe > L) usage_fail("--n-cpu-moe {}: the model has {} layers (give 0 .. {})", o.n_cpu_moe, L, L);
+  const std::string& g = o.gpu_experts;
+  if (!g.empty() && g != "auto" && (gpu_experts_count(g) < 0 || gpu_experts_count(g) > E))
+    usage_fail("--gpu-experts must be auto or a number of experts per layer in 0 .. {} (got '{}')", E, g);
+}
+
 ExpertPlacement resolve_placement(const ModelConfig& cfg, const PlacementOptions& o, uint64_t expert_bytes,
                                   int64_t auto_budget) {
   const int L = cfg.num_hidden_layers;
   const int64_t E = cfg.n_routed_experts;
   ExpertPlacement pl;
   if (!o.any() || E == 0) return pl;
-  const int modes = int(o.cpu_moe) + int(o.n_cpu_moe >= 0) + int(!o.gpu_experts.empty() || !o.hot_experts.empty());
-  if (modes > 1)
-    fail("--cpu-moe, --n-cpu-moe and --gpu-experts / --hot-experts choose the expert placement in different ways; "
-         "give one of them");
+  check_placement(cfg, o);
   pl.on_device.assign(size_t(L), std::vector<uint8_t>(size_t(E), 1));
   if (o.cpu_moe) {
     for (auto& r : pl.on_device) std::fill(r.begin(), r.end(), uint8_t(0));
     return pl;
   }
   if (o.n_cpu_moe >= 0) {
-    if (o.n_cpu_moe > L)
-      fail("--n-cpu-moe {}: the model has {} layers (give 0 .. {})", o.n_cpu_moe, L, L);
     for (int l = L - o.n_cpu_moe; l < L; ++l)
       std::fill(pl.on_device[size_t(l)].begin(), pl.on_device[size_t(l)].end(), uint8_t(0));
     return pl;
@@ -194,10 +214,7 @@ ExpertPlacement resolve_placement(const ModelConfig& cfg, const PlacementOptions
   counts.resize(size_t(L), std::vector<uint64_t>(size_t(E), 0));
   const std::string& g = o.gpu_experts.empty() ? std::string("auto") : o.gpu_experts;
   if (g != "auto") {
-    int64_t n = -1;
-    if (!g.empty() && g.size() < 10 && std::all_of(g.begin(), g.end(), [](char ch) { return std::isdigit(static_cast<unsigned char>(ch)); }))
-      n = std::stoll(g);
-    if (n < 0 || n > E) fail("--gpu-experts must be auto or a number of experts per layer in 0 .. {} (got '{}')", E, g);
+    const int64_t n = gpu_experts_count(g);  // (in 0 .. E: check_placement)
     for (int l = 0; l < L; ++l) {
       std::vector<int64_t> ord(static_cast<size_t>(E));
       std::iota(ord.begin(), ord.end(), 0);

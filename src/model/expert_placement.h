@@ -73,10 +73,16 @@ struct ExpertPlacement {
 // (with routed experts on the CPU, the staging buffers come on top: SplitMoe::staging_device_bytes).
 uint64_t placement_reserve_bytes(const ModelConfig& cfg, int64_t ubatch);
 
+// What the options alone and cfg refute: more than one way of placing (--cpu-moe, --n-cpu-moe, --gpu-experts /
+// --hot-experts), --n-cpu-moe beyond cfg's layers, --gpu-experts N beyond its routed experts or neither auto nor a
+// number. Throws dsv4::UsageError (one line; the CLI's exit 2): the CLI checks before it loads the model, and
+// resolve_placement checks again.
+void check_placement(const ModelConfig& cfg, const PlacementOptions& o);
+
 // The placement of `o` for cfg's main layers. expert_bytes: device bytes of one routed expert (w1 + w2 + w3 with
 // scales); auto_budget: device bytes --gpu-experts auto may fill with routed experts (free memory - every other
-// weight - the reserve; may be negative). Throws dsv4::Error (one line) on bad or conflicting options, a profile
-// that does not match the model, or a placement that cannot fit.
+// weight - the reserve; may be negative). Throws what check_placement throws, and dsv4::Error (one line) for a
+// profile that does not match the model or a placement that cannot fit.
 ExpertPlacement resolve_placement(const ModelConfig& cfg, const PlacementOptions& o, uint64_t expert_bytes,
                                   int64_t auto_budget);
 

@@ -360,33 +360,35 @@ int Model::max_draft() const {
   return 0;
 }
 
+void Model::check_draft(const ModelConfig& c, int k, std::string_view flag) {
+  if (k < 0 || k > StateLayout::kMaxDraftLimit)
+    usage_fail("{} must be in [0, {}] (got {})", flag, StateLayout::kMaxDraftLimit, k);
+  if (c.dspark.present) {
+    if (k > c.dspark.block_size)
+      usage_fail("{}: {} {}: the checkpoint's drafter is a DSpark drafter (dspark_* config keys), which drafts at "
+                 "most its block size {} tokens per step",
+                 c.origin, flag, k, c.dspark.block_size);
+  } else if (c.num_mtp_layers() < 1) {
+    usage_fail("{}: speculative decoding ({}) needs a drafter, but the checkpoint has none (no MTP module: "
+               "num_nextn_predict_layers = {}; no DSpark drafter: no dspark_* config keys)",
+               c.origin, flag, c.num_nextn_predict_layers);
+  } else if (k > StateLayout::kMaxMtpDraft) {
+    usage_fail("{}: {} {}: the checkpoint's drafter is its MTP module, which drafts at most {} tokens per step",
+               c.origin, flag, k, StateLayout::kMaxMtpDraft);
+  }
+}
+
 std::unique_ptr<Model> Model::init(const ModelOptions& opts, ModelConfig cfg) {
   std::unique_ptr<Model> m(new Model());
   m->opts_ = opts;
-  if (opts.spec_draft < 0 || opts.spec_draft > StateLayout::kMaxDraftLimit)
-    fail("--spec-draft must be in [0, {}] (got {})", StateLayout::kMaxDraftLimit, opts.spec_draft);
+  if (opts.spec_draft < 0) fail("--spec-draft must be >= 0 (got {})", opts.spec_draft);
   if (opts.spec_draft > 0) m->opts_.drafter = true;
   if (m->opts_.drafter) {  // before any weight is read: a clear message which drafter the checkpoint has
-    const ModelConfig& c = cfg;
-    if (c.dspark.present) {
-      if (opts.spec_draft > c.dspark.block_size)
-        fail("{}: --spec-draft {}: the checkpoint's drafter is a DSpark drafter (dspark_* config keys), which drafts "
-             "at most its block size {} tokens per step",
-             c.origin, opts.spec_draft, c.dspark.block_size);
-      m->drafter_ = StateLayout::Drafter::dspark;
-    } else {
-      if (c.num_mtp_layers() < 1)
-        fail("{}: speculative decoding (--spec-draft) needs a drafter, but the checkpoint has none (no MTP module: "
-             "num_nextn_predict_layers = {}; no DSpark drafter: no dspark_* config keys)",
-             c.origin, c.num_nextn_predict_layers);
-      if (c.compress_ratio(c.num_hidden_layers) != 0)
-        fail("{}: the MTP layer has compress ratio {}; only a window-only MTP block is supported", c.origin,
-             c.compress_ratio(c.num_hidden_layers));
-      if (opts.spec_draft > StateLayout::kMaxMtpDraft)
-        fail("{}: --spec-draft {}: the checkpoint's drafter is its MTP module, which drafts at most {} tokens per step",
-             c.origin, opts.spec_draft, StateLayout::kMaxMtpDraft);
-      m->drafter_ = StateLayout::Drafter::mtp;
-    }
+    check_draft(cfg, opts.spec_draft);
+    if (!cfg.dspark.present && cfg.compress_ratio(cfg.num_hidden_layers) != 0)
+      fail("{}: the MTP layer has compress ratio {}; only a window-only MTP block is supported", cfg.origin,
+           cfg.compress_ratio(cfg.num_hidden_layers));
+    m->drafter_ = cfg.dspark.present ? StateLayout::Drafter::dspark : StateLayout::Drafter::mtp;
   }
   if (m->opts_.ubatch < 1) fail("ubatch must be >= 1 (got {})", m->opts_.ubatch);
   if (opts.n_threads < 0) fail("n_threads must be >= 0 (got {})", opts.n_threads);

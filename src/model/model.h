@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "backend/backend.h"
@@ -180,6 +181,11 @@ class Model final : public LanguageModel {
   bool has_drafter() const { return drafter_ != StateLayout::Drafter::none; }
   // Draft tokens per verify step at most with the resident drafter (MTP: 4; DSpark: its block size; none: 0).
   int max_draft() const;
+  // Whether a checkpoint of config `cfg` can draft k tokens per step (k = 0: whether it has a drafter at all):
+  // throws dsv4::UsageError (one line naming `flag` as the option the user typed: "--spec-draft", bench spec's
+  // "--draft") when it has no drafter or its drafter makes fewer. init checks ModelOptions::spec_draft with it, before
+  // anything is read; the CLI before it loads the model.
+  static void check_draft(const ModelConfig& cfg, int k, std::string_view flag = "--spec-draft");
   // Drop the last n - keep positions of verify steps (BatchSeq::spec) again: exactly the state of a run that never
   // had them (rings, compressor frontiers, drafter rings). Throws dsv4::Error on invalid arguments.
   void rollback(std::span<const SpecRollback> seqs, StatePool& pool) const;

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "chat/chat_encoding.h"
+#include "chat/tool_name.h"
 #include "server/api_error.h"
 #include "server/json_schema_grammar.h"
 #include "server/request_fields.h"
@@ -21,12 +22,8 @@ using namespace reqf;
 
 constexpr int kMaxTopLogprobs = 20;
 
-bool name_ok(const std::string& s, bool dots) {
-  if (s.empty() || s.size() > 64) return false;
-  return std::all_of(s.begin(), s.end(), [&](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || (dots && c == '.');
-  });
-}
+// response_format.json_schema.name: a tool name without dots (chat/tool_name.h).
+bool schema_name_ok(const std::string& s) { return valid_tool_name(s) && s.find('.') == std::string::npos; }
 
 // Fields shared by both endpoints: stream, sampling, stop, max_tokens, n.
 void parse_common(const J& body, ApiRequest& r, int64_t n_ctx, const char* prompt_param) {
@@ -192,7 +189,7 @@ ResponseFormat parse_response_format(const J& body) {
   if (!js)
     bad_request("response_format.json_schema", "'response_format.json_schema' is required for type 'json_schema'");
   const auto name = string(*js, "name", "response_format.json_schema");
-  if (!name || !name_ok(*name, false))
+  if (!name || !schema_name_ok(*name))
     bad_request("response_format.json_schema.name",
                 "'response_format.json_schema.name' is required: 1 to 64 letters, digits, '_' or '-'");
   string(*js, "description", "response_format.json_schema");
@@ -219,8 +216,8 @@ std::vector<ToolSpec> parse_tools(const J& tools, const std::string& path) {
     if (!fn || !fn->is_object()) bad_request(w + ".function", w + ".function: required object");
     const std::string fw = w + ".function";
     const auto name = string(*fn, "name", fw);
-    if (!name || !name_ok(*name, true))
-      bad_request(fw + ".name", fmt::format("{}.name: required, 1 to 64 letters, digits, '_', '-' or '.'", fw));
+    if (!name || !valid_tool_name(*name))
+      bad_request(fw + ".name", fmt::format("{}.name: required, {}", fw, kToolNameRule));
     if (!names.insert(*name).second)
       bad_request(fw + ".name", fmt::format("{}.name: '{}' is defined twice", fw, *name));
     string(*fn, "description", fw);

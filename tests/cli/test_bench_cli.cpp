@@ -9,11 +9,14 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <fstream>
+#include <regex>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <thread>
 
-#include "cli/run_child.h"
+#include "common/run_child.h"
 
 namespace {
 using dsv4::clitest::ProcResult;
@@ -177,16 +180,19 @@ TEST(CliBenchServe, AMalformedUrlIsAUsageError) {
   }
 }
 
-// A --draft count beyond the checkpoint's drafter (the demo's MTP module drafts at most 4) is refused before any run
-// (it used to fail only after the whole plain-decoding baseline), naming --draft, the flag bench spec has (not serve's
-// --spec-draft); a --draft or --batch that is not a list of integers in range is a usage error (exit 2).
+// A --draft count beyond the checkpoint's drafter (the demo's MTP module drafts at most 4) is a usage error (exit 2)
+// found in config.json before the model loads (it used to fail only after the whole plain-decoding baseline, then
+// after the load with exit 1), naming --draft, the flag bench spec has (not serve's --spec-draft); a --draft or
+// --batch that is not a list of integers in range is a usage error too.
 TEST(CliBenchSpec, DraftCountsAreCheckedBeforeAnyRunAndNamedAsTyped) {
   const std::string demo = std::string(DSV4_SOURCE_DIR) + "/models/dsv4-demo";
   const ProcResult r = run_dsv4({"bench", "spec", "-m", demo, "--batch", "1", "-n", "8", "--draft", "2,9"}, "specdraft");
-  EXPECT_EQ(r.code, 1) << r.err;
-  EXPECT_NE(r.err.find("dsv4: error: bench spec: --draft 9:"), std::string::npos) << r.err;
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_EQ(r.err.rfind("dsv4: error: ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find("--draft 9:"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("at most 4"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("--spec-draft"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   EXPECT_EQ(r.out.find("plain"), std::string::npos) << "a run before the check:\n" << r.out;
   for (const std::vector<std::string>& bad : {std::vector<std::string>{"--draft", "1,x"},
                                               std::vector<std::string>{"--draft", "0"},
@@ -195,7 +201,7 @@ TEST(CliBenchSpec, DraftCountsAreCheckedBeforeAnyRunAndNamedAsTyped) {
     args.insert(args.end(), bad.begin(), bad.end());
     const ProcResult u = run_dsv4(args, "specdraftbad");
     EXPECT_EQ(u.code, 2) << bad[0] << " " << bad[1] << ": " << u.err;
-    EXPECT_NE(u.err.find("bench spec: " + bad[0]), std::string::npos) << u.err;
+    EXPECT_EQ(u.err.rfind("dsv4: error: " + bad[0] + ": ", 0), 0u) << u.err;
   }
 }
 
@@ -267,6 +273,38 @@ TEST(CliBenchSpec, LayersAreCheckedLikeBenchModel) {
   EXPECT_EQ(c.code, 2) << c.err;
   EXPECT_NE(c.err.find("bench spec: --layers needs --load-format dummy"), std::string::npos) << c.err;
   EXPECT_EQ(c.out.find("plain"), std::string::npos) << "a run before the check:\n" << c.out;
+}
+
+// The README's bench command lines show an option with a number in brackets ("[--tokens 32]") to state its default:
+// each such number is the default its command's --help names ("(default 32)"). The bench serve line showed
+// "[--tokens 64] [--requests 3]", the values of a measurement, while the defaults are 32 and 2.
+TEST(CliReadme, BracketedNumbersAreTheDefaults) {
+  std::ifstream readme(std::string(DSV4_SOURCE_DIR) + "/README.md");
+  const std::regex bracket(R"(\[(-{1,2}[a-z][-a-z]*) ([0-9][0-9,.]*)\])");
+  int checked = 0;
+  for (std::string line; std::getline(readme, line);) {
+    if (line.rfind("build/dsv4 ", 0) != 0) continue;
+    std::vector<std::string> cmd;  // the command words: up to the first option
+    std::istringstream words(line.substr(11));
+    for (std::string w; words >> w && w[0] != '-';) cmd.push_back(w);
+    for (std::sregex_iterator m(line.begin(), line.end(), bracket), end; m != end; ++m) {
+      const std::string option = (*m)[1], value = (*m)[2];
+      std::vector<std::string> args = cmd;
+      args.push_back("--help");
+      const ProcResult h = run_dsv4(args, "readmehelp");
+      ASSERT_EQ(h.code, 0) << line << "\n" << h.err;
+      // the option's entry: from its name ("  -n,--tokens ...", "  --tokens ...") to the next option's line
+      const std::regex entry("\n  (-[a-z],)?" + option + "[ ,]");
+      std::smatch at;
+      ASSERT_TRUE(std::regex_search(h.out, at, entry)) << option << " not in the help of: " << line << "\n" << h.out;
+      const size_t from = size_t(at.position(0)) + 1;
+      const std::string text = h.out.substr(from, h.out.find("\n  -", from) - from);
+      EXPECT_NE(text.find("default " + value), std::string::npos)
+          << "README: " << (*m)[0] << " in\n" << line << "\nbut --help says:\n" << text;
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 6);  // bench structured -n, bench serve's four, bench spec's three
 }
 
 }  // namespace

@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "cli/run_child.h"
+#include "common/run_child.h"
 
 namespace {
 using dsv4::clitest::ProcResult;

@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli/run_child.h"
+#include "common/run_child.h"
 
 namespace {
 using namespace dsv4::clitest;
@@ -121,7 +121,7 @@ TEST(CliGenerate, BadArgumentsGiveOneLineErrors) {
       {{"-m", kTiny}, "prompt", 2},
       {{"-m", kTiny, "-p", "hello"}, "tokenizer.json"},
       {{"-m", kTiny, "--prompt-ids", "0,x"}, "--prompt-ids", 2},
-      {{"-m", kTiny, "--prompt-ids", "0,999999"}, "vocabulary"},
+      {{"-m", kTiny, "--prompt-ids", "0,999999"}, "vocabulary", 2},  // (config.json tells, before loading)
       {{"-m", kTiny, "--prompt-ids", "0", "--top-p", "2"}, "--top-p: top_p", 2},
       {{"-m", kTiny, "--prompt-ids", "0", "--temp", "-1"}, "--temp: temperature", 2},
   };
@@ -159,11 +159,11 @@ TEST(CliGenerate, DemoModelTextStreamsAndStops) {
   EXPECT_EQ(j["prompt_ids"][0], 0);  // BOS prepended to -p text
   const std::string text = j["text"];
   ASSERT_FALSE(text.empty());
-  // Plain mode streams the same text to stdout.
+  // Plain mode streams the same text to stdout, after the prompt text.
   ProcResult r =
       run_dsv4({"generate", "-m", kDemo, "-p", "The president", "-n", "10", "--temp", "0", "--threads", "1"});
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(r.out, text + "\n");
+  EXPECT_EQ(r.out, "The president" + text + "\n");
   // A stop string taken from the greedy text cuts it there.
   size_t sp = text.find(' ', 1);
   ASSERT_NE(sp, std::string::npos) << text;
@@ -171,6 +171,27 @@ TEST(CliGenerate, DemoModelTextStreamsAndStops) {
   auto s = run_json({"-m", kDemo, "-p", "The president", "-n", "10", "--temp", "0", "--stop", stop});
   EXPECT_EQ(s["text"], text.substr(0, text.find(stop)));
   EXPECT_EQ(s["finish_reason"], "stop");
+}
+
+// generate prints the -p text before its continuation, so that the output reads as one text (it printed the
+// continuation alone, which starts mid-sentence); --no-echo prints the continuation alone, --echo is the default.
+// Prompt ids are not echoed (no text was typed), and the --json object is unchanged.
+TEST(CliGenerate, EchoesThePromptTextUnlessNoEcho) {
+  const std::string prompt = "The Congress of the United States";
+  const std::vector<std::string> base{"generate", "-m", kDemo, "-p", prompt, "-n", "8", "--temp", "0", "--threads", "1"};
+  const auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    ProcResult r = run_dsv4(args, "genecho");
+    EXPECT_EQ(r.code, 0) << r.err;
+    return r.out;
+  };
+  const std::string echoed = with({}), plain = with({"--no-echo"});
+  ASSERT_GT(plain.size(), 1u);
+  EXPECT_EQ(echoed, prompt + plain);
+  EXPECT_EQ(with({"--echo"}), echoed);
+  EXPECT_EQ(plain, json::parse(with({"--json"}))["text"].get<std::string>() + "\n");
+  // (--prompt-ids: StreamsIdsWithoutTokenizerAndReportsSpeed, the generated ids alone)
 }
 
 TEST(CliChat, KeepsHistoryTogglesThinkingAndExitsOnEof) {

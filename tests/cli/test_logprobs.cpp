@@ -3,35 +3,23 @@
 
 #include <algorithm>
 #include <cmath>
-#include <sys/wait.h>
-
-#include <cstdio>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "common/run_child.h"
 #include "model/model.h"
 
 namespace {
 
-struct Result {
-  int rc = -1;
-  std::string out;
-};
+using Result = dsv4::clitest::MergedResult;  // rc, out
 
 // stdout (and stderr too when merge_stderr: error tests; the JSON tests read stdout alone, stderr names the device)
 Result run(const std::string& args, bool merge_stderr = true) {
-  const std::string cmd = std::string(DSV4_BINARY) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
-  Result r;
-  FILE* f = popen(cmd.c_str(), "r");
-  if (!f) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) r.out.append(buf, n);
-  const int st = pclose(f);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+  if (merge_stderr) return dsv4::clitest::run_dsv4_merged(args);
+  const dsv4::clitest::ProcResult p = dsv4::clitest::run_dsv4(dsv4::clitest::split_words(args), "logprobs");
+  return {p.code, p.out};
 }
 
 const std::string kModel = std::string(DSV4_SOURCE_DIR) + "/tests/data/tiny-a";
@@ -77,9 +65,9 @@ TEST(CliLogprobs, TableAndErrors) {
   const Result t = run("logprobs -m " + kModel + " --prompt-ids 1,2,3");
   ASSERT_EQ(t.rc, 0) << t.out;
   EXPECT_NE(t.out.find("pos"), std::string::npos);
-  // exit 2: a usage error (the command line alone is wrong); 1: wrong for this model (id 256 is past its vocabulary)
+  // exit 2: a usage error (the command line alone is wrong, or config.json tells: id 256 is past the vocabulary)
   for (const auto& [bad, code] : std::vector<std::pair<std::string, int>>{
-           {"--prompt-ids 1,x", 2}, {"--prompt-ids 1,,2", 2}, {"--prompt-ids 1,256", 1},
+           {"--prompt-ids 1,x", 2}, {"--prompt-ids 1,,2", 2}, {"--prompt-ids 1,256", 2},
            {"--prompt-ids 1 --numerics fp8", 2}}) {
     const Result r = run("logprobs -m " + kModel + " " + bad);
     EXPECT_EQ(r.rc, code) << bad << ": " << r.out;

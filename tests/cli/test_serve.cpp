@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 
-#include "cli/run_child.h"
+#include "common/run_child.h"
 
 namespace {
 using namespace dsv4::clitest;

@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <set>
 
-#include "cli/run_child.h"
+#include "common/run_child.h"
 
 namespace {
 namespace fs = std::filesystem;

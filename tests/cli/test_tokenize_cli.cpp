@@ -6,9 +6,10 @@
 #include <fstream>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "cli/run_child.h"
+#include "common/run_child.h"
 
 namespace {
 using namespace dsv4::clitest;
@@ -69,9 +70,11 @@ int64_t added_token_id(const std::string& content) {
   return -1;
 }
 
-// A failed command: exit 1 (not a signal), exactly one stderr line "dsv4: error: ...", nothing on stdout.
-void expect_one_line_error(const ProcResult& r, const std::string& what, const std::string& needle = "") {
-  EXPECT_EQ(r.code, 1) << what << ": " << r.err;
+// A failed command: exit `code` (1; 2 for a usage error, not a signal), exactly one stderr line "dsv4: error: ...",
+// nothing on stdout.
+void expect_one_line_error(const ProcResult& r, const std::string& what, const std::string& needle = "",
+                           int code = 1) {
+  EXPECT_EQ(r.code, code) << what << ": " << r.err;
   EXPECT_EQ(r.err.rfind("dsv4: error: ", 0), 0u) << what << ": '" << r.err << "'";
   ASSERT_FALSE(r.err.empty()) << what;
   EXPECT_EQ(r.err.back(), '\n') << what;
@@ -192,24 +195,64 @@ TEST(CliTokenize, BadInputGivesOneLineError) {
   expect_one_line_error(run_dsv4({"tokenize", "--tokenizer", "/nonexistent/tokenizer.json", "hi"}, "bad"),
                         "missing tokenizer file");
   expect_one_line_error(run_dsv4({"tokenize", "-m", "/nonexistent-model-dir", "hi"}, "bad"), "missing model dir");
-  expect_one_line_error(run_dsv4({"tokenize", "hi"}, "bad"), "no tokenizer given");
+  expect_one_line_error(run_dsv4({"tokenize", "hi"}, "bad"), "no tokenizer given", "", 2);
   const auto broken = dir / "broken_tokenizer.json";
   std::ofstream(broken) << "{\"model\": {\"type\": \"BPE\", \"vocab\": [";
   expect_one_line_error(run_dsv4({"tokenize", "--tokenizer", broken.string(), "hi"}, "bad"), "truncated tokenizer");
 
+  // ids that are not token ids: usage errors (exit 2) in an argument, errors (exit 1) on stdin, which is data
   expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "12", "abc"}, "bad"), "non-numeric id",
-                        "abc");
-  expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "12x"}, "bad"), "trailing garbage");
-  expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "1.5"}, "bad"), "fractional id");
+                        "abc", 2);
+  expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "12x"}, "bad"), "trailing garbage", "", 2);
+  expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "1.5"}, "bad"), "fractional id", "", 2);
   expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "-"}, "bad", "1 2 three\n"),
-                        "non-numeric id on stdin");
-  expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "99999999"}, "bad"), "out-of-range id");
-  expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "-1"}, "bad"), "negative id");
+                        "non-numeric id on stdin", "on stdin");
+  expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "99999999"}, "bad"), "out-of-range id",
+                        "vocabulary", 2);
+  expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "-"}, "bad", "99999999"),
+                        "out-of-range id on stdin", "on stdin");
+  expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "-1"}, "bad"), "negative id", "", 2);
   // 2^32 + 66 used to wrap to id 66 and print its text
   expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "4294967362"}, "bad"), "id beyond 32 bits",
-                        "4294967362");
+                        "4294967362", 2);
   expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "99999999999999999999"}, "bad"),
-                        "id too long");
+                        "id too long", "", 2);
+}
+
+// An IDS argument is a JSON array or ids separated by commas or spaces, and nothing else: a malformed array ("[1,2"
+// was read as 1 and 2), a trailing comma, an empty entry, a negative, fractional or nested element, a JSON value
+// that is not an array are usage errors naming the argument; "[]" (like blank text) is no ids, hence no output.
+TEST(CliDetokenize, MalformedIdListsAreUsageErrors) {
+  for (const std::string bad : {"[1,2", "[1,2,]", "[,1]", "[1,,2]", "[-1]", "[1.5]", "[1e3]", "[[1]]", "[1, \"2\"]",
+                                "[null]", "[1] 2", "[1]]", "1,,2", "1,", ",1", "1, ,2", "{\"a\": 1}", "\"1\"",
+                                "null", "1;2"}) {
+    const ProcResult r = run_dsv4({"detokenize", "--tokenizer", kTokFile, bad}, "detokbad");
+    expect_one_line_error(r, "detokenize '" + bad + "'", "", 2);
+    EXPECT_NE(r.err.find(bad.substr(0, 3)), std::string::npos) << bad << ": the message quotes it: " << r.err;
+  }
+  // the same text on stdin: an error of the data (exit 1)
+  expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "-"}, "detokbadstdin", "[1,2"),
+                        "malformed array on stdin", "[1,2", 1);
+  for (const std::string none : {"[]", " [ ] ", "", "  "}) {
+    const ProcResult r = run_dsv4({"detokenize", "--tokenizer", kTokFile, none}, "detoknone");
+    EXPECT_EQ(r.code, 0) << "'" << none << "': " << r.err;
+    EXPECT_EQ(r.out, "") << "'" << none << "'";
+  }
+  // every accepted spelling of the same ids gives the same text
+  const auto ids = tokenize(kByFile, "Hello, world");
+  ASSERT_GE(ids.size(), 3u);
+  const std::string want = detokenize(kByFile, ids);
+  ASSERT_FALSE(want.empty());
+  for (const std::vector<std::string>& spelling :
+       {std::vector<std::string>{fmt::format("[{}]", join_ids(ids, ", "))}, {fmt::format("[{}]", join_ids(ids, ","))},
+        {join_ids(ids, ",")}, {join_ids(ids, ", ")}, {join_ids(ids, " ")}, {fmt::format(" {}\n", join_ids(ids, " ,\t"))},
+        {fmt::format("[{}]", ids[0]), join_ids({ids.begin() + 1, ids.end()}, ",")}}) {
+    std::vector<std::string> args{"detokenize", "--tokenizer", kTokFile};
+    args.insert(args.end(), spelling.begin(), spelling.end());
+    const ProcResult r = run_dsv4(args, "detokspell");
+    EXPECT_EQ(r.code, 0) << spelling[0] << ": " << r.err;
+    EXPECT_EQ(r.out, want) << spelling[0];
+  }
 }
 
 TEST(CliRender, BadInputGivesOneLineError) {
@@ -222,8 +265,9 @@ TEST(CliRender, BadInputGivesOneLineError) {
   expect_one_line_error(run_dsv4({"render", "-"}, "bad", "not json at all\n"), "malformed JSON on stdin");
   expect_one_line_error(run_dsv4({"render", "-"}, "bad", "{\"messages\": [{\"role\": \"wizard\", \"content\": \"x\"}]}"),
                         "unknown role");
-  // --ids needs a tokenizer.
-  expect_one_line_error(run_dsv4({"render", "--ids", kOfficial + "input_2.json"}, "bad"), "--ids without tokenizer");
+  // --ids needs a tokenizer (a usage error: the command line lacks it).
+  expect_one_line_error(run_dsv4({"render", "--ids", kOfficial + "input_2.json"}, "bad"), "--ids without tokenizer",
+                        "--tokenizer", 2);
   // Every error case of the chat cases table fails the same way through the CLI.
   std::ifstream cases(kRoot + "/tests/data/chat/cases.jsonl");
   std::string line;
@@ -237,6 +281,28 @@ TEST(CliRender, BadInputGivesOneLineError) {
     ++n;
   }
   EXPECT_GE(n, 1);
+}
+
+// render takes the tool names the server takes (chat/tool_name.h), and refuses the others with the server's
+// reason: it rendered any name, also ones the server answers with 400 (a space, a quote, non-ASCII letters, > 64).
+TEST(CliRender, ToolNamesFollowTheServersRule) {
+  const auto request = [](const json& tool) {
+    return json{{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"tools", {tool}}}.dump();
+  };
+  for (const std::string& name : std::vector<std::string>{"get_weather", "a.b-c_9", "X", std::string(64, 'a')}) {
+    const ProcResult r =
+        run_dsv4({"render", "-"}, "rendertool", request({{"type", "function"}, {"function", {{"name", name}}}}));
+    EXPECT_EQ(r.code, 0) << name << ": " << r.err;
+    EXPECT_NE(r.out.find("\"name\": \"" + name + "\""), std::string::npos) << r.out;
+  }
+  for (const std::string& name :
+       std::vector<std::string>{"has space", "翻译", "a\"b", "a>b", "", std::string(65, 'a')}) {
+    expect_one_line_error(
+        run_dsv4({"render", "-"}, "rendertool", request({{"type", "function"}, {"function", {{"name", name}}}})),
+        "tool name '" + name + "'", "tools[0].function.name: required, 1 to 64 letters, digits");
+    expect_one_line_error(run_dsv4({"render", "-"}, "rendertool", request({{"name", name}})),
+                          "bare tool name '" + name + "'", "tools[0].name: required, 1 to 64 letters, digits");
+  }
 }
 
 }  // namespace

@@ -9,7 +9,9 @@
 #include <tuple>
 #include <vector>
 
-#include "cli/run_child.h"
+#include <nlohmann/json.hpp>
+
+#include "common/run_child.h"
 
 namespace {
 using dsv4::clitest::ProcResult;
@@ -213,15 +215,16 @@ TEST(CliUsage, DummyWeightsBeyondHostMemoryAreRefusedUpFront) {
 }
 
 TEST(CliUsage, TooLittleStateMemoryIsAClearError) {
-  // The state layout follows from config.json: one error line and exit 1 before the model loads.
+  // The state layout follows from config.json: a usage error (one line, exit 2) before the model loads.
   ProcResult r = run_dsv4({"serve", "-m", kDemo, "--port", "0", "--kv-memory", "1K"});
-  EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.err.find("dsv4: error: state memory of 1024 bytes cannot hold 16 sequence slots"), std::string::npos)
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("dsv4: error: --kv-memory: state memory of 1024 bytes cannot hold 16 sequence slots"),
+            std::string::npos)
       << r.err;
   EXPECT_EQ(r.err.find("loading"), std::string::npos) << "checked only after loading the model:\n" << r.err;
   // the same with --parallel 2 and a fraction of the CPU's 1G default that is still too small
   ProcResult f = run_dsv4({"serve", "-m", kDemo, "--port", "0", "--parallel", "2", "--kv-memory", "0.000001"});
-  EXPECT_EQ(f.code, 1);
+  EXPECT_EQ(f.code, 2);
   EXPECT_NE(f.err.find("cannot hold 2 sequence slots"), std::string::npos) << f.err;
   EXPECT_EQ(f.err.find("loading"), std::string::npos) << f.err;
 }
@@ -336,6 +339,106 @@ TEST(CliUsage, EmptyHostIsAUsageError) {
   const ProcResult r = run_dsv4({"serve", "-m", kDemo, "--host", "", "--port", "0"}, "emptyhost");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("--host: needs an address"), std::string::npos) << r.err;
+}
+
+// Every comma-separated integer list option parses its text the same way (cli/int_list_option.h): an empty entry,
+// an entry that is not a decimal integer or one out of the option's range is a usage error naming the option and
+// the entry, before anything is loaded. (bench serve --clients dropped empty entries: "1,,2" ran as 1,2; bench spec
+// --batch "1,2," ran as 1,2.)
+TEST(CliUsage, IntegerListOptionsParseAlike) {
+  const std::string none = "/nonexistent/dsv4-model";
+  struct ListOption {
+    std::vector<std::string> command;
+    std::string option, beyond;  // beyond: an entry out of its range
+  };
+  const std::vector<ListOption> lists{{{"bench", "serve", "-m", none}, "--clients", "0"},
+                                      {{"bench", "serve", "-m", none}, "--clients", "4097"},
+                                      {{"bench", "spec", "-m", none}, "--batch", "257"},
+                                      {{"bench", "spec", "-m", none}, "--draft", "0"},
+                                      {{"generate", "-m", none}, "--prompt-ids", "-1"},
+                                      {{"logprobs", "-m", none}, "--prompt-ids", "2147483648"}};
+  for (const ListOption& l : lists) {
+    for (const auto& [value, entry] : std::vector<std::pair<std::string, std::string>>{
+             {"1,,2", "empty entry 2 in '1,,2'"},
+             {",1", "empty entry 1 in ',1'"},
+             {"1,", "empty entry 2 in '1,'"},
+             {"1, ,2", "empty entry 2"},
+             {"", "is empty"},
+             {"1,x", "'x' (entry 2 of '1,x')"},
+             {"1,0x10", "'0x10' (entry 2 of '1,0x10')"},
+             {"1,1.5", "'1.5'"},
+             {"1,99999999999999999999", "'99999999999999999999'"},
+             {"1," + l.beyond, "'" + l.beyond + "' (entry 2"},
+             {l.beyond, "'" + l.beyond + "' is not an integer in ["}}) {
+      std::vector<std::string> args = l.command;
+      args.insert(args.end(), {l.option, value});
+      const ProcResult r = run_dsv4(args, "intlist");
+      const std::string what = l.option + " '" + value + "': ";
+      EXPECT_EQ(r.code, 2) << what << r.err;
+      EXPECT_EQ(r.err.rfind("dsv4: error: " + l.option + ": ", 0), 0u) << what << r.err;
+      EXPECT_NE(r.err.find(entry), std::string::npos) << what << r.err;
+      EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << what << r.err;
+    }
+  }
+  // accepted: spaces around entries, leading zeros (decimal), the range's edges
+  const std::string tiny = std::string(DSV4_SOURCE_DIR) + "/tests/data/tiny-a";
+  const ProcResult g =
+      run_dsv4({"generate", "-m", tiny, "--prompt-ids", " 0, 05 ,255", "-n", "1", "--json", "--threads", "1"}, "lists");
+  ASSERT_EQ(g.code, 0) << g.err;
+  EXPECT_EQ(nlohmann::json::parse(g.out).at("prompt_ids"), nlohmann::json::parse("[0, 5, 255]")) << g.out;
+}
+
+// A value impossible for the model named, that its config.json tells before anything loads, is a usage error like
+// one the command line alone refutes: exit 2, one line, nothing printed before it (these exited 1, most after the
+// model had loaded). Also: two commands' missing or conflicting inputs.
+TEST(CliUsage, ValuesImpossibleForTheModelAreUsageErrors) {
+  const std::string tiny = std::string(DSV4_SOURCE_DIR) + "/tests/data/tiny-a";
+  const std::string dspark = std::string(DSV4_SOURCE_DIR) + "/tests/data/tiny-dspark";
+  const std::string cfg = tiny + "/config.json";
+  for (const auto& [args, needle] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"bench", "serve", "-m", kDemo, "--clients", "0"}, "--clients: '0'"},
+           {{"bench", "model", "-m", kDemo, "--layers", "3"}, "--layers needs --load-format dummy"},
+           {{"generate", "-m", kDemo, "-p", "hi", "--ctx", "99999999"}, "--ctx 99999999: the model has 1048576"},
+           {{"generate", "-m", tiny, "--prompt-ids", "0,999999"}, "id 999999 (entry 2) is outside the model's vocab"},
+           {{"logprobs", "-m", tiny, "--prompt-ids", "0,256"}, "id 256 (entry 2) is outside the model's vocabulary"},
+           {{"generate", "-m", tiny, "--prompt-ids", "0,1,2", "--ctx", "3"}, "no room to generate"},
+           {{"generate", "-m", dspark, "--prompt-ids", "0", "--spec-draft", "6"}, "--spec-draft 6: the checkpoint's"},
+           {{"chat", "-m", dspark, "--spec-draft", "6"}, "at most its block size 5"},
+           {{"serve", "-m", dspark, "--port", "0", "--spec-draft", "6"}, "at most its block size 5"},
+           {{"bench", "spec", "-m", kDemo, "--draft", "2,5"}, "--draft 5: the checkpoint's drafter is its MTP module"},
+           {{"generate", "-m", kDemo, "-p", "x", "--n-cpu-moe", "7"}, "--n-cpu-moe 7: the model has 6 layers"},
+           {{"chat", "-m", kDemo, "--gpu-experts", "9"}, "experts per layer in 0 .. 8"},
+           {{"serve", "-m", kDemo, "--port", "0", "--gpu-experts", "9"}, "experts per layer in 0 .. 8"},
+           {{"logprobs", "-m", kDemo, "--prompt-ids", "1", "--cpu-moe", "--n-cpu-moe", "2"}, "give one of them"},
+           {{"bench", "model", "-m", kDemo, "--n-cpu-moe", "7"}, "--n-cpu-moe 7"},
+           {{"bench", "serve", "-m", kDemo, "--n-cpu-moe", "7"}, "--n-cpu-moe 7"},
+           {{"bench", "serve", "-m", kDemo, "--kv-memory", "1K"}, "--kv-memory: state memory of 1024 bytes"},
+           {{"bench", "serve", "-m", kDemo, "--url", "http://127.0.0.1:1"}, "give one of -m MODEL"},
+           {{"bench", "serve"}, "give -m MODEL"},
+           {{"bench", "spec", "-m", kDemo, "--config", cfg}, "exactly one of -m DIR and --config FILE"},
+           {{"tokenize", "hi"}, "give --tokenizer FILE or -m MODEL_DIR"}}) {
+    std::string joined;
+    for (const auto& a : args) joined += a + " ";
+    const ProcResult r = run_dsv4(args, "modelusage");
+    EXPECT_EQ(r.code, 2) << joined << "\n" << r.err;
+    EXPECT_EQ(r.err.rfind("dsv4: error: ", 0), 0u) << joined << "\n" << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << joined << "\n" << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << joined << "\n" << r.err;
+    EXPECT_EQ(r.out, "") << joined;
+  }
+}
+
+// bench gemm's --experts-alloc is checked with the other options while parsing (exit 2, before the bandwidth run);
+// it was checked only when the benchmark ran (exit 1).
+TEST(CliUsage, BenchGemmExpertsAllocIsCheckedWithTheOtherOptions) {
+  for (const char* v : {"5", "0", "-1", "257", "x", "0x10"}) {
+    const ProcResult r = run_dsv4({"bench", "gemm", "--experts-alloc", v, "--seconds", "0.01"}, "expertsalloc");
+    EXPECT_EQ(r.code, 2) << v << ": " << r.err;
+    EXPECT_EQ(r.err.rfind(std::string("dsv4: error: --experts-alloc: '") + v + "'", 0), 0u) << r.err;
+    EXPECT_EQ(r.out, "") << v;
+  }
+  const ProcResult h = run_dsv4({"bench", "gemm", "--help"}, "expertsallochelp");
+  EXPECT_NE(h.out.find("6 .. 256"), std::string::npos) << h.out;
 }
 
 }  // namespace

@@ -5,7 +5,10 @@
 #include <cmath>
 #include <future>
 
+#include "chat/chat_encoding.h"
+#include "chat/tool_name.h"
 #include "common/json_validator.h"
+#include "server/openai_request.h"
 #include "server/server_fixture.h"
 
 using namespace dsv4;
@@ -895,6 +898,29 @@ TEST_F(ServerTest, BadSchemasToolsAndBudgetsName400Fields) {
   EXPECT_EQ(ok["usage"]["prompt_tokens_details"]["cached_tokens"],
             (first["usage"]["prompt_tokens"].get<int>() - 1) / 128 * 128);
   EXPECT_EQ(json::parse(client().Get("/health")->body)["model_state"], "loaded");
+}
+
+// The server and the chat renderer (dsv4 render, chat) take the same tool names (chat/tool_name.h): render used to
+// take any name, also those the server answers with 400.
+TEST(ToolNames, ServerAndRendererAgree) {
+  for (const std::string& name : std::vector<std::string>{"f", "get_weather", "a.b-c_9", std::string(64, 'x'), "",
+                                                         "has space", "翻译", "a\"b", "a>b", "a/b", "tab\t",
+                                                         std::string(65, 'x')}) {
+    const nlohmann::ordered_json tools = {{{"type", "function"}, {"function", {{"name", name}}}}};
+    bool server_ok = true, render_ok = true;
+    try {
+      parse_tools(tools);
+    } catch (const Error&) {
+      server_ok = false;
+    }
+    try {
+      render_chat(nlohmann::ordered_json{{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"tools", tools}});
+    } catch (const Error&) {
+      render_ok = false;
+    }
+    EXPECT_EQ(server_ok, render_ok) << "'" << name << "': server " << server_ok << ", render " << render_ok;
+    EXPECT_EQ(server_ok, valid_tool_name(name)) << name;
+  }
 }
 
 TEST_F(ServerTest, ChatMessageWithoutContentIs400NamingItsIndex) {

@@ -25,7 +25,7 @@ S = {"type": "function", "function": {"name": "search", "description": "Search t
                                           "query": {"type": "string"}, "top_k": {"type": "integer", "default": 5},
                                           "score": {"type": "number", "minimum": 0.0, "maximum": 1e16,
                                                     "multipleOf": 1e-05}}, "required": ["query"]}}}
-U = {"type": "function", "function": {"name": "翻译", "description": "把文本翻译成英文 🌍 \"quoted\" \\ tab\t",
+U = {"type": "function", "function": {"name": "translate", "description": "把文本翻译成英文 🌍 \"quoted\" \\ tab\t",
                                       "parameters": {"type": "object", "properties": {"文本": {"type": "string"}}}}}
 
 
@@ -163,6 +163,13 @@ ERRORS = [
      "messages[0].content[0]"),
     ("err_content_type", {"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
     ("err_tools_type", {"messages": [u("a")], "tools": {"x": 1}}, "tools: expected an array"),
+    # tool names: the server's rule (src/chat/tool_name.h), also for a name the official encoder would render
+    ("err_tool_name", {"messages": [u("a")], "tools": [{"type": "function", "function": dict(U["function"], name="翻译")}]},
+     "tools[0].function.name: required, 1 to 64 letters"),
+    ("err_tool_name_quote", {"messages": [u("a")], "tools": [{"type": "function", "function": {"name": "a\"b"}}]},
+     "tools[0].function.name"),
+    ("err_tool_call_empty_name", {"messages": [u("a"), a("", None, [tc("c", "", "{}")])]},
+     "messages[1].tool_calls[0].function.name: required non-empty string"),
 ]
 
 

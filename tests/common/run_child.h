@@ -1,10 +1,13 @@
-// Helpers of the `dsv4 generate` / `dsv4 serve` CLI tests: run the built binary as a child process.
+// Runs the built `dsv4` binary (DSV4_BINARY) as a child process for the tests that drive the command line
+// (tests/cli, and tests/gpu through gpu_cli.h): its stdout and stderr go to files of a scratch folder (stderr into the
+// stdout file when merged, as a shell's 2>&1), optional variables set in its environment, an exit code back.
 #pragma once
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -56,9 +59,11 @@ struct Child {
   }
 };
 
-// stdin_path: file fed to the child's stdin (default /dev/null).
+// stdin_path: file fed to the child's stdin (default /dev/null). env: "NAME=VALUE" entries set in the child's
+// environment ("NAME=": the empty value). merge_stderr: stderr into the stdout file (stderr_text() is then empty).
 inline Child start_dsv4(const std::vector<std::string>& args, const std::filesystem::path& dir,
-                        const std::string& stdin_path = "/dev/null") {
+                        const std::string& stdin_path = "/dev/null", const std::vector<std::string>& env = {},
+                        bool merge_stderr = false) {
   Child c;
   c.out = dir / "stdout.txt";
   c.err = dir / "stderr.txt";
@@ -67,6 +72,17 @@ inline Child start_dsv4(const std::vector<std::string>& args, const std::filesys
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // The child's environment, made here (between fork and exec only async-signal-safe calls): ours with `env` on top.
+  std::vector<std::string> env_s;
+  for (char** v = environ; *v; ++v) {
+    const std::string kv = *v;
+    const auto same_name = [&](const std::string& e) { return kv.rfind(e.substr(0, e.find('=') + 1), 0) == 0; };
+    if (std::none_of(env.begin(), env.end(), same_name)) env_s.push_back(kv);
+  }
+  env_s.insert(env_s.end(), env.begin(), env.end());
+  std::vector<char*> envp;
+  for (auto& kv : env_s) envp.push_back(kv.data());
+  envp.push_back(nullptr);
   c.pid = fork();
   if (c.pid == 0) {
     int o = ::open(c.out.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0644);
@@ -75,8 +91,8 @@ inline Child start_dsv4(const std::vector<std::string>& args, const std::filesys
     if (o < 0 || e < 0 || in < 0) _exit(126);
     dup2(in, 0);
     dup2(o, 1);
-    dup2(e, 2);
-    execv(argv[0], argv.data());
+    dup2(merge_stderr ? o : e, 2);  // (one open file: the two streams interleave as written)
+    execve(argv[0], argv.data(), envp.data());
     _exit(127);
   }
   return c;
@@ -100,6 +116,31 @@ inline ProcResult run_dsv4(const std::vector<std::string>& args, const std::stri
   r.code = c.wait();
   r.out = c.stdout_text();
   r.err = c.stderr_text();
+  return r;
+}
+
+// The words of a command line written as one string ("logprobs -m DIR --prompt-ids 1,2"): split at spaces and tabs,
+// no quoting.
+inline std::vector<std::string> split_words(const std::string& s) {
+  std::istringstream in(s);
+  std::vector<std::string> w;
+  for (std::string x; in >> x;) w.push_back(x);
+  return w;
+}
+
+struct MergedResult {
+  int rc = -1;      // exit code (128 + signal if killed, -1 on timeout)
+  std::string out;  // stdout and stderr, interleaved as written
+};
+
+// `env dsv4 args 2>&1`: args and env ("NAME=VALUE" assignments, or empty) as split_words. The timeout is generous:
+// the GPU tests run whole benchmarks this way (ctest's timeout still applies).
+inline MergedResult run_dsv4_merged(const std::string& args, const std::string& env = "",
+                                    std::chrono::milliseconds timeout = std::chrono::hours(2)) {
+  Child c = start_dsv4(split_words(args), scratch_dir("merged"), "/dev/null", split_words(env), /*merge_stderr=*/true);
+  MergedResult r;
+  r.rc = c.wait(timeout);
+  r.out = c.stdout_text();
   return r;
 }
 
