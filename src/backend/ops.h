@@ -68,6 +68,8 @@ struct MoeWeights {
   const ExpertView* shared = nullptr;   // host pointer to the shared expert's views, or nullptr
 };
 
+// A new op is also forwarded by the op decorators' base (forwarding_ops.h: one method there) and gets a case in
+// tests/backend/test_op_decorators.cpp.
 class Ops {
  public:
   virtual ~Ops() = default;
