@@ -8,6 +8,7 @@
 #include "chat/py_json.h"
 #include "chat/tool_name.h"
 #include "core/error.h"
+#include "core/json_depth.h"
 
 namespace dsv4 {
 
@@ -151,6 +152,8 @@ Msg read_message(const OrderedJson& m, size_t idx) {
         call.args_object = *args;
       } else if (args->is_string()) {
         call.args_raw = args->get<std::string>();
+        if (json_nesting_exceeds(call.args_raw, kMaxJsonRequestDepth))
+          fail("{}.function.arguments: nested deeper than {} levels", w, kMaxJsonRequestDepth);
         try {
           OrderedJson parsed = OrderedJson::parse(call.args_raw);
           if (parsed.is_object()) call.args_object = std::move(parsed);
@@ -436,6 +439,8 @@ std::string ChatPrompt::text() const {
 }
 
 OrderedJson parse_chat_request(std::string_view body) {
+  if (json_nesting_exceeds(body, kMaxJsonRequestDepth))
+    fail("request: invalid JSON: nested deeper than {} levels", kMaxJsonRequestDepth);
   try {
     return OrderedJson::parse(body);
   } catch (const nlohmann::json::exception& e) {

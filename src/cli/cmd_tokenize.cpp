@@ -25,6 +25,7 @@
 #include "cli/command.h"
 #include "cli/int_list_option.h"
 #include "core/error.h"
+#include "core/json_depth.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -110,6 +111,8 @@ std::vector<int32_t> parse_token_ids(std::string_view text, bool argument) {
   const size_t first = text.find_first_not_of(" \t\r\n");
   if (first == std::string_view::npos) return ids;
   if (text[first] == '[') {
+    if (dsv4::json_nesting_exceeds(text, dsv4::kMaxJsonRequestDepth))
+      bad(fmt::format("'{}' is nested deeper than {} levels", excerpt(text), dsv4::kMaxJsonRequestDepth));
     const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
     if (j.is_discarded() || !j.is_array()) bad(fmt::format("'{}' is not a JSON array of token ids", excerpt(text)));
     for (size_t i = 0; i < j.size(); ++i) {

@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <cctype>
 #include <fstream>
+#include <iterator>
 #include <numeric>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_depth.h"
 
 namespace dsv4 {
 
@@ -19,9 +21,12 @@ double gib(double b) { return b / double(uint64_t(1) << 30); }
 ExpertProfile read_expert_profile(const std::filesystem::path& file) {
   std::ifstream f(file);
   if (!f) fail("--hot-experts {}: cannot open the file", file.string());
+  const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+  if (json_nesting_exceeds(text, kMaxJsonRequestDepth))
+    fail("--hot-experts {}: not JSON (nested deeper than {} levels)", file.string(), kMaxJsonRequestDepth);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(f);
+    j = nlohmann::json::parse(text);
   } catch (const std::exception& e) {
     fail("--hot-experts {}: not JSON ({})", file.string(), e.what());
   }

@@ -2,6 +2,7 @@
 
 #include <optional>
 
+#include "core/json_depth.h"
 #include "server/api_error.h"
 #include "server/request_fields.h"
 
@@ -214,7 +215,8 @@ ApiRequest parse_anthropic_request(std::string_view body_text, const Tokenizer& 
   }
   ApiRequest r;
   try {
-    r = chat_request_from_json(std::move(chat), tok, n_ctx);
+    // count_tokens counts any prompt (as Anthropic's): the context size limits generation, not counting
+    r = chat_request_from_json(std::move(chat), tok, count_only ? int64_t(1) << 62 : n_ctx);
   } catch (const ApiError& e) {
     if (e.param() == "tool_choice.function.name") {  // Anthropic's errors have no param: the message names the field
       std::string msg = e.what();
@@ -248,7 +250,7 @@ ojson anthropic_usage_json(const GenerationResult& r) {
 
 namespace {
 J tool_use_block(const ToolCall& c) {
-  J input = J::parse(c.arguments, nullptr, false);
+  J input = json_nesting_exceeds(c.arguments, kMaxJsonRequestDepth) ? J() : J::parse(c.arguments, nullptr, false);
   if (input.is_discarded() || !input.is_object()) input = J::object();
   return {{"type", "tool_use"}, {"id", c.id}, {"name", c.name}, {"input", std::move(input)}};
 }

@@ -9,6 +9,7 @@
 
 #include "chat/chat_encoding.h"
 #include "chat/tool_name.h"
+#include "core/json_depth.h"
 #include "server/api_error.h"
 #include "server/json_schema_grammar.h"
 #include "server/request_fields.h"
@@ -144,7 +145,10 @@ void validate_messages(const J& msgs) {
       const J* args = field(*fn, "arguments");
       const std::string ap = w + ".function.arguments";
       if (!args || !args->is_string()) bad_request(ap, ap + ": must be a string holding a JSON object");
-      J parsed = J::parse(args->get<std::string>(), nullptr, false);
+      const std::string& text = args->get_ref<const std::string&>();
+      if (json_nesting_exceeds(text, kMaxJsonRequestDepth))
+        bad_request(ap, fmt::format("{}: nested deeper than {} levels", ap, kMaxJsonRequestDepth));
+      J parsed = J::parse(text, nullptr, false);
       if (parsed.is_discarded() || !parsed.is_object())
         bad_request(ap, ap + ": must be a string holding a JSON object");
     }

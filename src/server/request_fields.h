@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "core/json_depth.h"
 #include "server/api_error.h"
 
 namespace dsv4::reqf {
@@ -23,8 +24,12 @@ inline const J* field(const J& obj, const char* key) {
 }
 
 // A request body: a JSON object. Malformed JSON is a 400 'invalid_json' that carries the parser's message (with the
-// line and column of the error); every endpoint reports it the same way.
+// line and column of the error); every endpoint reports it the same way. So is nesting deeper than
+// kMaxJsonRequestDepth (core/json_depth.h), checked before parsing.
 inline J parse_object_body(std::string_view body) {
+  if (json_nesting_exceeds(body, kMaxJsonRequestDepth))
+    throw ApiError(400, fmt::format("invalid JSON in the request body: nested deeper than {} levels", kMaxJsonRequestDepth),
+                   "invalid_request_error", "", "invalid_json");
   J j;
   try {
     j = J::parse(body);

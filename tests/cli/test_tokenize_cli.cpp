@@ -233,6 +233,10 @@ TEST(CliDetokenize, MalformedIdListsAreUsageErrors) {
   // the same text on stdin: an error of the data (exit 1)
   expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "-"}, "detokbadstdin", "[1,2"),
                         "malformed array on stdin", "[1,2", 1);
+  // deeply nested (printing the element in the message recursed once per level: a segfault at ~300,000 levels)
+  expect_one_line_error(run_dsv4({"detokenize", "--tokenizer", kTokFile, "-"}, "detokdeep",
+                                 std::string(300000, '[') + std::string(300000, ']')),
+                        "deeply nested array on stdin", "nested deeper than", 1);
   for (const std::string none : {"[]", " [ ] ", "", "  "}) {
     const ProcResult r = run_dsv4({"detokenize", "--tokenizer", kTokFile, none}, "detoknone");
     EXPECT_EQ(r.code, 0) << "'" << none << "': " << r.err;
@@ -263,6 +267,22 @@ TEST(CliRender, BadInputGivesOneLineError) {
   std::ofstream(malformed) << "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}";
   expect_one_line_error(run_dsv4({"render", malformed.string()}, "bad"), "malformed JSON file");
   expect_one_line_error(run_dsv4({"render", "-"}, "bad", "not json at all\n"), "malformed JSON on stdin");
+  // deep nesting (printing the parsed value recursed once per level: a segfault at ~70,000 levels)
+  std::string deep = "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"x\": ";
+  deep += std::string(70000, '[') + std::string(70000, ']') + "}";
+  expect_one_line_error(run_dsv4({"render", "-"}, "bad", deep), "deeply nested request", "nested deeper than");
+  std::string args;
+  for (int i = 0; i < 70000; ++i) args += "{\"a\":";
+  args += '1';
+  args.append(70000, '}');
+  const json call = {{"messages",
+                      {{{"role", "user"}, {"content", "x"}},
+                       {{"role", "assistant"},
+                        {"content", nullptr},
+                        {"tool_calls", {{{"id", "c1"}, {"type", "function"},
+                                         {"function", {{"name", "f"}, {"arguments", args}}}}}}}}}};
+  expect_one_line_error(run_dsv4({"render", "-"}, "bad", call.dump()), "deeply nested tool arguments",
+                        "nested deeper than");
   expect_one_line_error(run_dsv4({"render", "-"}, "bad", "{\"messages\": [{\"role\": \"wizard\", \"content\": \"x\"}]}"),
                         "unknown role");
   // --ids needs a tokenizer (a usage error: the command line lacks it).

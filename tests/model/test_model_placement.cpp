@@ -517,6 +517,10 @@ TEST(ExpertPlacement, BadOptionsAndProfilesAreOneLineErrors) {
   add([&](PlacementOptions& p) { p.hot_experts = f9.string(); }, 1 << 20, "expert 8 does not exist");
   add([&](PlacementOptions& p) { p.hot_experts = "/nonexistent/profile.json"; }, 1 << 20, "cannot open");
   add([&](PlacementOptions& p) { p.hot_experts = write("notjson", "{oops"); }, 1 << 20, "not JSON");
+  add([&](PlacementOptions& p) {  // deep nesting: printing the field in the message recursed once per level
+    p.hot_experts = write("deep", R"({"format":"dsv4-expert-profile","counts":[],"version":)" +
+                                      std::string(300000, '[') + std::string(300000, ']') + "}");
+  }, 1 << 20, "nested deeper than");
   add([&](PlacementOptions& p) { p.hot_experts = write("other", "{\"format\": \"x\"}"); }, 1 << 20,
       "not an expert profile");
   add([&](PlacementOptions& p) { p.hot_experts = write("neg", R"({"format":"dsv4-expert-profile","counts":[[1,-2]]})"); },

@@ -2,12 +2,12 @@
 // cold and cached, on the calling thread and on the pool, from several threads at once.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/bitwise_equal.h"
 #include "core/error.h"
 #include "loader/config.h"
 #include "model/rope_cache.h"
@@ -19,15 +19,6 @@ ModelConfig flash() {
   return load_config(std::string(DSV4_SOURCE_DIR) + "/tests/data/configs/deepseek-v4-flash-config.json");
 }
 
-// Byte equality of two float arrays, the first difference reported.
-void same(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what << " size";
-  if (got.empty() || std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0) return;
-  size_t i = 0;
-  while (std::memcmp(&got[i], &want[i], sizeof(float)) == 0) ++i;
-  ADD_FAILURE() << what << "[" << i << "] of " << got.size() << ": " << got[i] << ", expected " << want[i];
-}
-
 // Rows of positions pos from the cache, cold then cached, against RopeTable::cos_sin one position at a time.
 void expect_rows(const RopeTable& t, const RopeCache& c, const std::vector<int64_t>& pos, const std::string& what) {
   std::vector<float> want(pos.size() * size_t(t.rd()));
@@ -35,7 +26,7 @@ void expect_rows(const RopeTable& t, const RopeCache& c, const std::vector<int64
   for (int pass = 0; pass < 2; ++pass) {
     std::vector<float> got(want.size(), -7.0f);
     c.cos_sin(pos, got.data());
-    same(got, want, what + (pass ? " (cached)" : " (cold)"));
+    expect_bitwise_equal(got, want, what + (pass ? " (cached)" : " (cold)"));
   }
 }
 
@@ -73,7 +64,7 @@ TEST(RopeCache, ConcurrentFirstUsesGiveTheSameRows) {
   std::vector<std::thread> th;
   for (size_t k = 0; k < got.size(); ++k) th.emplace_back([&, k] { c.cos_sin(pos, got[k].data()); });
   for (auto& x : th) x.join();
-  for (size_t k = 0; k < got.size(); ++k) same(got[k], want, "thread " + std::to_string(k));
+  for (size_t k = 0; k < got.size(); ++k) expect_bitwise_equal(got[k], want, "thread " + std::to_string(k));
 }
 
 TEST(RopeCache, NegativePositionIsAnError) {

@@ -5,13 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstring>
 #include <deque>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "common/bitwise_equal.h"
 #include "backend/parallel.h"
 #include "loader/config.h"
 #include "model/rope_cache.h"
@@ -24,18 +24,8 @@ namespace {
 
 ModelConfig config(const std::string& rel) { return load_config(std::string(DSV4_SOURCE_DIR) + "/tests/data/" + rel); }
 
-// Byte equality of two arrays (floats bitwise), the first difference reported.
-template <class T>
-void same(const std::vector<T>& got, const std::vector<T>& want, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what << " size";
-  if (got.empty() || std::memcmp(got.data(), want.data(), got.size() * sizeof(T)) == 0) return;
-  size_t i = 0;
-  while (std::memcmp(&got[i], &want[i], sizeof(T)) == 0) ++i;
-  ADD_FAILURE() << what << "[" << i << "] of " << got.size() << ": " << got[i] << ", expected " << want[i];
-}
-
 void expect_same_plan(const StepPlan& got, const StepPlan& want, const std::string& what) {
-#define SAME(f) same(got.f, want.f, what + " " #f)
+#define SAME(f) expect_bitwise_equal(got.f, want.f, what + " " #f)
 #define SAME_SCALAR(f) EXPECT_EQ(got.f, want.f) << what << " " #f
   SAME_SCALAR(n);
   SAME_SCALAR(window);
@@ -80,7 +70,7 @@ void expect_same_plan(const StepPlan& got, const StepPlan& want, const std::stri
     const std::string rw = what + " ratio " + std::to_string(w.m);
 #undef SAME
 #undef SAME_SCALAR
-#define SAME(f) same(g.f, w.f, rw + " " #f)
+#define SAME(f) expect_bitwise_equal(g.f, w.f, rw + " " #f)
 #define SAME_SCALAR(f) EXPECT_EQ(g.f, w.f) << rw << " " #f
     SAME_SCALAR(m);
     SAME_SCALAR(coff);

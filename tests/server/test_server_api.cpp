@@ -985,3 +985,74 @@ TEST_F(ServerTest, StructuredAnswerIsClosedWithinMaxTokens) {
     }
   }
 }
+
+// Deeply nested JSON (70,000 levels in ~0.5 MB, far under the body limit) crashed the server: parsing worked, but
+// copying and printing the parsed value recursed once per level. Every client JSON text is now checked for depth
+// first (core/json_depth.h): a 400 in the endpoint's error shape, and the server goes on serving.
+TEST_F(ServerTest, DeeplyNestedJsonIsA400AndTheServerLives) {
+  const int levels = 70000;
+  const std::string deep = std::string(size_t(levels), '[') + std::string(size_t(levels), ']');
+  const std::string deep_obj = [&] {
+    std::string s;
+    for (int i = 0; i < levels; ++i) s += "{\"a\":";
+    s += "1";
+    s += std::string(size_t(levels), '}');
+    return s;
+  }();
+  const json user = {{"role", "user"}, {"content", "x"}};
+  // the body itself nested deeply (in a field the server would otherwise ignore, and in a schema)
+  const std::string chat_unknown = R"({"max_tokens": 2, "messages": [{"role": "user", "content": "x"}], "x": )" + deep + "}";
+  const std::string chat_schema = R"({"max_tokens": 2, "messages": [{"role": "user", "content": "x"}],
+      "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": )" + deep_obj + "}}}";
+  const std::string anth_tool = R"({"max_tokens": 2, "messages": [{"role": "user", "content": "x"}],
+      "tools": [{"name": "f", "input_schema": )" + deep_obj + "}]}";
+  // tool-call arguments: a string holding deeply nested JSON
+  json with_args = {{"max_tokens", 2},
+                    {"messages",
+                     {user,
+                      {{"role", "assistant"},
+                       {"content", nullptr},
+                       {"tool_calls",
+                        {{{"id", "c1"}, {"type", "function"}, {"function", {{"name", "f"}, {"arguments", deep_obj}}}}}}},
+                      {{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "r"}}}}};
+  struct Case {
+    std::string path, body, needle;
+  };
+  for (const Case& c : std::vector<Case>{{"/v1/chat/completions", chat_unknown, "nested deeper than"},
+                                         {"/v1/chat/completions", chat_schema, "nested deeper than"},
+                                         {"/v1/completions", R"({"max_tokens": 2, "prompt": )" + deep + "}",
+                                          "nested deeper than"},
+                                         {"/v1/messages", anth_tool, "nested deeper than"},
+                                         {"/v1/messages/count_tokens", anth_tool, "nested deeper than"},
+                                         {"/v1/chat/completions", with_args.dump(), "function.arguments"}}) {
+    auto r = post(c.path, c.body);
+    ASSERT_TRUE(r) << c.path << ": no response (the server died?)";
+    EXPECT_EQ(r->status, 400) << c.path << " -> " << r->body.substr(0, 300);
+    const std::string msg = json::parse(r->body)["error"]["message"];
+    EXPECT_NE(msg.find(c.needle), std::string::npos) << msg;
+  }
+  // nesting up to the limit is still fine (a 400 for another reason or a 200, never "nested deeper")
+  const std::string ok_deep = std::string(100, '[') + std::string(100, ']');
+  auto ok = post("/v1/chat/completions",
+                 R"({"max_tokens": 2, "messages": [{"role": "user", "content": "x"}], "x": )" + ok_deep + "}");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->body.find("nested deeper"), std::string::npos) << ok->body.substr(0, 300);
+  EXPECT_EQ(client().Get("/health")->status, 200);
+}
+
+// count_tokens answers for a prompt longer than the context too (it answered 400 context_length_exceeded, which made
+// it useless for finding how much to trim); generating from that prompt is still a 400.
+TEST_F(ServerTest, CountTokensCountsPromptsBeyondTheContext) {
+  std::string text;
+  for (int i = 0; i < 3000; ++i) text += "word ";  // > 2,048 tokens (the fixture's context)
+  const json req = {{"messages", {{{"role", "user"}, {"content", text}}}}};
+  auto r = post("/v1/messages/count_tokens", req.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body.substr(0, 300);
+  EXPECT_GT(json::parse(r->body)["input_tokens"].get<int64_t>(), 2048);
+  json gen = req;
+  gen["max_tokens"] = 2;
+  auto g = post("/v1/messages", gen.dump());
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->status, 400) << g->body.substr(0, 300);
+}
