@@ -574,6 +574,20 @@ void CpuOps::scatter_rows(const float* src, const int32_t* src_idx, float* dst, 
     std::memcpy(dst + int64_t(dst_idx[i]) * dim, src + int64_t(src_idx[i]) * dim, size_t(dim) * 4);
 }
 
+// add_rows, then both arrays gathered into scratch and scattered back (the sequence the op stands for).
+void CpuOps::frontier_update(const float* kv, float* score, int64_t n_tok, const float* ape, const int32_t* ape_row,
+                             float* state_kv, float* state_score, const int32_t* idx, const int32_t* dst, int64_t n,
+                             int64_t dim) const {
+  if (ape != nullptr) add_rows(score, n_tok, dim, ape, ape_row);
+  std::vector<float> tmp(size_t(2 * n * dim));  // [2, n, dim]
+  gather_rows(kv, n_tok, state_kv, idx, n, dim, tmp.data());
+  gather_rows(score, n_tok, state_score, idx, n, dim, tmp.data() + n * dim);
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(state_kv + int64_t(dst[i]) * dim, tmp.data() + i * dim, size_t(dim) * 4);
+    std::memcpy(state_score + int64_t(dst[i]) * dim, tmp.data() + (n + i) * dim, size_t(dim) * 4);
+  }
+}
+
 void CpuOps::encode_rows(const float* x, int64_t n, const RowCodec& c, float* out) const {
   const int64_t w = c.words();
   int64_t inexact = -1;

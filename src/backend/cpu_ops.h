@@ -29,6 +29,9 @@ class CpuOps : public Ops {
   void scatter_rows(const float* src, const int32_t* src_idx, float* dst, const int32_t* dst_idx, int64_t n,
                     int64_t dim) const override;
   void add_rows(float* x, int64_t n, int64_t dim, const float* table, const int32_t* rows) const override;
+  void frontier_update(const float* kv, float* score, int64_t n_tok, const float* ape, const int32_t* ape_row,
+                       float* state_kv, float* state_score, const int32_t* idx, const int32_t* dst, int64_t n,
+                       int64_t dim) const override;
   void encode_rows(const float* x, int64_t n, const RowCodec& c, float* out) const override;
   void hc_pre(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale,
               const float* base, int sinkhorn_iters, float hc_eps, float norm_eps, bool bf16, float* u, float* post,

@@ -108,6 +108,17 @@ class ForwardingOps : public Ops {
     around({"head_rms_rope", n_tok},
            [&] { inner_.head_rms_rope(x, n_tok, n_heads, head_dim, eps, rd, cos_sin, bf16); });
   }
+  void norm_rope_fp8(float* x, int64_t n_rows, int64_t dim, const float* w, float eps, int64_t rd,
+                     const float* cos_sin, bool bf16, const int32_t* store_src, float* store,
+                     const int32_t* store_dst, int64_t n_store) const override {
+    around({"norm_rope_fp8", n_rows}, [&] {
+      inner_.norm_rope_fp8(x, n_rows, dim, w, eps, rd, cos_sin, bf16, store_src, store, store_dst, n_store);
+    });
+  }
+  void rope_hadamard_fp4(float* x, int64_t n_tok, int64_t n_heads, int64_t dim, int64_t rd,
+                         const float* cos_sin) const override {
+    around({"rope_hadamard_fp4", n_tok}, [&] { inner_.rope_hadamard_fp4(x, n_tok, n_heads, dim, rd, cos_sin); });
+  }
   void fp8_sim(float* x, int64_t n_rows, int64_t row_stride, int64_t n_cols, int64_t block) const override {
     around({"fp8_sim", n_rows}, [&] { inner_.fp8_sim(x, n_rows, row_stride, n_cols, block); });
   }
@@ -132,6 +143,12 @@ class ForwardingOps : public Ops {
   }
   void add_rows(float* x, int64_t n, int64_t dim, const float* table, const int32_t* rows) const override {
     around({"add_rows", n}, [&] { inner_.add_rows(x, n, dim, table, rows); });
+  }
+  void frontier_update(const float* kv, float* score, int64_t n_tok, const float* ape, const int32_t* ape_row,
+                       float* state_kv, float* state_score, const int32_t* idx, const int32_t* dst, int64_t n,
+                       int64_t dim) const override {
+    around({"frontier_update", n},
+           [&] { inner_.frontier_update(kv, score, n_tok, ape, ape_row, state_kv, state_score, idx, dst, n, dim); });
   }
   void encode_rows(const float* x, int64_t n, const RowCodec& c, float* out) const override {
     around({"encode_rows", n}, [&] { inner_.encode_rows(x, n, c, out); });
@@ -168,6 +185,15 @@ class ForwardingOps : public Ops {
                         bool bf16, float* out) const override {
     around({"sparse_attention", n_tok, k_win, k_comp}, [&] {
       inner_.sparse_attention(q, n_tok, n_heads, kv, win_idx, k_win, comp_idx, k_comp, sink, scale, bf16, out);
+    });
+  }
+  void sparse_attention_rope(const float* q, int64_t n_tok, int64_t n_heads, const KvRows& kv,
+                             const int32_t* win_idx, int64_t k_win, const int32_t* comp_idx, int64_t k_comp,
+                             const float* sink, float scale, bool bf16, int64_t rd, const float* cos_sin,
+                             float* out) const override {
+    around({"sparse_attention_rope", n_tok, k_win, k_comp}, [&] {
+      inner_.sparse_attention_rope(q, n_tok, n_heads, kv, win_idx, k_win, comp_idx, k_comp, sink, scale, bf16, rd,
+                                   cos_sin, out);
     });
   }
   void compress_pool(const float* kv, const float* score, int64_t n_tok, const float* state_kv,

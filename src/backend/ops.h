@@ -133,6 +133,27 @@ class Ops {
     head_rms(x, n_tok * n_heads, head_dim, eps, bf16);
     rope(x, n_tok, n_heads, head_dim, rd, cos_sin, false, bf16);
   }
+  // The window KV rows (spec §5.4): rmsnorm(x, w, eps) in place over rows x [n_rows, dim], then the forward rope of
+  // each row's last rd dims (one head per row; cos_sin [n_rows, rd/2, 2]), then, when bf16, fp8_sim of its first
+  // dim - rd columns in blocks of 64, then scatter_rows(x, store_src, store, store_dst, n_store, dim) (n_store = 0:
+  // none; store_src[i] in [0, n_rows)): the ops' result (a backend may run them as one kernel: CUDA's decode steps).
+  virtual void norm_rope_fp8(float* x, int64_t n_rows, int64_t dim, const float* w, float eps, int64_t rd,
+                             const float* cos_sin, bool bf16, const int32_t* store_src = nullptr,
+                             float* store = nullptr, const int32_t* store_dst = nullptr, int64_t n_store = 0) const {
+    rmsnorm(x, n_rows, dim, w, eps, bf16, x);
+    rope(x, n_rows, 1, dim, rd, cos_sin, false, bf16);
+    if (bf16) fp8_sim(x, n_rows, dim, dim - rd, 64);
+    if (n_store > 0) scatter_rows(x, store_src, store, store_dst, n_store, dim);
+  }
+  // The indexer's query and key rows in reference numerics (spec §5.6): the forward rope (bf16) of the last rd dims
+  // of every head of x [n_tok, n_heads, dim], then hadamard (bf16) and fp4_sim of every head row: the three ops'
+  // result (a backend may run them as one kernel: CUDA).
+  virtual void rope_hadamard_fp4(float* x, int64_t n_tok, int64_t n_heads, int64_t dim, int64_t rd,
+                                 const float* cos_sin) const {
+    rope(x, n_tok, n_heads, dim, rd, cos_sin, false, true);
+    hadamard(x, n_tok * n_heads, dim, true);
+    fp4_sim(x, n_tok * n_heads, dim);
+  }
   // In-place FP8 e4m3 "QAT" simulation (spec §4.3, act_quant inplace=True): per row of x [n_rows, row_stride],
   // columns [0, n_cols) in blocks of `block`; x <- bf16(e4m3(clamp(x/s)) · s) with s = 2^ceil(log2(max(amax,1e-4)/448)).
   virtual void fp8_sim(float* x, int64_t n_rows, int64_t row_stride, int64_t n_cols, int64_t block) const = 0;
@@ -153,6 +174,15 @@ class Ops {
                             int64_t dim) const = 0;
   // x[t, :] += table[rows[t], :] for t < n (rows of width dim).
   virtual void add_rows(float* x, int64_t n, int64_t dim, const float* table, const int32_t* rows) const = 0;
+  // The compressor's frontier update (spec §5.5) of both of its state arrays. Sources in the state index space:
+  // src_k(j) = kv[j] for j < n_tok, else state_kv[j - n_tok] (src_s likewise from score and state_score). When ape is
+  // not nullptr, first score[t] += ape[ape_row[t]] for t < n_tok (add_rows). Then state_kv[dst[i]] = src_k(idx[i])
+  // and state_score[dst[i]] = src_s(idx[i]) for i < n, every source row read before any row is written (sources may
+  // be rows that change): gather_rows of both into scratch, then scatter_rows back, in one op (CUDA: one kernel at
+  // decode). Rows of width dim; distinct destinations.
+  virtual void frontier_update(const float* kv, float* score, int64_t n_tok, const float* ape, const int32_t* ape_row,
+                               float* state_kv, float* state_score, const int32_t* idx, const int32_t* dst, int64_t n,
+                               int64_t dim) const = 0;
   // Encode rows into a compact state row format (format/row_format.h): out row r (c.words() 4-byte words, moved
   // afterwards with gather_rows / scatter_rows of that width) = encode_row(c, x[r, 0..c.dim)). x: [n, c.dim].
   // Only backends whose Backend::compact_state_rows() is true implement it (the default throws); debug builds of
@@ -190,6 +220,17 @@ class Ops {
   virtual void sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, const KvRows& kv,
                                 const int32_t* win_idx, int64_t k_win, const int32_t* comp_idx, int64_t k_comp,
                                 const float* sink, float scale, bool bf16, float* out) const = 0;
+
+  // sparse_attention, then the inverse rope of the last rd dims of every head of out with cos_sin [n_tok, rd/2, 2]
+  // (how the attention output enters wo_a): the two ops' result (a backend may rotate inside the attention's last
+  // kernel: CUDA's decode steps).
+  virtual void sparse_attention_rope(const float* q, int64_t n_tok, int64_t n_heads, const KvRows& kv,
+                                     const int32_t* win_idx, int64_t k_win, const int32_t* comp_idx, int64_t k_comp,
+                                     const float* sink, float scale, bool bf16, int64_t rd, const float* cos_sin,
+                                     float* out) const {
+    sparse_attention(q, n_tok, n_heads, kv, win_idx, k_win, comp_idx, k_comp, sink, scale, bf16, out);
+    rope(out, n_tok, n_heads, kv.dim, rd, cos_sin, true, bf16);
+  }
 
   // ---- compressor (spec §5.5) ----------------------------------------------------------------------------------
   // Gated softmax pooling of n_emit compressed rows. Rows of width coff*c come from two sources: this step's

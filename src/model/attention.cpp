@@ -24,18 +24,20 @@ void Model::attn_query(const LayerResident& lp, float* qr, int64_t n, const floa
 }
 
 void Model::window_rows(const LayerResident& lp, float* kv, int64_t n, const float* cs, const RowCodec& kc,
-                        float* kv_st) const {
+                        float* kv_st, float* ring, const int32_t* ring_src, const int32_t* ring_dst,
+                        int64_t n_ring) const {
   const int64_t Dh = cfg_.head_dim, rd = cfg_.qk_rope_head_dim;
   const bool bf = bf16();
-  // kv_norm(kv); RoPE; FP8 simulation of the nope dims (block 64); the same rows as the pool stores them (fp32: kv
-  // itself; compact: encoded, exact) [n, KW] words
-  ops().rmsnorm(kv, n, Dh, lp.kv_norm, float(cfg_.rms_norm_eps), bf, kv);
-  ops().rope(kv, n, 1, Dh, rd, cs, false, bf);
-  if (bf) ops().fp8_sim(kv, n, Dh, Dh - rd, 64);
+  if (ring != nullptr && kc.compact()) fail("internal: window_rows stores fp32 rows only");
+  // kv_norm(kv); RoPE; FP8 simulation of the nope dims (block 64) (and the ring update); the same rows as the pool
+  // stores them (fp32: kv itself; compact: encoded, exact) [n, KW] words
+  ops().norm_rope_fp8(kv, n, Dh, lp.kv_norm, float(cfg_.rms_norm_eps), rd, cs, bf, ring_src, ring, ring_dst,
+                      ring != nullptr ? n_ring : 0);
   if (kc.compact()) ops().encode_rows(kv, n, kc, kv_st);
 }
 
-void Model::store_window(int l, StatePool& pool, const StepPlan& plan, const DevicePlan& dp, const float* kv_st) const {
+void Model::store_window(int l, StatePool& pool, const StepPlan& plan, const DevicePlan& dp, const float* kv_st,
+                         bool ring_done) const {
   StatePool::LayerBuffers& lb = pool.layer(l);
   const int64_t W = cfg_.sliding_window, KW = pool.layout().kv_row.words();
   float* ring = lb.ring.as<float>();
@@ -47,27 +49,29 @@ void Model::store_window(int l, StatePool& pool, const StepPlan& plan, const Dev
   if (!plan.spec_ring_src.empty())  // verify steps: the ring rows about to be overwritten, for a rollback
     ops().scatter_rows(ring, dp.spec_ring_src, lb.spec_ring.as<float>(), dp.spec_ring_dst,
                        int64_t(plan.spec_ring_src.size()), KW);
-  ops().scatter_rows(kv_st, dp.ring_src, ring, dp.ring_dst, int64_t(plan.ring_src.size()), KW);
+  if (!ring_done) ops().scatter_rows(kv_st, dp.ring_src, ring, dp.ring_dst, int64_t(plan.ring_src.size()), KW);
 }
 
 void Model::attn_output(const LayerResident& lp, float* o, int64_t n, const float* cs, const int32_t* group_fwd,
-                        const int32_t* group_back, float* out) const {
+                        const int32_t* group_back, float* out, bool rope_done) const {
   const int64_t H = cfg_.num_attention_heads, Dh = cfg_.head_dim, rd = cfg_.qk_rope_head_dim;
   const bool bf = bf16();
-  ops().rope(o, n, H, Dh, rd, cs, true, bf);
+  if (!rope_done) ops().rope(o, n, H, Dh, rd, cs, true, bf);
   // grouped low-rank output projection: z_g = wo_a[g] · o_g (reference: bf16 weight, bf16 product); out = wo_b z
   const int64_t G = cfg_.o_groups, R = cfg_.o_lora_rank, Dg = cfg_.group_in_dim();
   Workspace& ws = be_->workspace();
   Workspace::Scope scope(ws);
-  float* og = ws.alloc<float>(n * G * Dg);    // [G, n, Dg] group-major
-  float* zg = ws.alloc<float>(n * G * R);     // [G, n, R]
-  float* z = ws.alloc<float>(n * G * R);      // [n, G*R]
-  ops().gather_rows(o, n * G, nullptr, group_fwd, n * G, Dg, og);
+  // (one token: token-major [1, G] and group-major [G, 1] are the same layout, no reordering copies)
+  const bool one = n == 1;
+  float* og = one ? o : ws.alloc<float>(n * G * Dg);   // [G, n, Dg] group-major
+  float* zg = ws.alloc<float>(n * G * R);              // [G, n, R]
+  float* z = one ? zg : ws.alloc<float>(n * G * R);    // [n, G*R]
+  if (!one) ops().gather_rows(o, n * G, nullptr, group_fwd, n * G, Dg, og);
   LinearOpts oa;
   oa.weight_as_bf16 = bf;
   oa.out_bf16 = bf;
   ops().linear_grouped(lp.wo_a, og, n, G, zg, oa);  // group g: rows [g R, (g+1) R) of wo_a
-  ops().gather_rows(zg, n * G, nullptr, group_back, n * G, R, z);
+  if (!one) ops().gather_rows(zg, n * G, nullptr, group_back, n * G, R, z);
   ops().linear(lp.wo_b, z, n, out, qopts());
 }
 
@@ -94,10 +98,19 @@ void Model::attention(int l, StatePool& pool, const StepPlan& plan, const Device
   float* kv_st = kc.compact() ? ws.alloc<float>(n * KW) : kv;
   int32_t* sel = ratio == 4 ? ws.alloc<int32_t>(n * cfg_.index_topk) : nullptr;  // [n, topk] compressed row ids
 
+  // One token per sequence (decode), fp32 rows, no snapshot or verify backup of the ring in this step: the ring row
+  // each token overwrites holds position p - W, which no query of the step reads (window p - W + 1 .. p), so the
+  // ring update goes with the window rows (one op less) instead of after the attention.
+  const bool ring_early = !kc.compact() && n == int64_t(plan.pieces.size()) && plan.snap_ids.empty() &&
+                          plan.spec_ring_src.empty();
+
   attn_project(lp, x, n, qr, kv);
   ops().branch_begin();
   // 2. window KV
-  window_rows(lp, kv, n, cs, kc, kv_st);
+  if (ring_early)
+    window_rows(lp, kv, n, cs, kc, kv_st, lb.ring.as<float>(), dp.ring_src, dp.ring_dst, int64_t(plan.ring_src.size()));
+  else
+    window_rows(lp, kv, n, cs, kc, kv_st);
   // 3b. this layer's compressed rows (reads x and its own state only)
   if (ratio > 0) {
     CompressorPools cp;
@@ -139,16 +152,16 @@ void Model::attention(int l, StatePool& pool, const StepPlan& plan, const Device
     }
   }
 
-  // 4-7. sparse attention over [ring | fresh] window rows and the compressed rows; inverse RoPE on the output; output
-  // projection
+  // 4-7. sparse attention over [ring | fresh] window rows and the compressed rows with the inverse RoPE on its
+  // output (one op); output projection
   KvRows rows{lb.ring.as<float>(), plan.n_ring, kv, n, ratio > 0 ? lb.comp.as<float>() : nullptr, n_comp, Dh, kc};
   float* o = ws.alloc<float>(n * H * Dh);     // [n, H, Dh]
-  ops().sparse_attention(q, n, H, rows, dp.win_idx, W, comp_idx, k_comp, lp.attn_sink, float(cfg_.softmax_scale()),
-                         bf, o);
-  attn_output(lp, o, n, cs, dp.group_fwd, dp.group_back, out);
+  ops().sparse_attention_rope(q, n, H, rows, dp.win_idx, W, comp_idx, k_comp, lp.attn_sink,
+                              float(cfg_.softmax_scale()), bf, cfg_.qk_rope_head_dim, cs, o);
+  attn_output(lp, o, n, cs, dp.group_fwd, dp.group_back, out, true);
 
   // 8. snapshots, verify backups and the ring update
-  store_window(l, pool, plan, dp, kv_st);
+  store_window(l, pool, plan, dp, kv_st, ring_early);
 }
 
 }  // namespace dsv4

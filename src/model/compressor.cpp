@@ -20,23 +20,26 @@ void Model::compressor(const CompressorResident& w, const CompressorPools& cp, c
   float* sp = ws.alloc<float>(n * width);
   ops().linear(w.wkv, x, n, kp, bf16_weight_opts());   // fp32 projections of fp32(x) (reference: fp32 F.linear)
   ops().linear(w.wgate, x, n, sp, bf16_weight_opts());
-  ops().add_rows(sp, n, width, w.ape, drp.ape_row);
-
+  // s += ape[p mod m]: here when this step reads s before the frontier update (pooling, snapshots, verify backups),
+  // else inside the update (the same sums)
   const int64_t ne = rp.n_emit;
+  const bool ape_in_update = ne == 0 && (rp.coff != 2 || plan.snap_ids.empty()) && rp.sp_src.empty();
+  if (!ape_in_update) ops().add_rows(sp, n, width, w.ape, drp.ape_row);
+
   if (ne > 0) {
     Workspace::Scope es(ws);
     float* e = ws.alloc<float>(ne * c);         // [ne, c] the rows completed in this step
     ops().compress_pool(kp, sp, n, cp.k, cp.s, drp.cand, ne, rp.nr, rp.coff, c, e);
     if (bf) ops().round_bf16(e, ne * c);
-    ops().rmsnorm(e, ne, c, w.norm, float(cfg_.rms_norm_eps), bf, e);
-    ops().rope(e, ne, 1, c, rd, drp.emit_cs, false, bf);
-    if (bf) {
-      if (indexer) {
-        ops().hadamard(e, ne, c, true);
-        ops().fp4_sim(e, ne, c);
-      } else {
-        ops().fp8_sim(e, ne, c, c - rd, 64);
-      }
+    const float eps = float(cfg_.rms_norm_eps);
+    if (indexer) {
+      ops().rmsnorm(e, ne, c, w.norm, eps, bf, e);
+      if (bf)
+        ops().rope_hadamard_fp4(e, ne, 1, c, rd, drp.emit_cs);
+      else
+        ops().rope(e, ne, 1, c, rd, drp.emit_cs, false, bf);
+    } else {
+      ops().norm_rope_fp8(e, ne, c, w.norm, eps, rd, drp.emit_cs, bf);  // rmsnorm, rope, fp8_sim (bf16)
     }
     if (cp.stored.compact()) {  // stored compactly (exact: the rows are simulated above)
       float* st = ws.alloc<float>(ne * cp.stored.words());  // [ne, words]
@@ -62,14 +65,9 @@ void Model::compressor(const CompressorResident& w, const CompressorPools& cp, c
     ops().scatter_rows(kp, drp.sp_src, cp.spec_k, drp.sp_dst, int64_t(rp.sp_src.size()), width);
     ops().scatter_rows(sp, drp.sp_src, cp.spec_s, drp.sp_dst, int64_t(rp.sp_src.size()), width);
   }
-  // the new frontiers of the step's slots (gathered first: their sources include the old frontier rows)
-  const int64_t nu = int64_t(rp.upd.size());
-  float* nk = ws.alloc<float>(nu * width);
-  float* ns = ws.alloc<float>(nu * width);
-  ops().gather_rows(kp, n, cp.k, drp.upd, nu, width, nk);
-  ops().gather_rows(sp, n, cp.s, drp.upd, nu, width, ns);
-  ops().scatter_rows(nk, dp.iota, cp.k, drp.upd_dst, nu, width);
-  ops().scatter_rows(ns, dp.iota, cp.s, drp.upd_dst, nu, width);
+  // the new frontiers of the step's slots (their sources include the old frontier rows)
+  ops().frontier_update(kp, sp, n, ape_in_update ? w.ape : nullptr, drp.ape_row, cp.k, cp.s, drp.upd, drp.upd_dst,
+                        int64_t(rp.upd.size()), width);
 }
 
 }  // namespace dsv4

@@ -35,11 +35,10 @@ void Model::indexer(int l, StatePool& pool, const StepPlan& plan, const DevicePl
   Workspace::Scope scope(ws);
   float* q = ws.alloc<float>(n * IH * IDh);   // [n, IH, IDh]
   ops().linear(lp.idx_wq_b, qr, n, q, qopts());
-  ops().rope(q, n, IH, IDh, rd, dp.cs_yarn, false, bf);
-  if (bf) {
-    ops().hadamard(q, n * IH, IDh, true);
-    ops().fp4_sim(q, n * IH, IDh);
-  }
+  if (bf)
+    ops().rope_hadamard_fp4(q, n, IH, IDh, rd, dp.cs_yarn);  // rope, hadamard, fp4_sim
+  else
+    ops().rope(q, n, IH, IDh, rd, dp.cs_yarn, false, bf);
   float* w = ws.alloc<float>(n * IH);         // [n, IH]
   LinearOpts wo;
   wo.out_bf16 = bf;  // reference: bf16 F.linear

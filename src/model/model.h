@@ -267,14 +267,19 @@ class Model final : public LanguageModel {
   // The query q [n, H, Dh] of qr = wq_a x (normalized in place: the latent the indexer reads).
   void attn_query(const LayerResident& lp, float* qr, int64_t n, const float* cs, float* q) const;
   // Window rows from kv = wkv x (in place): kv [n, Dh] (fp32, FP8-simulated in reference numerics) and, with compact
-  // state rows, their stored form kv_st [n, KW] (else kv_st == kv).
-  void window_rows(const LayerResident& lp, float* kv, int64_t n, const float* cs, const RowCodec& kc,
-                   float* kv_st) const;
-  // The step's snapshots of layer l's ring, the verify steps' backups and the ring update with the rows kv_st.
-  void store_window(int layer, StatePool& pool, const StepPlan& plan, const DevicePlan& dp, const float* kv_st) const;
-  // Inverse RoPE on the attention output o [n, H, Dh] (in place), grouped wo_a, wo_b -> out [n, D].
+  // state rows, their stored form kv_st [n, KW] (else kv_st == kv). ring (fp32 rows only): also the ring update
+  // (rows ring_src of kv -> ring rows ring_dst, n_ring of them) in the same op.
+  void window_rows(const LayerResident& lp, float* kv, int64_t n, const float* cs, const RowCodec& kc, float* kv_st,
+                   float* ring = nullptr, const int32_t* ring_src = nullptr, const int32_t* ring_dst = nullptr,
+                   int64_t n_ring = 0) const;
+  // The step's snapshots of layer l's ring, the verify steps' backups and the ring update with the rows kv_st (unless
+  // ring_done: window_rows made it).
+  void store_window(int layer, StatePool& pool, const StepPlan& plan, const DevicePlan& dp, const float* kv_st,
+                    bool ring_done = false) const;
+  // Inverse RoPE on the attention output o [n, H, Dh] (in place; unless rope_done: sparse_attention_rope did it),
+  // grouped wo_a, wo_b -> out [n, D].
   void attn_output(const LayerResident& lp, float* o, int64_t n, const float* cs, const int32_t* group_fwd,
-                   const int32_t* group_back, float* out) const;
+                   const int32_t* group_back, float* out, bool rope_done = false) const;
   // Runs one compressor over x [n, D]: the emitted rows go to their pool rows, snapshots take their frontier rows,
   // and the frontiers of the step's slots advance.
   void compressor(const CompressorResident& w, const CompressorPools& cp, const StepPlan& plan, const DevicePlan& dp,

@@ -54,6 +54,13 @@ class RecordingOps final : public Ops {
   void head_rms_rope(float*, int64_t, int64_t, int64_t, float, int64_t, const float*, bool) const override {
     calls.push_back("head_rms_rope");
   }
+  void norm_rope_fp8(float*, int64_t, int64_t, const float*, float, int64_t, const float*, bool, const int32_t*,
+                     float*, const int32_t*, int64_t) const override {
+    calls.push_back("norm_rope_fp8");
+  }
+  void rope_hadamard_fp4(float*, int64_t, int64_t, int64_t, int64_t, const float*) const override {
+    calls.push_back("rope_hadamard_fp4");
+  }
   void fp8_sim(float*, int64_t, int64_t, int64_t, int64_t) const override { calls.push_back("fp8_sim"); }
   void fp4_sim(float*, int64_t, int64_t) const override { calls.push_back("fp4_sim"); }
   void hadamard(float*, int64_t, int64_t, bool) const override { calls.push_back("hadamard"); }
@@ -65,6 +72,10 @@ class RecordingOps final : public Ops {
     calls.push_back("scatter_rows");
   }
   void add_rows(float*, int64_t, int64_t, const float*, const int32_t*) const override { calls.push_back("add_rows"); }
+  void frontier_update(const float*, float*, int64_t, const float*, const int32_t*, float*, float*, const int32_t*,
+                       const int32_t*, int64_t, int64_t) const override {
+    calls.push_back("frontier_update");
+  }
   void encode_rows(const float*, int64_t, const RowCodec&, float*) const override { calls.push_back("encode_rows"); }
   void hc_pre(const float*, int64_t, int, int64_t, const float*, const float*, const float*, int, float, float, bool,
               float*, float*, float*) const override {
@@ -85,6 +96,10 @@ class RecordingOps final : public Ops {
   void sparse_attention(const float*, int64_t, int64_t, const KvRows&, const int32_t*, int64_t, const int32_t*,
                         int64_t, const float*, float, bool, float*) const override {
     calls.push_back("sparse_attention");
+  }
+  void sparse_attention_rope(const float*, int64_t, int64_t, const KvRows&, const int32_t*, int64_t, const int32_t*,
+                             int64_t, const float*, float, bool, int64_t, const float*, float*) const override {
+    calls.push_back("sparse_attention_rope");
   }
   void compress_pool(const float*, const float*, int64_t, const float*, const float*, const int32_t*, int64_t,
                      int64_t, int, int64_t, float*) const override {
@@ -177,6 +192,12 @@ std::vector<Case> every_op() {
       plain("rope", [](const Ops& o) { o.rope(nullptr, 13, 2, 64, 16, nullptr, false, true); }, 13),
       split("head_rms_rope", [](const Ops& o) { o.head_rms_rope(nullptr, 14, 2, 64, 1e-6f, 16, nullptr, true); },
             14, 0, 0, {"head_rms", "rope"}),
+      plain("norm_rope_fp8",
+            [](const Ops& o) {
+              o.norm_rope_fp8(nullptr, 36, 64, nullptr, 1e-6f, 16, nullptr, true, nullptr, nullptr, nullptr, 2);
+            },
+            36),
+      plain("rope_hadamard_fp4", [](const Ops& o) { o.rope_hadamard_fp4(nullptr, 37, 2, 64, 16, nullptr); }, 37),
       plain("fp8_sim", [](const Ops& o) { o.fp8_sim(nullptr, 15, 128, 128, 64); }, 15),
       plain("fp4_sim", [](const Ops& o) { o.fp4_sim(nullptr, 16, 64); }, 16),
       plain("hadamard", [](const Ops& o) { o.hadamard(nullptr, 17, 64, true); }, 17),
@@ -184,6 +205,11 @@ std::vector<Case> every_op() {
       plain("gather_rows", [](const Ops& o) { o.gather_rows(nullptr, 2, nullptr, nullptr, 19, 64, nullptr); }, 19),
       plain("scatter_rows", [](const Ops& o) { o.scatter_rows(nullptr, nullptr, nullptr, nullptr, 20, 64); }, 20),
       plain("add_rows", [](const Ops& o) { o.add_rows(nullptr, 21, 64, nullptr, nullptr); }, 21),
+      plain("frontier_update",
+            [](const Ops& o) {
+              o.frontier_update(nullptr, nullptr, 3, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 38, 64);
+            },
+            38),
       plain("encode_rows", [](const Ops& o) { o.encode_rows(nullptr, 22, codec, nullptr); }, 22),
       plain("hc_pre",
             [](const Ops& o) {
@@ -209,6 +235,12 @@ std::vector<Case> every_op() {
               o.sparse_attention(nullptr, 27, 2, kv, nullptr, 128, nullptr, 512, nullptr, 0.1f, true, nullptr);
             },
             27, 128, 512),
+      plain("sparse_attention_rope",
+            [](const Ops& o) {
+              o.sparse_attention_rope(nullptr, 39, 2, kv, nullptr, 128, nullptr, 512, nullptr, 0.1f, true, 16, nullptr,
+                                      nullptr);
+            },
+            39, 128, 512),
       plain("compress_pool",
             [](const Ops& o) {
               o.compress_pool(nullptr, nullptr, 3, nullptr, nullptr, nullptr, 28, 8, 2, 64, nullptr);

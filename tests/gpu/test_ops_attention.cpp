@@ -284,6 +284,56 @@ TEST(GpuOpsAttention, SparseAttentionBatchInvariance) {
   }
 }
 
+// sparse_attention_rope (the attention with the inverse rope of its output, k_attention.cu: inside the split mode's
+// combine kernel at decode, a rope launch after the other paths) equals sparse_attention then rope on CUDA,
+// bitwise, in both modes: decode CSA / HCA / window-only steps (split mode in the fast mode), a prefill chunk
+// (tensor cores with bf16 rows), a width the fast kernel does not take.
+TEST(GpuOpsAttention, SparseAttentionRopeIsAttentionThenRope) {
+  DSV4_REQUIRE_GPU();
+  struct C {
+    const char* what;
+    int64_t n_tok, H, D, p0, n_comp, k_comp;
+    CompKind kind;
+  };
+  const C cases[] = {{"csa decode", 1, 64, 512, 4000, 1024, 512, CompKind::csa},
+                     {"csa decode x8", 8, 64, 512, 4000, 1024, 512, CompKind::csa},
+                     {"hca decode", 1, 64, 512, 4000, 32, 32, CompKind::hca},
+                     {"window only", 2, 64, 512, 4000, 0, 0, CompKind::csa},
+                     {"prefill", 300, 64, 512, 1000, 1024, 512, CompKind::csa},
+                     {"odd width", 3, 5, 198, 60, 80, 50, CompKind::csa}};
+  const int64_t rd = 64;
+  for (const C& c : cases)
+    for (bool bf16 : {false, true})
+      for (bool det : {true, false}) {
+        ModeScope mode(det);
+        const AttnInputs in = make_attn(c.n_tok, c.H, c.D, 128, c.p0, c.n_comp, c.k_comp, c.kind, bf16, 800);
+        std::vector<float> cs(size_t(c.n_tok * rd));
+        for (int64_t t = 0; t < c.n_tok; ++t)
+          for (int64_t i = 0; i < rd / 2; ++i) {
+            const float a = float(double(c.p0 + t) * std::pow(160000.0, -2.0 * double(i) / double(rd)));
+            cs[size_t(t * rd + 2 * i)] = std::cos(a), cs[size_t(t * rd + 2 * i + 1)] = std::sin(a);
+          }
+        Buffer q = to_device(dev(), in.q), ring = to_device(dev(), in.ring), fresh = to_device(dev(), in.fresh),
+               comp = to_device(dev(), in.comp), sink = to_device(dev(), in.sink), win = to_device(dev(), in.win),
+               dcs = to_device(dev(), cs);
+        Buffer cidx;  // (no compressed list: nullptr, as ratio-0 layers pass)
+        if (!in.cidx.empty()) cidx = to_device(dev(), in.cidx);
+        const int32_t* ci = in.cidx.empty() ? nullptr : cidx.as<int32_t>();
+        const KvRows kv = rows_view(ring.as<float>(), fresh.as<float>(), comp.as<float>(), in);
+        const size_t n_out = size_t(in.n_tok * in.H * in.D);
+        Buffer o1 = out_buffer<float>(dev(), n_out), o2 = out_buffer<float>(dev(), n_out);
+        gops().sparse_attention(q.as<float>(), in.n_tok, in.H, kv, win.as<int32_t>(), in.k_win, ci, in.k_comp,
+                                sink.as<float>(), in.scale, bf16, o1.as<float>());
+        gops().rope(o1.as<float>(), in.n_tok, in.H, in.D, rd, dcs.as<float>(), true, bf16);
+        gops().sparse_attention_rope(q.as<float>(), in.n_tok, in.H, kv, win.as<int32_t>(), in.k_win, ci, in.k_comp,
+                                     sink.as<float>(), in.scale, bf16, rd, dcs.as<float>(), o2.as<float>());
+        expect_bitwise("sparse_attention_rope",
+                       attn_shape(c.what, in, c.p0) + strf(" rd=%lld %s %s vs sparse_attention + rope", (long long)rd,
+                                                           num(bf16), det ? "deterministic" : "fast"),
+                       to_host<float>(dev(), o1, n_out), to_host<float>(dev(), o2, n_out));
+      }
+}
+
 // Prefill chunks (more than 256 tokens) in the fast mode with bf16 rows run the tensor-core kernel (bf16 mma, fp32
 // accumulation: the reference kernel's arithmetic): within the reference-numerics tolerance of the CPU at the real
 // shapes (CSA, HCA, the start of a sequence with holes and a token without entries, which must be exactly zero);

@@ -2,6 +2,7 @@
 #include "backend/cuda/cuda_ops.h"
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/fused_kernels.h"
 #include "backend/cuda/gemm_path.h"
 #include "backend/cuda/kernels.h"
 #include "core/error.h"
@@ -122,6 +123,16 @@ void CudaOps::head_rms_rope(float* x, int64_t n_tok, int64_t n_heads, int64_t he
                             const float* cos_sin, bool bf16) const {
   if (n_tok > 0) DSV4_CUDA_OP(head_rms_rope, x, n_tok, n_heads, head_dim, eps, rd, cos_sin, bf16);
 }
+void CudaOps::norm_rope_fp8(float* x, int64_t n_rows, int64_t dim, const float* w, float eps, int64_t rd,
+                            const float* cos_sin, bool bf16, const int32_t* store_src, float* store,
+                            const int32_t* store_dst, int64_t n_store) const {
+  if (n_rows > 0)
+    DSV4_CUDA_OP(norm_rope_fp8, x, n_rows, dim, w, eps, rd, cos_sin, bf16, store_src, store, store_dst, n_store);
+}
+void CudaOps::rope_hadamard_fp4(float* x, int64_t n_tok, int64_t n_heads, int64_t dim, int64_t rd,
+                                const float* cos_sin) const {
+  if (n_tok > 0) DSV4_CUDA_OP(rope_hadamard_fp4, x, n_tok, n_heads, dim, rd, cos_sin);
+}
 void CudaOps::fp8_sim(float* x, int64_t n_rows, int64_t row_stride, int64_t n_cols, int64_t block) const {
   if (n_rows > 0) DSV4_CUDA_OP(fp8_sim, x, n_rows, row_stride, n_cols, block);
 }
@@ -144,6 +155,15 @@ void CudaOps::scatter_rows(const float* src, const int32_t* src_idx, float* dst,
 }
 void CudaOps::add_rows(float* x, int64_t n, int64_t dim, const float* table, const int32_t* rows) const {
   if (n > 0) DSV4_CUDA_OP(add_rows, x, n, dim, table, rows);
+}
+void CudaOps::frontier_update(const float* kv, float* score, int64_t n_tok, const float* ape, const int32_t* ape_row,
+                              float* state_kv, float* state_score, const int32_t* idx, const int32_t* dst, int64_t n,
+                              int64_t dim) const {
+  if (n <= 0 && (ape == nullptr || n_tok <= 0)) return;
+  Workspace::Scope scope(be_.workspace());
+  const size_t tb = frontier_update_scratch_bytes(n_tok, n, dim);
+  float* tmp = tb > 0 ? static_cast<float*>(be_.workspace().alloc_bytes(tb)) : nullptr;
+  DSV4_CUDA_OP(frontier_update, kv, score, n_tok, ape, ape_row, state_kv, state_score, idx, dst, n, dim, tmp);
 }
 void CudaOps::hc_pre(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale,
                      const float* base, int sinkhorn_iters, float hc_eps, float norm_eps, bool bf16, float* u,
@@ -173,6 +193,13 @@ void CudaOps::hc_head(const float* X, int64_t n_tok, int hc, int64_t dim, const 
 void CudaOps::sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, const KvRows& kv,
                                const int32_t* win_idx, int64_t k_win, const int32_t* comp_idx, int64_t k_comp,
                                const float* sink, float scale, bool bf16, float* out) const {
+  sparse_attention_rope(q, n_tok, n_heads, kv, win_idx, k_win, comp_idx, k_comp, sink, scale, bf16, 0, nullptr, out);
+}
+// (rd = 0 / cos_sin == nullptr: no rope)
+void CudaOps::sparse_attention_rope(const float* q, int64_t n_tok, int64_t n_heads, const KvRows& kv,
+                                    const int32_t* win_idx, int64_t k_win, const int32_t* comp_idx, int64_t k_comp,
+                                    const float* sink, float scale, bool bf16, int64_t rd, const float* cos_sin,
+                                    float* out) const {
   if (n_tok <= 0) return;
   // the fast decode kernel's split mode: partial states of up to 256 MB of scratch (else one CTA per head group)
   constexpr size_t kMaxSplitBytes = size_t(256) << 20;
@@ -180,8 +207,8 @@ void CudaOps::sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, c
   const size_t sb = cuda::attention_split_bytes(n_tok, n_heads, kv.dim, std::max<int64_t>(k_win, 0) +
                                                                         std::max<int64_t>(k_comp, 0));
   void* split = sb > 0 && sb <= kMaxSplitBytes ? be_.workspace().alloc_bytes(sb) : nullptr;
-  DSV4_CUDA_OP(sparse_attention, q, n_tok, n_heads, kv, win_idx, k_win, comp_idx, k_comp, sink, scale, bf16, out,
-               split, split ? sb : 0);
+  DSV4_CUDA_OP(sparse_attention_rope, q, n_tok, n_heads, kv, win_idx, k_win, comp_idx, k_comp, sink, scale, bf16,
+               cos_sin != nullptr ? rd : 0, cos_sin, out, split, split ? sb : 0);
 }
 void CudaOps::compress_pool(const float* kv, const float* score, int64_t n_tok, const float* state_kv,
                             const float* state_score, const int32_t* cand, int64_t n_emit, int64_t n_cand, int coff,

@@ -30,6 +30,11 @@ class CudaOps final : public Ops {
             bool inverse, bool bf16) const override;
   void head_rms_rope(float* x, int64_t n_tok, int64_t n_heads, int64_t head_dim, float eps, int64_t rd,
                      const float* cos_sin, bool bf16) const override;
+  void norm_rope_fp8(float* x, int64_t n_rows, int64_t dim, const float* w, float eps, int64_t rd,
+                     const float* cos_sin, bool bf16, const int32_t* store_src, float* store,
+                     const int32_t* store_dst, int64_t n_store) const override;
+  void rope_hadamard_fp4(float* x, int64_t n_tok, int64_t n_heads, int64_t dim, int64_t rd,
+                         const float* cos_sin) const override;
   void fp8_sim(float* x, int64_t n_rows, int64_t row_stride, int64_t n_cols, int64_t block) const override;
   void fp4_sim(float* x, int64_t n_rows, int64_t dim) const override;
   void hadamard(float* x, int64_t n_rows, int64_t dim, bool bf16) const override;
@@ -39,6 +44,9 @@ class CudaOps final : public Ops {
   void scatter_rows(const float* src, const int32_t* src_idx, float* dst, const int32_t* dst_idx, int64_t n,
                     int64_t dim) const override;
   void add_rows(float* x, int64_t n, int64_t dim, const float* table, const int32_t* rows) const override;
+  void frontier_update(const float* kv, float* score, int64_t n_tok, const float* ape, const int32_t* ape_row,
+                       float* state_kv, float* state_score, const int32_t* idx, const int32_t* dst, int64_t n,
+                       int64_t dim) const override;
   void hc_pre(const float* X, int64_t n_tok, int hc, int64_t dim, const float* fn, const float* scale,
               const float* base, int sinkhorn_iters, float hc_eps, float norm_eps, bool bf16, float* u, float* post,
               float* comb) const override;
@@ -52,6 +60,10 @@ class CudaOps final : public Ops {
   void sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, const KvRows& kv, const int32_t* win_idx,
                         int64_t k_win, const int32_t* comp_idx, int64_t k_comp, const float* sink, float scale,
                         bool bf16, float* out) const override;
+  void sparse_attention_rope(const float* q, int64_t n_tok, int64_t n_heads, const KvRows& kv,
+                             const int32_t* win_idx, int64_t k_win, const int32_t* comp_idx, int64_t k_comp,
+                             const float* sink, float scale, bool bf16, int64_t rd, const float* cos_sin,
+                             float* out) const override;
   void compress_pool(const float* kv, const float* score, int64_t n_tok, const float* state_kv,
                      const float* state_score, const int32_t* cand, int64_t n_emit, int64_t n_cand, int coff,
                      int64_t c, float* out) const override;

@@ -36,6 +36,8 @@
 
 #include "backend/cuda/device_numeric.cuh"
 #include "backend/cuda/device_pdl.cuh"
+#include "backend/cuda/device_rope.cuh"
+#include "backend/cuda/fused_kernels.h"
 #include "backend/cuda/gemm_path.h"
 #include "backend/cuda/glibc_math.cuh"
 #include "backend/cuda/kernels.h"
@@ -553,10 +555,13 @@ __global__ void __launch_bounds__(kThreads) attn_decode_fast_kernel(AttnArgs a) 
 }
 
 // Split mode's finish: one CTA per (token, head). M = max of the splits' maxima; out = sum_s acc_s e^(m_s - M) /
-// (sum_s l_s e^(m_s - M) + e^(sink - M)) in split order (zero when no split saw a valid entry).
+// (sum_s l_s e^(m_s - M) + e^(sink - M)) in split order (zero when no split saw a valid entry). rd > 0: then the
+// inverse rope of the head's last rd dims (rope_kernel's arithmetic; cos_sin [n_tok, rd/2, 2]). A thread finishes
+// the column pairs (2i, 2i + 1) (dim even), each column in its own split order as alone.
 constexpr int64_t kMaxSplit = 1024;
 __global__ void __launch_bounds__(kThreads) attn_combine_kernel(const float* part, int64_t n_split, int64_t H,
-                                                               int64_t dim, const float* sink, bool bf16, float* out) {
+                                                               int64_t dim, const float* sink, bool bf16, float* out,
+                                                               int64_t rd, const float* cos_sin) {
   __shared__ float wsp[kMaxSplit];
   __shared__ float M_s, den_s;
   pdl_wait();
@@ -585,10 +590,19 @@ __global__ void __launch_bounds__(kThreads) attn_combine_kernel(const float* par
   }
   __syncthreads();
   const bool empty = M_s == kNegInf;
-  for (int64_t c = threadIdx.x; c < dim; c += kThreads) {
-    float v = 0.0f;
-    for (int64_t s = 0; s < n_split; ++s) v = __fmaf_rn(pp[s * W + c], wsp[s], v);
-    out[th * dim + c] = empty ? 0.0f : maybe_bf16(__fdiv_rn(v, den_s), bf16);
+  const int64_t off = dim - rd;  // first rotated column (even)
+  for (int64_t c = 2 * int64_t(threadIdx.x); c < dim; c += 2 * kThreads) {
+    float v[2] = {0.0f, 0.0f};
+    for (int64_t s = 0; s < n_split; ++s) v[0] = __fmaf_rn(pp[s * W + c], wsp[s], v[0]);
+    for (int64_t s = 0; s < n_split; ++s) v[1] = __fmaf_rn(pp[s * W + c + 1], wsp[s], v[1]);
+    v[0] = empty ? 0.0f : maybe_bf16(__fdiv_rn(v[0], den_s), bf16);
+    v[1] = empty ? 0.0f : maybe_bf16(__fdiv_rn(v[1], den_s), bf16);
+    if (rd > 0 && c >= off) {
+      const float* cs = cos_sin + (th / H) * rd + (c - off);
+      rope_pair(v, cs[0], -cs[1], bf16);
+    }
+    out[th * dim + c] = v[0];
+    out[th * dim + c + 1] = v[1];
   }
 }
 
@@ -878,7 +892,20 @@ size_t attention_split_bytes(int64_t n_tok, int64_t n_heads, int64_t dim, int64_
 void sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, const KvRows& kv, const int32_t* win_idx,
                       int64_t k_win, const int32_t* comp_idx, int64_t k_comp, const float* sink, float scale,
                       bool bf16, float* out, void* split_scratch, size_t split_bytes, cudaStream_t stream) {
+  sparse_attention_rope(q, n_tok, n_heads, kv, win_idx, k_win, comp_idx, k_comp, sink, scale, bf16, 0, nullptr, out,
+                        split_scratch, split_bytes, stream);
+}
+
+void sparse_attention_rope(const float* q, int64_t n_tok, int64_t n_heads, const KvRows& kv, const int32_t* win_idx,
+                           int64_t k_win, const int32_t* comp_idx, int64_t k_comp, const float* sink, float scale,
+                           bool bf16, int64_t rd, const float* cos_sin, float* out, void* split_scratch,
+                           size_t split_bytes, cudaStream_t stream) {
   if (n_tok <= 0 || n_heads <= 0 || kv.dim <= 0) return;
+  if (cos_sin == nullptr) rd = 0;
+  // the rope after the attention's kernels (the paths that do not rotate inside)
+  auto rope_after = [&] {
+    if (rd > 0) rope(out, n_tok, n_heads, kv.dim, rd, cos_sin, true, bf16, stream);
+  };
   // (dsv4::fail's fmt format check does not build under nvcc: errors go through check(), which throws dsv4::Error)
   if (kv.dim > 4 * kChunk) check(cudaErrorInvalidValue, "sparse_attention: row width > 512 is not supported");
   if (k_win < 0) k_win = 0;
@@ -907,7 +934,7 @@ void sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, const KvRo
     if (grid > 0x7fffffff) check(cudaErrorInvalidConfiguration, "sparse_attention: too many tokens for one grid");
     attn_prefill_tc_kernel<<<unsigned(grid), kThreads, kTcSmem, stream>>>(a);
     g_tc_calls.fetch_add(1, std::memory_order_relaxed);
-    return;
+    return rope_after();
   }
   // the fast decode kernel (fast mode: not deterministic(), gemm_path.h)
   if (!deterministic() && n_tok <= kFastMaxTok && a.vec && kv.dim % 128 == 0 && aligned16(q) && aligned16(out)) {
@@ -933,17 +960,21 @@ void sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, const KvRo
         default: launch_pdl(attn_decode_fast_kernel<4, kScores>, g, kThreads, 0, stream, a);
                  launch_pdl(attn_decode_fast_kernel<4, kPartial>, g, kThreads, 0, stream, a); break;
       }
+      // (the fast path's dim is a multiple of 128: even, as the combine's column pairs need)
+      const bool rope_in = rd > 0 && rd <= kv.dim && rd % 2 == 0;
       launch_pdl(attn_combine_kernel, unsigned(n_tok * n_heads), kThreads, 0, stream, a.part, n_split, n_heads, kv.dim,
-                 sink, bf16, out);
+                 sink, bf16, out, rope_in ? rd : int64_t(0), cos_sin);
+      if (!rope_in) rope_after();
       return;
     }
     const unsigned g = unsigned(grid);
     switch (kv.dim / 128) {
-      case 1: launch_pdl(attn_decode_fast_kernel<1, kWhole>, g, kThreads, 0, stream, a); return;
-      case 2: launch_pdl(attn_decode_fast_kernel<2, kWhole>, g, kThreads, 0, stream, a); return;
-      case 3: launch_pdl(attn_decode_fast_kernel<3, kWhole>, g, kThreads, 0, stream, a); return;
-      default: launch_pdl(attn_decode_fast_kernel<4, kWhole>, g, kThreads, 0, stream, a); return;
+      case 1: launch_pdl(attn_decode_fast_kernel<1, kWhole>, g, kThreads, 0, stream, a); break;
+      case 2: launch_pdl(attn_decode_fast_kernel<2, kWhole>, g, kThreads, 0, stream, a); break;
+      case 3: launch_pdl(attn_decode_fast_kernel<3, kWhole>, g, kThreads, 0, stream, a); break;
+      default: launch_pdl(attn_decode_fast_kernel<4, kWhole>, g, kThreads, 0, stream, a); break;
     }
+    return rope_after();
   }
   // Heads per CTA: as many as keep the GPU filled (each CTA stages its rows once for all its heads). The results do
   // not depend on the choice.
@@ -951,6 +982,7 @@ void sparse_attention(const float* q, int64_t n_tok, int64_t n_heads, const KvRo
   if (n_heads >= 16 && n_tok * ((n_heads + 15) / 16) >= 2 * sms) launch_g<16>(a, n_tok, stream);
   else if (n_heads >= 4 && n_tok * ((n_heads + 3) / 4) >= sms) launch_g<4>(a, n_tok, stream);
   else launch_g<1>(a, n_tok, stream);
+  rope_after();
 }
 
 }  // namespace dsv4::cuda

@@ -18,6 +18,7 @@
 
 #include "backend/cuda/device_numeric.cuh"
 #include "backend/cuda/device_pdl.cuh"
+#include "backend/cuda/device_rope.cuh"
 #include "backend/cuda/glibc_math.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -138,15 +139,6 @@ __global__ void rmsnorm_vec_kernel(const float* x, int64_t n_rows, int64_t dim, 
     o.x = maybe_bf16(o.x, bf16), o.y = maybe_bf16(o.y, bf16), o.z = maybe_bf16(o.z, bf16), o.w = maybe_bf16(o.w, bf16);
     yr[i] = o;
   }
-}
-
-// One rotated pair (v[0], v[1]) of rope: (re, im) = (a c - b s, a s + b c), bf16 when bf16.
-__device__ __forceinline__ void rope_pair(float* v, float c, float s, bool bf16) {
-  const float a = v[0], b = v[1];
-  const float re = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-  const float im = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
-  v[0] = maybe_bf16(re, bf16);
-  v[1] = maybe_bf16(im, bf16);
 }
 
 // ROPE (head_rms_rope): after the row (head r of token r / n_heads) is normalized, its forward rope on the last rd
