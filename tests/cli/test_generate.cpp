@@ -78,6 +78,13 @@ TEST(CliGenerate, TheReadmeFirstCommandIsReproducible) {
   ASSERT_EQ(b.code, 0) << b.err;
   EXPECT_GT(a.out.size(), 100u) << a.out;
   EXPECT_EQ(a.out, b.out);
+  // and it prints what the README shows: the first ```text block after the command
+  while (std::getline(readme, line) && line != "```text") {
+  }
+  std::string shown;
+  while (std::getline(readme, line) && line != "```") shown += line + "\n";
+  ASSERT_FALSE(shown.empty()) << "no ```text block after the README's first command";
+  EXPECT_EQ(a.out, shown) << "the README's example output is not what its first command prints";
 }
 
 TEST(CliGenerate, SeededSamplingIsReproducible) {
