@@ -114,17 +114,18 @@ Parse parse_invoke(std::string_view s, size_t& consumed, ParsedCall& call) {
   return Parse::kComplete;
 }
 
-std::string random_prefix() {
+}  // namespace
+
+std::string random_tool_id_prefix(ToolIdStyle style) {
   std::random_device rd;
   std::mt19937_64 g((static_cast<uint64_t>(rd()) << 32) ^ rd());
-  return fmt::format("call_{:016x}_", g());
+  const uint64_t r = g();
+  return style == ToolIdStyle::anthropic ? fmt::format("toolu_{:016x}", r) : fmt::format("call_{:016x}_", r);
 }
-
-}  // namespace
 
 OutputParser::OutputParser(bool thinking, std::string id_prefix)
     : state_(thinking ? State::kReasoning : State::kContent),
-      id_prefix_(id_prefix.empty() ? random_prefix() : std::move(id_prefix)) {}
+      id_prefix_(id_prefix.empty() ? random_tool_id_prefix(ToolIdStyle::openai) : std::move(id_prefix)) {}
 
 OutputParser OutputParser::parse(std::string_view text, bool thinking, std::string id_prefix) {
   OutputParser p(thinking, std::move(id_prefix));

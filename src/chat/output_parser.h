@@ -27,6 +27,11 @@
 
 namespace dsv4 {
 
+// A random prefix for the tool-call ids of one response (an id is the prefix + the call's index): OpenAI's form
+// "call_<16 hex digits>_", or Anthropic's "toolu_<16 hex digits>" (its tool_use ids are "toolu_" + base62 characters).
+enum class ToolIdStyle { openai, anthropic };
+std::string random_tool_id_prefix(ToolIdStyle style);
+
 struct ToolCall {
   std::string id;         // "call_<random hex>_<index>" (or id_prefix + index)
   std::string name;
@@ -48,7 +53,7 @@ struct ChatDelta {
 class OutputParser {
  public:
   // thinking=true: output starts inside reasoning until </think>. id_prefix: tool-call ids are id_prefix + index;
-  // empty -> "call_" + 16 random hex digits + "_".
+  // empty -> random_tool_id_prefix(ToolIdStyle::openai).
   explicit OutputParser(bool thinking, std::string id_prefix = "");
 
   ChatDelta push(std::string_view text);  // feed decoded text as it streams

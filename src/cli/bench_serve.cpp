@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli/int_option.h"
 #include "cli/numerics_option.h"
 #include "cli/byte_size.h"
 #include "cli/command.h"
@@ -329,18 +330,21 @@ void setup_bench_serve(CLI::App& app, Runner& run) {
   app.add_option("--url", o->url, "measure a running server instead (http://HOST:PORT)");
   add_int_list_option(app, "--clients", o->clients, "concurrent clients per level, comma-separated (default 1,8)", 1,
                       4096);
-  app.add_option("--tokens", o->tokens, "generated tokens per request (default 32)")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--prompt", o->prompt, "prompt tokens per request (default 64)")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--tokens", o->tokens, "generated tokens per request (default 32)")
+      ->transform(dsv4::cli::integer_in<int64_t>(1, 1 << 20));
+  app.add_option("--prompt", o->prompt, "prompt tokens per request (default 64)")
+      ->transform(dsv4::cli::integer_in<int64_t>(1, 1 << 20));
   app.add_option("--requests", o->requests, "requests per client, one after the other (default 2)")
-      ->check(CLI::Range(1, 1 << 20));
-  app.add_option("--threads", o->threads, "CPU compute threads (default 0: all cores)")->check(CLI::Range(0, 4096));
+      ->transform(dsv4::cli::integer_in<int64_t>(1, 1 << 20));
+  app.add_option("--threads", o->threads, "CPU compute threads (default 0: all cores)")
+      ->transform(dsv4::cli::integer_in<int64_t>(0, 4096));
   add_device_option(app, o->device);
   add_placement_options(app, o->placement);
   dsv4::cli::add_numerics_option(app, o->numerics, "reference | dense (default reference)");
   app.add_option("--parallel", o->parallel, "running sequences (default: cpu 16, cuda 256)")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 16));
+      ->transform(dsv4::cli::integer_in<int64_t>(int64_t(1), int64_t(1) << 16));
   app.add_option("--batch-tokens", o->batch_tokens, "tokens per step (default: cpu 512, cuda 2048)")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+      ->transform(dsv4::cli::integer_in<int64_t>(int64_t(1), int64_t(1) << 20));
   app.add_option("--kv-memory", o->kv_memory, "sequence-state memory (as serve; default cpu 1G, cuda 0.9)");
   app.add_flag("--json", o->json, "print one JSON object");
   run = [o] { return run_serve_bench(*o); };

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "backend/parallel.h"
+#include "cli/int_option.h"
 #include "cli/numerics_option.h"
 #include "cli/command.h"
 #include "cli/int_list_option.h"
@@ -214,9 +215,12 @@ void setup_bench_spec(CLI::App& app, Runner& run) {
   add_int_list_option(app, "--batch", o->batch, "comma-separated batch sizes (default 1,8)", 1, 256);
   add_int_list_option(app, "--draft", o->draft, "comma-separated draft counts (default 1,2,3,4)", 1,
                       int(StateLayout::kMaxDraftLimit));
-  app.add_option("-n,--tokens", o->n, "tokens per request (default 128)")->check(CLI::Range(2, 1 << 20));
-  app.add_option("--threads", o->threads, "CPU threads (default 0: all)")->check(CLI::Range(0, 4096));
-  app.add_option("--repeat", o->repeat, "runs of each kind; the fastest counts (default 1)")->check(CLI::Range(1, 100));
+  app.add_option("-n,--tokens", o->n, "tokens per request (default 128)")
+      ->transform(dsv4::cli::integer_in<int64_t>(2, 1 << 20));
+  app.add_option("--threads", o->threads, "CPU threads (default 0: all)")
+      ->transform(dsv4::cli::integer_in<int64_t>(0, 4096));
+  app.add_option("--repeat", o->repeat, "runs of each kind; the fastest counts (default 1)")
+      ->transform(dsv4::cli::integer_in<int64_t>(1, 100));
   dsv4::cli::add_numerics_option(app, o->numerics, "reference | dense");
   add_device_option(app, o->device);
   app.add_flag("--json", o->json, "print one JSON object on stdout (progress on stderr)");

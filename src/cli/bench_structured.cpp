@@ -9,6 +9,7 @@
 // closed before the budget runs out (that cost is included).
 // The schema (at least 64 records with strings, numbers, enums, nested objects) never lets the output end early,
 // so every run decodes N tokens. Reports ms per decoded token and the difference to the unconstrained run.
+#include "cli/int_option.h"
 #include "cli/numerics_option.h"
 #include "cli/bench_structured.h"
 
@@ -50,9 +51,12 @@ constexpr const char* kSchema = R"({"type": "array", "minItems": 64, "items": {"
 void setup_bench_structured(CLI::App& app, Runner& run) {
   auto o = std::make_shared<Opts>();
   app.add_option("-m,--model", o->model, "model folder (with tokenizer.json)")->required();
-  app.add_option("-n,--tokens", o->n, "tokens to decode per run (default 128)")->check(CLI::Range(8, 100000));
-  app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")->check(CLI::Range(0, 4096));
-  app.add_option("--repeat", o->repeat, "runs of each kind; the fastest counts (default 3)")->check(CLI::Range(1, 100));
+  app.add_option("-n,--tokens", o->n, "tokens to decode per run (default 128)")
+      ->transform(dsv4::cli::integer_in<int64_t>(8, 100000));
+  app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")
+      ->transform(dsv4::cli::integer_in<int64_t>(0, 4096));
+  app.add_option("--repeat", o->repeat, "runs of each kind; the fastest counts (default 3)")
+      ->transform(dsv4::cli::integer_in<int64_t>(1, 100));
   dsv4::cli::add_numerics_option(app, o->numerics, "reference | dense (default reference)");
   add_device_option(app, o->device);
   app.add_flag("--json", o->json, "print one JSON object");

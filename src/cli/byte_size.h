@@ -43,7 +43,7 @@ inline ByteSize parse_byte_size(const std::string& s, const char* flag, bool all
   }
   if (mult == 0) usage_fail("{}: unknown unit in '{}' (use K, M, G or T)", flag, s);
   const double bytes = v * mult;
-  if (bytes < 1 || bytes > 1.8e19) usage_fail("{} out of range (got '{}')", flag, s);
+  if (bytes < 1 || bytes > 1.8e19) usage_fail("{}: '{}' is out of range (1 byte to 16 EiB)", flag, s);
   return uint64_t(bytes);
 }
 

@@ -473,7 +473,8 @@ int run_gemm_bench(const GemmBenchOpts& o) {
 
 void setup_gemm(CLI::App& app, Runner& run) {
   auto o = std::make_shared<GemmBenchOpts>();
-  app.add_option("--threads", o->threads, "OpenMP threads (default 0: all)")->check(CLI::Range(0, 4096));
+  app.add_option("--threads", o->threads, "OpenMP threads (default 0: all)")
+      ->transform(dsv4::cli::integer_in<int64_t>(0, 4096));
   // (CLI::PositiveNumber quoted its bound, DBL_MAX, in 300 digits, and let NaN through)
   app.add_option("--seconds", o->seconds, "measuring time per decode figure (s, default 2)")
       ->check(CLI::Validator(

@@ -13,6 +13,7 @@
 
 #include "chat/chat_encoding.h"
 #include "chat/output_parser.h"
+#include "cli/int_option.h"
 #include "cli/numerics_option.h"
 #include "cli/command.h"
 #include "cli/config_checks.h"
@@ -54,18 +55,19 @@ void setup_chat(CLI::App& app, dsv4::cli::Runner& run) {
   auto o = std::make_shared<Opts>();
   app.add_option("-m,--model", o->model, "model folder (config.json, safetensors, tokenizer.json)")->required();
   app.add_option("-n,--max-tokens", o->n, "tokens per answer at most (default 4096)")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
+      ->transform(dsv4::cli::integer_in<int64_t>(int64_t(1), int64_t(1) << 40));
   app.add_option("--ctx", o->ctx, "context size in tokens (default 32768)")
-      ->check(CLI::Range(int64_t(2), int64_t(1) << 40));
+      ->transform(dsv4::cli::integer_in<int64_t>(int64_t(2), int64_t(1) << 40));
   dsv4::cli::add_sampling_options(app, o->sampling);
   app.add_option("--system", o->system, "system prompt");
   app.add_flag("--think", o->think, "start with thinking mode on (toggle with /think on|off)");
   dsv4::cli::add_numerics_option(app, o->numerics, "reference | dense (default reference)");
-  app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")->check(CLI::Range(0, 4096));
+  app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")
+      ->transform(dsv4::cli::integer_in<int64_t>(0, 4096));
   app.add_option("--spec-draft", o->spec_draft,
                  "speculative decoding: draft tokens per step with the checkpoint's drafter (its MTP module: 1-4; a "
                  "DSpark drafter: 1 .. its block size; default 0: off)")
-      ->check(CLI::Range(0, int(dsv4::StateLayout::kMaxDraftLimit)));
+      ->transform(dsv4::cli::integer_in<int64_t>(0, int(dsv4::StateLayout::kMaxDraftLimit)));
   dsv4::cli::add_device_option(app, o->device);
   dsv4::cli::add_placement_options(app, o->placement);
   run = [o] {

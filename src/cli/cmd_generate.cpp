@@ -71,11 +71,12 @@ void setup_generate(CLI::App& app, dsv4::cli::Runner& run) {
   app.add_option("--frequency-penalty", o->frequency, "frequency penalty on output tokens (default 0)")
       ->check(dsv4::cli::sampling_range(&dsv4::SamplingParams::frequency_penalty));
   dsv4::cli::add_numerics_option(app, o->numerics, "reference | dense (default reference)");
-  app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")->check(CLI::Range(0, 4096));
+  app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")
+      ->transform(dsv4::cli::integer_in<int64_t>(0, 4096));
   app.add_option("--spec-draft", o->spec_draft,
                  "speculative decoding: draft tokens per step with the checkpoint's drafter (its MTP module: 1-4; a "
                  "DSpark drafter: 1 .. its block size; default 0: off)")
-      ->check(CLI::Range(0, int(dsv4::StateLayout::kMaxDraftLimit)));
+      ->transform(dsv4::cli::integer_in<int64_t>(0, int(dsv4::StateLayout::kMaxDraftLimit)));
   dsv4::cli::add_device_option(app, o->device);
   dsv4::cli::add_placement_options(app, o->placement);
   app.add_option("--ctx", o->ctx, "context size in tokens (default 0: the model's maximum)")

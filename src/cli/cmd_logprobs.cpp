@@ -63,7 +63,8 @@ void setup_logprobs(CLI::App& app, dsv4::cli::Runner& run) {
   app.add_option("-m,--model", o->model, "model folder (config.json + safetensors)")->required();
   dsv4::cli::add_int_list_option(app, "--prompt-ids", o->ids, "comma-separated token ids, e.g. 0,15,27", 0, INT32_MAX)
       ->required();
-  app.add_option("--top-k", o->top_k, "entries per position (default 20)")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--top-k", o->top_k, "entries per position (default 20)")
+      ->transform(dsv4::cli::integer_in<int64_t>(1, 1 << 20));
   dsv4::cli::add_numerics_option(app, o->numerics, "reference | dense (default reference)");
   app.add_option("--chunk", o->chunk, "feed the prompt in chunks of N tokens (default: one prefill)")
       ->transform(dsv4::cli::integer_in<int64_t>(0, int64_t(1) << 40));

@@ -11,6 +11,7 @@
 
 #include "backend/numerics.h"
 #include "backend/parallel.h"
+#include "cli/int_option.h"
 #include "cli/numerics_option.h"
 #include "cli/command.h"
 #include "cli/device_option.h"
@@ -82,7 +83,8 @@ void setup_profile_experts(CLI::App& app, dsv4::cli::Runner& run) {
   app.add_option("--prompts", o->prompts, "prompt file: one prompt per non-empty line")->required();
   app.add_option("-o,--output", o->out, "profile to write (JSON; read by --hot-experts)")->required();
   dsv4::cli::add_numerics_option(app, o->numerics, "reference | dense");
-  app.add_option("--threads", o->threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 4096));
+  app.add_option("--threads", o->threads, "CPU threads (0: all cores)")
+      ->transform(dsv4::cli::integer_in<int64_t>(0, 4096));
   dsv4::cli::add_device_option(app, o->device);
   run = [o] { return run_profile(*o); };
 }

@@ -20,6 +20,7 @@
 #include <string>
 #include <thread>
 
+#include "cli/int_option.h"
 #include "cli/numerics_option.h"
 #include "server/http_transport.h"
 #include "cli/byte_size.h"
@@ -58,27 +59,29 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
   app.add_option("-m,--model", o->model, "model folder (config.json, safetensors, tokenizer.json)")->required();
   app.add_option("--host", o->host, "address to listen on (default 127.0.0.1)")
       ->check(CLI::Validator([](std::string& s) { return s.empty() ? "needs an address" : std::string(); }, ""));
-  app.add_option("--port", o->port, "port (default 8080; 0 = any free port)")->check(CLI::Range(0, 65535));
+  app.add_option("--port", o->port, "port (default 8080; 0 = any free port)")
+      ->transform(dsv4::cli::integer_in<int64_t>(0, 65535));
   app.add_option("--ctx", o->ctx, "context size per request: prompt + output tokens (default 32768)")
-      ->check(CLI::Range(int64_t(2), int64_t(1) << 40));
+      ->transform(dsv4::cli::integer_in<int64_t>(int64_t(2), int64_t(1) << 40));
   app.add_option("--queue", o->queue,
                  "sequences that may wait beyond the running ones; more get 503 queue_full (default 64)")
-      ->check(CLI::Range(0, 1 << 20));
+      ->transform(dsv4::cli::integer_in<int64_t>(0, 1 << 20));
   app.add_option("--parallel", o->parallel, "sequences running at once (default: cpu 16, cuda 256)")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 16));
+      ->transform(dsv4::cli::integer_in<int64_t>(int64_t(1), int64_t(1) << 16));
   app.add_option("--batch-tokens", o->batch_tokens, "tokens per forward step (default: cpu 512, cuda 2048)")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+      ->transform(dsv4::cli::integer_in<int64_t>(int64_t(1), int64_t(1) << 20));
   app.add_option("--kv-memory", o->kv_memory,
                  "sequence-state memory: bytes (8G, 512M) or a fraction such as 0.9 (cuda: of the free GPU memory; "
                  "cpu: of 1G); default cpu 1G, cuda 0.9");
   app.add_option("--cache-dir", o->cache_dir, "disk tier of the prefix cache (default: none)");
   app.add_option("--cache-size", o->cache_size, "bytes the disk tier may use (default 16G)");
   dsv4::cli::add_numerics_option(app, o->numerics, "reference | dense (default reference)");
-  app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")->check(CLI::Range(0, 4096));
+  app.add_option("--threads", o->threads, "compute threads (default 0: all cores)")
+      ->transform(dsv4::cli::integer_in<int64_t>(0, 4096));
   app.add_option("--spec-draft", o->spec_draft,
                  "speculative decoding: draft tokens per step with the checkpoint's drafter (its MTP module: 1-4; a "
                  "DSpark drafter: 1 .. its block size; default 0: off)")
-      ->check(CLI::Range(0, int(dsv4::StateLayout::kMaxDraftLimit)));
+      ->transform(dsv4::cli::integer_in<int64_t>(0, int(dsv4::StateLayout::kMaxDraftLimit)));
   dsv4::cli::add_device_option(app, o->device);
   dsv4::cli::add_placement_options(app, o->placement);
   app.add_option("--model-name", o->model_name, "model id reported by the API (default: the folder name)");
@@ -107,7 +110,7 @@ void setup_serve(CLI::App& app, dsv4::cli::Runner& run) {
       ->excludes(key);
   app.add_option("--reasoning-budget", o->reasoning_budget,
                  "default cap on reasoning tokens of thinking requests (then </think> is forced; default: none)")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
+      ->transform(dsv4::cli::integer_in<int64_t>(int64_t(1), int64_t(1) << 40));
   app.add_flag("--auto-unpark", o->auto_unpark, "a request to a parked model loads it again (instead of 503)");
   run = [o] {
     using namespace dsv4;

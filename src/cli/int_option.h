@@ -23,7 +23,10 @@ std::optional<T> parse_integer(const std::string& s) {
 }
 
 // A transformer (->transform(...)): a decimal integer in [lo, hi], rewritten in canonical decimal for CLI11's
-// conversion (which would read a leading 0 as octal); anything else: "'S' is not an integer in [lo, hi]".
+// conversion (which would read a leading 0 as octal); anything else: "'S' is not an integer in [lo, hi]". Every
+// integer option of the CLI checks its range with it (CLI::Range's message had another form, "Value 0 not in range
+// 1 to 1099511627776", and saturated values beyond 64 bits). T: the type the bounds are compared in (int64_t also for
+// an int option: a value that passes is within the option's bounds, hence fits it).
 template <class T>
 CLI::Validator integer_in(T lo, T hi) {
   return CLI::Validator(
@@ -33,7 +36,7 @@ CLI::Validator integer_in(T lo, T hi) {
         s = std::to_string(*v);
         return {};
       },
-      "");
+      fmt::format("INT in [{}, {}]", lo, hi));
 }
 
 // Every integer option (type INT or UINT) of `app` and its subcommands, at any depth, reads its value as decimal:

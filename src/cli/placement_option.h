@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/int_option.h"
 #include "cli/numerics_option.h"
 #include "model/expert_placement.h"
 
@@ -18,7 +19,7 @@ inline void add_placement_options(CLI::App& app, PlacementOptions& p) {
                "every routed expert on the CPU (host memory); attention, shared experts, router, mHC and head stay "
                "on the device");
   app.add_option("--n-cpu-moe", p.n_cpu_moe, "the routed experts of the last N layers on the CPU")
-      ->check(CLI::Range(0, 1 << 16));  // a negative N is an error, not "not given"
+      ->transform(dsv4::cli::integer_in<int64_t>(0, 1 << 16));  // a negative N is an error, not "not given"
   app.add_option("--gpu-experts", p.gpu_experts,
                  "auto: as many routed experts on the device as its free memory holds (after the other weights and "
                  "room for state and workspaces), the rest on the CPU; N: N experts per layer on the device")
@@ -44,7 +45,7 @@ inline void add_placement_options(CLI::App& app, PlacementOptions& p) {
   app.add_option_function<int64_t>(
          "--stage-mib", [&p](const int64_t& mib) { p.stage_bytes = mib << 20; },
          "MiB of each of the two device buffers the CPU experts are copied through (--stage-tokens; default 256)")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+      ->transform(dsv4::cli::integer_in<int64_t>(int64_t(1), int64_t(1) << 20));
 }
 
 }  // namespace dsv4::cli

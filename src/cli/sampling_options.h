@@ -32,20 +32,19 @@ struct SamplingOptions {
 };
 
 // A parse-time check of one sampling flag against SamplingParams::validate's range for its field: an out-of-range
-// value is a usage error naming the flag ("--top-p: top_p must be in (0, 1], got 2"; exit 2, before any model is
+// value is a usage error naming the flag and quoting the value as typed ("--top-p: top_p must be in (0, 1], got 2";
+// "--presence-penalty: ... got 1e308", a finite value that would be inf as a float; exit 2, before any model is
 // loaded). A value that is not a number is left to the option's own conversion error.
 inline CLI::Validator sampling_range(float SamplingParams::*field) {
   return CLI::Validator(
       [field](std::string& s) -> std::string {
-        float v = 0;
+        double v = 0;
         if (!CLI::detail::lexical_cast(s, v)) return {};
-        SamplingParams p;
-        p.*field = v;
-        try {
-          p.validate();
-        } catch (const Error& e) {
-          return e.what();
-        }
+        if (std::string e = SamplingParams::range_error(field, v, s); !e.empty()) return e;
+        // in range as typed, but not as the float it is stored in (top_p 1e-50 would be 0)
+        const float f = static_cast<float>(v);
+        if (std::string e = SamplingParams::range_error(field, f, s); !e.empty())
+          return fmt::format("{} ({} as a 32-bit float)", e, f);
         return {};
       },
       "");
@@ -57,7 +56,7 @@ inline void add_sampling_options(CLI::App& app, SamplingOptions& o) {
   app.add_option("--top-p", o.top_p, "nucleus sampling mass (default 1 = off)")
       ->check(sampling_range(&SamplingParams::top_p));
   app.add_option("--top-k", o.top_k, "keep the k most likely tokens (default 0 = off; -1 = off)")
-      ->check(CLI::Range(-1, 1 << 30));
+      ->transform(dsv4::cli::integer_in<int64_t>(-1, 1 << 30));
   app.add_option("--min-p", o.min_p, "drop tokens below min_p * p_max (default 0 = off)")
       ->check(sampling_range(&SamplingParams::min_p));
   app.add_option_function<uint64_t>(

@@ -2,6 +2,8 @@
 // in which they are applied).
 #pragma once
 #include <cstdint>
+#include <string>
+#include <string_view>
 
 namespace dsv4 {
 
@@ -26,6 +28,10 @@ struct SamplingParams {
   bool greedy() const { return temperature == 0.0f; }
   // Throws dsv4::Error naming the first out-of-range field (e.g. "top_p must be in (0, 1], got 1.5").
   void validate() const;
+  // The check of one float field for `value` (a value as given, before it is rounded to float): "" when it is in the
+  // field's range, else validate()'s message with `shown` as the value ("presence_penalty must be in [-2, 2], got
+  // 1e308": the float would be inf).
+  static std::string range_error(float SamplingParams::*field, double value, std::string_view shown);
 };
 
 }  // namespace dsv4

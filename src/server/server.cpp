@@ -559,7 +559,8 @@ void Server::Impl::respond_whole(ApiRequest& ar, ConnectionMonitor& mon, httplib
   auto gone = [&] { return stopping.load() || mon.closed(); };
   LoopHost::Lease lease = lease_for_request();
   std::vector<GenerationOutput> outs;
-  for (int i = 0; i < ar.n; ++i) outs.emplace_back(ar.chat, ar.thinking);
+  for (int i = 0; i < ar.n; ++i)
+    outs.emplace_back(ar.chat, ar.thinking, ar.anthropic ? random_tool_id_prefix(ToolIdStyle::anthropic) : "");
   Choices c;
   try {
     c = run_choices(
@@ -838,7 +839,8 @@ void Server::Impl::stream_anthropic(std::shared_ptr<ApiRequest> arp, std::shared
     GenerationOutput out;
   };
   auto st = std::make_shared<State>(
-      State{arp, std::move(admission), std::move(w), std::nullopt, std::nullopt, GenerationOutput(true, arp->thinking)});
+      State{arp, std::move(admission), std::move(w), std::nullopt, std::nullopt,
+            GenerationOutput(true, arp->thinking, random_tool_id_prefix(ToolIdStyle::anthropic))});
   State* S = st.get();
   auto gone = [this, S] { return stopping.load() || !S->w.ok(); };
   auto send_error_event = [S](const ApiError& e) { S->w.event("error", e.to_anthropic_json()); };

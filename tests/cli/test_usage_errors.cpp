@@ -97,7 +97,9 @@ TEST(CliUsage, ThreadCountsOutsideTheirRangeAreOneShortLine) {
       else args.insert(args.end(), {"--prompts", kDemo + "/config.json", "-o", "/tmp/dsv4-test-profile.json"});
       expect_one_line_error(args);
       const ProcResult r = run_dsv4(args);
-      const char* want = std::string(v) == "abc" ? "'abc' is not a decimal integer" : "not in range 0 to 4096";
+      std::string want = "'";
+      want += v;
+      want += std::string(v) == "abc" ? "' is not a decimal integer" : "' is not an integer in [0, 4096]";
       EXPECT_NE(r.err.find(want), std::string::npos) << cmd << " --threads " << v << ": " << r.err;
       EXPECT_LT(r.err.size(), 200u) << r.err;  // (the range of a double used to print 300 digits)
     }
@@ -278,6 +280,37 @@ TEST(CliUsage, OutOfRangeIntegersAreUsageErrors) {
   }
   const ProcResult c = run_dsv4({"logprobs", "-m", tiny, "--prompt-ids", "0,1,2", "--chunk", "0"}, "chunk0");
   EXPECT_EQ(c.code, 0) << c.err;
+}
+
+// Range errors of numeric options have one form and quote the value as typed: integer options say "'S' is not an
+// integer in [lo, hi]" (chat -n 0 printed CLI11's "Value 0 not in range 1 to 1099511627776"), float options the
+// field's range and the typed value (a finite value beyond a float's range said "got inf").
+TEST(CliUsage, RangeErrorsQuoteTheValueAsTyped) {
+  const std::string none = "/nonexistent/dsv4-model";
+  for (const auto& [args, want] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"chat", "-m", none, "-n", "0"}, "-n/--max-tokens: '0' is not an integer in [1, 1099511627776]"},
+           {{"chat", "-m", none, "--ctx", "1"}, "--ctx: '1' is not an integer in [2, 1099511627776]"},
+           {{"serve", "-m", none, "--port", "70000"}, "--port: '70000' is not an integer in [0, 65535]"},
+           {{"logprobs", "-m", none, "--prompt-ids", "1", "--top-k", "0"}, "--top-k: '0' is not an integer in [1, "},
+           {{"generate", "-m", none, "-p", "hi", "--presence-penalty", "1e308"},
+            "--presence-penalty: presence_penalty must be in [-2, 2], got 1e308"},
+           {{"generate", "-m", none, "-p", "hi", "--frequency-penalty", "-1e39"},
+            "--frequency-penalty: frequency_penalty must be in [-2, 2], got -1e39"},
+           {{"chat", "-m", none, "--temp", "1e400"}, "--temp: temperature must be in [0, 100], got 1e400"},
+           {{"generate", "-m", none, "-p", "hi", "--repeat-penalty", "3.5e38"},
+            "--repeat-penalty: repetition_penalty must be in (0, 10], got 3.5e38"},
+           {{"generate", "-m", none, "-p", "hi", "--top-p", "1e-50"},
+            "--top-p: top_p must be in (0, 1], got 1e-50 (0 as a 32-bit float)"},
+           {{"serve", "-m", none, "--kv-memory", "1e308"}, "--kv-memory: '1e308' is out of range (1 byte to 16 EiB)"}}) {
+    std::string joined;
+    for (const auto& a : args) joined += a + " ";
+    const ProcResult r = run_dsv4(args, "rangeform");
+    EXPECT_EQ(r.code, 2) << joined << "\n" << r.err;
+    EXPECT_EQ(r.err.rfind("dsv4: error: " + want, 0), 0u) << joined << "\n" << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << joined << "\n" << r.err;
+    EXPECT_EQ(r.err.find("inf"), std::string::npos) << joined << "\n" << r.err;
+    EXPECT_EQ(r.err.find("Value "), std::string::npos) << joined << "\n" << r.err;
+  }
 }
 
 TEST(CliUsage, HelpStillWorks) {

@@ -102,9 +102,12 @@ test('tool_choice any: a tool_use block with valid input; the result goes back a
   const use = m.content.find((b) => b.type === 'tool_use');
   assert.ok(use, JSON.stringify(m.content));
   assert.equal(use.name, 'get_weather');
+  assert.match(use.id, /^toolu_[A-Za-z0-9]+$/);  // Anthropic's id form (the OpenAI routes' ids start call_)
   assert.ok(validate(use.input), JSON.stringify(use.input));
   const streamed = await client.messages.stream(params).finalMessage();
-  assert.deepEqual(streamed.content.find((b) => b.type === 'tool_use').input, use.input);
+  const streamedUse = streamed.content.find((b) => b.type === 'tool_use');
+  assert.deepEqual(streamedUse.input, use.input);
+  assert.match(streamedUse.id, /^toolu_[A-Za-z0-9]+$/);
   // Round trip.
   const follow = await client.messages.create({
     model: 'dsv4-demo', max_tokens: 10, temperature: 0, tools: [weather],

@@ -4,6 +4,7 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -250,4 +251,47 @@ TEST(Sampler, RejectsBadParametersAndSizes) {
   std::vector<float> l(3);
   EXPECT_THROW(s.sample(l), Error);
   EXPECT_THROW(s.accept(4), Error);
+}
+
+// The range of every float field, its edges and its messages: validate() names the field and the value; range_error
+// checks a value as given (a double beyond a float's range, shown as typed).
+TEST(SamplingParams, RangesEdgesAndMessages) {
+  struct Field {
+    float SamplingParams::*field;
+    double below, lo_edge, hi_edge, above;  // lo_edge / hi_edge: accepted (NAN: the edge itself is excluded)
+    std::string message;                   // for `above`
+  };
+  const Field fields[] = {
+      {&SamplingParams::temperature, -0.5, 0, 100, 101, "temperature must be in [0, 100], got 101"},
+      {&SamplingParams::top_p, -1, NAN, 1, 1.5, "top_p must be in (0, 1], got 1.5"},
+      {&SamplingParams::min_p, -0.1, 0, 1, 2, "min_p must be in [0, 1], got 2"},
+      {&SamplingParams::repetition_penalty, -1, NAN, 10, 11, "repetition_penalty must be in (0, 10], got 11"},
+      {&SamplingParams::presence_penalty, -3, -2, 2, 3, "presence_penalty must be in [-2, 2], got 3"},
+      {&SamplingParams::frequency_penalty, -2.5, -2, 2, 2.5, "frequency_penalty must be in [-2, 2], got 2.5"}};
+  for (const Field& f : fields) {
+    auto validate_with = [&](double v) {
+      SamplingParams p;
+      p.*f.field = float(v);
+      try {
+        p.validate();
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+      return std::string();
+    };
+    EXPECT_EQ(validate_with(f.above), f.message);
+    EXPECT_NE(validate_with(f.below), "");
+    EXPECT_NE(validate_with(NAN), "");
+    if (!std::isnan(f.lo_edge)) {
+      EXPECT_EQ(validate_with(f.lo_edge), "");
+    }
+    EXPECT_EQ(validate_with(f.hi_edge), "");
+    EXPECT_EQ(SamplingParams::range_error(f.field, f.hi_edge, "x"), "");
+    EXPECT_EQ(SamplingParams::range_error(f.field, f.above, "as typed"),
+              f.message.substr(0, f.message.rfind("got ") + 4) + "as typed");
+    EXPECT_NE(SamplingParams::range_error(f.field, 1e308, "1e308"), "");  // inf as a float; shown as typed
+  }
+  EXPECT_EQ(SamplingParams::range_error(&SamplingParams::presence_penalty, 1e308, "1e308"),
+            "presence_penalty must be in [-2, 2], got 1e308");
+  EXPECT_EQ(SamplingParams::range_error(&SamplingParams::top_p, 0, "0"), "top_p must be in (0, 1], got 0");
 }

@@ -246,7 +246,7 @@ TEST_F(ServerTest, ToolCallsStreamedAndWhole) {
   EXPECT_EQ(call["type"], "function");
   EXPECT_EQ(call["function"]["name"], "get_weather");
   EXPECT_EQ(json::parse(call["function"]["arguments"].get<std::string>()), json({{"city", "Paris"}}));
-  EXPECT_FALSE(call["id"].get<std::string>().empty());
+  EXPECT_EQ(call["id"].get<std::string>().rfind("call_", 0), 0u) << call["id"];  // OpenAI's form
 
   req["stream"] = true;
   auto r = post("/v1/chat/completions", req.dump());
@@ -263,7 +263,7 @@ TEST_F(ServerTest, ToolCallsStreamedAndWhole) {
         ++n_tool_deltas;
         EXPECT_EQ(t["index"], 0);
         EXPECT_EQ(t["type"], "function");
-        EXPECT_TRUE(t["id"].is_string());
+        EXPECT_EQ(t["id"].get<std::string>().rfind("call_", 0), 0u) << t["id"];
         EXPECT_EQ(t["function"]["name"], "get_weather");
         EXPECT_EQ(json::parse(t["function"]["arguments"].get<std::string>()), json({{"city", "Paris"}}));
       }

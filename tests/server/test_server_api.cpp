@@ -2,6 +2,8 @@
 // calls, reasoning budgets, the Anthropic Messages API, API keys, park / unpark, and the 400s of bad input.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <future>
 
@@ -616,6 +618,24 @@ TEST_F(ServerTest, AnthropicToolUseRoundTrip) {
   ASSERT_EQ(block["type"], "tool_use");
   EXPECT_EQ(block["name"], "get_weather");
   EXPECT_TRUE(block["input"]["city"] == "Paris" || block["input"]["city"] == "Rome");
+  // Anthropic's id form, whole and streamed: "toolu_" and base62 characters (the OpenAI routes' ids start "call_")
+  const auto anthropic_id = [](const json& id) {
+    const std::string s = id.get<std::string>();
+    return s.size() > 6 && s.rfind("toolu_", 0) == 0 &&
+           std::all_of(s.begin() + 6, s.end(), [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)); });
+  };
+  EXPECT_TRUE(anthropic_id(block["id"])) << block["id"];
+  json streamed_req = req;
+  streamed_req["stream"] = true;
+  auto sr = post("/v1/messages", streamed_req.dump());
+  ASSERT_TRUE(sr);
+  int streamed_uses = 0;
+  for (const auto& [t, d] : sse_events(sr->body))
+    if (t == "content_block_start" && d["content_block"]["type"] == "tool_use") {
+      ++streamed_uses;
+      EXPECT_TRUE(anthropic_id(d["content_block"]["id"])) << d.dump();
+    }
+  EXPECT_EQ(streamed_uses, 1) << sr->body;
   // The call and its result go back in.
   script("Sunny.");
   json follow = req;
